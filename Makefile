@@ -1,0 +1,33 @@
+# usher: `make run` starts the demo, `make test` runs every test.
+GO        ?= go
+BIN       := bin/usher
+PKGS      := ./...
+# PostgreSQL tests use this DSN; .ci/run sets it, set it yourself to point at another server.
+export USHER_TEST_POSTGRES_DSN ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+
+.PHONY: build run test test-deps lint bench clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/usher
+
+run:
+	$(GO) run ./cmd/usher demo
+
+test: test-deps
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+# What the tests need beyond Go: redis-server (tests start their own on a free port), Chromium
+# (console tests), Node.js with the openai npm package (client compatibility test).
+test-deps:
+	@./test/deps.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+clean:
+	rm -rf bin artifacts

@@ -1,0 +1,61 @@
+// Command usher is a multi-tenant, priority-queueing API gateway for LLM inference.
+//
+// Subcommands:
+//
+//	usher serve --config FILE   run the gateway
+//	usher demo                  the gateway with three simulated workers and a demo tenant
+//	usher sim --listen ADDR     a simulated OpenAI-compatible inference worker
+//	usher bench --url URL       an open-loop load generator for OpenAI-compatible endpoints
+//	usher keyhash               print the SHA-256 of an API key read from stdin (for config files)
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+// Exit codes: 0 success, 1 a failure while running, 2 bad usage or configuration.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+const usage = `usage: usher <command> [flags]
+
+commands:
+  serve     run the gateway (--config FILE)
+  demo      run the gateway with three simulated workers and a demo tenant
+  sim       run a simulated OpenAI-compatible inference worker
+  bench     run an open-loop load test against an OpenAI-compatible endpoint
+  keyhash   print the SHA-256 of an API key read from stdin
+
+Run 'usher <command> -h' for the flags of a command.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(exitUsage)
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	var code int
+	switch cmd {
+	case "serve":
+		code = runServe(args)
+	case "demo":
+		code = runDemo(args)
+	case "sim":
+		code = runSim(args)
+	case "bench":
+		code = runBench(args)
+	case "keyhash":
+		code = runKeyhash(args, os.Stdin, os.Stdout)
+	case "-h", "--help", "help":
+		fmt.Fprint(os.Stdout, usage)
+	default:
+		fmt.Fprintf(os.Stderr, "usher: unknown command %q\n\n%s", cmd, usage)
+		code = exitUsage
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/usherllm/usher/gateway"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+func runServe(args []string) int {
+	fs := flag.NewFlagSet("usher serve", flag.ContinueOnError)
+	configPath := fs.String("config", os.Getenv("USHER_CONFIG"), "configuration `file` (YAML); also $USHER_CONFIG")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *configPath == "" {
+		fmt.Fprintln(os.Stderr, "usher serve: --config FILE is required (see deploy/usher.example.yaml)")
+		return exitUsage
+	}
+	cfg, err := loadConfig(*configPath, lookupEnv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "usher serve: config %s:\n%s\n", *configPath, indent(err.Error()))
+		return exitUsage
+	}
+	logger := newLogger(cfg.Log, os.Stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = serve(ctx, cfg, logger, func(addr net.Addr) {
+		logger.Info("usher is serving", "addr", addr.String(), "models", len(cfg.Routing.Workers))
+	})
+	if err != nil {
+		logger.Error("usher stopped", "err", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// serve runs the gateway described by cfg until ctx ends, then shuts down in order:
+//  1. /readyz turns 503 (BeginShutdown), so load balancers stop sending;
+//  2. the listener closes and in-flight requests run to completion, up to server.shutdown_grace,
+//     after which the remaining connections are closed;
+//  3. the worker pool's health checks stop.
+//
+// ready is called with the listening address once requests are accepted.
+func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.Addr)) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	pool, err := routing.NewPool(cfg.Routing, routing.Options{Logger: logger, Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("worker pool: %w", err)
+	}
+	auth, err := tenants.NewStatic(cfg.Tenants.Tenants)
+	if err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	gw, err := gateway.New(cfg.Server, gateway.Deps{
+		Pool: pool, Auth: auth, Logger: logger, Registerer: reg, Gatherer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           gw,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout:       cfg.Server.IdleTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+
+	poolCtx, stopPool := context.WithCancel(context.Background())
+	poolDone := make(chan struct{})
+	go func() {
+		defer close(poolDone)
+		pool.Run(poolCtx)
+	}()
+	defer func() {
+		stopPool()
+		<-poolDone
+	}()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	ready(ln.Addr())
+
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
+	gw.BeginShutdown()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("grace period over, closing remaining connections", "err", err)
+		_ = srv.Close()
+	}
+	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func indent(s string) string {
+	out := "  "
+	for _, r := range s {
+		out += string(r)
+		if r == '\n' {
+			out += "  "
+		}
+	}
+	return out
+}

@@ -1,0 +1,90 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Config is the `server:` section of usher's configuration: the listener and the bounds of the
+// data plane. Zero fields take the defaults of SetDefaults.
+type Config struct {
+	// Listen is the address of the data plane, admin API and metrics. Default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxHeaderBytes bounds the request line and headers. Default 64 KiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// MaxResponseBytes bounds a non-streaming worker response the gateway reads to learn its
+	// usage. Default 64 MiB.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"`
+	// ReadHeaderTimeout bounds how long a client may take to send its headers. Default 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// IdleTimeout closes idle keep-alive connections. Default 120s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// UpstreamConnectTimeout bounds dialing a worker. Default 2s.
+	UpstreamConnectTimeout time.Duration `yaml:"upstream_connect_timeout"`
+	// UpstreamHeaderTimeout bounds the wait for a worker's response headers (time to first
+	// byte, queueing inside the worker included). Default 10m.
+	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
+	// MaxAttempts is how many workers one request may try while nothing has reached the client
+	// (connect error, 5xx). Default 3; 1 disables retries.
+	MaxAttempts int `yaml:"max_attempts"`
+	// DefaultMaxTokens is the expected output length of a request that does not set max_tokens,
+	// used for token accounting until the real usage is known. Default 256.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// ShutdownGrace bounds how long in-flight requests may run after shutdown begins. Default 30s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+}
+
+// SetDefaults fills every zero field with its default.
+func (c *Config) SetDefaults() {
+	setDefault(&c.Listen, "127.0.0.1:8080")
+	setDefault(&c.MaxBodyBytes, 8<<20)
+	setDefault(&c.MaxHeaderBytes, 64<<10)
+	setDefault(&c.MaxResponseBytes, 64<<20)
+	setDefault(&c.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&c.IdleTimeout, 120*time.Second)
+	setDefault(&c.UpstreamConnectTimeout, 2*time.Second)
+	setDefault(&c.UpstreamHeaderTimeout, 10*time.Minute)
+	setDefault(&c.MaxAttempts, 3)
+	setDefault(&c.DefaultMaxTokens, 256)
+	setDefault(&c.ShutdownGrace, 30*time.Second)
+}
+
+func setDefault[T comparable](field *T, value T) {
+	var zero T
+	if *field == zero {
+		*field = value
+	}
+}
+
+// Validate reports every invalid field, each error naming the field as it is written in YAML.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("server.listen: %q is not host:port", c.Listen))
+	}
+	positive := []struct {
+		name string
+		ok   bool
+	}{
+		{"server.max_body_bytes", c.MaxBodyBytes > 0},
+		{"server.max_header_bytes", c.MaxHeaderBytes > 0},
+		{"server.max_response_bytes", c.MaxResponseBytes > 0},
+		{"server.read_header_timeout", c.ReadHeaderTimeout > 0},
+		{"server.idle_timeout", c.IdleTimeout > 0},
+		{"server.upstream_connect_timeout", c.UpstreamConnectTimeout > 0},
+		{"server.upstream_header_timeout", c.UpstreamHeaderTimeout > 0},
+		{"server.max_attempts", c.MaxAttempts > 0},
+		{"server.default_max_tokens", c.DefaultMaxTokens > 0},
+		{"server.shutdown_grace", c.ShutdownGrace > 0},
+	}
+	for _, p := range positive {
+		if !p.ok {
+			errs = append(errs, fmt.Errorf("%s: must be positive", p.name))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,215 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// Deps are the parts a Server joins. Pool and Auth are required; the rest default.
+type Deps struct {
+	Pool *routing.Pool
+	Auth tenants.Authenticator
+	// Logger receives one line per request and the server's own events. Default: discard.
+	Logger *slog.Logger
+	// Registerer takes the gateway's metrics; Gatherer is what /metrics serves. Default: a
+	// private registry used for both.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Transport carries requests to workers. Default: a keep-alive transport sized for many
+	// concurrent streams, with Config's timeouts.
+	Transport http.RoundTripper
+	// Now is the clock for latencies. Default time.Now.
+	Now func() time.Time
+}
+
+// Server is usher's HTTP surface. It is safe for concurrent use; its zero value is not usable,
+// build it with New.
+type Server struct {
+	cfg     Config
+	pool    *routing.Pool
+	auth    tenants.Authenticator
+	client  *http.Client
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *metrics
+	echo    *echo.Echo
+	// stopping is set once shutdown begins: /readyz answers 503 from then on.
+	stopping atomic.Bool
+}
+
+// New builds a Server. cfg must have passed Validate.
+func New(cfg Config, d Deps) (*Server, error) {
+	if d.Pool == nil || d.Auth == nil {
+		return nil, errors.New("gateway: Pool and Auth are required")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		d.Registerer, d.Gatherer = reg, reg
+	}
+	if d.Gatherer == nil {
+		d.Gatherer = prometheus.NewRegistry()
+	}
+	if d.Transport == nil {
+		d.Transport = newUpstreamTransport(cfg)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	m, err := newMetrics(d.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:     cfg,
+		pool:    d.Pool,
+		auth:    d.Auth,
+		client:  &http.Client{Transport: d.Transport},
+		log:     d.Logger,
+		now:     d.Now,
+		metrics: m,
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = httpErrorHandler
+	e.Use(requestID)
+
+	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{})))
+
+	v1 := e.Group("/v1", s.authenticate)
+	v1.POST("/chat/completions", s.inference(chatEndpoint))
+	v1.POST("/completions", s.inference(completionEndpoint))
+	v1.GET("/models", s.models)
+	s.echo = e
+	return s, nil
+}
+
+// ServeHTTP serves every route of usher.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
+
+// BeginShutdown marks the server as stopping: /readyz answers 503 so load balancers stop
+// sending new requests, while requests already accepted carry on.
+func (s *Server) BeginShutdown() { s.stopping.Store(true) }
+
+func (s *Server) readyz(c echo.Context) error {
+	switch {
+	case s.stopping.Load():
+		return c.String(http.StatusServiceUnavailable, "shutting down\n")
+	case !s.pool.Ready():
+		return c.String(http.StatusServiceUnavailable, "no healthy worker\n")
+	}
+	return c.String(http.StatusOK, "ok\n")
+}
+
+// models lists the models the pool serves, in OpenAI's list shape.
+func (s *Server) models(c echo.Context) error {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, name := range s.pool.Models() {
+		list.Data = append(list.Data, model{ID: name, Object: "model", OwnedBy: "usher"})
+	}
+	return c.JSON(http.StatusOK, list)
+}
+
+const principalKey = "usher.principal"
+
+// authenticate resolves the bearer credential to a tenant, or answers 401.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
+		if !ok {
+			s.metrics.requests.WithLabelValues("", "401").Inc()
+			return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+				Code: "invalid_api_key", Message: "missing credential: send 'Authorization: Bearer <API key>'"})
+		}
+		p, err := s.auth.Authenticate(c.Request().Context(), cred)
+		if err != nil {
+			s.metrics.requests.WithLabelValues("", "401").Inc()
+			return writeError(c, err)
+		}
+		c.Set(principalKey, p)
+		return next(c)
+	}
+}
+
+func principalOf(c echo.Context) tenants.Principal {
+	p, _ := c.Get(principalKey).(tenants.Principal)
+	return p
+}
+
+const maxRequestIDLen = 128
+
+// requestID gives every request an id: the client's X-Request-ID when it is a sane token, a
+// fresh random one otherwise. It is echoed in the response and sent to the worker.
+func requestID(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		id := c.Request().Header.Get(echo.HeaderXRequestID)
+		if !validRequestID(id) {
+			id = newRequestID()
+			c.Request().Header.Set(echo.HeaderXRequestID, id)
+		}
+		c.Response().Header().Set(echo.HeaderXRequestID, id)
+		return next(c)
+	}
+}
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		ch := id[i]
+		ok := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' ||
+			ch == '-' || ch == '_' || ch == '.' || ch == ':'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func newUpstreamTransport(cfg Config) *http.Transport {
+	return &http.Transport{
+		Proxy: nil,
+		DialContext: (&net.Dialer{
+			Timeout:   cfg.UpstreamConnectTimeout,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: cfg.UpstreamHeaderTimeout,
+		DisableCompression:    true,
+	}
+}

@@ -1,0 +1,26 @@
+// Streams one chat completion through usher with the official openai client and prints a JSON
+// summary: the number of content chunks, the text, and the usage the client saw.
+// Reads OPENAI_BASE_URL, OPENAI_API_KEY and USHER_MODEL from the environment.
+import OpenAI from "openai";
+
+const client = new OpenAI();
+const stream = await client.chat.completions.create({
+  model: process.env.USHER_MODEL ?? "demo-7b",
+  messages: [{ role: "user", content: "Say hello to usher." }],
+  max_tokens: 12,
+  stream: true,
+  stream_options: { include_usage: true },
+});
+let chunks = 0;
+let text = "";
+let usage = null;
+for await (const chunk of stream) {
+  const delta = chunk.choices[0]?.delta?.content;
+  if (delta) {
+    chunks++;
+    text += delta;
+  }
+  if (chunk.usage) usage = chunk.usage;
+}
+const models = await client.models.list();
+console.log(JSON.stringify({ chunks, text, usage, models: models.data.map((m) => m.id) }));
