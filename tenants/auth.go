@@ -1,0 +1,90 @@
+package tenants
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// Principal is who a request acts for, as established by an Authenticator.
+type Principal struct {
+	TenantID   string
+	TenantName string
+	// Tier is the name of the tier the request runs under.
+	Tier string
+	// KeyID names the credential that was presented: the key's name for a config key. It is
+	// never the secret.
+	KeyID string
+}
+
+// Authenticator turns a credential into a Principal.
+type Authenticator interface {
+	// Authenticate checks credential, the string after "Bearer " in the Authorization header.
+	// Every failure wraps ErrUnauthenticated, and no error message contains the credential.
+	// Implementations are safe for concurrent use.
+	Authenticate(ctx context.Context, credential string) (Principal, error)
+}
+
+// ErrUnauthenticated is wrapped by every error that means "no valid credential" (HTTP 401).
+var ErrUnauthenticated = errors.New("unauthenticated")
+
+// Prebuilt so the refusal path does not allocate.
+var (
+	errMissingCredential   = fmt.Errorf("missing credential: %w", ErrUnauthenticated)
+	errMalformedCredential = fmt.Errorf("malformed credential: %w", ErrUnauthenticated)
+	errUnknownCredential   = fmt.Errorf("unknown credential: %w", ErrUnauthenticated)
+)
+
+// MaxCredentialLen is the longest credential accepted, in bytes. It bounds the work an
+// unauthenticated caller can cause; JWTs with many claims stay well below it.
+const MaxCredentialLen = 8192
+
+// HashKey returns the lowercase hex SHA-256 of the whole key string: the form in which keys are
+// stored in the config file (KeySpec.SHA256). `usher keyhash` prints it.
+func HashKey(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:])
+}
+
+// BearerCredential returns the credential of an Authorization header value of the form
+// "Bearer <credential>" (the scheme is matched without regard to case, as RFC 9110 says). ok is
+// false when the header is empty, names another scheme or carries no credential.
+func BearerCredential(authorization string) (credential string, ok bool) {
+	const scheme = "bearer "
+	if len(authorization) <= len(scheme) {
+		return "", false
+	}
+	for i := 0; i < len(scheme); i++ {
+		c := authorization[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != scheme[i] {
+			return "", false
+		}
+	}
+	credential = authorization[len(scheme):]
+	for len(credential) > 0 && credential[0] == ' ' {
+		credential = credential[1:]
+	}
+	return credential, credential != ""
+}
+
+// checkShape refuses credentials no authenticator could accept: empty, longer than
+// MaxCredentialLen, or containing spaces, control characters or non-ASCII bytes.
+func checkShape(credential string) error {
+	if credential == "" {
+		return errMissingCredential
+	}
+	if len(credential) > MaxCredentialLen {
+		return errMalformedCredential
+	}
+	for i := 0; i < len(credential); i++ {
+		if c := credential[i]; c <= ' ' || c >= 0x7f {
+			return errMalformedCredential
+		}
+	}
+	return nil
+}
