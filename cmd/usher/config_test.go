@@ -1,0 +1,122 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func noEnv(string) (string, bool) { return "", false }
+
+func TestLoadConfigFiles(t *testing.T) {
+	tests := []struct {
+		file    string
+		wantErr string // substring; "" means the file is valid
+	}{
+		{"good_minimal.yaml", ""},
+		{"good_full.yaml", ""},
+		{"bad_yaml.yaml", "parse:"},
+		{"bad_unknown_key.yaml", "field listne not found"},
+		{"bad_listen.yaml", "server.listen"},
+		{"bad_worker_url.yaml", "routing.workers[0].url"},
+		{"bad_key_hash.yaml", "tenants[0].keys[0].sha256"},
+		{"bad_duration.yaml", "upstream_connect_timeout"},
+		{"bad_log_level.yaml", "log.level"},
+		{"does_not_exist.yaml", "no such file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			_, err := loadConfig(filepath.Join("testdata", "config", tt.file), noEnv)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("got error %v, want none", err)
+			case tt.wantErr != "" && err == nil:
+				t.Fatalf("got no error, want one containing %q", tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Fatalf("got error %q, want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestLoadConfigDefaultsAndValues(t *testing.T) {
+	cfg, err := loadConfig(filepath.Join("testdata", "config", "good_full.yaml"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Server.Listen, "0.0.0.0:9090"; got != want {
+		t.Errorf("server.listen: got %q, want %q", got, want)
+	}
+	if got, want := cfg.Server.UpstreamConnectTimeout, 500*time.Millisecond; got != want {
+		t.Errorf("server.upstream_connect_timeout: got %v, want %v", got, want)
+	}
+	if got, want := cfg.Server.IdleTimeout, 120*time.Second; got != want {
+		t.Errorf("server.idle_timeout default: got %v, want %v", got, want)
+	}
+	if got, want := len(cfg.Routing.Workers), 2; got != want {
+		t.Errorf("routing.workers: got %d, want %d", got, want)
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	env := map[string]string{
+		"USHER_SERVER_LISTEN":         "127.0.0.1:7777",
+		"USHER_SERVER_MAX_ATTEMPTS":   "5",
+		"USHER_SERVER_SHUTDOWN_GRACE": "3s",
+		"USHER_ROUTING_POLICY":        "random",
+		"USHER_LOG_LEVEL":             "warn",
+	}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cfg, err := loadConfig(filepath.Join("testdata", "config", "good_full.yaml"), lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"server.listen", cfg.Server.Listen, "127.0.0.1:7777"},
+		{"server.max_attempts", cfg.Server.MaxAttempts, 5},
+		{"server.shutdown_grace", cfg.Server.ShutdownGrace, 3 * time.Second},
+		{"routing.policy", cfg.Routing.Policy, "random"},
+		{"log.level", cfg.Log.Level, "warn"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestEnvironmentOverrideErrorsNameTheVariableNotTheValue(t *testing.T) {
+	lookup := func(k string) (string, bool) {
+		if k == "USHER_SERVER_MAX_ATTEMPTS" {
+			return "s3cret-not-a-number", true
+		}
+		return "", false
+	}
+	_, err := loadConfig(filepath.Join("testdata", "config", "good_minimal.yaml"), lookup)
+	if err == nil {
+		t.Fatal("got no error for a non-integer USHER_SERVER_MAX_ATTEMPTS")
+	}
+	if !strings.Contains(err.Error(), "USHER_SERVER_MAX_ATTEMPTS") {
+		t.Errorf("got %q, want the variable named", err)
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("got %q, which repeats the value", err)
+	}
+}
+
+func TestKeyhash(t *testing.T) {
+	var out strings.Builder
+	if code := runKeyhash(nil, strings.NewReader("sk-test\n"), &out); code != exitOK {
+		t.Fatalf("exit code %d", code)
+	}
+	if got, want := strings.TrimSpace(out.String()), "f3abf2a6cc4f00987743db5f544ba345b4899ae31f326d8ee9c4816de153c9e0"; got != want {
+		t.Fatalf("got %q, want sha256(sk-test) %q", got, want)
+	}
+	if code := runKeyhash(nil, strings.NewReader(""), &out); code != exitUsage {
+		t.Errorf("empty stdin: got exit code %d, want %d", code, exitUsage)
+	}
+}
