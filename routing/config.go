@@ -1,0 +1,214 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Defaults applied by Config.SetDefaults to zero fields.
+const (
+	DefaultPolicy             = "least_request"
+	DefaultMaxConcurrency     = 256    // vLLM's default max_num_seqs
+	DefaultMaxTokensInFlight  = 262144 // roughly the KV cache of a 7B model on one 80 GB GPU
+	DefaultHealthInterval     = 5 * time.Second
+	DefaultHealthTimeout      = 2 * time.Second
+	DefaultHealthPath         = "/health"
+	DefaultHealthyThreshold   = 2
+	DefaultUnhealthyThreshold = 2
+)
+
+// WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
+type WorkerSpec struct {
+	// ID names the worker in headers, metrics, pins and the admin API. Letters, digits, '.', '_'
+	// and '-' only; unique in the pool.
+	ID string `yaml:"id"`
+	// URL is the base URL, e.g. http://127.0.0.1:9001; requests go to URL + "/v1/...".
+	URL string `yaml:"url"`
+	// Models are the model names this worker serves; at least one.
+	Models []string `yaml:"models"`
+	// MaxConcurrency caps the requests usher keeps in flight on this worker; 0 takes
+	// Config.MaxConcurrency.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// MaxTokensInFlight caps the tokens (prompt + max output) of the requests in flight on this
+	// worker; 0 takes Config.MaxTokensInFlight.
+	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
+	// gateway may pass the request's class on instead of holding it back.
+	PriorityHandoff bool `yaml:"priority_handoff"`
+}
+
+// ModelConfig sets the policy of one model; zero fields take the defaults of Config.
+type ModelConfig struct {
+	// Policy names the policy for this model; "" takes Config.Policy.
+	Policy string `yaml:"policy"`
+}
+
+// HealthConfig sets the active health checks: GET <worker url><Path> every Interval.
+//
+// A worker starts in an unknown state that routes like a healthy one, so a freshly built pool
+// serves at once; the first check decides its state without waiting for a threshold. After that,
+// UnhealthyThreshold consecutive failed checks mark a healthy worker unhealthy and
+// HealthyThreshold consecutive passed checks bring an unhealthy one back. A check passes on any
+// 2xx answer within Timeout.
+type HealthConfig struct {
+	Interval           time.Duration `yaml:"interval"`            // default 5s
+	Timeout            time.Duration `yaml:"timeout"`             // default 2s; at most Interval
+	Path               string        `yaml:"path"`                // default /health
+	HealthyThreshold   int           `yaml:"healthy_threshold"`   // default 2
+	UnhealthyThreshold int           `yaml:"unhealthy_threshold"` // default 2
+}
+
+// Config is the `routing:` section of the configuration file. The zero value plus SetDefaults is a
+// valid, empty pool.
+type Config struct {
+	// Workers are the workers known at start; more can be added at run time.
+	Workers []WorkerSpec `yaml:"workers"`
+	// Policy is the policy of every model without its own; default "least_request".
+	Policy string `yaml:"policy"`
+	// Models holds per-model policy and parameters, keyed by model name.
+	Models map[string]ModelConfig `yaml:"models"`
+	// Health sets the active health checks.
+	Health HealthConfig `yaml:"health"`
+	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
+	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+}
+
+// SetDefaults fills the zero fields of c with the package defaults. Worker caps left at 0 stay 0
+// here and take the Config caps when the pool is built.
+func (c *Config) SetDefaults() {
+	if c.Policy == "" {
+		c.Policy = DefaultPolicy
+	}
+	if c.MaxConcurrency == 0 {
+		c.MaxConcurrency = DefaultMaxConcurrency
+	}
+	if c.MaxTokensInFlight == 0 {
+		c.MaxTokensInFlight = DefaultMaxTokensInFlight
+	}
+	h := &c.Health
+	if h.Interval == 0 {
+		h.Interval = DefaultHealthInterval
+	}
+	if h.Timeout == 0 {
+		h.Timeout = min(DefaultHealthTimeout, h.Interval)
+	}
+	if h.Path == "" {
+		h.Path = DefaultHealthPath
+	}
+	if h.HealthyThreshold == 0 {
+		h.HealthyThreshold = DefaultHealthyThreshold
+	}
+	if h.UnhealthyThreshold == 0 {
+		h.UnhealthyThreshold = DefaultUnhealthyThreshold
+	}
+}
+
+// Validate reports every problem of c, each naming its field ("routing.workers[1].url: ...").
+// Call it after SetDefaults.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("routing.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if !knownPolicy(c.Policy) {
+		bad("policy", "unknown policy %q (known: %s)", c.Policy, policyNames())
+	}
+	if c.MaxConcurrency < 1 {
+		bad("max_concurrency", "must be at least 1, got %d", c.MaxConcurrency)
+	}
+	if c.MaxTokensInFlight < 1 {
+		bad("max_tokens_in_flight", "must be at least 1, got %d", c.MaxTokensInFlight)
+	}
+	seen := make(map[string]int, len(c.Workers))
+	for i, w := range c.Workers {
+		field := fmt.Sprintf("workers[%d]", i)
+		errs = append(errs, validateWorker("routing."+field, w)...)
+		if j, dup := seen[w.ID]; dup && w.ID != "" {
+			bad(field+".id", "duplicate id %q (also workers[%d])", w.ID, j)
+		}
+		seen[w.ID] = i
+	}
+	names := make([]string, 0, len(c.Models))
+	for name := range c.Models {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		mc := c.Models[name]
+		if name == "" {
+			bad("models", "model name must not be empty")
+		}
+		if mc.Policy != "" && !knownPolicy(mc.Policy) {
+			bad(fmt.Sprintf("models[%q].policy", name), "unknown policy %q (known: %s)", mc.Policy, policyNames())
+		}
+	}
+	h := c.Health
+	if h.Interval <= 0 {
+		bad("health.interval", "must be positive, got %s", h.Interval)
+	}
+	if h.Timeout <= 0 || h.Timeout > h.Interval {
+		bad("health.timeout", "must be positive and at most health.interval (%s), got %s", h.Interval, h.Timeout)
+	}
+	if len(h.Path) == 0 || h.Path[0] != '/' {
+		bad("health.path", "must start with '/', got %q", h.Path)
+	}
+	if h.HealthyThreshold < 1 {
+		bad("health.healthy_threshold", "must be at least 1, got %d", h.HealthyThreshold)
+	}
+	if h.UnhealthyThreshold < 1 {
+		bad("health.unhealthy_threshold", "must be at least 1, got %d", h.UnhealthyThreshold)
+	}
+	return errors.Join(errs...)
+}
+
+var workerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// validateWorker checks one worker spec; each error names its field below prefix.
+func validateWorker(prefix string, w WorkerSpec) []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", prefix, field, fmt.Sprintf(format, args...)))
+	}
+	if !workerIDPattern.MatchString(w.ID) {
+		bad("id", "must be 1 to 128 letters, digits, '.', '_' or '-', got %q", w.ID)
+	}
+	if _, err := parseWorkerURL(w.URL); err != nil {
+		bad("url", "%v", err)
+	}
+	if len(w.Models) == 0 {
+		bad("models", "a worker must serve at least one model")
+	}
+	for i, m := range w.Models {
+		if m == "" {
+			bad(fmt.Sprintf("models[%d]", i), "must not be empty")
+		}
+		if slices.Index(w.Models, m) != i {
+			bad(fmt.Sprintf("models[%d]", i), "duplicate model %q", m)
+		}
+	}
+	if w.MaxConcurrency < 0 {
+		bad("max_concurrency", "must not be negative, got %d", w.MaxConcurrency)
+	}
+	if w.MaxTokensInFlight < 0 {
+		bad("max_tokens_in_flight", "must not be negative, got %d", w.MaxTokensInFlight)
+	}
+	return errs
+}
+
+func parseWorkerURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("must be an absolute http(s) URL, got %q", raw)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("must not carry a query or fragment, got %q", raw)
+	}
+	return u, nil
+}

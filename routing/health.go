@@ -1,0 +1,96 @@
+package routing
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"time"
+)
+
+// startChecks starts the health goroutine of w if Run is running. p.mu must be held. The goroutine
+// belongs to the pool: it stops when Run's ctx ends or when w.stopChecks is called (on removal).
+func (p *Pool) startChecks(w *Worker) {
+	if p.runCtx == nil || p.stopped {
+		return
+	}
+	ctx, cancel := context.WithCancel(p.runCtx)
+	w.stopChecks = cancel
+	p.checks.Go(func() { p.watch(ctx, w) })
+}
+
+// watch checks w at once and then every Health.Interval until ctx ends.
+func (p *Pool) watch(ctx context.Context, w *Worker) {
+	t := time.NewTicker(p.cfg.Health.Interval)
+	defer t.Stop()
+	for {
+		p.check(ctx, w)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// check sends one health probe to w and records its result. A probe cut short by ctx records
+// nothing.
+func (p *Pool) check(ctx context.Context, w *Worker) {
+	pass := p.probe(ctx, w)
+	if ctx.Err() != nil {
+		return
+	}
+	p.recordCheck(w, pass)
+}
+
+func (p *Pool) probe(ctx context.Context, w *Worker) bool {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Health.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url.JoinPath(p.cfg.Health.Path).String(), nil)
+	if err != nil {
+		return false
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		p.logger.Debug("health check failed", "worker", w.spec.ID, "err", err)
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	return resp.StatusCode >= 200 && resp.StatusCode < 300
+}
+
+// recordCheck applies one check result to w's health state with the thresholds of HealthConfig.
+// Only w's health goroutine (or a test standing in for it) calls it.
+func (p *Pool) recordCheck(w *Worker, pass bool) {
+	result := "fail"
+	if pass {
+		result = "pass"
+		w.checkPasses++
+		w.checkFailures = 0
+	} else {
+		w.checkFailures++
+		w.checkPasses = 0
+	}
+	p.metrics.checks.WithLabelValues(w.spec.ID, result).Inc()
+	prev := healthState(w.health.Load())
+	next := prev
+	switch {
+	case prev == healthUnknown && pass:
+		next = healthUp
+	case prev == healthUnknown:
+		next = healthDown
+	case prev == healthUp && w.checkFailures >= p.cfg.Health.UnhealthyThreshold:
+		next = healthDown
+	case prev == healthDown && w.checkPasses >= p.cfg.Health.HealthyThreshold:
+		next = healthUp
+	}
+	if next == prev {
+		return
+	}
+	w.health.Store(int32(next))
+	if next == healthUp {
+		p.logger.Info("worker healthy", "worker", w.spec.ID)
+	} else {
+		p.logger.Warn("worker unhealthy", "worker", w.spec.ID, "consecutive_failures", w.checkFailures)
+	}
+}

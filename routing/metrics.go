@@ -1,0 +1,83 @@
+package routing
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// poolMetrics are the pool's Prometheus metrics, registered on the Registerer of Options.
+type poolMetrics struct {
+	decisions *prometheus.CounterVec // model, policy, route ("none": no worker)
+	outcomes  *prometheus.CounterVec // worker, result
+	checks    *prometheus.CounterVec // worker, result
+}
+
+func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
+	m := &poolMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_decisions_total",
+			Help: "Routing decisions by model, policy and route; route \"none\" counts picks that found no eligible worker.",
+		}, []string{"model", "policy", "route"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_requests_total",
+			Help: "Requests released by worker and result (ok, failed: connect error or 5xx before the first byte).",
+		}, []string{"worker", "result"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_health_checks_total",
+			Help: "Active health checks by worker and result (pass, fail).",
+		}, []string{"worker", "result"}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, workerCollector{p}} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *poolMetrics) decided(model, policy string, route Route) {
+	m.decisions.WithLabelValues(model, policy, string(route)).Inc()
+}
+
+var (
+	inFlightDesc = prometheus.NewDesc("usher_routing_worker_in_flight_requests",
+		"Requests the gateway has in flight on the worker.", []string{"worker"}, nil)
+	inFlightTokensDesc = prometheus.NewDesc("usher_routing_worker_in_flight_tokens",
+		"Tokens (prompt + max output) of the requests in flight on the worker.", []string{"worker"}, nil)
+	healthyDesc = prometheus.NewDesc("usher_routing_worker_healthy",
+		"1 when the health checks let the worker take requests, else 0.", []string{"worker"}, nil)
+	drainingDesc = prometheus.NewDesc("usher_routing_worker_draining",
+		"1 while the worker is draining, else 0.", []string{"worker"}, nil)
+)
+
+// workerCollector reports the per-worker gauges from the workers' atomics at scrape time, so the
+// pick path writes no gauge and removed workers disappear from the output.
+type workerCollector struct{ p *Pool }
+
+var _ prometheus.Collector = workerCollector{}
+
+func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inFlightDesc
+	ch <- inFlightTokensDesc
+	ch <- healthyDesc
+	ch <- drainingDesc
+}
+
+func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.p.mu.Lock()
+	workers := c.p.workers
+	c.p.mu.Unlock()
+	for _, w := range workers {
+		id := w.spec.ID
+		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(w.InFlight()), id)
+		ch <- prometheus.MustNewConstMetric(inFlightTokensDesc, prometheus.GaugeValue, float64(w.InFlightTokens()), id)
+		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, boolGauge(w.Healthy()), id)
+		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, boolGauge(w.Draining()), id)
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,96 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Route says why a worker was picked; it is the value of the X-Usher-Route response header and a
+// label of the decision metrics.
+type Route string
+
+// Routes of the policies of this package.
+const (
+	RouteRoundRobin   Route = "round_robin"   // next worker in turn
+	RouteRandom       Route = "random"        // uniform choice
+	RouteLeastRequest Route = "least_request" // fewest requests in flight
+	RouteTarget       Route = "target"        // the worker named by Request.TargetWorker
+)
+
+// Policy picks a worker for a request among the workers that serve its model.
+//
+// workers is the model's shared, immutable snapshot: a policy must not modify it or keep it past
+// the call, and must skip every worker for which r.Eligible is false. Pick returns nil when no
+// worker is eligible, with any Route. Pick is called concurrently and must be safe for it; it
+// does no I/O unless its documentation says so, and its cost must not grow with a copy of the
+// fleet per request.
+type Policy interface {
+	Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+}
+
+// policyEnv is what the pool hands every policy it builds.
+type policyEnv struct {
+	model  string
+	cfg    ModelConfig // with the pool's defaults applied
+	now    func() time.Time
+	rand   randSource
+	logger *slog.Logger
+}
+
+// policyConstructor builds the policy of one model.
+type policyConstructor func(env policyEnv) (Policy, error)
+
+// policyConstructors maps a policy name to its constructor. Each policy file registers itself in
+// an init function; the map is never written after package initialisation.
+var policyConstructors = map[string]policyConstructor{}
+
+func registerPolicy(name string, c policyConstructor) {
+	if _, dup := policyConstructors[name]; dup {
+		panic("routing: policy " + name + " registered twice")
+	}
+	policyConstructors[name] = c
+}
+
+func knownPolicy(name string) bool {
+	_, ok := policyConstructors[name]
+	return ok
+}
+
+func policyNames() string {
+	names := make([]string, 0, len(policyConstructors))
+	for n := range policyConstructors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func newPolicy(name string, env policyEnv) (Policy, error) {
+	c, ok := policyConstructors[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, policyNames())
+	}
+	return c(env)
+}
+
+// Eligible reports whether w may take r now: healthy, not draining, not in r.Exclude, below its
+// request cap, and with room for r.Tokens under its token cap (an idle worker takes a request of
+// any size). Every policy filters with it; it costs a few atomic loads plus a scan of r.Exclude.
+func (r *Request) Eligible(w *Worker) bool {
+	if !w.Healthy() || w.Draining() {
+		return false
+	}
+	n := w.inFlight.Load()
+	if n >= w.maxConc {
+		return false
+	}
+	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.maxTokens {
+		return false
+	}
+	return !slices.Contains(r.Exclude, w.spec.ID)
+}

@@ -1,0 +1,320 @@
+// Package routing owns the worker pool of the gateway: which inference workers serve which
+// models, whether they are healthy, how loaded they are, and the policies that pick one of them
+// for each request.
+//
+// The gateway builds one Pool from Config, runs its background work with Run, and for each
+// request calls Pick, sends the request to Lease.Worker and calls Lease.Release with the outcome.
+// Policies see each model's workers as a shared immutable snapshot that the pool replaces (copy on
+// write) when membership changes, so the pick path takes no lock and copies nothing.
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Errors of Pick; callers branch on them with errors.Is.
+var (
+	// ErrUnknownModel: no worker of the pool serves the request's model (HTTP 404).
+	ErrUnknownModel = errors.New("no worker serves this model")
+	// ErrNoWorker: workers serve the model but none may take the request now (HTTP 503).
+	ErrNoWorker = errors.New("no eligible worker")
+	// ErrUnknownWorker: Request.TargetWorker names no worker of the request's model (HTTP 400).
+	ErrUnknownWorker = errors.New("unknown target worker")
+)
+
+// Options are the dependencies of a Pool; every zero field has a working default.
+type Options struct {
+	Logger     *slog.Logger          // default: discard
+	Registerer prometheus.Registerer // default: a private registry nobody scrapes
+	Client     *http.Client          // for health checks; default: a plain http.Client
+	Now        func() time.Time      // default: time.Now
+	// Rand is the randomness of the policies. The pool serialises access to it; the default, nil,
+	// uses the runtime's lock-free generator.
+	Rand rand.Source
+}
+
+// Request is what a policy knows about the request it routes. Pick does not modify it.
+type Request struct {
+	Model        string
+	Tenant       string
+	SessionID    string // X-Session-ID
+	RoutingKey   string // X-Usher-Routing-Key
+	TargetWorker string // X-Usher-Target-Worker, already permitted by the gateway
+	Prompt       string // the text the worker will prefill, for prefix-aware policies
+	PromptTokens int    // estimate
+	Tokens       int    // tokens the request holds in flight (prompt + max output)
+	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
+	Exclude []string
+}
+
+// Outcome is what the gateway learnt from one request to the worker of a Lease.
+type Outcome struct {
+	// Failed: a connect error or a 5xx before the first byte; the worker is suspect.
+	Failed           bool
+	PromptTokens     int
+	CachedTokens     int // usage.prompt_tokens_details.cached_tokens
+	CompletionTokens int
+}
+
+// Lease is one request placed on a worker. Pick already counted it in the worker's in-flight
+// requests and tokens; Release uncounts it.
+type Lease struct {
+	Worker *Worker
+	Route  Route
+
+	pool     *Pool
+	policy   string
+	tokens   int64
+	released atomic.Bool
+}
+
+// Release ends the lease with the request's outcome: it uncounts the in-flight request and
+// tokens and feeds health and metrics. Call it exactly once; later calls do nothing. Safe for
+// concurrent use.
+func (l *Lease) Release(o Outcome) {
+	if !l.released.CompareAndSwap(false, true) {
+		return
+	}
+	l.Worker.release(l.tokens)
+	result := "ok"
+	if o.Failed {
+		result = "failed"
+	}
+	l.pool.metrics.outcomes.WithLabelValues(l.Worker.ID(), result).Inc()
+}
+
+// modelSet is one model's workers and policy. It is immutable: membership changes build a new one
+// that keeps the same policy.
+type modelSet struct {
+	policyName string
+	policy     Policy
+	workers    []*Worker          // in configuration order
+	byID       map[string]*Worker // the same workers
+}
+
+// snapshot is everything Pick reads, replaced as a whole on every membership change.
+type snapshot struct {
+	models map[string]*modelSet // only models with at least one worker
+	names  []string             // sorted keys of models
+}
+
+// Pool is the set of workers and the per-model policies. All methods are safe for concurrent use.
+type Pool struct {
+	cfg     Config
+	logger  *slog.Logger
+	client  *http.Client
+	now     func() time.Time
+	rand    randSource
+	metrics *poolMetrics
+
+	snap atomic.Pointer[snapshot]
+
+	mu       sync.Mutex         // guards everything below, and serialises writers of snap
+	workers  []*Worker          // all workers, in the order they were added
+	policies map[string]*policy // by model; a model keeps its policy while it has no workers
+	runCtx   context.Context    // set by Run; nil before
+	stopped  bool               // Run's ctx ended: no goroutine starts any more
+	checks   sync.WaitGroup     // health goroutines started under runCtx
+}
+
+type policy struct {
+	name string
+	Policy
+}
+
+// NewPool builds a pool from cfg (defaults applied to a copy, then validated). Health checks
+// start with Run; until its first check a worker counts as healthy.
+func NewPool(cfg Config, opts Options) (*Pool, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Pool{
+		cfg:      cfg,
+		logger:   opts.Logger,
+		client:   opts.Client,
+		now:      opts.Now,
+		rand:     runtimeRand{},
+		policies: make(map[string]*policy),
+	}
+	if p.logger == nil {
+		p.logger = slog.New(slog.DiscardHandler)
+	}
+	if p.client == nil {
+		p.client = &http.Client{}
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if opts.Rand != nil {
+		p.rand = &lockedRand{src: opts.Rand}
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newPoolMetrics(reg, p)
+	if err != nil {
+		return nil, fmt.Errorf("register routing metrics: %w", err)
+	}
+	p.metrics = m
+	for _, spec := range cfg.Workers {
+		w, err := newWorker(spec, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("worker %q: %w", spec.ID, err)
+		}
+		p.workers = append(p.workers, w)
+	}
+	for name := range cfg.Models {
+		if _, err := p.policyFor(name); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.publish(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// policyFor returns the policy of model, building it on first use. p.mu must be held (or p not
+// yet shared).
+func (p *Pool) policyFor(model string) (*policy, error) {
+	if pol, ok := p.policies[model]; ok {
+		return pol, nil
+	}
+	mc := p.cfg.Models[model]
+	if mc.Policy == "" {
+		mc.Policy = p.cfg.Policy
+	}
+	impl, err := newPolicy(mc.Policy, policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger})
+	if err != nil {
+		return nil, fmt.Errorf("routing.models[%q].policy: %w", model, err)
+	}
+	pol := &policy{name: mc.Policy, Policy: impl}
+	p.policies[model] = pol
+	return pol, nil
+}
+
+// publish builds a new snapshot from p.workers. p.mu must be held (or p not yet shared).
+func (p *Pool) publish() error {
+	s := &snapshot{models: make(map[string]*modelSet)}
+	for _, w := range p.workers {
+		for _, m := range w.spec.Models {
+			ms := s.models[m]
+			if ms == nil {
+				pol, err := p.policyFor(m)
+				if err != nil {
+					return err
+				}
+				ms = &modelSet{policyName: pol.name, policy: pol.Policy, byID: make(map[string]*Worker)}
+				s.models[m] = ms
+				s.names = append(s.names, m)
+			}
+			ms.workers = append(ms.workers, w)
+			ms.byID[w.spec.ID] = w
+		}
+	}
+	sort.Strings(s.names)
+	p.snap.Store(s)
+	return nil
+}
+
+// Models returns the sorted names of the models at least one worker serves. The slice is shared:
+// callers must not modify it.
+func (p *Pool) Models() []string { return p.snap.Load().names }
+
+// Serves reports whether at least one worker serves model.
+func (p *Pool) Serves(model string) bool { return p.snap.Load().models[model] != nil }
+
+// Ready reports whether at least one worker is healthy and not draining.
+func (p *Pool) Ready() bool {
+	for _, ms := range p.snap.Load().models {
+		for _, w := range ms.workers {
+			if w.Healthy() && !w.Draining() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// maxAcquireAttempts bounds how often Pick asks the policy again after losing the race for a
+// worker's last slot to a concurrent Pick.
+const maxAcquireAttempts = 3
+
+// Pick chooses a worker for r with its model's policy (or the worker r.TargetWorker names) and
+// counts the request in flight there. Errors wrap ErrUnknownModel, ErrUnknownWorker or
+// ErrNoWorker. Pick takes no lock and does no I/O beyond what the model's policy documents.
+func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
+	}
+	tokens := int64(r.Tokens)
+	if r.TargetWorker != "" {
+		w := ms.byID[r.TargetWorker]
+		if w == nil {
+			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
+		}
+		if !r.Eligible(w) || !w.tryAcquire(tokens) {
+			p.metrics.decided(r.Model, ms.policyName, "none")
+			return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
+		}
+		return p.lease(r.Model, ms, w, RouteTarget, tokens), nil
+	}
+	for attempt := 1; ; attempt++ {
+		w, route := ms.policy.Pick(ctx, r, ms.workers)
+		if w == nil {
+			p.metrics.decided(r.Model, ms.policyName, "none")
+			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
+		}
+		if w.tryAcquire(tokens) {
+			return p.lease(r.Model, ms, w, route, tokens), nil
+		}
+		if attempt == maxAcquireAttempts {
+			p.metrics.decided(r.Model, ms.policyName, "none")
+			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, ErrNoWorker)
+		}
+		retry := *r
+		retry.Exclude = append(slices.Clip(r.Exclude), w.spec.ID)
+		r = &retry
+	}
+}
+
+func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64) *Lease {
+	p.metrics.decided(model, ms.policyName, route)
+	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens}
+}
+
+// Run runs the pool's background work, the active health checks, until ctx ends, and returns when
+// all of its goroutines have stopped. Call it once.
+func (p *Pool) Run(ctx context.Context) {
+	p.mu.Lock()
+	if p.runCtx != nil {
+		p.mu.Unlock()
+		panic("routing: Pool.Run called twice")
+	}
+	p.runCtx = ctx
+	for _, w := range p.workers {
+		p.startChecks(w)
+	}
+	p.mu.Unlock()
+
+	<-ctx.Done()
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
+	p.checks.Wait()
+}

@@ -1,0 +1,42 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// testWorkers returns n specs w0..w(n-1) serving model on unroutable URLs (no health checks run
+// unless a test calls Run).
+func testWorkers(n int, model string) []WorkerSpec {
+	specs := make([]WorkerSpec, n)
+	for i := range specs {
+		specs[i] = WorkerSpec{ID: fmt.Sprintf("w%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 1+i), Models: []string{model}}
+	}
+	return specs
+}
+
+// newTestPool builds a pool with a seeded random source and a private registry.
+func newTestPool(t testing.TB, cfg Config) (*Pool, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(1, 2)})
+	if err != nil {
+		t.Fatalf("NewPool: %v", err)
+	}
+	return p, reg
+}
+
+// modelWorkers is the snapshot a policy of model sees.
+func modelWorkers(t testing.TB, p *Pool, model string) []*Worker {
+	t.Helper()
+	ms := p.snap.Load().models[model]
+	if ms == nil {
+		t.Fatalf("model %q has no workers", model)
+	}
+	return ms.workers
+}
+
+func markDown(w *Worker) { w.health.Store(int32(healthDown)) }

@@ -1,0 +1,314 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestPoolModels(t *testing.T) {
+	cfg := Config{Workers: []WorkerSpec{
+		{ID: "a", URL: "http://127.0.0.1:1", Models: []string{"zeta", "alpha"}},
+		{ID: "b", URL: "http://127.0.0.1:2", Models: []string{"alpha"}},
+	}, Models: map[string]ModelConfig{"unserved": {Policy: "random"}}}
+	p, _ := newTestPool(t, cfg)
+	if got, want := p.Models(), []string{"alpha", "zeta"}; !slices.Equal(got, want) {
+		t.Errorf("Models: got %v, want %v", got, want)
+	}
+	for model, want := range map[string]bool{"alpha": true, "zeta": true, "unserved": false, "": false} {
+		if got := p.Serves(model); got != want {
+			t.Errorf("Serves(%q): got %v, want %v", model, got, want)
+		}
+	}
+}
+
+func TestPoolReady(t *testing.T) {
+	p, _ := newTestPool(t, Config{Workers: testWorkers(2, "m")})
+	if !p.Ready() {
+		t.Fatalf("fresh pool: got not ready, want ready (unchecked workers count as healthy)")
+	}
+	ws := modelWorkers(t, p, "m")
+	markDown(ws[0])
+	ws[1].draining.Store(true)
+	if p.Ready() {
+		t.Errorf("one worker down, one draining: got ready, want not ready")
+	}
+	empty, _ := newTestPool(t, Config{})
+	if empty.Ready() {
+		t.Errorf("empty pool: got ready, want not ready")
+	}
+}
+
+func TestPickErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		req     Request
+		prepare func(ws []*Worker)
+		wantErr error
+		want    string
+		route   Route
+	}{
+		{name: "unknown model", req: Request{Model: "other"}, wantErr: ErrUnknownModel},
+		{name: "no eligible worker", req: Request{Model: "m"}, prepare: func(ws []*Worker) { markDown(ws[0]); markDown(ws[1]) }, wantErr: ErrNoWorker},
+		{name: "all excluded", req: Request{Model: "m", Exclude: []string{"w0", "w1"}}, wantErr: ErrNoWorker},
+		{name: "target", req: Request{Model: "m", TargetWorker: "w1"}, want: "w1", route: RouteTarget},
+		{name: "target of another model", req: Request{Model: "m", TargetWorker: "x"}, wantErr: ErrUnknownWorker},
+		{name: "target down", req: Request{Model: "m", TargetWorker: "w1"}, prepare: func(ws []*Worker) { markDown(ws[1]) }, wantErr: ErrNoWorker},
+		{name: "policy pick", req: Request{Model: "m"}, want: "w0", route: RouteRoundRobin},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{Policy: "round_robin", Workers: append(testWorkers(2, "m"), WorkerSpec{ID: "x", URL: "http://127.0.0.1:9", Models: []string{"n"}})}
+			p, _ := newTestPool(t, cfg)
+			if tt.prepare != nil {
+				tt.prepare(modelWorkers(t, p, "m"))
+			}
+			l, err := p.Pick(context.Background(), &tt.req)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("got error %v, want %v", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got error %v, want none", err)
+			}
+			defer l.Release(Outcome{})
+			if l.Worker.ID() != tt.want || l.Route != tt.route {
+				t.Errorf("got %s by %q, want %s by %q", l.Worker.ID(), l.Route, tt.want, tt.route)
+			}
+		})
+	}
+}
+
+func TestLeaseAccountingUnderConcurrency(t *testing.T) {
+	const (
+		workers    = 4
+		goroutines = 16
+		rounds     = 300
+		maxConc    = 3
+	)
+	cfg := Config{Workers: testWorkers(workers, "m"), MaxConcurrency: maxConc, MaxTokensInFlight: 1 << 30}
+	p, reg := newTestPool(t, cfg)
+	ws := modelWorkers(t, p, "m")
+	var over atomic.Bool
+	var granted, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range rounds {
+				l, err := p.Pick(context.Background(), &Request{Model: "m", Tokens: 10})
+				if errors.Is(err, ErrNoWorker) {
+					refused.Add(1)
+					continue
+				}
+				if err != nil {
+					t.Errorf("Pick: %v", err)
+					return
+				}
+				granted.Add(1)
+				if l.Worker.InFlight() > maxConc {
+					over.Store(true)
+				}
+				l.Release(Outcome{})
+				l.Release(Outcome{}) // a second Release does nothing
+			}
+		})
+	}
+	wg.Wait()
+	if over.Load() {
+		t.Errorf("a worker went above its max concurrency of %d", maxConc)
+	}
+	for _, w := range ws {
+		if w.InFlight() != 0 || w.InFlightTokens() != 0 {
+			t.Errorf("worker %s after all releases: got %d requests and %d tokens in flight, want 0 and 0", w.ID(), w.InFlight(), w.InFlightTokens())
+		}
+	}
+	if got, want := granted.Load()+refused.Load(), int64(goroutines*rounds); got != want {
+		t.Errorf("got %d outcomes, want %d", got, want)
+	}
+	if got := testutil.ToFloat64(p.metrics.outcomes.WithLabelValues("w0", "ok")) + testutil.ToFloat64(p.metrics.outcomes.WithLabelValues("w1", "ok")) +
+		testutil.ToFloat64(p.metrics.outcomes.WithLabelValues("w2", "ok")) + testutil.ToFloat64(p.metrics.outcomes.WithLabelValues("w3", "ok")); got != float64(granted.Load()) {
+		t.Errorf("usher_routing_requests_total: got %v, want %d", got, granted.Load())
+	}
+	if n, err := testutil.GatherAndCount(reg, "usher_routing_worker_in_flight_requests"); err != nil || n != workers {
+		t.Errorf("in-flight gauge series: got %d (%v), want %d", n, err, workers)
+	}
+}
+
+func TestLeaseHoldsCapacity(t *testing.T) {
+	specs := testWorkers(1, "m")
+	specs[0].MaxConcurrency = 2
+	p, _ := newTestPool(t, Config{Workers: specs})
+	r := &Request{Model: "m", Tokens: 100}
+	a, err := p.Pick(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Pick(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Worker.InFlightTokens(); got != 200 {
+		t.Errorf("tokens in flight: got %d, want 200", got)
+	}
+	if _, err := p.Pick(context.Background(), r); !errors.Is(err, ErrNoWorker) {
+		t.Errorf("third pick on a worker of max 2: got %v, want ErrNoWorker", err)
+	}
+	a.Release(Outcome{})
+	c, err := p.Pick(context.Background(), r)
+	if err != nil {
+		t.Errorf("pick after a release: got %v, want a lease", err)
+	} else {
+		c.Release(Outcome{})
+	}
+	b.Release(Outcome{})
+}
+
+func TestDecisionMetrics(t *testing.T) {
+	p, reg := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(1, "m")})
+	l, err := p.Pick(context.Background(), &Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release(Outcome{Failed: true})
+	markDown(l.Worker)
+	_, _ = p.Pick(context.Background(), &Request{Model: "m"})
+	want := `
+# HELP usher_routing_decisions_total Routing decisions by model, policy and route; route "none" counts picks that found no eligible worker.
+# TYPE usher_routing_decisions_total counter
+usher_routing_decisions_total{model="m",policy="round_robin",route="none"} 1
+usher_routing_decisions_total{model="m",policy="round_robin",route="round_robin"} 1
+# HELP usher_routing_requests_total Requests released by worker and result (ok, failed: connect error or 5xx before the first byte).
+# TYPE usher_routing_requests_total counter
+usher_routing_requests_total{result="failed",worker="w0"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "usher_routing_decisions_total", "usher_routing_requests_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// healthServer is a worker's /health endpoint whose answer the test switches.
+type healthServer struct {
+	*httptest.Server
+	ok   atomic.Bool
+	hits atomic.Int64
+}
+
+func newHealthServer(t *testing.T) *healthServer {
+	h := &healthServer{}
+	h.ok.Store(true)
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.hits.Add(1)
+		if r.URL.Path != "/health" || !h.ok.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(h.Close)
+	return h
+}
+
+func TestHealthTransitions(t *testing.T) {
+	srv := newHealthServer(t)
+	cfg := Config{
+		Workers: []WorkerSpec{{ID: "a", URL: srv.URL, Models: []string{"m"}}},
+		Health:  HealthConfig{HealthyThreshold: 2, UnhealthyThreshold: 3},
+	}
+	p, _ := newTestPool(t, cfg)
+	w := modelWorkers(t, p, "m")[0]
+	ctx := context.Background()
+	steps := []struct {
+		ok      bool
+		healthy bool
+	}{
+		{ok: true, healthy: true},   // first check decides: up
+		{ok: false, healthy: true},  // 1 failure of 3
+		{ok: false, healthy: true},  // 2 of 3
+		{ok: true, healthy: true},   // a pass resets the count
+		{ok: false, healthy: true},  // 1 of 3
+		{ok: false, healthy: true},  // 2 of 3
+		{ok: false, healthy: false}, // 3 of 3: down
+		{ok: true, healthy: false},  // 1 pass of 2
+		{ok: true, healthy: true},   // 2 of 2: up
+	}
+	for i, s := range steps {
+		srv.ok.Store(s.ok)
+		p.check(ctx, w)
+		if got := w.Healthy(); got != s.healthy {
+			t.Fatalf("step %d (server ok=%v): got healthy=%v, want %v", i, s.ok, got, s.healthy)
+		}
+	}
+}
+
+func TestHealthFirstFailedCheckDecides(t *testing.T) {
+	srv := newHealthServer(t)
+	srv.ok.Store(false)
+	p, _ := newTestPool(t, Config{Workers: []WorkerSpec{{ID: "a", URL: srv.URL, Models: []string{"m"}}}})
+	w := modelWorkers(t, p, "m")[0]
+	if !w.Healthy() {
+		t.Fatalf("before any check: got unhealthy, want healthy")
+	}
+	p.check(context.Background(), w)
+	if w.Healthy() {
+		t.Errorf("after a first failed check: got healthy, want unhealthy at once")
+	}
+}
+
+func TestHealthUnreachableWorker(t *testing.T) {
+	srv := newHealthServer(t)
+	url := srv.URL
+	srv.Close()
+	p, _ := newTestPool(t, Config{Workers: []WorkerSpec{{ID: "a", URL: url, Models: []string{"m"}}}})
+	w := modelWorkers(t, p, "m")[0]
+	p.check(context.Background(), w)
+	if w.Healthy() {
+		t.Errorf("closed server: got healthy, want unhealthy")
+	}
+}
+
+func TestRunChecksAndStops(t *testing.T) {
+	up := newHealthServer(t)
+	down := newHealthServer(t)
+	down.ok.Store(false)
+	cfg := Config{
+		Workers: []WorkerSpec{
+			{ID: "up", URL: up.URL, Models: []string{"m"}},
+			{ID: "down", URL: down.URL, Models: []string{"m"}},
+		},
+		Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond},
+	}
+	p, _ := newTestPool(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for down.hits.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	ws := modelWorkers(t, p, "m")
+	if !ws[0].Healthy() || ws[1].Healthy() {
+		t.Errorf("after checks: got up healthy=%v, down healthy=%v; want true, false", ws[0].Healthy(), ws[1].Healthy())
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	hits := down.hits.Load()
+	time.Sleep(50 * time.Millisecond)
+	if got := down.hits.Load(); got != hits {
+		t.Errorf("checks after Run returned: got %d more, want 0", got-hits)
+	}
+}

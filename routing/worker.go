@@ -1,0 +1,109 @@
+package routing
+
+import (
+	"context"
+	"net/url"
+	"slices"
+	"sync/atomic"
+)
+
+// healthState is the verdict of the active health checks on one worker.
+type healthState int32
+
+const (
+	// healthUnknown: no check has finished yet. The worker routes like a healthy one so a fresh
+	// pool serves at once; the first check decides without a threshold.
+	healthUnknown healthState = iota
+	// healthUp: the last HealthyThreshold checks (or the first one) passed.
+	healthUp
+	// healthDown: the last UnhealthyThreshold checks (or the first one) failed; no new requests.
+	healthDown
+)
+
+// Worker is one inference server of the pool. Its identity (ID, URL, models, caps) never changes;
+// its counters and states are read and written atomically, so every method is safe for
+// concurrent use and costs a few atomic loads.
+type Worker struct {
+	spec      WorkerSpec // immutable; Models is the worker's own copy
+	url       *url.URL   // immutable
+	maxConc   int64
+	maxTokens int64
+
+	inFlight       atomic.Int64
+	inFlightTokens atomic.Int64
+	health         atomic.Int32 // a healthState
+	draining       atomic.Bool
+
+	// checkPasses and checkFailures count consecutive check results; only the worker's own health
+	// goroutine touches them.
+	checkPasses, checkFailures int
+
+	// stopChecks ends the worker's health goroutine; guarded by Pool.mu.
+	stopChecks context.CancelFunc
+}
+
+func newWorker(spec WorkerSpec, cfg Config) (*Worker, error) {
+	u, err := parseWorkerURL(spec.URL)
+	if err != nil {
+		return nil, err
+	}
+	spec.Models = slices.Clone(spec.Models)
+	w := &Worker{spec: spec, url: u, maxConc: int64(spec.MaxConcurrency), maxTokens: int64(spec.MaxTokensInFlight)}
+	if w.maxConc == 0 {
+		w.maxConc = int64(cfg.MaxConcurrency)
+	}
+	if w.maxTokens == 0 {
+		w.maxTokens = int64(cfg.MaxTokensInFlight)
+	}
+	return w, nil
+}
+
+// ID is the worker's unique name.
+func (w *Worker) ID() string { return w.spec.ID }
+
+// URL is the worker's base URL; callers must not modify it.
+func (w *Worker) URL() *url.URL { return w.url }
+
+// Models are the models the worker serves; callers must not modify the slice.
+func (w *Worker) Models() []string { return w.spec.Models }
+
+// PriorityHandoff reports whether the worker schedules by vLLM's `priority` field.
+func (w *Worker) PriorityHandoff() bool { return w.spec.PriorityHandoff }
+
+// MaxConcurrency is the most requests the pool keeps in flight on the worker.
+func (w *Worker) MaxConcurrency() int64 { return w.maxConc }
+
+// MaxTokensInFlight is the most tokens the pool keeps in flight on the worker.
+func (w *Worker) MaxTokensInFlight() int64 { return w.maxTokens }
+
+// InFlight is the number of leases on the worker not yet released.
+func (w *Worker) InFlight() int64 { return w.inFlight.Load() }
+
+// InFlightTokens is the sum of Request.Tokens of the leases on the worker not yet released.
+func (w *Worker) InFlightTokens() int64 { return w.inFlightTokens.Load() }
+
+// Healthy reports whether the health checks let the worker take requests (a worker not yet
+// checked counts as healthy).
+func (w *Worker) Healthy() bool { return healthState(w.health.Load()) != healthDown }
+
+// Draining reports whether the worker takes no new requests while its in-flight ones finish.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// tryAcquire counts one more request of tokens in flight unless the worker is at its request cap.
+func (w *Worker) tryAcquire(tokens int64) bool {
+	for {
+		n := w.inFlight.Load()
+		if n >= w.maxConc {
+			return false
+		}
+		if w.inFlight.CompareAndSwap(n, n+1) {
+			w.inFlightTokens.Add(tokens)
+			return true
+		}
+	}
+}
+
+func (w *Worker) release(tokens int64) {
+	w.inFlight.Add(-1)
+	w.inFlightTokens.Add(-tokens)
+}
