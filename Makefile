@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests use this DSN; .ci/run sets it, set it yourself to point at another server.
 export USHER_TEST_POSTGRES_DSN ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: build run test test-deps lint bench clean
+.PHONY: build run test test-deps lint bench bench-hop clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/usher
@@ -28,6 +28,10 @@ lint:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+# The gateway hop against nginx on loopback (installs nginx and wrk when root); see the script.
+bench-hop:
+	./test/hopbench/run.sh
 
 clean:
 	rm -rf bin artifacts

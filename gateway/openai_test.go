@@ -83,8 +83,8 @@ func TestForUpstreamAsksForUsage(t *testing.T) {
 				t.Fatalf("unchanged: got %v, want %v (out %s)", got, tt.same, out)
 			}
 			var fields struct {
-				Temperature   *float64 `json:"temperature"`
-				StreamOptions map[string]bool
+				Temperature   *float64        `json:"temperature"`
+				StreamOptions map[string]bool `json:"stream_options"`
 			}
 			if err := json.Unmarshal(out, &fields); err != nil {
 				t.Fatal(err)
