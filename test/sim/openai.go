@@ -203,6 +203,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		case <-a.dead:
 			t.Stop()
 			panic(http.ErrAbortHandler)
+		case <-e.stop:
+			t.Stop()
+			writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
+			return
 		}
 	}
 	if a.fail {
