@@ -317,7 +317,7 @@ func TestPriorityScheduling(t *testing.T) {
 			)
 			for i, prio := range []int{5, 1, 3} {
 				wg.Go(func() {
-					resp, err := send(t.Context(), srv, "/v1/completions", map[string]any{"prompt": "p", "max_tokens": 2, "priority": prio})
+					resp, err := send(t.Context(), srv, "/v1/completions", map[string]any{"prompt": "p", "max_tokens": 30, "priority": prio})
 					if err != nil {
 						t.Errorf("priority %d: %v", prio, err)
 						return
