@@ -1,0 +1,238 @@
+package sim
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Scheduling policies, as vLLM names them.
+const (
+	// PolicyFCFS admits waiting requests in arrival order.
+	PolicyFCFS = "fcfs"
+	// PolicyPriority admits the waiting request with the lowest "priority" value first (ties
+	// in arrival order) and preempts the running one with the highest value first.
+	PolicyPriority = "priority"
+)
+
+// Config is every parameter of a simulated engine. A zero field takes its value from
+// DefaultConfig, except in Faults, where zero means "no fault". Durations are engine time:
+// they are multiplied by TimeScale before the engine waits them out.
+type Config struct {
+	// Model is the one model name the engine serves; requests naming another get 404.
+	Model string
+	// MaxNumSeqs caps the sequences in the running batch (vLLM max_num_seqs).
+	MaxNumSeqs int
+	// MaxNumBatchedTokens caps the tokens computed in one step (vLLM max_num_batched_tokens):
+	// each decoding sequence takes one, prefill takes the rest, so long prompts are prefilled
+	// in chunks across steps.
+	MaxNumBatchedTokens int
+	// BlockSize is the number of tokens in one KV-cache block; only full blocks are cached.
+	BlockSize int
+	// KVCacheTokens is the KV-cache capacity in tokens, rounded down to whole blocks.
+	KVCacheTokens int
+	// MaxModelLen caps prompt plus output tokens of one request; longer requests get 400.
+	MaxModelLen int
+	// DefaultMaxTokens is the output length of a request that names no max_tokens.
+	DefaultMaxTokens int
+	// PrefillPerToken is the compute time of one uncached prompt token; cached tokens are free.
+	PrefillPerToken time.Duration
+	// DecodeBase is the fixed cost of one engine step (reading the weights once).
+	DecodeBase time.Duration
+	// DecodePerSeq is the added cost of each sequence in a step (sampling, activations).
+	DecodePerSeq time.Duration
+	// DecodePerKVToken is the added cost, for each decoding sequence, of each token of its
+	// context (reading its KV cache).
+	DecodePerKVToken time.Duration
+	// TimeScale multiplies every engine duration: 0.01 runs the engine 100 times faster.
+	TimeScale float64
+	// SchedulingPolicy is PolicyFCFS or PolicyPriority.
+	SchedulingPolicy string
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	MaxBodyBytes int64
+	// Seed seeds the fault dice, so a run's injected faults are repeatable.
+	Seed uint64
+	// Faults are the faults injected from the start; Engine.SetFaults changes them later.
+	Faults Faults
+}
+
+// Faults are injected misbehaviours. The zero value injects nothing.
+type Faults struct {
+	// ErrorRate is the fraction of requests answered 500 before any byte, in [0, 1].
+	ErrorRate float64
+	// HangRate is the fraction of requests never answered until the client goes away, in
+	// [0, 1]. It is drawn after ErrorRate.
+	HangRate float64
+	// AddedLatency is waited, in wall-clock time (TimeScale does not apply: it stands for the
+	// network or a stalled front end the caller's timeouts must see), before a request's
+	// first byte.
+	AddedLatency time.Duration
+	// ExitAfter, when positive, makes the engine die after serving that many requests: later
+	// and in-flight requests have their connections closed without an answer, /health too,
+	// and Engine.Exited is closed (usher sim then exits the process).
+	ExitAfter int
+	// Unhealthy makes GET /health answer 503.
+	Unhealthy bool
+}
+
+// DefaultConfig is shaped like a 7B model (Llama-2-7B: 32 layers, 4096 wide, 16-bit weights and
+// KV cache) served by vLLM on one 80 GB A100; see the package doc for the reasoning.
+func DefaultConfig() Config {
+	return Config{
+		Model:               "demo-7b",
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		BlockSize:           16,
+		KVCacheTokens:       100_000,
+		MaxModelLen:         32_768,
+		DefaultMaxTokens:    128,
+		PrefillPerToken:     100 * time.Microsecond,
+		DecodeBase:          12 * time.Millisecond,
+		DecodePerSeq:        30 * time.Microsecond,
+		DecodePerKVToken:    250 * time.Nanosecond,
+		TimeScale:           1,
+		SchedulingPolicy:    PolicyFCFS,
+		MaxBodyBytes:        4 << 20,
+		Seed:                1,
+	}
+}
+
+// withDefaults returns c with every zero field outside Faults set from DefaultConfig.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Model == "" {
+		c.Model = d.Model
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = d.MaxNumSeqs
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = d.MaxNumBatchedTokens
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = d.BlockSize
+	}
+	if c.KVCacheTokens == 0 {
+		c.KVCacheTokens = d.KVCacheTokens
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = d.MaxModelLen
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = d.DefaultMaxTokens
+	}
+	if c.PrefillPerToken == 0 {
+		c.PrefillPerToken = d.PrefillPerToken
+	}
+	if c.DecodeBase == 0 {
+		c.DecodeBase = d.DecodeBase
+	}
+	if c.DecodePerSeq == 0 {
+		c.DecodePerSeq = d.DecodePerSeq
+	}
+	if c.DecodePerKVToken == 0 {
+		c.DecodePerKVToken = d.DecodePerKVToken
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = d.TimeScale
+	}
+	if c.SchedulingPolicy == "" {
+		c.SchedulingPolicy = d.SchedulingPolicy
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = d.MaxBodyBytes
+	}
+	if c.Seed == 0 {
+		c.Seed = d.Seed
+	}
+	return c
+}
+
+// RegisterFlags registers one flag per parameter on fs, writing into c. A flag's default is
+// c's field, or DefaultConfig's where c's field is zero.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	d := c.withDefaults()
+	fs.StringVar(&c.Model, "model", d.Model, "the one model name served")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", d.MaxNumSeqs, "maximum sequences in the running batch")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", d.MaxNumBatchedTokens, "maximum tokens computed in one step (prefill is chunked to fit)")
+	fs.IntVar(&c.BlockSize, "block-size", d.BlockSize, "tokens per KV-cache block")
+	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", d.KVCacheTokens, "KV-cache capacity in tokens")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", d.MaxModelLen, "maximum prompt plus output tokens of a request")
+	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", d.DefaultMaxTokens, "output tokens of a request without max_tokens")
+	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "compute time per uncached prompt token")
+	fs.DurationVar(&c.DecodeBase, "decode-base", d.DecodeBase, "fixed time of one engine step")
+	fs.DurationVar(&c.DecodePerSeq, "decode-per-seq", d.DecodePerSeq, "added step time per sequence in the batch")
+	fs.DurationVar(&c.DecodePerKVToken, "decode-per-kv-token", d.DecodePerKVToken, "added step time per context token of each decoding sequence")
+	fs.Float64Var(&c.TimeScale, "time-scale", d.TimeScale, "multiplier on every engine duration (0.01 runs 100x faster)")
+	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority (lower request priority value first)")
+	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "maximum request body size")
+	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the fault dice")
+	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", d.Faults.ErrorRate, "fault: fraction of requests answered 500")
+	fs.Float64Var(&c.Faults.HangRate, "hang-rate", d.Faults.HangRate, "fault: fraction of requests never answered")
+	fs.DurationVar(&c.Faults.AddedLatency, "added-latency", d.Faults.AddedLatency, "fault: wall-clock delay before the first byte")
+	fs.IntVar(&c.Faults.ExitAfter, "exit-after", d.Faults.ExitAfter, "fault: die after serving this many requests (0: never)")
+	fs.BoolVar(&c.Faults.Unhealthy, "unhealthy", d.Faults.Unhealthy, "fault: /health answers 503")
+}
+
+// Validate reports every invalid field, each error naming it. Zero fields are valid: they mean
+// the default.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, msg string) { errs = append(errs, fmt.Errorf("sim.%s: %s", field, msg)) }
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"max_num_seqs", int64(c.MaxNumSeqs)},
+		{"max_num_batched_tokens", int64(c.MaxNumBatchedTokens)},
+		{"block_size", int64(c.BlockSize)},
+		{"kv_cache_tokens", int64(c.KVCacheTokens)},
+		{"max_model_len", int64(c.MaxModelLen)},
+		{"default_max_tokens", int64(c.DefaultMaxTokens)},
+		{"prefill_per_token", int64(c.PrefillPerToken)},
+		{"decode_base", int64(c.DecodeBase)},
+		{"decode_per_seq", int64(c.DecodePerSeq)},
+		{"decode_per_kv_token", int64(c.DecodePerKVToken)},
+		{"max_body_bytes", c.MaxBodyBytes},
+	} {
+		if f.v < 0 {
+			bad(f.name, "must not be negative")
+		}
+	}
+	if c.TimeScale < 0 {
+		bad("time_scale", "must not be negative")
+	}
+	d := c.withDefaults()
+	if d.KVCacheTokens < d.BlockSize {
+		bad("kv_cache_tokens", fmt.Sprintf("must hold at least one block of %d tokens", d.BlockSize))
+	}
+	if d.DefaultMaxTokens > d.MaxModelLen {
+		bad("default_max_tokens", fmt.Sprintf("must not exceed max_model_len (%d)", d.MaxModelLen))
+	}
+	if d.SchedulingPolicy != PolicyFCFS && d.SchedulingPolicy != PolicyPriority {
+		bad("scheduling_policy", fmt.Sprintf("must be %q or %q, got %q", PolicyFCFS, PolicyPriority, d.SchedulingPolicy))
+	}
+	if err := c.Faults.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate reports every invalid fault field, each error naming it.
+func (f Faults) Validate() error {
+	var errs []error
+	if f.ErrorRate < 0 || f.ErrorRate > 1 {
+		errs = append(errs, fmt.Errorf("sim.faults.error_rate: must be in [0, 1], got %g", f.ErrorRate))
+	}
+	if f.HangRate < 0 || f.HangRate > 1 {
+		errs = append(errs, fmt.Errorf("sim.faults.hang_rate: must be in [0, 1], got %g", f.HangRate))
+	}
+	if f.AddedLatency < 0 {
+		errs = append(errs, errors.New("sim.faults.added_latency: must not be negative"))
+	}
+	if f.ExitAfter < 0 {
+		errs = append(errs, errors.New("sim.faults.exit_after: must not be negative"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,78 @@
+// Package sim is a simulated LLM inference engine with vLLM's outside behaviour: the OpenAI
+// API, vLLM's /metrics, continuous batching, a block prefix cache and realistic timing, without
+// a GPU. Tests embed an Engine behind an httptest server; `usher sim` serves one on a port for
+// the demo and the load generator.
+//
+// # The model
+//
+// Tokens are whitespace-separated words. A chat prompt is its messages rendered as
+// "<|role|> content" each, joined by spaces, then "<|assistant|>"; so the next turn of a
+// conversation (earlier messages, the reply, a new question) begins with every token of the
+// previous turn's prompt and reply, as with a real chat template. The output is max_tokens
+// filler words drawn from a generator seeded by the prompt: the same prompt always gets the
+// same answer, and finish_reason is "length".
+//
+// The engine follows vLLM's V1 scheduler. A request becomes a sequence whose tokens are the
+// prompt and what it has generated; each engine step computes some tokens of some sequences
+// and every sequence whose tokens are then all computed samples one more. Each step takes the
+// running sequences first, one token each when decoding or a chunk when prefilling, within a
+// budget of MaxNumBatchedTokens tokens, then admits waiting sequences in queue order while the
+// batch has fewer than MaxNumSeqs, budget is left and their KV blocks fit; a sequence that does
+// not fit waits, and so do those behind it. The queue is FCFS, or by vLLM's request field
+// "priority" (lower first) under the priority policy. When a running sequence needs a block and
+// none is free, the last admitted (or the lowest-priority) running sequence is preempted: its
+// blocks are freed and it waits to be recomputed.
+//
+// The KV cache is a pool of BlockSize-token blocks. A full block is identified by a chained
+// hash over its parent block's hash and its own tokens, so equal hashes mean equal prefixes. On
+// admission the longest run of the prompt's leading blocks found in the cache is reused (at
+// most all but the prompt's last token, which must be computed to sample from, as in vLLM);
+// those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
+// cached until reused: the free queue evicts least recently freed first, and a finished
+// sequence frees its blocks last block first, so a prefix's tail goes before its head.
+//
+// A step costs
+//
+//	DecodeBase + Σ over its sequences of DecodePerSeq + (prefill chunk × PrefillPerToken,
+//	or for a decoding sequence its context length × DecodePerKVToken)
+//
+// so cached prompt tokens cost nothing, and decode slows as the batch and its contexts grow.
+// Every duration is multiplied by TimeScale; a test at TimeScale 0.001 runs a 12 ms step in
+// 12 µs of engine time (timer resolution then sets the pace, near 50-100 µs a step). Streams
+// emit one chunk per step to each running sequence, flushed at once.
+//
+// # The defaults
+//
+// DefaultConfig models Llama-2-7B (32 layers, hidden 4096, 16-bit weights and KV) under vLLM on
+// one 80 GB A100 (2.0 TB/s, 312 TFLOP/s dense bf16):
+//
+//   - KVCacheTokens 100,000: vLLM takes 90% of 80 GB; minus 13.5 GB of weights and a few GB of
+//     activations leaves about 54 GB, and one token of KV is 2 × 32 × 4096 × 2 bytes = 512 KiB,
+//     so about 105,000 tokens; rounded to 6,250 blocks of 16.
+//   - PrefillPerToken 100 µs: a token costs 2 × 7e9 = 14 GFLOP; at about 45% of peak that is
+//     ~140 TFLOP/s, 10,000 prompt tokens a second.
+//   - DecodeBase 12 ms: a decode step reads every weight once, 13.5 GB at 2 TB/s is 6.7 ms, and
+//     kernel launches, sampling and the scheduler bring measured 7B inter-token latency at
+//     small batch to 11-13 ms.
+//   - DecodePerKVToken 250 ns: a decoding sequence reads its KV, 512 KiB per context token at
+//     2 TB/s; a full cache read adds 25 ms to a step.
+//   - DecodePerSeq 30 µs: per-sequence compute and sampling; with 256 sequences of 400 tokens a
+//     step takes 12 + 7.7 + 25.6 ≈ 45 ms, in line with vLLM on this hardware.
+//   - MaxNumSeqs 256, MaxNumBatchedTokens 8192, BlockSize 16: vLLM's defaults for online
+//     serving. MaxModelLen 32,768, DefaultMaxTokens 128.
+//
+// # Faults
+//
+// Faults make the engine misbehave on purpose: answer 500 (ErrorRate), wait before the first
+// byte (AddedLatency), never answer (HangRate), die after some requests (ExitAfter: the
+// connections close and `usher sim` exits), or fail its health check (Unhealthy).
+// Engine.SetFaults changes them while the engine runs, so a test can break a worker and mend
+// it.
+//
+// # Goroutines
+//
+// New starts one goroutine, the scheduler loop; Close stops it and ends every request in
+// flight. Each HTTP request runs on its server's goroutine and never blocks the loop: output
+// reaches it through a per-request outbox, and a client that goes away removes its sequence,
+// freeing its batch slot and blocks, at once.
+package sim

@@ -1,0 +1,416 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// endpoint tells the two completion APIs apart.
+type endpoint int
+
+const (
+	chatEndpoint endpoint = iota // /v1/chat/completions
+	textEndpoint                 // /v1/completions
+)
+
+// completionRequest holds the fields of both completion APIs that the engine reads.
+type completionRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	// Priority is vLLM's scheduling priority: lower is served first under PolicyPriority.
+	Priority int `json:"priority"`
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+type delta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type choice struct {
+	Index        int        `json:"index"`
+	Message      *chatReply `json:"message,omitempty"`
+	Delta        *delta     `json:"delta,omitempty"`
+	Text         *string    `json:"text,omitempty"`
+	Logprobs     *struct{}  `json:"logprobs"`
+	FinishReason *string    `json:"finish_reason"`
+}
+
+type chatReply struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type completionResponse struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []choice `json:"choices"`
+	Usage   *usage   `json:"usage,omitempty"`
+}
+
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func errorJSON(typ, code, msg string) []byte {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, code
+	data, _ := json.Marshal(b)
+	return data
+}
+
+// writeError answers in OpenAI's error shape.
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(errorJSON(typ, code, msg))
+}
+
+func (e *Engine) badRequest(w http.ResponseWriter, status int, code, msg string) {
+	e.stats.badRequests.Add(1)
+	writeError(w, status, "invalid_request_error", code, msg)
+}
+
+func (e *Engine) serveModels(w http.ResponseWriter) {
+	type model struct {
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int    `json:"max_model_len"`
+	}
+	body := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{{
+		ID: e.cfg.Model, Object: "model", Created: e.now().Unix(), OwnedBy: "usher-sim", MaxModelLen: e.cfg.MaxModelLen,
+	}}}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// parsePrompt reads a completions prompt: a string or an array of strings, of which the first
+// is used.
+func parsePrompt(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", errors.New("missing prompt")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil || len(list) == 0 {
+		return "", errors.New("prompt must be a string or a non-empty array of strings")
+	}
+	return list[0], nil
+}
+
+// serveCompletion answers one completion request: faults first, then a sequence through the
+// scheduler, streamed or whole.
+func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind endpoint) {
+	e.stats.requests.Add(1)
+	r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			e.badRequest(w, http.StatusRequestEntityTooLarge, "request_too_large",
+				fmt.Sprintf("request body exceeds %d bytes", e.cfg.MaxBodyBytes))
+			return
+		}
+		e.badRequest(w, http.StatusBadRequest, "invalid_body", "reading the request body: "+err.Error())
+		return
+	}
+	var req completionRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		e.badRequest(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON: "+err.Error())
+		return
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		e.stats.badRequests.Add(1)
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	var text string
+	if kind == chatEndpoint {
+		if len(req.Messages) == 0 {
+			e.badRequest(w, http.StatusBadRequest, "missing_messages", "messages must be a non-empty array")
+			return
+		}
+		text = renderChat(req.Messages)
+	} else {
+		if text, err = parsePrompt(req.Prompt); err != nil {
+			e.badRequest(w, http.StatusBadRequest, "invalid_prompt", err.Error())
+			return
+		}
+	}
+	prompt := tokenize(text)
+	maxTokens := e.cfg.DefaultMaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if msg := e.checkLength(len(prompt), maxTokens); msg != "" {
+		e.badRequest(w, http.StatusBadRequest, "context_length_exceeded", msg)
+		return
+	}
+
+	a := e.arrive(req.Priority)
+	if a.abort {
+		panic(http.ErrAbortHandler)
+	}
+	if a.last {
+		defer e.die()
+	}
+	ctx := r.Context()
+	if a.latency > 0 {
+		t := time.NewTimer(a.latency)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			e.stats.cancelled.Add(1)
+			return
+		case <-a.dead:
+			t.Stop()
+			panic(http.ErrAbortHandler)
+		case <-e.stop:
+			t.Stop()
+			writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
+			return
+		}
+	}
+	if a.fail {
+		e.stats.failed.Add(1)
+		writeError(w, http.StatusInternalServerError, "server_error", "injected_fault", "injected error (--error-rate)")
+		return
+	}
+	if a.hang {
+		e.stats.hung.Add(1)
+		select {
+		case <-ctx.Done():
+		case <-a.dead:
+			panic(http.ErrAbortHandler)
+		case <-e.stop:
+			writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
+		}
+		return
+	}
+
+	q, err := e.submit(prompt, maxTokens, req.Priority)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
+		return
+	}
+	rs := responseStream{
+		e: e, w: w, kind: kind, promptLen: len(prompt),
+		id:      e.responseID(kind, q.arrival),
+		created: e.now().Unix(),
+		stream:  req.Stream,
+		usage:   req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+	}
+	rs.serve(r, q)
+	if a.last {
+		_ = http.NewResponseController(w).Flush()
+	}
+}
+
+// checkLength refuses, as vLLM does, requests that cannot fit the context or the KV cache.
+func (e *Engine) checkLength(promptLen, maxTokens int) string {
+	switch {
+	case promptLen == 0:
+		return "the prompt is empty"
+	case maxTokens < 1:
+		return "max_tokens must be at least 1"
+	case promptLen+maxTokens > e.cfg.MaxModelLen:
+		return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
+			e.cfg.MaxModelLen, promptLen+maxTokens, promptLen, maxTokens)
+	case promptLen+maxTokens > e.kvTokens:
+		return fmt.Sprintf("the request needs %d tokens of KV cache, more than the engine's %d",
+			promptLen+maxTokens, e.kvTokens)
+	}
+	return ""
+}
+
+func (e *Engine) responseID(kind endpoint, n uint64) string {
+	if kind == chatEndpoint {
+		return "chatcmpl-sim-" + strconv.FormatUint(n, 10)
+	}
+	return "cmpl-sim-" + strconv.FormatUint(n, 10)
+}
+
+// responseStream writes one sequence's output to its client.
+type responseStream struct {
+	e         *Engine
+	w         http.ResponseWriter
+	kind      endpoint
+	id        string
+	created   int64
+	promptLen int
+	stream    bool
+	usage     bool
+
+	started   bool // headers sent
+	generated int
+	text      strings.Builder // whole answer when not streaming
+	line      []byte
+}
+
+// serve relays the sequence's tokens until it ends or the client goes away.
+func (rs *responseStream) serve(r *http.Request, q *sequence) {
+	var buf []int32
+	for {
+		select {
+		case <-q.out.notify:
+		case <-r.Context().Done():
+			rs.e.cancel(q)
+			return
+		}
+		toks, done, finish, err := q.out.take(buf[:0])
+		buf = toks
+		if err != nil {
+			rs.fail(err)
+			return
+		}
+		for i, tok := range toks {
+			reason := ""
+			if done && i == len(toks)-1 {
+				reason = finish
+			}
+			rs.token(vocabulary[tok], reason)
+		}
+		if rs.stream && len(toks) > 0 {
+			_ = http.NewResponseController(rs.w).Flush()
+		}
+		if done {
+			rs.finish(q, finish)
+			return
+		}
+	}
+}
+
+func (rs *responseStream) object() string {
+	switch {
+	case rs.kind == textEndpoint:
+		return "text_completion"
+	case rs.stream:
+		return "chat.completion.chunk"
+	}
+	return "chat.completion"
+}
+
+// token writes one generated token: a chunk when streaming, else into the whole answer.
+func (rs *responseStream) token(word, finish string) {
+	piece := word
+	if rs.generated > 0 {
+		piece = " " + word
+	}
+	rs.generated++
+	if !rs.stream {
+		rs.text.WriteString(piece)
+		return
+	}
+	if !rs.started {
+		h := rs.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		rs.w.WriteHeader(http.StatusOK)
+		rs.started = true
+	}
+	c := choice{}
+	if finish != "" {
+		c.FinishReason = &finish
+	}
+	if rs.kind == chatEndpoint {
+		c.Delta = &delta{Content: piece}
+		if rs.generated == 1 {
+			c.Delta.Role = "assistant"
+		}
+	} else {
+		c.Text = &piece
+	}
+	rs.event(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}})
+}
+
+func (rs *responseStream) event(v any) {
+	data, _ := json.Marshal(v)
+	rs.line = append(append(append(rs.line[:0], "data: "...), data...), "\n\n"...)
+	_, _ = rs.w.Write(rs.line)
+}
+
+func (rs *responseStream) usageOf(q *sequence) *usage {
+	q.out.mu.Lock()
+	cached := q.out.cached
+	q.out.mu.Unlock()
+	u := &usage{PromptTokens: rs.promptLen, CompletionTokens: rs.generated, TotalTokens: rs.promptLen + rs.generated}
+	u.PromptTokensDetails.CachedTokens = cached
+	return u
+}
+
+// finish ends a sequence that ran to its end.
+func (rs *responseStream) finish(q *sequence, reason string) {
+	u := rs.usageOf(q)
+	if rs.stream {
+		if rs.usage {
+			rs.event(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{}, Usage: u})
+		}
+		_, _ = io.WriteString(rs.w, "data: [DONE]\n\n")
+		_ = http.NewResponseController(rs.w).Flush()
+		return
+	}
+	c := choice{FinishReason: &reason}
+	text := rs.text.String()
+	if rs.kind == chatEndpoint {
+		c.Message = &chatReply{Role: "assistant", Content: text}
+	} else {
+		c.Text = &text
+	}
+	rs.w.Header().Set("Content-Type", "application/json")
+	data, _ := json.Marshal(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}, Usage: u})
+	_, _ = rs.w.Write(data)
+}
+
+// fail ends a sequence the engine gave up on: a dead engine drops the connection, a closed one
+// answers 503 or, mid-stream, sends an error event and ends the stream as vLLM does.
+func (rs *responseStream) fail(err error) {
+	if errors.Is(err, errDead) {
+		panic(http.ErrAbortHandler)
+	}
+	if !rs.started {
+		writeError(rs.w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
+		return
+	}
+	rs.line = append(append(append(rs.line[:0], "data: "...), errorJSON("server_error", "engine_closed", "the engine is shutting down")...), "\n\n"...)
+	_, _ = rs.w.Write(rs.line)
+	_, _ = io.WriteString(rs.w, "data: [DONE]\n\n")
+	_ = http.NewResponseController(rs.w).Flush()
+}
