@@ -173,4 +173,3 @@ func sleep(r *http.Request, d time.Duration) bool {
 		return false
 	}
 }
-
