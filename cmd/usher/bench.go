@@ -68,7 +68,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	rep.WriteTable(stdout)
 	if *out != "" {
-		if werr := writeReport(*out, rep); werr != nil {
+		if werr := writeBenchReport(*out, rep); werr != nil {
 			fmt.Fprintf(stderr, "usher bench: %v\n", werr)
 			return 1
 		}
@@ -76,7 +76,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return code
 }
 
-func writeReport(path string, rep *bench.Report) error {
+func writeBenchReport(path string, rep *bench.Report) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("create report: %w", err)
