@@ -46,7 +46,9 @@ type Config struct {
 	Rate float64
 	// Duration stops new arrivals after this long (0: until the workload or Requests ends).
 	Duration time.Duration
-	// Requests stops after this many arrivals, drops included (0: no limit).
+	// Requests stops after this many arrivals, drops included (0: no limit; for the
+	// shared-prefix workload without a Duration, one pass over its Groups*PromptsPerGroup
+	// prompts).
 	Requests int
 	// MaxInflight bounds the requests outstanding at once; an arrival that finds it full is
 	// dropped and counted, never delayed (default 1024).
@@ -173,6 +175,9 @@ func (c Config) withDefaults() Config {
 	sp.SystemPromptLen = orInt(sp.SystemPromptLen, 2048)
 	sp.QuestionLen = orInt(sp.QuestionLen, 128)
 	sp.OutputLen = orInt(sp.OutputLen, 256)
+	if c.Workload == WorkloadSharedPrefix && c.Requests == 0 && c.Duration == 0 {
+		c.Requests = sp.Groups * sp.PromptsPerGroup
+	}
 	c.Random.InputLen = orInt(c.Random.InputLen, 512)
 	c.Random.OutputLen = orInt(c.Random.OutputLen, 128)
 	if c.Trace.TimeScale == 0 {
@@ -225,6 +230,9 @@ func (c Config) Validate() error {
 	}
 	if d.Rate < 0 || math.IsNaN(d.Rate) {
 		bad("rate", "must be positive, got %v", d.Rate)
+	}
+	if d.Workload != WorkloadTrace && d.Requests == 0 && infiniteRate(d) {
+		bad("requests", "an infinite rate sends everything at once and needs a request count")
 	}
 	if d.Duration < 0 {
 		bad("duration", "must not be negative, got %v", d.Duration)
@@ -305,6 +313,16 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// infiniteRate reports whether some tenant's arrivals come at an infinite rate.
+func infiniteRate(c Config) bool {
+	for _, t := range c.Tenants {
+		if math.IsInf(t.Rate, 1) || (t.Rate == 0 && math.IsInf(c.Rate, 1)) {
+			return true
+		}
+	}
+	return false
 }
 
 func validClass(c string) bool {

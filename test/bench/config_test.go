@@ -102,6 +102,12 @@ func TestValidate(t *testing.T) {
 			c.Trace.File = "t.csv"
 			c.Tenants = []bench.Tenant{{Name: "a", Rate: 5}}
 		}, "bench.tenants[0].rate: a tenant rate needs a synthetic workload"},
+		{"infinite rate unbounded", func(c *bench.Config) { c.Rate = math.Inf(1); c.Requests = 0; c.Duration = time.Second }, "bench.requests: an infinite rate"},
+		{"infinite tenant rate unbounded", func(c *bench.Config) {
+			c.Requests = 0
+			c.Duration = time.Second
+			c.Tenants = []bench.Tenant{{Name: "a", Rate: math.Inf(1)}}
+		}, "bench.requests: an infinite rate"},
 		{"spread", func(c *bench.Config) { c.Random.Spread = 2 }, "bench.random.spread"},
 		{"gsp groups", func(c *bench.Config) { c.SharedPrefix.Groups = -1 }, "bench.shared_prefix.groups"},
 		{"token scale", func(c *bench.Config) { c.Trace.TokenScale = 0.5 }, "bench.trace.token_scale"},

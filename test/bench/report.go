@@ -16,7 +16,7 @@ import (
 // with encoding/json.
 type Report struct {
 	Run RunInfo `json:"run"`
-	// ElapsedSeconds runs from the first arrival to the end of the last request.
+	// ElapsedSeconds runs from the start of the run to the end of its last request.
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	// Interrupted is set when the caller's context ended the run early.
 	Interrupted bool `json:"interrupted,omitempty"`

@@ -100,6 +100,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Report, error) {
 		before = scrapeAll(ctx, client, cfg.Scrape)
 	}
 
+	opts.Logger.Info("bench start", "url", s.endpoint, "workload", cfg.Workload, "tenants", len(cfg.Tenants),
+		"requests", cfg.Requests, "duration", cfg.Duration)
 	r := &runner{cfg: cfg, sender: s, now: opts.Now, log: opts.Logger, sched: newSchedule(cfg, wl)}
 	interrupted := r.run(ctx)
 
@@ -148,9 +150,9 @@ func (r *runner) run(ctx context.Context) (interrupted bool) {
 	slots := make(chan struct{}, r.cfg.MaxInflight)
 	var wg sync.WaitGroup
 	start := r.now()
-	timer := time.NewTimer(0)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
-	<-timer.C
 
 	for n := 0; r.cfg.Requests == 0 || n < r.cfg.Requests; n++ {
 		a, ok := r.sched.next()
@@ -174,14 +176,12 @@ func (r *runner) run(ctx context.Context) (interrupted bool) {
 			r.record(result{tenant: a.tenant, dropped: true, sentAt: sentAt, class: r.cfg.Tenants[a.tenant].Class})
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			res := r.sender.send(reqCtx, a, r.cfg.Tenants[a.tenant])
 			<-slots
 			res.sentAt = sentAt
 			r.record(res)
-		}()
+		})
 	}
 
 	drained := make(chan struct{})

@@ -40,12 +40,21 @@ func (r *Report) WriteTable(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintln(w, "(latencies in ms)")
 
-	if len(r.Overall.Failures) > 0 {
-		var parts []string
-		for _, f := range r.Overall.Failures {
-			parts = append(parts, fmt.Sprintf("%d %s: %d", f.Status, f.Code, f.Count))
+	failures := func(label string, fs []FailureCount) {
+		if len(fs) == 0 {
+			return
 		}
-		fmt.Fprintf(w, "failures: %s\n", strings.Join(parts, ", "))
+		parts := make([]string, len(fs))
+		for i, f := range fs {
+			parts[i] = fmt.Sprintf("%d %s: %d", f.Status, f.Code, f.Count)
+		}
+		fmt.Fprintf(w, "failures %s: %s\n", label, strings.Join(parts, ", "))
+	}
+	failures("overall", r.Overall.Failures)
+	if len(r.Tenants) > 1 {
+		for _, s := range r.Tenants {
+			failures("tenant "+s.Name, s.Failures)
+		}
 	}
 	if r.Overall.Queue.Count > 0 {
 		q := r.Overall.Queue

@@ -13,12 +13,12 @@ has had not but first one their its new after who they two her she been other wh
 during into school time may years more most only over city some world would where later up such
 used many can state about national out known university united then made also team film year
 part well game three between under while being called season him since both these series
-against early life through before could war several american county including time four world
-end book music make long what group five main each back same people just work like high name
-day word line house water river room place field light point hand power night south north east
-west open road great small large white black green blue red gold stone tree food table door
-area form sea land fire king town club band song album story river plan rule test case data
-model cache block queue token share class route node graph field value order price market trade
+against early life through before could war several american county including four end book
+music make long what group five main each back same people just work like high name day word
+line house water river room place field light point hand power night south north east west open
+road great small large white black green blue red gold stone tree food table door area form sea
+land fire king town club band song album story plan rule test case data model cache block queue
+token share class route node graph value order price market trade
 `)
 
 // words appends n words drawn from r to b, separated by single spaces, with a leading space when

@@ -327,3 +327,34 @@ func TestReplayRealTraces(t *testing.T) {
 		t.Errorf("first two Mooncake requests share %d words, want at least 64", got)
 	}
 }
+
+func TestRunReplaysMooncakeTrace(t *testing.T) {
+	e := &fakeEngine{tokens: 2}
+	srv := e.start(t)
+	cfg := smallRandom(srv.URL, 0)
+	cfg.Workload = bench.WorkloadTrace
+	cfg.Trace = bench.TraceConfig{File: filepath.Join(sharedTraces(t), "mooncake_conversation.jsonl"), TimeScale: 200, TokenScale: 8, Limit: 150}
+	rep := run(t, cfg)
+	if rep.Overall.Sent != 150 || rep.Overall.OK != 150 {
+		t.Fatalf("got sent %d ok %d, want 150 and 150", rep.Overall.Sent, rep.Overall.OK)
+	}
+	// Every request starts with block 0, so every prompt begins with the same 64 words.
+	reqs := e.requests()
+	head := strings.Join(strings.Fields(reqs[0].promptText())[:64], " ")
+	sessions := map[string]int{}
+	for _, r := range reqs {
+		if !strings.HasPrefix(r.promptText(), head) {
+			t.Fatal("a request does not start with block 0")
+		}
+		sessions[r.header.Get("X-Session-ID")]++
+	}
+	repeated := 0
+	for _, n := range sessions {
+		if n > 1 {
+			repeated++
+		}
+	}
+	if repeated == 0 {
+		t.Error("no conversation has two turns in the first 150 requests")
+	}
+}

@@ -117,7 +117,7 @@ func TestRandomLengths(t *testing.T) {
 func TestRunSharedPrefixSendsGroupsAsSessions(t *testing.T) {
 	e := &fakeEngine{tokens: 1}
 	srv := e.start(t)
-	cfg := smallRandom(srv.URL, 20)
+	cfg := smallRandom(srv.URL, 0) // one pass by default: 4 groups x 5 prompts
 	cfg.Workload = bench.WorkloadSharedPrefix
 	cfg.SharedPrefix = gspConfig()
 	rep := run(t, cfg)
