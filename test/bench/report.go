@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"slices"
 	"time"
 )
@@ -103,18 +104,32 @@ type WorkerLoad struct {
 
 // Fairness is the tokens each tenant was served per window and Jain's index over them. A
 // request's prompt tokens count when its first token arrives, its output tokens spread over
-// its content chunks. In each window the index is taken over the tenants with demand then (a
-// request outstanding or dropped), each tenant's tokens divided by its share.
+// its content chunks. In each window the index is taken over the tenants that were backlogged
+// then, each tenant's tokens divided by its share: fairness only means something between
+// tenants that all wanted more than they got.
 type Fairness struct {
 	WindowSeconds float64 `json:"window_seconds"`
+	// Basis says how backlogged is told: "queued" when the gateway reported queueing times
+	// (X-Usher-Queue-Ms), a tenant being backlogged while one of its requests waited in the
+	// queue or when one was refused (429 or dropped at MaxInflight); else "outstanding", while
+	// one of its requests was outstanding or when one was dropped.
+	Basis string `json:"basis"`
 	// Tokens maps a tenant's name to its tokens served per window.
 	Tokens map[string][]float64 `json:"tokens"`
-	// Jain is the index per window; 0 where no tenant had demand.
+	// Jain is the index per window; 0 where no tenant was backlogged.
 	Jain []float64 `json:"jain"`
-	// JainMean and JainMin are over the windows where some tenant had demand.
+	// Windows counts the windows where some tenant was backlogged; JainMean and JainMin are
+	// over those.
+	Windows  int     `json:"windows"`
 	JainMean float64 `json:"jain_mean"`
 	JainMin  float64 `json:"jain_min"`
 }
+
+// Bases of Fairness.
+const (
+	basisQueued      = "queued"
+	basisOutstanding = "outstanding"
+)
 
 // WriteJSON writes the report as indented JSON.
 func (r *Report) WriteJSON(w io.Writer) error {
@@ -292,10 +307,27 @@ func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
 		demand[i] = make([]bool, n)
 	}
 	slot := func(d time.Duration) int { return min(n-1, max(0, int(d/win))) }
+	f.Basis = basisOutstanding
+	for i := range results {
+		if results[i].hasQueueMs {
+			f.Basis = basisQueued
+			break
+		}
+	}
 	for i := range results {
 		r := &results[i]
-		for w := slot(r.sentAt); w <= slot(r.sentAt+r.e2e); w++ {
-			demand[r.tenant][w] = true
+		switch {
+		case f.Basis == basisOutstanding:
+			for w := slot(r.sentAt); w <= slot(r.sentAt+r.e2e); w++ {
+				demand[r.tenant][w] = true
+			}
+		case r.dropped || r.status == http.StatusTooManyRequests:
+			demand[r.tenant][slot(r.sentAt)] = true
+		case r.queueMs > 0:
+			end := r.sentAt + time.Duration(r.queueMs*float64(time.Millisecond))
+			for w := slot(r.sentAt); w <= slot(end); w++ {
+				demand[r.tenant][w] = true
+			}
 		}
 		if !r.ok {
 			continue
@@ -314,7 +346,6 @@ func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
 		f.Tokens[t.Name] = tokens[i]
 	}
 	var sum float64
-	counted := 0
 	for w := 0; w < n; w++ {
 		var xs []float64
 		for i, t := range cfg.Tenants {
@@ -327,13 +358,13 @@ func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
 		}
 		f.Jain[w] = JainIndex(xs)
 		sum += f.Jain[w]
-		if counted == 0 || f.Jain[w] < f.JainMin {
+		if f.Windows == 0 || f.Jain[w] < f.JainMin {
 			f.JainMin = f.Jain[w]
 		}
-		counted++
+		f.Windows++
 	}
-	if counted > 0 {
-		f.JainMean = sum / float64(counted)
+	if f.Windows > 0 {
+		f.JainMean = sum / float64(f.Windows)
 	}
 	return f
 }

@@ -90,6 +90,24 @@ func TestFairnessWindows(t *testing.T) {
 	}
 }
 
+func TestFairnessQueuedBasis(t *testing.T) {
+	cfg := Config{Window: time.Second, Tenants: []Tenant{{Name: "a", Share: 1}, {Name: "b", Share: 1}, {Name: "c", Share: 1}}}
+	ms := time.Millisecond
+	results := []result{
+		// a and b waited in the gateway's queue in window 0; c was served at once and does not
+		// count as backlogged, though it got far more tokens.
+		{tenant: 0, ok: true, hasQueueMs: true, queueMs: 200, chunks: []time.Duration{300 * ms}, e2e: 300 * ms, promptTokens: 9, outputTokens: 1},
+		{tenant: 1, ok: true, hasQueueMs: true, queueMs: 100, chunks: []time.Duration{300 * ms}, e2e: 300 * ms, promptTokens: 9, outputTokens: 1},
+		{tenant: 2, ok: true, hasQueueMs: true, queueMs: 0, chunks: []time.Duration{300 * ms}, e2e: 300 * ms, promptTokens: 99, outputTokens: 1},
+		// In window 1 only b is backlogged: refused with 429.
+		{tenant: 1, status: 429, sentAt: 1500 * ms},
+	}
+	f := fairness(cfg, results, 2*time.Second)
+	if f.Basis != "queued" || !reflect.DeepEqual(f.Jain, []float64{1, 1}) || f.Windows != 2 {
+		t.Errorf("got basis %q jain %v windows %d, want queued [1 1] 2", f.Basis, f.Jain, f.Windows)
+	}
+}
+
 func TestSchedulePoissonRate(t *testing.T) {
 	cfg := Config{Rate: 100, Tenants: []Tenant{{Name: "a", Share: 1}}}.withDefaults()
 	s := newSchedule(cfg, NewRandom(RandomConfig{InputLen: 1, OutputLen: 1}, 0))

@@ -71,7 +71,8 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "routes: %s\n", formatCounts(r.Overall.Routes))
 	}
 	f := r.Fairness
-	fmt.Fprintf(w, "fairness: Jain mean %.3f, min %.3f over %d windows of %gs\n", f.JainMean, f.JainMin, len(f.Jain), f.WindowSeconds)
+	fmt.Fprintf(w, "fairness: Jain mean %.3f, min %.3f over %d backlogged (%s) windows of %gs\n",
+		f.JainMean, f.JainMin, f.Windows, f.Basis, f.WindowSeconds)
 	if s := r.Scrape; s != nil {
 		fmt.Fprintf(w, "fleet prefix cache: %.0f hits / %.0f queries = %.1f%%\n", s.Hits, s.Queries, 100*s.HitRate)
 		for _, sw := range s.Workers {
