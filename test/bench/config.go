@@ -222,7 +222,7 @@ func (c Config) Validate() error {
 	case WorkloadTrace:
 		if d.Trace.File == "" {
 			bad("trace.file", "required by the trace workload")
-		} else if ext := traceKind(d.Trace.File); ext == "" {
+		} else if traceKind(d.Trace.File) == "" {
 			bad("trace.file", "must end in .jsonl (Mooncake) or .csv (Azure), got %q", d.Trace.File)
 		}
 	default:

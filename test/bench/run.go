@@ -10,7 +10,11 @@
 //
 // Workloads: "random" (independent prompts), "shared-prefix" (SGLang's generated shared prefix:
 // groups of prompts sharing a system prompt) and "trace" (Mooncake or Azure production traces,
-// see ../shared/traces/README.md).
+// see ../shared/traces/README.md). From the command line:
+//
+//	usher bench --url http://127.0.0.1:8080/v1 --model m --workload trace \
+//	    --trace ../shared/traces/mooncake_conversation.jsonl --time-scale 10 --token-scale 8 \
+//	    --tenant chat=KEY1:1:interactive --tenant bulk=KEY2:3:batch --out report.json
 package bench
 
 import (

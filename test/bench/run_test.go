@@ -56,9 +56,11 @@ func TestRunMeasuresStreamTimings(t *testing.T) {
 					t.Errorf("%s: got %.1f ms, want %.0f..%.0f ms", name, got, want, want+slack)
 				}
 			}
-			within("TTFT p50", o.TTFT.P50, 150, 100)
-			within("ITL p50", o.ITL.P50, 40, 30)
-			within("E2E p50", o.E2E.P50, 150+5*40, 150)
+			// Lower bounds are exact (the server sleeps at least that long); the slack above
+			// absorbs a loaded machine under -race.
+			within("TTFT p50", o.TTFT.P50, 150, 150)
+			within("ITL p50", o.ITL.P50, 40, 40)
+			within("E2E p50", o.E2E.P50, 150+5*40, 250)
 			if o.ITL.Count != 3*5 {
 				t.Errorf("ITL count: got %d, want 15 (5 gaps in each of 3 streams)", o.ITL.Count)
 			}
