@@ -19,7 +19,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -124,6 +123,9 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Report, error) {
 	return rep, nil
 }
 
+// progressEvery is how often the arrival loop logs its progress.
+const progressEvery = 10 * time.Second
+
 // runner owns the goroutines of one run: the arrival loop runs in run's caller, and one
 // goroutine per request in flight, each ended by its response, its timeout or the run's
 // cancellation.
@@ -157,6 +159,7 @@ func (r *runner) run(ctx context.Context) (interrupted bool) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	var lastLog time.Duration
 
 	for n := 0; r.cfg.Requests == 0 || n < r.cfg.Requests; n++ {
 		a, ok := r.sched.next()
@@ -174,6 +177,10 @@ func (r *runner) run(ctx context.Context) (interrupted bool) {
 			break
 		}
 		sentAt := r.now().Sub(start)
+		if sentAt-lastLog >= progressEvery {
+			lastLog = sentAt
+			r.log.Info("bench progress", "arrivals", n, "in_flight", len(slots), "at", sentAt.Round(time.Second))
+		}
 		select {
 		case slots <- struct{}{}:
 		default:
@@ -206,5 +213,5 @@ func (r *runner) run(ctx context.Context) (interrupted bool) {
 		<-drained
 	}
 	r.elapsed = r.now().Sub(start)
-	return errors.Is(ctx.Err(), context.Canceled) || errors.Is(ctx.Err(), context.DeadlineExceeded)
+	return ctx.Err() != nil
 }
