@@ -21,7 +21,7 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_listen.yaml", "server.listen"},
 		{"bad_worker_url.yaml", "routing.workers[0].url"},
 		{"bad_key_hash.yaml", "tenants[0].keys[0].sha256"},
-		{"bad_duration.yaml", "upstream_connect_timeout"},
+		{"bad_duration.yaml", "line 2: cannot unmarshal !!str `soon` into time.Duration"},
 		{"bad_log_level.yaml", "log.level"},
 		{"does_not_exist.yaml", "no such file"},
 	}
