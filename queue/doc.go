@@ -1,0 +1,70 @@
+// Package queue admits, orders and releases the requests of one model: the token-weighted
+// priority and deadline queues at the heart of usher. It knows nothing of HTTP or workers; the
+// gateway keeps one Queue per model, feeds it the pool's Capacity, and binds each released
+// request to a worker only then (late binding).
+//
+// # The way of a request
+//
+// Enqueue admits a Request or refuses it at once with a *Rejection (queue full, deadline
+// unreachable, too large, shut down). Ticket.Wait blocks until the request is released with a
+// Grant, its deadline passes (ErrDeadlineExceeded), the queue closes, or the caller's context
+// ends (the request is removed at once). Grant.Done frees the capacity and reports real usage.
+//
+// # Capacity
+//
+// A request holds one request slot and cost = prompt + max output tokens while in flight. It is
+// released only when both fit in Capacity now. Standard and Batch together never hold more than
+// Capacity minus the interactive reserve, ceil(InteractiveReserve x capacity) in each dimension
+// (at most all but one request slot), so an interactive request finds room at once.
+//
+// # Order
+//
+// Each time capacity frees or something arrives, the queue releases requests for as long as the
+// next one in this order fits:
+//
+//  1. Classes the starvation guard owes a dispatch, highest first. A class with MinShare s gains
+//     s credit on every dispatch (of any class) while it is backlogged, spends 1 on each of its
+//     own dispatches, and loses its credit when it drains; at credit 1 it is owed. So while a
+//     class stays backlogged it receives at least about s of all dispatches, whatever floods
+//     above it.
+//  2. Then strict priority: Interactive, Standard, Batch.
+//
+// Within a class the next request is that of the tenant with the least virtual token counter
+// (the Virtual Token Counter of Sheng et al., "Fairness in Serving Large Language Models", OSDI
+// 2024): a dispatch charges the tenant (prompt + 2 x max output) / weight, and Done corrects the
+// charge to (prompt + 2 x completion) / weight of the real usage. A tenant that comes back from
+// idle starts at the least counter of the backlogged tenants (or of the last served one), so
+// idling earns no credit. Within one tenant and class, the earliest deadline goes first (then
+// arrival).
+//
+// The next request is head of line: when it does not fit, nothing behind it in this order is
+// released, except that when a Standard or Batch request is held back only by the reserve,
+// Interactive may still go. This keeps priority and fair share exact and the work conserving:
+// capacity stays idle only while the request entitled to it waits for room.
+//
+// # Deadlines
+//
+// One timer, on the injected Clock, is set for the earliest queued deadline; expired requests
+// end with ErrDeadlineExceeded, and a request whose deadline has passed is never released. At
+// arrival the queue estimates the wait: the requests and tokens ahead (all of higher classes;
+// in its class its own tenant's queue plus at most as much again from each other backlogged
+// tenant, as the fair share interleaves them) over the pool's drain rate (capacity over the
+// moving average of service time, dispatch to Done). If the deadline falls before it, the
+// request is refused with DeadlineUnreachable and RetryAfter = estimate - time budget. Before
+// any measurement everything is admitted.
+//
+// # FIFO mode
+//
+// Config.FIFO makes a plain first-come-first-served queue over all classes and tenants, with
+// the same capacity, caps and deadlines but no reserve, guard or fair share: the benchmark
+// baseline.
+//
+// # Cost
+//
+// Every operation is O(log n) in the queued requests: per class a heap of backlogged tenants
+// by counter, per tenant and class a heap of requests by deadline, one heap of all deadlines,
+// and per class an arrival list; every element records its heap positions, so cancellation
+// removes it directly. Releasing a request does not allocate; Enqueue allocates its Ticket
+// and channel. One mutex guards all of it and is never held while blocking. Memory is bounded
+// by the caps.
+package queue

@@ -1,0 +1,649 @@
+package queue
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Request is what the gateway asks the queue to admit. The queue never modifies it.
+type Request struct {
+	// Tenant names the fair-share flow; requests of one tenant and class share a flow.
+	Tenant string
+	// Class is the class after the tier's cap and the client's downgrade are applied.
+	Class Class
+	// Weight is the tenant's tier weight in the fair share: a tenant of weight 2 is served twice
+	// the tokens of a tenant of weight 1 while both are backlogged. 0 or less means 1.
+	Weight float64
+	// PromptTokens is the estimated prompt size and MaxTokens the expected output (max_tokens
+	// or the tier's estimate). Their sum is the token capacity the request holds in flight.
+	PromptTokens, MaxTokens int
+	// Deadline is when the request is no longer worth dispatching. The zero time means none.
+	Deadline time.Time
+}
+
+// Capacity is what a model's pool can hold in flight at once: the sums over its healthy,
+// non-draining workers of their concurrency and token budgets. Requests 0 dispatches nothing
+// (no workers); Tokens 0 means no token budget (only requests count).
+type Capacity struct {
+	Requests int
+	Tokens   int
+}
+
+// Usage is what a request really consumed, as the worker reported it. The zero Usage means
+// nothing was served: the whole fair-share charge is refunded.
+type Usage struct {
+	PromptTokens, CompletionTokens int
+}
+
+// Options are the queue's dependencies. The zero value works: real clock, no metrics, no logs.
+type Options struct {
+	// Model labels the metrics (label "model"), so the queues of several models can share one
+	// Registerer.
+	Model      string
+	Clock      Clock
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Queue admits and orders the requests of one model and releases each one when the pool can
+// take it now. It is safe for concurrent use; all its state is guarded by one mutex, held for
+// O(log n) work per operation (n queued requests) and never while blocking.
+type Queue struct {
+	cfg   Config // with defaults; never modified
+	clock Clock
+	log   *slog.Logger
+	m     *metrics
+
+	// mu guards every field below, every tenant, flow and classQueue, and the state, err and
+	// list links of every Ticket.
+	mu          sync.Mutex
+	closed      bool
+	capacity    Capacity
+	reserveReq  int   // requests Standard and Batch may never occupy
+	reserveTok  int64 // tokens Standard and Batch may never occupy
+	classes     [numClasses]classQueue
+	tenants     map[string]*tenant
+	deadlines   heap[*Ticket] // every queued ticket with a deadline, earliest first
+	timer       Timer         // fires at the earliest deadline; nil until first needed
+	armedAt     time.Time     // deadline the timer is set for; zero when not armed
+	seq         uint64        // arrival order and flow tie-breaks
+	inflightReq int
+	inflightTok int64
+	lowerReq    int // in flight in Standard and Batch
+	lowerTok    int64
+	serviceTime float64 // EWMA of seconds from dispatch to Done; 0 until measured
+	expired     int64   // deadline misses
+}
+
+// ewmaWeight is the weight of the newest sample in the service-time average.
+const ewmaWeight = 0.1
+
+// tenant is one tenant's state across classes.
+type tenant struct {
+	name   string
+	queued int // over all classes, for the per-tenant cap
+	flows  [numClasses]*flow
+	served prometheus.Counter
+}
+
+// flow is the queue of one tenant in one class: its requests by earliest deadline, and its
+// virtual token counter.
+type flow struct {
+	tenant       *tenant
+	class        Class
+	virtual      float64 // weighted tokens charged so far (the VTC counter)
+	stamp        uint64  // when it last entered or was charged: equal counters go round-robin
+	items        heap[*Ticket]
+	idx          int // position in its class's flow heap; -1 when it has nothing queued
+	queuedTokens int64
+	inflight     int
+}
+
+// classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
+// order (for oldest-wait, FIFO mode and Close).
+type classQueue struct {
+	flows          heap[*flow]
+	queued         int
+	queuedTokens   int64
+	inflight       int
+	inflightTokens int64
+	share          float64 // starvation guard: minimum share of dispatches while backlogged
+	credit         float64 // dispatches owed by the guard; reset when the class drains
+	vtime          float64 // counter of the flow served last: the floor for returning flows
+	head, tail     *Ticket
+	dispatched     int64
+}
+
+// New builds a queue from cfg (validated, defaults filled in) with the given dependencies. The
+// queue starts with zero capacity: nothing is dispatched until SetCapacity. Close it to end its
+// timer and unregister its metrics.
+func New(cfg Config, opts Options) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(opts.Registerer, opts.Model)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	q := &Queue{
+		cfg:     cfg,
+		clock:   opts.Clock,
+		log:     opts.Logger.With("model", opts.Model),
+		m:       m,
+		tenants: make(map[string]*tenant),
+		deadlines: heap[*Ticket]{
+			less: func(a, b *Ticket) bool {
+				return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
+			},
+			setIndex: func(t *Ticket, i int) { t.deadlineIdx = i },
+		},
+	}
+	for c := range q.classes {
+		q.classes[c].flows = heap[*flow]{
+			less: func(a, b *flow) bool {
+				return a.virtual < b.virtual || a.virtual == b.virtual && a.stamp < b.stamp
+			},
+			setIndex: func(f *flow, i int) { f.idx = i },
+		}
+	}
+	q.classes[Standard].share = *cfg.StandardMinShare
+	q.classes[Batch].share = *cfg.BatchMinShare
+	return q, nil
+}
+
+// Enqueue admits r or refuses it at once. A refusal is a *Rejection (QueueFull,
+// DeadlineUnreachable, TooLarge or Shutdown, with RetryAfter); any other error means r is
+// malformed. An admitted request may already be dispatched when Enqueue returns; the caller
+// must call Wait on the ticket. Cost: O(log n), two allocations.
+func (q *Queue) Enqueue(r Request) (*Ticket, error) {
+	if !r.Class.valid() {
+		return nil, fmt.Errorf("queue: enqueue: unknown class %d", uint8(r.Class))
+	}
+	if r.PromptTokens < 0 || r.MaxTokens < 0 {
+		return nil, fmt.Errorf("queue: enqueue: negative tokens (prompt %d, max %d)", r.PromptTokens, r.MaxTokens)
+	}
+	if r.Weight <= 0 {
+		r.Weight = 1
+	}
+	cost := int64(r.PromptTokens) + int64(r.MaxTokens)
+	now := q.clock.Now()
+
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	c := r.Class
+	if q.closed {
+		return nil, q.rejectLocked(c, Shutdown, q.cfg.ShutdownRetryAfter)
+	}
+	if q.neverFits(c, cost) {
+		return nil, q.rejectLocked(c, TooLarge, 0)
+	}
+	ten := q.tenantLocked(r.Tenant)
+	f := ten.flows[c]
+	if f == nil {
+		f = q.newFlow(ten, c)
+	}
+	wait, measured := q.estimateWaitLocked(c, f, cost)
+	if ten.queued >= q.cfg.MaxQueuedPerTenant || q.classes[c].queued >= q.cfg.MaxQueuedPerClass {
+		return nil, q.rejectLocked(c, QueueFull, wait)
+	}
+	if !r.Deadline.IsZero() {
+		budget := r.Deadline.Sub(now)
+		if budget <= 0 || measured && wait > budget {
+			return nil, q.rejectLocked(c, DeadlineUnreachable, wait-budget)
+		}
+	}
+
+	t := &Ticket{q: q, req: r, cost: cost, deadline: math.MaxInt64, deadlineIdx: -1, enqueuedAt: now,
+		flow: f, ch: make(chan struct{})}
+	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
+	t.grant.t = t
+	if !r.Deadline.IsZero() {
+		t.deadline = r.Deadline.UnixNano()
+	}
+	q.pushLocked(t)
+	q.dispatchLocked(now)
+	q.armLocked(now)
+	return t, nil
+}
+
+// SetCapacity sets what the pool can hold in flight. The gateway calls it whenever the sum
+// over the model's healthy, non-draining workers changes (a worker added, removed, drained,
+// marked unhealthy or back, or its learned budget updated). Capacity may shrink below what is in
+// flight: nothing new is dispatched until in-flight falls below it. A queued request that no
+// longer fits even an empty pool ends with a TooLarge Rejection. Negative values count as 0.
+func (q *Queue) SetCapacity(c Capacity) {
+	c.Requests, c.Tokens = max(c.Requests, 0), max(c.Tokens, 0)
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.capacity = c
+	share := *q.cfg.InteractiveReserve
+	q.reserveReq = min(int(math.Ceil(share*float64(c.Requests)-1e-9)), max(c.Requests-1, 0))
+	q.reserveTok = min(int64(math.Ceil(share*float64(c.Tokens)-1e-9)), max(int64(c.Tokens)-1, 0))
+	q.log.Debug("queue capacity set", "requests", c.Requests, "tokens", c.Tokens,
+		"reserve_requests", q.reserveReq, "reserve_tokens", q.reserveTok)
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}
+
+// Close shuts the queue down: every queued ticket ends with a Shutdown Rejection (its Wait
+// returns it), later Enqueues are refused with Shutdown, the deadline timer stops and the
+// metrics are unregistered. Grants already given stay valid and must still be Done. Close is
+// idempotent.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	q.closed = true
+	ended := 0
+	for c := range q.classes {
+		for q.classes[c].head != nil {
+			q.endLocked(q.classes[c].head, &Rejection{Reason: Shutdown, RetryAfter: q.cfg.ShutdownRetryAfter}, Shutdown)
+			ended++
+		}
+	}
+	if q.timer != nil {
+		q.timer.Stop()
+		q.armedAt = time.Time{}
+	}
+	q.mu.Unlock()
+	q.m.unregister()
+	q.log.Info("queue closed", "queued_ended", ended)
+}
+
+func (q *Queue) tenantLocked(name string) *tenant {
+	ten := q.tenants[name]
+	if ten == nil {
+		ten = &tenant{name: name, served: q.m.served.WithLabelValues(name)}
+		q.tenants[name] = ten
+	}
+	return ten
+}
+
+func (q *Queue) newFlow(ten *tenant, c Class) *flow {
+	f := &flow{tenant: ten, class: c, idx: -1, items: heap[*Ticket]{
+		less: func(a, b *Ticket) bool {
+			return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
+		},
+		setIndex: func(t *Ticket, i int) { t.flowIdx = i },
+	}}
+	ten.flows[c] = f
+	return f
+}
+
+func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejection {
+	q.m.shed[c][r].Inc()
+	if r != TooLarge {
+		retryAfter = max(retryAfter, q.cfg.MinRetryAfter)
+	}
+	return &Rejection{Reason: r, RetryAfter: retryAfter}
+}
+
+// pushLocked files a new ticket: in its flow (lifting a returning flow's counter to the
+// least of the backlogged ones, so idling earns no credit), its class's arrival list and the
+// deadline heap.
+func (q *Queue) pushLocked(t *Ticket) {
+	q.seq++
+	t.seq = q.seq
+	f, cls := t.flow, &q.classes[t.req.Class]
+	if f.idx < 0 {
+		floor := cls.vtime
+		if cls.flows.len() > 0 {
+			floor = cls.flows.peek().virtual
+		}
+		f.virtual = max(f.virtual, floor)
+		f.stamp = q.seq
+		cls.flows.push(f)
+	}
+	f.items.push(t)
+	f.queuedTokens += t.cost
+	f.tenant.queued++
+	if t.deadline != math.MaxInt64 {
+		q.deadlines.push(t)
+	}
+	t.prev = cls.tail
+	if cls.tail != nil {
+		cls.tail.next = t
+	} else {
+		cls.head = t
+	}
+	cls.tail = t
+	cls.queued++
+	cls.queuedTokens += t.cost
+	q.m.depth[t.req.Class].Inc()
+}
+
+// removeLocked takes a queued ticket out of every structure it is filed in.
+func (q *Queue) removeLocked(t *Ticket) {
+	f, cls := t.flow, &q.classes[t.req.Class]
+	f.items.remove(t.flowIdx)
+	f.queuedTokens -= t.cost
+	if f.items.len() == 0 {
+		cls.flows.remove(f.idx)
+	}
+	f.tenant.queued--
+	if t.deadlineIdx >= 0 {
+		q.deadlines.remove(t.deadlineIdx)
+	}
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		cls.head = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		cls.tail = t.prev
+	}
+	t.prev, t.next = nil, nil
+	cls.queued--
+	cls.queuedTokens -= t.cost
+	if cls.queued == 0 {
+		cls.credit = 0
+	}
+	q.m.depth[t.req.Class].Dec()
+}
+
+// endLocked ends a queued ticket without dispatch: Wait returns err.
+func (q *Queue) endLocked(t *Ticket, err error, why Reason) {
+	q.removeLocked(t)
+	t.state = stateEnded
+	t.err = err
+	q.m.shed[t.req.Class][why].Inc()
+	if why == shedDeadlineExceeded {
+		q.expired++
+	}
+	close(t.ch)
+}
+
+// reqLimit and tokLimit are what class c may hold in flight together with the classes it
+// shares a limit with: the whole pool for Interactive (and in FIFO mode), the pool minus the
+// interactive reserve for Standard and Batch together.
+func (q *Queue) reqLimit(c Class) int {
+	if c == Interactive || q.cfg.FIFO {
+		return q.capacity.Requests
+	}
+	return q.capacity.Requests - q.reserveReq
+}
+
+func (q *Queue) tokLimit(c Class) int64 {
+	if c == Interactive || q.cfg.FIFO {
+		return int64(q.capacity.Tokens)
+	}
+	return int64(q.capacity.Tokens) - q.reserveTok
+}
+
+// neverFits reports whether a request of cost tokens could not be dispatched in class c even
+// with nothing in flight.
+func (q *Queue) neverFits(c Class, cost int64) bool {
+	return q.capacity.Tokens > 0 && cost > q.tokLimit(c)
+}
+
+func (q *Queue) fitsPool(t *Ticket) bool {
+	return q.inflightReq+1 <= q.capacity.Requests &&
+		(q.capacity.Tokens == 0 || q.inflightTok+t.cost <= int64(q.capacity.Tokens))
+}
+
+func (q *Queue) fitsOutsideReserve(t *Ticket) bool {
+	return q.lowerReq+1 <= q.reqLimit(Standard) &&
+		(q.capacity.Tokens == 0 || q.lowerTok+t.cost <= q.tokLimit(Standard))
+}
+
+// dispatchLocked releases requests, in the order the package doc describes, for as long as the
+// next one fits.
+func (q *Queue) dispatchLocked(now time.Time) {
+	nowNano := now.UnixNano()
+	for {
+		t := q.nextLocked(nowNano)
+		if t == nil {
+			return
+		}
+		q.grantLocked(t, now)
+	}
+}
+
+// headLocked returns class c's next request in order, first ending those whose deadline has
+// passed or that can never fit; nil when the class is empty.
+func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
+	cls := &q.classes[c]
+	for cls.queued > 0 {
+		var t *Ticket
+		if q.cfg.FIFO {
+			t = cls.head
+		} else {
+			t = cls.flows.peek().items.peek()
+		}
+		switch {
+		case t.deadline <= nowNano:
+			q.endLocked(t, ErrDeadlineExceeded, shedDeadlineExceeded)
+		case q.neverFits(c, t.cost):
+			q.endLocked(t, &Rejection{Reason: TooLarge}, TooLarge)
+		default:
+			return t
+		}
+	}
+	return nil
+}
+
+// nextLocked picks the request to dispatch now, or nil when the next one in order does not fit.
+func (q *Queue) nextLocked(nowNano int64) *Ticket {
+	if q.cfg.FIFO {
+		var first *Ticket
+		for _, c := range Classes {
+			if t := q.headLocked(c, nowNano); t != nil && (first == nil || t.seq < first.seq) {
+				first = t
+			}
+		}
+		if first == nil || !q.fitsPool(first) {
+			return nil
+		}
+		return first
+	}
+
+	var order [2 * numClasses]Class
+	n := 0
+	for _, c := range Classes {
+		if q.classes[c].credit >= 1 && q.classes[c].queued > 0 {
+			order[n] = c
+			n++
+		}
+	}
+	for _, c := range Classes {
+		order[n] = c
+		n++
+	}
+	var seen [numClasses]bool
+	lowerBlocked := false
+	for _, c := range order[:n] {
+		if seen[c] || c != Interactive && lowerBlocked {
+			continue
+		}
+		seen[c] = true
+		t := q.headLocked(c, nowNano)
+		if t == nil {
+			continue
+		}
+		if !q.fitsPool(t) {
+			return nil
+		}
+		if c != Interactive && !q.fitsOutsideReserve(t) {
+			lowerBlocked = true
+			continue
+		}
+		return t
+	}
+	return nil
+}
+
+// grantLocked dispatches t: charges its flow, moves it from queued to in flight, settles the
+// starvation guard's credits and wakes its Wait. It does not allocate.
+func (q *Queue) grantLocked(t *Ticket, now time.Time) {
+	c, f := t.req.Class, t.flow
+	cls := &q.classes[c]
+	if !q.cfg.FIFO {
+		for k := range q.classes {
+			g := &q.classes[k]
+			if g.share > 0 && g.queued > 0 {
+				g.credit += g.share
+			}
+		}
+		cls.credit = max(cls.credit-1, 0)
+		cls.vtime = max(cls.vtime, f.virtual)
+		f.virtual += t.charge
+		q.seq++
+		f.stamp = q.seq
+	}
+	q.removeLocked(t)
+	if f.idx >= 0 {
+		cls.flows.fix(f.idx)
+	}
+	q.inflightReq++
+	q.inflightTok += t.cost
+	if c != Interactive {
+		q.lowerReq++
+		q.lowerTok += t.cost
+	}
+	cls.inflight++
+	cls.inflightTokens += t.cost
+	cls.dispatched++
+	f.inflight++
+
+	t.state = stateDispatched
+	t.grant.Class = c
+	t.grant.Waited = now.Sub(t.enqueuedAt)
+	t.grant.dispatchedAt = now
+	q.m.wait[c].Observe(t.grant.Waited.Seconds())
+	q.m.dispatched[c].Inc()
+	close(t.ch)
+}
+
+// release ends a dispatched request: frees its capacity, corrects its flow's counter from the
+// estimate to the real usage and, when measured, feeds the service-time average.
+func (q *Queue) release(t *Ticket, u Usage, measured bool) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	c, f := t.req.Class, t.flow
+	cls := &q.classes[c]
+	q.inflightReq--
+	q.inflightTok -= t.cost
+	if c != Interactive {
+		q.lowerReq--
+		q.lowerTok -= t.cost
+	}
+	cls.inflight--
+	cls.inflightTokens -= t.cost
+	f.inflight--
+	if !q.cfg.FIFO {
+		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.req.Weight - t.charge
+		if f.idx >= 0 {
+			cls.flows.fix(f.idx)
+		}
+	}
+	if served := u.PromptTokens + u.CompletionTokens; served > 0 {
+		f.tenant.served.Add(float64(served))
+	}
+	if measured {
+		d := now.Sub(t.grant.dispatchedAt).Seconds()
+		if q.serviceTime == 0 {
+			q.serviceTime = d
+		} else {
+			q.serviceTime += ewmaWeight * (d - q.serviceTime)
+		}
+	}
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}
+
+// estimateWaitLocked guesses how long a request of cost tokens arriving in flow f would wait:
+// the work ahead of it (every queued request of higher classes; in its class its own flow's
+// queue and, from each other backlogged flow, at most as much again, as the fair share would
+// interleave them) divided by the pool's drain rate (its limit over the service-time average).
+// ok is false before any measurement or with no capacity: then the queue admits.
+func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Duration, ok bool) {
+	capReq, capTok := q.reqLimit(c), q.tokLimit(c)
+	if q.serviceTime == 0 || capReq <= 0 {
+		return 0, false
+	}
+	var reqs, toks int64
+	if q.cfg.FIFO {
+		for k := range q.classes {
+			reqs += int64(q.classes[k].queued)
+			toks += q.classes[k].queuedTokens
+		}
+	} else {
+		for k := Interactive; k < c; k++ {
+			reqs += int64(q.classes[k].queued)
+			toks += q.classes[k].queuedTokens
+		}
+		cls := &q.classes[c]
+		own, ownTok := int64(f.items.len()), f.queuedTokens
+		others := int64(cls.flows.len())
+		if f.idx >= 0 {
+			others--
+		}
+		reqs += own + min(int64(cls.queued)-own, others*(own+1))
+		toks += ownTok + min(cls.queuedTokens-ownTok, others*(ownTok+cost))
+	}
+	rounds := float64(reqs) / float64(capReq)
+	if q.capacity.Tokens > 0 && capTok > 0 {
+		rounds = max(rounds, float64(toks)/float64(capTok))
+	}
+	return time.Duration(rounds * q.serviceTime * float64(time.Second)), true
+}
+
+// armLocked sets the timer for the earliest queued deadline, or stops it when there is none.
+func (q *Queue) armLocked(now time.Time) {
+	if q.closed || q.deadlines.len() == 0 {
+		if !q.armedAt.IsZero() {
+			q.timer.Stop()
+			q.armedAt = time.Time{}
+		}
+		return
+	}
+	next := q.deadlines.peek().req.Deadline
+	if q.armedAt.Equal(next) {
+		return
+	}
+	if q.timer == nil {
+		q.timer = q.clock.AfterFunc(next.Sub(now), q.onTimer)
+	} else {
+		q.timer.Reset(next.Sub(now))
+	}
+	q.armedAt = next
+}
+
+// onTimer runs on the timer's goroutine (owned by the queue, stopped by Close): it ends every
+// request whose deadline has passed and dispatches what that unblocked.
+func (q *Queue) onTimer() {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.armedAt = time.Time{}
+	if q.closed {
+		return
+	}
+	for q.deadlines.len() > 0 {
+		t := q.deadlines.peek()
+		if t.deadline > now.UnixNano() {
+			break
+		}
+		q.endLocked(t, ErrDeadlineExceeded, shedDeadlineExceeded)
+	}
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}

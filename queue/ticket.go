@@ -1,0 +1,109 @@
+package queue
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+type ticketState uint8
+
+const (
+	stateQueued     ticketState = iota
+	stateDispatched             // capacity reserved; the Grant is valid
+	stateEnded                  // left without dispatch; err says why
+)
+
+// Ticket is an admitted request's place in the queue. Exactly one goroutine calls Wait, once.
+type Ticket struct {
+	q          *Queue
+	req        Request // Weight already defaulted
+	cost       int64   // tokens held in flight: prompt + max output
+	charge     float64 // estimated fair-share charge: (prompt + 2 x output) / weight
+	deadline   int64   // unix nanoseconds; math.MaxInt64 when none
+	seq        uint64
+	enqueuedAt time.Time
+	flow       *flow
+	ch         chan struct{} // closed when the ticket leaves the queue
+	grant      Grant
+
+	// Guarded by q.mu. err is written before ch is closed and read only after.
+	state                ticketState
+	err                  error
+	flowIdx, deadlineIdx int
+	prev, next           *Ticket // arrival list of its class
+}
+
+// Ready returns a channel closed once the ticket has left the queue, dispatched or not; Wait
+// then returns at once.
+func (t *Ticket) Ready() <-chan struct{} { return t.ch }
+
+// Wait blocks until the request is dispatched and returns its Grant: capacity is then reserved
+// for it, and the caller picks a worker, sends the request and calls Grant.Done when it ends.
+// Otherwise it returns:
+//   - ErrDeadlineExceeded when the deadline passed while queued;
+//   - a *Rejection with Reason Shutdown when Close ended the queue, or TooLarge when capacity
+//     shrank below what the request needs;
+//   - ctx.Err() when ctx ended first: the request is removed at once, and if it was dispatched
+//     in the same instant its capacity is given back, so no slot leaks.
+func (t *Ticket) Wait(ctx context.Context) (*Grant, error) {
+	select {
+	case <-t.ch:
+		return t.result()
+	default:
+	}
+	select {
+	case <-t.ch:
+		return t.result()
+	case <-ctx.Done():
+	}
+	q := t.q
+	q.mu.Lock()
+	if t.state == stateQueued {
+		now := q.clock.Now()
+		q.endLocked(t, ctx.Err(), shedCanceled)
+		q.dispatchLocked(now)
+		q.armLocked(now)
+		q.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	q.mu.Unlock()
+	if g, err := t.result(); err == nil {
+		g.finish(Usage{}, false)
+	}
+	return nil, ctx.Err()
+}
+
+func (t *Ticket) result() (*Grant, error) {
+	if t.err != nil {
+		return nil, t.err
+	}
+	return &t.grant, nil
+}
+
+// Grant is a dispatched request's hold on capacity. Its fields are set before Wait returns it
+// and never change.
+type Grant struct {
+	// Class is the class the request was served in, for the X-Usher-Class header and for
+	// handing a priority down to workers that schedule by it.
+	Class Class
+	// Waited is the time spent queued, for the X-Usher-Queue-Ms header.
+	Waited time.Duration
+
+	t            *Ticket
+	dispatchedAt time.Time
+	done         atomic.Bool
+}
+
+// Done ends the request: it frees its capacity (which may dispatch others) and corrects its
+// tenant's fair-share counter from the estimate to u, the usage the worker reported. Pass the
+// zero Usage when nothing was served (the whole charge is refunded). Call it exactly once, when
+// the response has ended or failed; later calls do nothing. Safe from any goroutine.
+func (g *Grant) Done(u Usage) { g.finish(u, u != Usage{}) }
+
+func (g *Grant) finish(u Usage, measured bool) {
+	if !g.done.CompareAndSwap(false, true) {
+		return
+	}
+	g.t.q.release(g.t, u, measured)
+}
