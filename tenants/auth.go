@@ -14,8 +14,11 @@ type Principal struct {
 	TenantName string
 	// Tier is the name of the tier the request runs under.
 	Tier string
-	// KeyID names the credential that was presented: the key's name for a config key. It is
-	// never the secret.
+	// TierSpec is the tier named by Tier, shared and never modified. Authenticators built by
+	// NewDirectory always set it; Static alone leaves it nil.
+	TierSpec *Tier
+	// KeyID names the credential that was presented, never the secret: the key's name for a
+	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
 }
 
