@@ -19,7 +19,19 @@ type Config struct {
 	// DefaultTier is the tier of a tenant that names none: default BuiltinTier when such a tier
 	// exists, else the last (lowest) tier.
 	DefaultTier string `yaml:"default_tier"`
+	// Database is where tenants, keys and the audit log are stored.
+	Database DatabaseConfig `yaml:"database"`
 }
+
+// DatabaseConfig names the SQL database of the Store.
+type DatabaseConfig struct {
+	// URL is `sqlite:PATH` (or a plain file path) for SQLite, `postgres://...` for PostgreSQL;
+	// default DefaultDatabaseURL.
+	URL string `yaml:"url"`
+}
+
+// DefaultDatabaseURL is the embedded default: SQLite in a file of the working directory.
+const DefaultDatabaseURL = "sqlite:usher.db"
 
 // TenantSpec declares one tenant in the config file.
 type TenantSpec struct {
@@ -47,6 +59,9 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // SetDefaults fills zero fields with their defaults. It never overwrites a set field.
 func (c *Config) SetDefaults() {
+	if c.Database.URL == "" {
+		c.Database.URL = DefaultDatabaseURL
+	}
 	if len(c.Tiers) == 0 {
 		c.Tiers = []Tier{{Name: BuiltinTier}}
 	}
@@ -83,6 +98,9 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if _, _, _, err := parseDatabaseURL(c.Database.URL); err != nil {
+		errs = append(errs, err)
 	}
 	tiers := map[string]int{}
 	for i := range c.Tiers {
