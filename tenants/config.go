@@ -21,6 +21,8 @@ type Config struct {
 	DefaultTier string `yaml:"default_tier"`
 	// Database is where tenants, keys and the audit log are stored.
 	Database DatabaseConfig `yaml:"database"`
+	// JWT configures JWT bearer credentials; off unless a key is configured.
+	JWT JWTConfig `yaml:"jwt"`
 }
 
 // DatabaseConfig names the SQL database of the Store.
@@ -59,6 +61,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // SetDefaults fills zero fields with their defaults. It never overwrites a set field.
 func (c *Config) SetDefaults() {
+	c.JWT.setDefaults()
 	if c.Database.URL == "" {
 		c.Database.URL = DefaultDatabaseURL
 	}
@@ -102,6 +105,7 @@ func (c Config) Validate() error {
 	if _, _, _, err := parseDatabaseURL(c.Database.URL); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.JWT.validate()...)
 	tiers := map[string]int{}
 	for i := range c.Tiers {
 		f := fmt.Sprintf("tiers[%d]", i)
