@@ -14,8 +14,11 @@ type Principal struct {
 	TenantName string
 	// Tier is the name of the tier the request runs under.
 	Tier string
-	// KeyID names the credential that was presented: the key's name for a config key. It is
-	// never the secret.
+	// TierSpec is the tier named by Tier, shared and never modified. Authenticators built by
+	// NewDirectory always set it; Static alone leaves it nil.
+	TierSpec *Tier
+	// KeyID names the credential that was presented, never the secret: the key's name for a
+	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
 }
 
@@ -87,4 +90,15 @@ func checkShape(credential string) error {
 		}
 	}
 	return nil
+}
+
+// sum256 is sha256.Sum256 of s without allocating for credentials of usual length (a conversion
+// to []byte longer than 32 bytes would go to the heap).
+func sum256(s string) [sha256.Size]byte {
+	if len(s) <= 256 {
+		var b [256]byte
+		n := copy(b[:], s)
+		return sha256.Sum256(b[:n])
+	}
+	return sha256.Sum256([]byte(s))
 }

@@ -13,7 +13,27 @@ type Config struct {
 	// Tenants are the read-only tenants declared in the file. They authenticate with the API
 	// keys listed here and cannot be changed through the admin API.
 	Tenants []TenantSpec `yaml:"tenants"`
+	// Tiers are the SLA tiers, highest first. When none is declared, SetDefaults declares one
+	// unlimited tier named BuiltinTier.
+	Tiers []Tier `yaml:"tiers"`
+	// DefaultTier is the tier of a tenant that names none: default BuiltinTier when such a tier
+	// exists, else the last (lowest) tier.
+	DefaultTier string `yaml:"default_tier"`
+	// Database is where tenants, keys and the audit log are stored.
+	Database DatabaseConfig `yaml:"database"`
+	// JWT configures JWT bearer credentials; off unless a key is configured.
+	JWT JWTConfig `yaml:"jwt"`
 }
+
+// DatabaseConfig names the SQL database of the Store.
+type DatabaseConfig struct {
+	// URL is `sqlite:PATH` (or a plain file path) for SQLite, `postgres://...` for PostgreSQL;
+	// default DefaultDatabaseURL.
+	URL string `yaml:"url"`
+}
+
+// DefaultDatabaseURL is the embedded default: SQLite in a file of the working directory.
+const DefaultDatabaseURL = "sqlite:usher.db"
 
 // TenantSpec declares one tenant in the config file.
 type TenantSpec struct {
@@ -21,7 +41,7 @@ type TenantSpec struct {
 	ID string `yaml:"id"`
 	// Name is the human name; defaults to ID.
 	Name string `yaml:"name"`
-	// Tier names the tenant's SLA tier; defaults to DefaultTier.
+	// Tier names the tenant's SLA tier; defaults to Config.DefaultTier.
 	Tier string `yaml:"tier"`
 	// Keys are the tenant's API keys, by hash.
 	Keys []KeySpec `yaml:"keys"`
@@ -37,20 +57,35 @@ type KeySpec struct {
 	SHA256 string `yaml:"sha256"`
 }
 
-// DefaultTier is the tier of a tenant that names none.
-const DefaultTier = "default"
-
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // SetDefaults fills zero fields with their defaults. It never overwrites a set field.
 func (c *Config) SetDefaults() {
+	c.JWT.setDefaults()
+	if c.Database.URL == "" {
+		c.Database.URL = DefaultDatabaseURL
+	}
+	if len(c.Tiers) == 0 {
+		c.Tiers = []Tier{{Name: BuiltinTier}}
+	}
+	for i := range c.Tiers {
+		c.Tiers[i].setDefaults()
+	}
+	if c.DefaultTier == "" {
+		c.DefaultTier = c.Tiers[len(c.Tiers)-1].Name
+		for _, t := range c.Tiers {
+			if t.Name == BuiltinTier {
+				c.DefaultTier = BuiltinTier
+			}
+		}
+	}
 	for i := range c.Tenants {
 		t := &c.Tenants[i]
 		if t.Name == "" {
 			t.Name = t.ID
 		}
 		if t.Tier == "" {
-			t.Tier = DefaultTier
+			t.Tier = c.DefaultTier
 		}
 		for j := range t.Keys {
 			if t.Keys[j].Name == "" {
@@ -66,6 +101,23 @@ func (c Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if _, _, _, err := parseDatabaseURL(c.Database.URL); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, c.JWT.validate()...)
+	tiers := map[string]int{}
+	for i := range c.Tiers {
+		f := fmt.Sprintf("tiers[%d]", i)
+		errs = append(errs, c.Tiers[i].validate(f)...)
+		if prev, dup := tiers[c.Tiers[i].Name]; dup {
+			bad(f+".name", "duplicate of tiers[%d].name %q", prev, c.Tiers[i].Name)
+		} else {
+			tiers[c.Tiers[i].Name] = i
+		}
+	}
+	if _, ok := tiers[c.DefaultTier]; !ok {
+		bad("default_tier", "names no tier in tiers: %q", c.DefaultTier)
 	}
 	ids := map[string]int{}
 	hashes := map[string]string{}
@@ -86,8 +138,8 @@ func (c Config) Validate() error {
 		if t.Name == "" {
 			bad(f+".name", "must not be empty")
 		}
-		if t.Tier == "" {
-			bad(f+".tier", "must not be empty")
+		if _, ok := tiers[t.Tier]; !ok {
+			bad(f+".tier", "names no tier in tiers: %q", t.Tier)
 		}
 		names := map[string]int{}
 		for j, k := range t.Keys {

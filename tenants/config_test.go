@@ -9,8 +9,8 @@ func TestConfigDefaults(t *testing.T) {
 	c := Config{Tenants: []TenantSpec{{ID: "acme", Keys: []KeySpec{{SHA256: HashKey("k")}}}}}
 	c.SetDefaults()
 	got := c.Tenants[0]
-	if got.Name != "acme" || got.Tier != DefaultTier || got.Keys[0].Name != "key-0" {
-		t.Errorf("got %+v, want name acme, tier %q, key name key-0", got, DefaultTier)
+	if got.Name != "acme" || got.Tier != BuiltinTier || got.Keys[0].Name != "key-0" {
+		t.Errorf("got %+v, want name acme, tier %q, key name key-0", got, BuiltinTier)
 	}
 	if err := c.Validate(); err != nil {
 		t.Errorf("got %v, want a valid config", err)

@@ -56,7 +56,7 @@ func (s *Static) Authenticate(_ context.Context, credential string) (Principal, 
 	if err := checkShape(credential); err != nil {
 		return Principal{}, err
 	}
-	h := sha256.Sum256([]byte(credential))
+	h := sum256(credential)
 	k, ok := s.byHash[h]
 	if !ok || subtle.ConstantTimeCompare(h[:], k.hash[:]) != 1 {
 		return Principal{}, errUnknownCredential

@@ -9,7 +9,7 @@ import (
 
 func newTestStatic(t testing.TB) *Static {
 	t.Helper()
-	c := Config{Tenants: []TenantSpec{
+	c := Config{Tiers: []Tier{{Name: "pro"}, {Name: BuiltinTier}}, Tenants: []TenantSpec{
 		{ID: "acme", Name: "Acme Corp", Tier: "pro", Keys: []KeySpec{{Name: "ci", SHA256: HashKey("sk-acme-ci")}, {Name: "prod", SHA256: strings.ToUpper(HashKey("sk-acme-prod"))}}},
 		{ID: "globex", Keys: []KeySpec{{SHA256: HashKey("sk-globex")}}},
 	}}
@@ -33,7 +33,7 @@ func TestStaticAuthenticate(t *testing.T) {
 	}{
 		{"first key", "sk-acme-ci", Principal{TenantID: "acme", TenantName: "Acme Corp", Tier: "pro", KeyID: "ci"}},
 		{"upper-case hash in config", "sk-acme-prod", Principal{TenantID: "acme", TenantName: "Acme Corp", Tier: "pro", KeyID: "prod"}},
-		{"defaults applied", "sk-globex", Principal{TenantID: "globex", TenantName: "globex", Tier: DefaultTier, KeyID: "key-0"}},
+		{"defaults applied", "sk-globex", Principal{TenantID: "globex", TenantName: "globex", Tier: BuiltinTier, KeyID: "key-0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

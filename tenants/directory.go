@@ -1,0 +1,401 @@
+package tenants
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// ChangesChannel is the Redis pub/sub channel on which replicas announce changes to tenants and
+// keys, so that the others reload at once instead of at their next poll.
+const ChangesChannel = "usher:tenants:changes"
+
+// DirectoryOptions are the dependencies of a Directory. Every field is optional.
+type DirectoryOptions struct {
+	// Redis, when set, carries change announcements between replicas (ChangesChannel).
+	Redis redis.UniversalClient
+	// JWT, when set, verifies credentials shaped like a JWT (see NewJWTVerifier).
+	JWT *JWTVerifier
+	// Logger receives reload and flush failures; default: discard.
+	Logger *slog.Logger
+	// Registerer receives the directory's metrics; default: none registered.
+	Registerer prometheus.Registerer
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// PollInterval is how often the store's revision is read; default 500ms. It bounds how long a
+	// revoked key keeps working on a replica that missed the Redis announcement (or has none).
+	PollInterval time.Duration
+	// FlushInterval is how often last-used times are written to the store; default 10s.
+	FlushInterval time.Duration
+}
+
+// Directory is the in-memory view of tenants, tiers and credentials that one gateway
+// authenticates against: the read-only tenants of the config file beside the tenants and keys
+// of the Store. It is the Authenticator the gateway uses.
+//
+// Authenticate does no SQL and no I/O: Run keeps the view fresh by polling the store's revision
+// every PollInterval and reloading on announcements over Redis, and writes last-used times in
+// batches. Safe for concurrent use.
+type Directory struct {
+	tiers     map[string]*Tier
+	tierRank  map[string]int // position in Config.Tiers; 0 is the highest tier
+	tierList  []Tier
+	static    map[[sha256.Size]byte]staticKey
+	configIDs map[string]Tenant
+	store     *Store
+	redis     redis.UniversalClient
+	jwt       *JWTVerifier
+	logger    *slog.Logger
+	now       func() time.Time
+	poll      time.Duration
+	flush     time.Duration
+
+	snap atomic.Pointer[snapshot]
+	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
+	reloadMu sync.Mutex
+
+	reloads, reloadErrors, flushErrors, publishErrors prometheus.Counter
+}
+
+// snapshot is one immutable load of the store; only keyEntry's atomics change after it is built.
+type snapshot struct {
+	rev     int64
+	tenants map[string]Tenant
+	keys    map[string]*keyEntry
+}
+
+type keyEntry struct {
+	APIKey
+	hash [sha256.Size]byte
+	// lastUsed is the unix millisecond of the last successful use, written on the hot path;
+	// flushed is the value last written to the store, touched only by the flusher.
+	lastUsed, flushed atomic.Int64
+}
+
+var _ Authenticator = (*Directory)(nil)
+
+// NewDirectory builds the directory from cfg (after SetDefaults and Validate) and, when store is
+// not nil, loads the store once. Call Run to keep it fresh.
+func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
+	d := &Directory{
+		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers,
+		configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
+		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval,
+	}
+	if d.logger == nil {
+		d.logger = slog.New(slog.DiscardHandler)
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.poll <= 0 {
+		d.poll = 500 * time.Millisecond
+	}
+	if d.flush <= 0 {
+		d.flush = 10 * time.Second
+	}
+	for i := range cfg.Tiers {
+		d.tiers[cfg.Tiers[i].Name] = &cfg.Tiers[i]
+		d.tierRank[cfg.Tiers[i].Name] = i
+	}
+	static, err := NewStatic(cfg.Tenants)
+	if err != nil {
+		return nil, err
+	}
+	d.static = static.byHash
+	for h, k := range d.static {
+		tier, ok := d.tiers[k.principal.Tier]
+		if !ok {
+			return nil, fmt.Errorf("tenant %q: tier %q is not declared", k.principal.TenantID, k.principal.Tier)
+		}
+		k.principal.TierSpec = tier
+		d.static[h] = k
+	}
+	for _, t := range cfg.Tenants {
+		d.configIDs[t.ID] = Tenant{ID: t.ID, Name: t.Name, Tier: t.Tier, Status: StatusActive, ReadOnly: true}
+	}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "usher_tenants_" + name, Help: help})
+		if opts.Registerer != nil {
+			opts.Registerer.MustRegister(c)
+		}
+		return c
+	}
+	d.reloads = counter("directory_reloads_total", "Reloads of tenants and keys from the store.")
+	d.reloadErrors = counter("directory_reload_errors_total", "Failed reads of the store; the previous view stays in use.")
+	d.flushErrors = counter("key_last_used_flush_errors_total", "Failed batch writes of API keys' last-used times.")
+	d.publishErrors = counter("directory_publish_errors_total", "Failed change announcements over Redis; replicas still see the change at their next poll.")
+	d.snap.Store(&snapshot{rev: -1, tenants: map[string]Tenant{}, keys: map[string]*keyEntry{}})
+	if store != nil {
+		if err := d.Reload(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Authenticate returns the principal of credential, deciding by its shape: `usk_...` is a
+// stored key, three base64url segments starting `eyJ` are a JWT, anything else is a config key.
+// Cost for a key: one SHA-256 and two map lookups, no I/O, no allocation.
+func (d *Directory) Authenticate(ctx context.Context, credential string) (Principal, error) {
+	if err := checkShape(credential); err != nil {
+		return Principal{}, err
+	}
+	switch {
+	case looksLikeStoredKey(credential):
+		return d.authenticateStoredKey(credential)
+	case looksLikeJWT(credential):
+		if d.jwt == nil {
+			return Principal{}, errUnknownCredential
+		}
+		return d.jwt.authenticate(credential, d)
+	}
+	h := sum256(credential)
+	k, ok := d.static[h]
+	if !ok || subtle.ConstantTimeCompare(h[:], k.hash[:]) != 1 {
+		return Principal{}, errUnknownCredential
+	}
+	return k.principal, nil
+}
+
+var (
+	errRevokedKey      = fmt.Errorf("revoked api key: %w", ErrUnauthenticated)
+	errExpiredKey      = fmt.Errorf("expired api key: %w", ErrUnauthenticated)
+	errSuspendedTenant = fmt.Errorf("tenant suspended: %w", ErrUnauthenticated)
+	errUnknownTenant   = fmt.Errorf("unknown tenant: %w", ErrUnauthenticated)
+)
+
+func (d *Directory) authenticateStoredKey(credential string) (Principal, error) {
+	id, secret, ok := parseStoredKey(credential)
+	if !ok {
+		return Principal{}, errMalformedCredential
+	}
+	snap := d.snap.Load()
+	k, found := snap.keys[id]
+	h := sum256(secret)
+	if !found {
+		return Principal{}, errUnknownCredential
+	}
+	if subtle.ConstantTimeCompare(h[:], k.hash[:]) != 1 {
+		return Principal{}, errUnknownCredential
+	}
+	if !k.Revoked.IsZero() {
+		return Principal{}, errRevokedKey
+	}
+	now := d.now()
+	if !k.Expires.IsZero() && !now.Before(k.Expires) {
+		return Principal{}, errExpiredKey
+	}
+	t, ok := snap.tenants[k.TenantID]
+	if !ok {
+		return Principal{}, errUnknownTenant
+	}
+	p, err := d.principal(t)
+	if err != nil {
+		return Principal{}, err
+	}
+	p.KeyID = k.ID
+	// Only move the shared cache line when the stored value would change.
+	if ms := now.UnixMilli(); ms-k.lastUsed.Load() >= 1000 {
+		k.lastUsed.Store(ms)
+	}
+	return p, nil
+}
+
+// principal is the principal of an active tenant.
+func (d *Directory) principal(t Tenant) (Principal, error) {
+	if t.Status != StatusActive {
+		return Principal{}, errSuspendedTenant
+	}
+	tier, ok := d.tiers[t.Tier]
+	if !ok {
+		// A stored tenant whose tier left the config file: refuse rather than guess limits.
+		return Principal{}, fmt.Errorf("tenant tier not declared: %w", ErrUnauthenticated)
+	}
+	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
+}
+
+// Tenant returns a tenant by id, from the config file or the store (as last loaded).
+func (d *Directory) Tenant(id string) (Tenant, bool) {
+	if t, ok := d.configIDs[id]; ok {
+		return t, true
+	}
+	t, ok := d.snap.Load().tenants[id]
+	return t, ok
+}
+
+// IsConfigTenant reports whether id is a read-only tenant of the config file.
+func (d *Directory) IsConfigTenant(id string) bool {
+	_, ok := d.configIDs[id]
+	return ok
+}
+
+// ConfigTenants returns the read-only tenants of the config file, ordered by id.
+func (d *Directory) ConfigTenants() []Tenant {
+	out := make([]Tenant, 0, len(d.configIDs))
+	for _, t := range d.configIDs {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Tier returns the tier named name; shared, never modified.
+func (d *Directory) Tier(name string) (*Tier, bool) {
+	t, ok := d.tiers[name]
+	return t, ok
+}
+
+// Tiers returns the declared tiers, highest first.
+func (d *Directory) Tiers() []Tier { return d.tierList }
+
+// atOrBelow reports whether tier lower may stand in for tier upper: the same or listed after it.
+func (d *Directory) atOrBelow(lower, upper string) bool {
+	l, ok1 := d.tierRank[lower]
+	u, ok2 := d.tierRank[upper]
+	return ok1 && ok2 && l >= u
+}
+
+// Reload reads the store now when its revision changed since the last load. Safe to call from
+// any goroutine; Run calls it every PollInterval and on every announcement.
+func (d *Directory) Reload(ctx context.Context) error {
+	if d.store == nil {
+		return nil
+	}
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	old := d.snap.Load()
+	// The revision is read before the rows: a change landing in between leaves rev behind the
+	// rows, so the next poll loads again; it never hides a change.
+	rev, err := d.store.Revision(ctx)
+	if err != nil {
+		d.reloadErrors.Inc()
+		return err
+	}
+	if rev == old.rev {
+		return nil
+	}
+	tenants, err := d.store.Tenants(ctx)
+	if err != nil {
+		d.reloadErrors.Inc()
+		return err
+	}
+	keys, err := d.store.Keys(ctx, "")
+	if err != nil {
+		d.reloadErrors.Inc()
+		return err
+	}
+	next := &snapshot{rev: rev, tenants: make(map[string]Tenant, len(tenants)), keys: make(map[string]*keyEntry, len(keys))}
+	for _, t := range tenants {
+		next.tenants[t.ID] = t
+	}
+	for _, k := range keys {
+		e := &keyEntry{APIKey: k}
+		if _, err := hex.Decode(e.hash[:], []byte(k.secretHash)); err != nil {
+			d.logger.Error("api key with a malformed hash in the store; it cannot authenticate", "key_id", k.ID)
+			continue
+		}
+		e.lastUsed.Store(k.LastUsed.UnixMilli())
+		e.flushed.Store(k.LastUsed.UnixMilli())
+		if prev, ok := old.keys[k.ID]; ok {
+			e.lastUsed.Store(max(e.lastUsed.Load(), prev.lastUsed.Load()))
+			e.flushed.Store(max(e.flushed.Load(), prev.flushed.Load()))
+		}
+		next.keys[k.ID] = e
+	}
+	d.snap.Store(next)
+	d.reloads.Inc()
+	return nil
+}
+
+// Changed makes a change just written to the store effective: this replica reloads at once and
+// the others are told over Redis (when configured). A failure to announce is logged and counted;
+// the others then see the change at their next poll.
+func (d *Directory) Changed(ctx context.Context) error {
+	err := d.Reload(ctx)
+	if d.redis != nil {
+		if perr := d.redis.Publish(ctx, ChangesChannel, "changed").Err(); perr != nil {
+			d.publishErrors.Inc()
+			d.logger.Warn("announce tenant change over redis", "err", perr)
+		}
+	}
+	return err
+}
+
+// Run keeps the directory fresh until ctx ends: it polls the store's revision, listens for
+// announcements on Redis, and writes last-used times in batches (a last batch on the way out).
+// It returns nil when ctx ends. Without a store it only waits for ctx. Run once per Directory.
+func (d *Directory) Run(ctx context.Context) error {
+	if d.store == nil {
+		<-ctx.Done()
+		return nil
+	}
+	var announcements <-chan *redis.Message
+	if d.redis != nil {
+		ps := d.redis.Subscribe(ctx, ChangesChannel)
+		defer ps.Close()
+		announcements = ps.Channel()
+	}
+	poll := time.NewTicker(d.poll)
+	defer poll.Stop()
+	flush := time.NewTicker(d.flush)
+	defer flush.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			d.FlushLastUsed(stop)
+			cancel()
+			return nil
+		case <-announcements:
+			d.reloadLogged(ctx)
+		case <-poll.C:
+			d.reloadLogged(ctx)
+		case <-flush.C:
+			d.FlushLastUsed(ctx)
+		}
+	}
+}
+
+func (d *Directory) reloadLogged(ctx context.Context) {
+	if err := d.Reload(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		d.logger.Warn("reload tenants and keys; keeping the previous view", "err", err)
+	}
+}
+
+// FlushLastUsed writes the last-used times recorded since the previous flush in one transaction.
+func (d *Directory) FlushLastUsed(ctx context.Context) {
+	if d.store == nil {
+		return
+	}
+	used := map[string]time.Time{}
+	var entries []*keyEntry
+	for id, e := range d.snap.Load().keys {
+		if u := e.lastUsed.Load(); u > e.flushed.Load() {
+			used[id] = time.UnixMilli(u)
+			entries = append(entries, e)
+		}
+	}
+	if len(used) == 0 {
+		return
+	}
+	if err := d.store.TouchKeys(ctx, used); err != nil {
+		d.flushErrors.Inc()
+		d.logger.Warn("write api keys' last-used times", "keys", len(used), "err", err)
+		return
+	}
+	for _, e := range entries {
+		e.flushed.Store(used[e.ID].UnixMilli())
+	}
+}

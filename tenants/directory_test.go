@@ -1,0 +1,307 @@
+package tenants
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/usherllm/usher/test/redistest"
+)
+
+// fakeClock is a settable clock shared by the code under test and the test.
+type fakeClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.UnixMilli(1_750_000_000_000)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// testConfig has tiers enterprise > pro > free and one config tenant, "cfg" (pro), with the key
+// "sk-config".
+func testConfig(t testing.TB) Config {
+	t.Helper()
+	c := Config{
+		Tiers:   []Tier{{Name: "enterprise"}, {Name: "pro"}, {Name: "free"}},
+		Tenants: []TenantSpec{{ID: "cfg", Name: "Config Tenant", Tier: "pro", Keys: []KeySpec{{Name: "main", SHA256: HashKey("sk-config")}}}},
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return c
+}
+
+type directoryFixture struct {
+	dir     *Directory
+	store   *Store
+	clock   *fakeClock
+	key     string // active key of acme (pro)
+	keyID   string
+	logs    *bytes.Buffer
+	cfg     Config
+	expired string
+	revoked string
+	susKey  string
+}
+
+// newDirectoryFixture stores tenants acme (pro) and sus (suspended) with keys, and builds a
+// Directory over them with opts (Now and Logger are set by the fixture).
+func newDirectoryFixture(t testing.TB, s *Store, opts DirectoryOptions) *directoryFixture {
+	t.Helper()
+	ctx := context.Background()
+	f := &directoryFixture{store: s, clock: newFakeClock(), logs: &bytes.Buffer{}, cfg: testConfig(t)}
+	s.now = f.clock.Now
+	for _, tn := range []Tenant{{ID: "acme", Name: "Acme", Tier: "pro"}, {ID: "sus", Name: "Suspended", Tier: "free", Status: StatusSuspended}} {
+		if _, err := s.CreateTenant(ctx, "test", tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, key, err := s.CreateKey(ctx, "test", "acme", "ci", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.key, f.keyID = key, k.ID
+	if _, f.expired, err = s.CreateKey(ctx, "test", "acme", "old", f.clock.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var rk APIKey
+	if rk, f.revoked, err = s.CreateKey(ctx, "test", "acme", "gone", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RevokeKey(ctx, "test", "acme", rk.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, f.susKey, err = s.CreateKey(ctx, "test", "sus", "k", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	opts.Now = f.clock.Now
+	opts.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	f.dir, err = NewDirectory(ctx, f.cfg, s, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestDirectoryAuthenticate(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	ctx := context.Background()
+	f.clock.Advance(2 * time.Hour) // past the expiry of the "old" key
+	pro, _ := f.dir.Tier("pro")
+
+	t.Run("stored key", func(t *testing.T) {
+		got, err := f.dir.Authenticate(ctx, f.key)
+		want := Principal{TenantID: "acme", TenantName: "Acme", Tier: "pro", TierSpec: pro, KeyID: f.keyID}
+		if err != nil || got != want {
+			t.Errorf("got %+v, %v; want %+v", got, err, want)
+		}
+	})
+	t.Run("config key", func(t *testing.T) {
+		got, err := f.dir.Authenticate(ctx, "sk-config")
+		want := Principal{TenantID: "cfg", TenantName: "Config Tenant", Tier: "pro", TierSpec: pro, KeyID: "main"}
+		if err != nil || got != want {
+			t.Errorf("got %+v, %v; want %+v", got, err, want)
+		}
+	})
+
+	wrongSecret := f.key[:len(f.key)-1] + "a"
+	if strings.HasSuffix(f.key, "a") {
+		wrongSecret = f.key[:len(f.key)-1] + "b"
+	}
+	otherID := "usk_" + strings.Repeat("A", keyIDLen) + f.key[len(keyPrefix)+keyIDLen:]
+	refusals := []struct {
+		name, credential, want string
+	}{
+		{"missing", "", "missing credential"},
+		{"malformed stored key: short", f.key[:len(f.key)-2], "malformed credential"},
+		{"malformed stored key: bad character", f.key[:len(f.key)-1] + "-", "malformed credential"},
+		{"malformed stored key: no separator", f.key[:len(keyPrefix)+keyIDLen] + f.key[len(keyPrefix)+keyIDLen+1:], "malformed credential"},
+		{"wrong secret", wrongSecret, "unknown credential"},
+		{"unknown public id", otherID, "unknown credential"},
+		{"expired key", f.expired, "expired api key"},
+		{"revoked key", f.revoked, "revoked api key"},
+		{"suspended tenant", f.susKey, "tenant suspended"},
+		{"wrong config key", "sk-config2", "unknown credential"},
+		{"jwt shape without jwt config", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhY21lIn0.c2ln", "unknown credential"},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := f.dir.Authenticate(ctx, tt.credential)
+			if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an ErrUnauthenticated containing %q", err, tt.want)
+			}
+			if tt.credential != "" && strings.Contains(err.Error(), tt.credential[len(tt.credential)/2:]) {
+				t.Errorf("error %q contains part of the credential", err)
+			}
+		})
+	}
+}
+
+func TestDirectoryLastUsedIsBatched(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := f.dir.Authenticate(ctx, f.key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, _ := f.store.Keys(ctx, "acme")
+	for _, k := range keys {
+		if !k.LastUsed.IsZero() {
+			t.Fatalf("key %s: got last used %v before a flush, want none (no SQL on the hot path)", k.ID, k.LastUsed)
+		}
+	}
+	f.dir.FlushLastUsed(ctx)
+	keys, _ = f.store.Keys(ctx, "acme")
+	for _, k := range keys {
+		if k.ID == f.keyID && !k.LastUsed.Equal(f.clock.Now()) {
+			t.Errorf("got last used %v, want %v", k.LastUsed, f.clock.Now())
+		}
+	}
+}
+
+// TestRevocationReachesEveryReplica revokes a key through one replica and measures how long the
+// other keeps accepting it: by polling alone, and by a Redis announcement with polling off.
+func TestRevocationReachesEveryReplica(t *testing.T) {
+	tests := []struct {
+		name  string
+		redis bool
+		poll  time.Duration
+	}{
+		{"polling", false, 0},
+		{"redis pub/sub", true, time.Hour},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			path := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+			open := func() *Store {
+				s, err := Open(ctx, path, migrationsFS)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				if err := s.MigrateUp(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			var rdb redis.UniversalClient
+			if tt.redis {
+				srv := redistest.Start(t)
+				rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+				t.Cleanup(func() { rdb.Close() })
+			}
+			a := newDirectoryFixture(t, open(), DirectoryOptions{Redis: rdb, PollInterval: tt.poll})
+			b, err := NewDirectory(ctx, a.cfg, open(), DirectoryOptions{Redis: rdb, PollInterval: tt.poll})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer cancel()
+			wg.Go(func() { b.Run(ctx) })
+			if tt.redis {
+				waitSubscribed(t, rdb)
+			}
+			if _, err := b.Authenticate(ctx, a.key); err != nil {
+				t.Fatalf("before revocation: %v", err)
+			}
+			if err := a.store.RevokeKey(ctx, "admin", "acme", a.keyID); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if err := a.dir.Changed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.dir.Authenticate(ctx, a.key); !errors.Is(err, errRevokedKey) {
+				t.Errorf("replica a: got %v, want revoked at once", err)
+			}
+			for {
+				if _, err := b.Authenticate(ctx, a.key); errors.Is(err, errRevokedKey) {
+					break
+				}
+				if time.Since(start) > time.Second {
+					t.Fatalf("replica b still accepts the key %v after revocation, want under 1s", time.Since(start))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Logf("replica b refused the revoked key after %v", time.Since(start))
+		})
+	}
+}
+
+// waitSubscribed waits until a replica listens on ChangesChannel.
+func waitSubscribed(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	for range 200 {
+		n, err := rdb.PubSubNumSub(context.Background(), ChangesChannel).Result()
+		if err == nil && n[ChangesChannel] > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no replica subscribed to the changes channel within 1s")
+}
+
+func TestDirectoryRunFlushesOnStop(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{FlushInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.dir.Run(ctx) }()
+	if _, err := f.dir.Authenticate(ctx, f.key); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: got %v, want nil", err)
+	}
+	keys, _ := f.store.Keys(context.Background(), "acme")
+	for _, k := range keys {
+		if k.ID == f.keyID && k.LastUsed.IsZero() {
+			t.Error("got no last-used time after Run stopped, want the final flush")
+		}
+	}
+}
+
+func BenchmarkDirectoryAuthenticateStoredKey(b *testing.B) {
+	f := newDirectoryFixture(b, openSQLite(b), DirectoryOptions{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := f.dir.Authenticate(ctx, f.key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDirectoryAuthenticateConfigKey(b *testing.B) {
+	f := newDirectoryFixture(b, openSQLite(b), DirectoryOptions{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := f.dir.Authenticate(ctx, "sk-config"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,360 @@
+package tenants
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// JWTConfig configures verification of JWTs presented as bearer credentials (`jwt:` in the file).
+// JWTs are accepted only when at least one verification key is configured.
+type JWTConfig struct {
+	// Algorithms is the allow-list, for example [RS256]; required when keys are configured.
+	// Supported: HS256, RS256, ES256, EdDSA. `none` is never accepted.
+	Algorithms []string `yaml:"algorithms"`
+	// HS256Secret is the shared secret for HS256 (at least 32 bytes).
+	HS256Secret string `yaml:"hs256_secret"`
+	// PublicKeys are RSA, ECDSA P-256 or Ed25519 public keys in PEM.
+	PublicKeys []JWTKey `yaml:"public_keys"`
+	// JWKSFile is a JSON Web Key Set file with more public keys.
+	JWKSFile string `yaml:"jwks_file"`
+	// Issuer and Audience, when set, must match the iss and aud claims.
+	Issuer   string `yaml:"issuer"`
+	Audience string `yaml:"audience"`
+	// TenantClaim names the claim holding the tenant id; default "sub".
+	TenantClaim string `yaml:"tenant_claim"`
+	// TierClaim names the optional claim that lowers the tier; default "tier".
+	TierClaim string `yaml:"tier_claim"`
+	// Leeway is the clock skew allowed on exp and nbf; default 0.
+	Leeway time.Duration `yaml:"leeway"`
+}
+
+// JWTKey is one PEM public key, inline or in a file, optionally bound to a key id (kid header).
+type JWTKey struct {
+	ID      string `yaml:"kid"`
+	PEM     string `yaml:"pem"`
+	PEMFile string `yaml:"pem_file"`
+}
+
+var jwtAlgorithms = map[string]bool{"HS256": true, "RS256": true, "ES256": true, "EdDSA": true}
+
+// Enabled reports whether any verification key is configured.
+func (c JWTConfig) Enabled() bool {
+	return c.HS256Secret != "" || len(c.PublicKeys) > 0 || c.JWKSFile != ""
+}
+
+func (c *JWTConfig) setDefaults() {
+	if c.TenantClaim == "" {
+		c.TenantClaim = "sub"
+	}
+	if c.TierClaim == "" {
+		c.TierClaim = "tier"
+	}
+}
+
+func (c JWTConfig) validate() []error {
+	var errs []error
+	if !c.Enabled() {
+		return nil
+	}
+	if len(c.Algorithms) == 0 {
+		errs = append(errs, errors.New("jwt.algorithms: must list the accepted algorithms when keys are configured"))
+	}
+	for i, a := range c.Algorithms {
+		if !jwtAlgorithms[a] {
+			errs = append(errs, fmt.Errorf("jwt.algorithms[%d]: %q is not one of HS256, RS256, ES256, EdDSA", i, a))
+		}
+	}
+	if c.HS256Secret != "" && len(c.HS256Secret) < 32 {
+		errs = append(errs, errors.New("jwt.hs256_secret: must be at least 32 bytes"))
+	}
+	if c.HS256Secret != "" && !slices.Contains(c.Algorithms, "HS256") {
+		errs = append(errs, errors.New("jwt.hs256_secret: set, but HS256 is not in jwt.algorithms"))
+	}
+	if c.Leeway < 0 {
+		errs = append(errs, errors.New("jwt.leeway: must not be negative"))
+	}
+	for i, k := range c.PublicKeys {
+		if (k.PEM == "") == (k.PEMFile == "") {
+			errs = append(errs, fmt.Errorf("jwt.public_keys[%d]: set exactly one of pem and pem_file", i))
+		}
+	}
+	return errs
+}
+
+// JWTVerifier verifies JWTs against the configured keys. Immutable; safe for concurrent use.
+type JWTVerifier struct {
+	parser      *jwt.Parser
+	tenantClaim string
+	tierClaim   string
+	// keys by algorithm; a key only ever verifies the algorithm of its own type, so a token
+	// signed with HS256 using a public key as secret finds no key.
+	keys map[string][]verificationKey
+}
+
+type verificationKey struct {
+	id  string
+	key crypto.PublicKey // []byte for HS256
+}
+
+// NewJWTVerifier loads the keys of c (after SetDefaults and Validate); now is the clock (nil:
+// time.Now). It returns nil, nil when c configures no key.
+func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
+	if !c.Enabled() {
+		return nil, nil
+	}
+	if now == nil {
+		now = time.Now
+	}
+	v := &JWTVerifier{tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, keys: map[string][]verificationKey{}}
+	add := func(id string, key crypto.PublicKey, field string) error {
+		alg := ""
+		switch k := key.(type) {
+		case *rsa.PublicKey:
+			alg = "RS256"
+		case *ecdsa.PublicKey:
+			if k.Curve != elliptic.P256() {
+				return fmt.Errorf("%s: only P-256 ECDSA keys (ES256) are supported", field)
+			}
+			alg = "ES256"
+		case ed25519.PublicKey:
+			alg = "EdDSA"
+		default:
+			return fmt.Errorf("%s: unsupported key type %T", field, key)
+		}
+		v.keys[alg] = append(v.keys[alg], verificationKey{id: id, key: key})
+		return nil
+	}
+	if c.HS256Secret != "" {
+		v.keys["HS256"] = []verificationKey{{key: []byte(c.HS256Secret)}}
+	}
+	for i, k := range c.PublicKeys {
+		field := fmt.Sprintf("jwt.public_keys[%d]", i)
+		pem := []byte(k.PEM)
+		if k.PEMFile != "" {
+			b, err := os.ReadFile(k.PEMFile)
+			if err != nil {
+				return nil, fmt.Errorf("%s.pem_file: %w", field, err)
+			}
+			pem = b
+		}
+		key, err := parsePublicKeyPEM(pem)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		if err := add(k.ID, key, field); err != nil {
+			return nil, err
+		}
+	}
+	if c.JWKSFile != "" {
+		b, err := os.ReadFile(c.JWKSFile)
+		if err != nil {
+			return nil, fmt.Errorf("jwt.jwks_file: %w", err)
+		}
+		keys, err := parseJWKS(b)
+		if err != nil {
+			return nil, fmt.Errorf("jwt.jwks_file: %w", err)
+		}
+		for i, k := range keys {
+			if err := add(k.id, k.key, fmt.Sprintf("jwt.jwks_file: keys[%d]", i)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var algs []string
+	for _, a := range c.Algorithms {
+		if a == "none" || !jwtAlgorithms[a] {
+			return nil, fmt.Errorf("jwt.algorithms: %q is not accepted", a)
+		}
+		if len(v.keys[a]) == 0 {
+			return nil, fmt.Errorf("jwt.algorithms: %s is allowed but no %s key is configured", a, a)
+		}
+		algs = append(algs, a)
+	}
+	for a := range v.keys {
+		if !slices.Contains(algs, a) {
+			delete(v.keys, a)
+		}
+	}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(algs), jwt.WithExpirationRequired(), jwt.WithTimeFunc(now), jwt.WithLeeway(c.Leeway)}
+	if c.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(c.Issuer))
+	}
+	if c.Audience != "" {
+		opts = append(opts, jwt.WithAudience(c.Audience))
+	}
+	v.parser = jwt.NewParser(opts...)
+	return v, nil
+}
+
+func parsePublicKeyPEM(pem []byte) (crypto.PublicKey, error) {
+	if k, err := jwt.ParseRSAPublicKeyFromPEM(pem); err == nil {
+		return k, nil
+	}
+	if k, err := jwt.ParseECPublicKeyFromPEM(pem); err == nil {
+		return k, nil
+	}
+	if k, err := jwt.ParseEdPublicKeyFromPEM(pem); err == nil {
+		return k, nil
+	}
+	return nil, errors.New("not an RSA, ECDSA or Ed25519 public key in PEM")
+}
+
+// parseJWKS reads the public keys of a JSON Web Key Set (RFC 7517): RSA, EC P-256, OKP Ed25519.
+func parseJWKS(b []byte) ([]verificationKey, error) {
+	var set struct {
+		Keys []struct {
+			Kty string `json:"kty"`
+			Kid string `json:"kid"`
+			Crv string `json:"crv"`
+			N   string `json:"n"`
+			E   string `json:"e"`
+			X   string `json:"x"`
+			Y   string `json:"y"`
+		} `json:"keys"`
+	}
+	if err := json.Unmarshal(b, &set); err != nil {
+		return nil, err
+	}
+	dec := base64.RawURLEncoding
+	var out []verificationKey
+	for i, k := range set.Keys {
+		field := fmt.Sprintf("keys[%d]", i)
+		switch {
+		case k.Kty == "RSA":
+			n, err1 := dec.DecodeString(k.N)
+			e, err2 := dec.DecodeString(k.E)
+			if err1 != nil || err2 != nil || len(e) == 0 || len(e) > 4 {
+				return nil, fmt.Errorf("%s: malformed RSA key", field)
+			}
+			out = append(out, verificationKey{id: k.Kid, key: &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}})
+		case k.Kty == "EC" && k.Crv == "P-256":
+			x, err1 := dec.DecodeString(k.X)
+			y, err2 := dec.DecodeString(k.Y)
+			if err1 != nil || err2 != nil || len(x) != 32 || len(y) != 32 {
+				return nil, fmt.Errorf("%s: malformed P-256 key", field)
+			}
+			pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, x...), y...))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", field, err)
+			}
+			out = append(out, verificationKey{id: k.Kid, key: pub})
+		case k.Kty == "OKP" && k.Crv == "Ed25519":
+			x, err := dec.DecodeString(k.X)
+			if err != nil || len(x) != ed25519.PublicKeySize {
+				return nil, fmt.Errorf("%s: malformed Ed25519 key", field)
+			}
+			out = append(out, verificationKey{id: k.Kid, key: ed25519.PublicKey(x)})
+		default:
+			return nil, fmt.Errorf("%s: unsupported key type %q %q", field, k.Kty, k.Crv)
+		}
+	}
+	return out, nil
+}
+
+// looksLikeJWT reports whether credential has the shape of a compact JWS: three segments, the
+// first a base64url JSON object.
+func looksLikeJWT(credential string) bool {
+	return strings.HasPrefix(credential, "eyJ") && strings.Count(credential, ".") == 2
+}
+
+// JWT refusals. They name the reason, never the token or its claims.
+var (
+	errTokenMalformed = fmt.Errorf("malformed token: %w", ErrUnauthenticated)
+	errTokenAlgorithm = fmt.Errorf("token algorithm not allowed: %w", ErrUnauthenticated)
+	errTokenSignature = fmt.Errorf("bad token signature: %w", ErrUnauthenticated)
+	errTokenExpired   = fmt.Errorf("expired token: %w", ErrUnauthenticated)
+	errTokenNotYet    = fmt.Errorf("token not valid yet: %w", ErrUnauthenticated)
+	errTokenNoExp     = fmt.Errorf("token without exp: %w", ErrUnauthenticated)
+	errTokenIssuer    = fmt.Errorf("token issuer not accepted: %w", ErrUnauthenticated)
+	errTokenAudience  = fmt.Errorf("token audience not accepted: %w", ErrUnauthenticated)
+	errTokenInvalid   = fmt.Errorf("invalid token: %w", ErrUnauthenticated)
+	errTokenNoTenant  = fmt.Errorf("token names no tenant: %w", ErrUnauthenticated)
+	errTokenTier      = fmt.Errorf("token tier above the tenant's tier: %w", ErrUnauthenticated)
+)
+
+func (v *JWTVerifier) keyfunc(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	keys := v.keys[alg]
+	kid, _ := t.Header["kid"].(string)
+	set := jwt.VerificationKeySet{}
+	for _, k := range keys {
+		if kid == "" || k.id == "" || k.id == kid {
+			set.Keys = append(set.Keys, k.key)
+		}
+	}
+	if len(set.Keys) == 0 {
+		return nil, errTokenSignature
+	}
+	return set, nil
+}
+
+// authenticate verifies token and resolves its tenant and tier through d.
+func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error) {
+	claims := jwt.MapClaims{}
+	parsed, err := v.parser.ParseWithClaims(token, claims, v.keyfunc)
+	if err != nil || !parsed.Valid {
+		return Principal{}, jwtRefusal(err)
+	}
+	tenantID, _ := claims[v.tenantClaim].(string)
+	if tenantID == "" {
+		return Principal{}, errTokenNoTenant
+	}
+	t, ok := d.Tenant(tenantID)
+	if !ok {
+		return Principal{}, errUnknownTenant
+	}
+	p, err := d.principal(t)
+	if err != nil {
+		return Principal{}, err
+	}
+	if raw, present := claims[v.tierClaim]; present {
+		tier, _ := raw.(string)
+		spec, known := d.Tier(tier)
+		if !known || !d.atOrBelow(tier, t.Tier) {
+			return Principal{}, errTokenTier
+		}
+		p.Tier, p.TierSpec = tier, spec
+	}
+	p.KeyID = "jwt"
+	if kid, _ := parsed.Header["kid"].(string); kid != "" && len(kid) <= 64 && idPattern.MatchString(kid) {
+		p.KeyID = "jwt:" + kid
+	}
+	return p, nil
+}
+
+func jwtRefusal(err error) error {
+	switch {
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return errTokenMalformed
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return errTokenSignature
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		return errTokenAlgorithm
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return errTokenExpired
+	case errors.Is(err, jwt.ErrTokenNotValidYet):
+		return errTokenNotYet
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return errTokenNoExp
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return errTokenIssuer
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return errTokenAudience
+	default:
+		return errTokenInvalid
+	}
+}

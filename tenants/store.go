@@ -1,0 +1,543 @@
+package tenants
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go)
+)
+
+// Store keeps tenants, API keys and the audit log in SQL: SQLite (modernc.org/sqlite, pure Go) in
+// a file, or PostgreSQL. Every change writes its audit entry and bumps the revision in the same
+// transaction. Safe for concurrent use; all queries are parameterised.
+//
+// The hot path never calls Store: a Directory holds what authentication needs in memory.
+type Store struct {
+	db         *sql.DB
+	dialect    goose.Dialect
+	migrations fs.FS
+	now        func() time.Time
+	rand       io.Reader
+	// auditSeq orders the audit entries this process writes within one millisecond.
+	auditSeq atomic.Int64
+}
+
+// Errors callers branch on (the admin API maps them to 404 and 409).
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("already exists")
+)
+
+// Tenant statuses.
+const (
+	StatusActive    = "active"
+	StatusSuspended = "suspended"
+)
+
+// Tenant is a tenant as the store and the admin API see it.
+type Tenant struct {
+	ID      string    `json:"id"`
+	Name    string    `json:"name"`
+	Tier    string    `json:"tier"`
+	Status  string    `json:"status"` // StatusActive or StatusSuspended
+	Created time.Time `json:"created"`
+	// ReadOnly marks a tenant declared in the config file; the admin API cannot change it.
+	ReadOnly bool `json:"read_only"`
+}
+
+// APIKey describes a stored key. It never holds the secret.
+type APIKey struct {
+	ID       string    `json:"id"` // the public id, part of the key string
+	TenantID string    `json:"tenant_id"`
+	Name     string    `json:"name"`
+	Created  time.Time `json:"created"`
+	Expires  time.Time `json:"expires,omitzero"`   // zero: never
+	Revoked  time.Time `json:"revoked,omitzero"`   // zero: not revoked
+	LastUsed time.Time `json:"last_used,omitzero"` // zero: never used (updated in batches)
+
+	secretHash string
+}
+
+// AuditEntry is one line of the audit log.
+type AuditEntry struct {
+	ID      string    `json:"id"`
+	At      time.Time `json:"at"`
+	Actor   string    `json:"actor"`
+	Action  string    `json:"action"` // for example "tenant.create", "key.revoke"
+	Object  string    `json:"object"` // for example "tenant:acme", "key:AbC123"
+	Details string    `json:"details"`
+}
+
+// Open connects to the database named by url and returns a Store; it does not migrate (call
+// MigrateUp). url is `postgres://...` or `postgresql://...` for PostgreSQL (driver pgx), and
+// `sqlite:PATH`, `file:PATH` or a plain file path for SQLite. migrations is the goose migration
+// set, normally migrations.FS.
+func Open(ctx context.Context, url string, migrations fs.FS) (*Store, error) {
+	driver, dsn, dialect, err := parseDatabaseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	if dialect == goose.DialectSQLite3 {
+		// One connection: SQLite serialises writers anyway, and this rules out SQLITE_BUSY.
+		db.SetMaxOpenConns(1)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	return &Store{db: db, dialect: dialect, migrations: migrations, now: time.Now, rand: rand.Reader}, nil
+}
+
+func parseDatabaseURL(url string) (driver, dsn string, dialect goose.Dialect, err error) {
+	switch {
+	case url == "":
+		return "", "", "", errors.New("database.url: must not be empty")
+	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		return "pgx", url, goose.DialectPostgres, nil
+	case strings.Contains(url, "://"):
+		return "", "", "", errors.New("database.url: scheme must be postgres://, sqlite: or a file path")
+	}
+	path := strings.TrimPrefix(strings.TrimPrefix(url, "sqlite:"), "file:")
+	if path == "" {
+		return "", "", "", errors.New("database.url: sqlite needs a file path")
+	}
+	q := "_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)&_txlock=immediate"
+	return "sqlite", "file:" + path + "?" + q, goose.DialectSQLite3, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func (s *Store) provider() (*goose.Provider, error) {
+	var opts []goose.ProviderOption
+	if s.dialect == goose.DialectPostgres {
+		// Several gateways starting at once: one migrates, the others wait.
+		locker, err := lock.NewPostgresSessionLocker()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
+	}
+	p, err := goose.NewProvider(s.dialect, s.db, s.migrations, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return p, nil
+}
+
+// MigrateUp applies every pending migration.
+func (s *Store) MigrateUp(ctx context.Context) error {
+	p, err := s.provider()
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate up: %w", err)
+	}
+	return nil
+}
+
+// MigrateStatus writes one line per migration to w: version, state (applied or pending), when
+// it was applied and its file name.
+func (s *Store) MigrateStatus(ctx context.Context, w io.Writer) error {
+	p, err := s.provider()
+	if err != nil {
+		return err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate status: %w", err)
+	}
+	for _, m := range st {
+		at := "-"
+		if !m.AppliedAt.IsZero() {
+			at = m.AppliedAt.UTC().Format(time.RFC3339)
+		}
+		if _, err := fmt.Fprintf(w, "%05d  %-8s  %-20s  %s\n", m.Source.Version, m.State, at, m.Source.Path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// q rewrites the ? placeholders of query for the dialect.
+func (s *Store) q(query string) string {
+	if s.dialect != goose.DialectPostgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// change runs fn in a transaction that also bumps the revision and writes an audit entry.
+func (s *Store) change(ctx context.Context, actor, action, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
+	now := s.now()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx, now); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
+		return fmt.Errorf("bump revision: %w", err)
+	}
+	if err := s.audit(ctx, tx, now, actor, action, object, details); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, action, object string, details any) error {
+	d, err := json.Marshal(details)
+	if err != nil {
+		return fmt.Errorf("audit details: %w", err)
+	}
+	var r [4]byte
+	if _, err := io.ReadFull(s.rand, r[:]); err != nil {
+		return fmt.Errorf("audit id: %w", err)
+	}
+	id := fmt.Sprintf("%016x%012x%s", now.UnixMilli(), s.auditSeq.Add(1), hex.EncodeToString(r[:]))
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO audit_log (id, at_ms, actor, action, object, details) VALUES (?, ?, ?, ?, ?, ?)`),
+		id, now.UnixMilli(), actor, action, object, string(d))
+	if err != nil {
+		return fmt.Errorf("write audit log: %w", err)
+	}
+	return nil
+}
+
+// Revision returns the number of changes ever made to tenants and keys. Cheap: one row.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	var rev int64
+	if err := s.db.QueryRowContext(ctx, `SELECT rev FROM revision WHERE id = 1`).Scan(&rev); err != nil {
+		return 0, fmt.Errorf("read revision: %w", err)
+	}
+	return rev, nil
+}
+
+// CreateTenant stores a new tenant with status active (or t.Status when set) and audits it.
+// ErrConflict when the id is taken.
+func (s *Store) CreateTenant(ctx context.Context, actor string, t Tenant) (Tenant, error) {
+	if t.Status == "" {
+		t.Status = StatusActive
+	}
+	err := s.change(ctx, actor, "tenant.create", "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier, "status": t.Status},
+		func(tx *sql.Tx, now time.Time) error {
+			var n int
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), t.ID).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("tenant %q: %w", t.ID, ErrConflict)
+			}
+			t.Created = time.UnixMilli(now.UnixMilli())
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO tenants (id, name, tier, status, created_at_ms, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?)`),
+				t.ID, t.Name, t.Tier, t.Status, now.UnixMilli(), now.UnixMilli())
+			return err
+		})
+	if err != nil {
+		return Tenant{}, fmt.Errorf("create tenant: %w", err)
+	}
+	return t, nil
+}
+
+// UpdateTenant changes the name and tier of tenant t.ID. ErrNotFound when it does not exist.
+func (s *Store) UpdateTenant(ctx context.Context, actor string, t Tenant) error {
+	err := s.change(ctx, actor, "tenant.update", "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier},
+		func(tx *sql.Tx, now time.Time) error {
+			return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE tenants SET name = ?, tier = ?, updated_at_ms = ? WHERE id = ?`), t.Name, t.Tier, now.UnixMilli(), t.ID))
+		})
+	if err != nil {
+		return fmt.Errorf("update tenant %q: %w", t.ID, err)
+	}
+	return nil
+}
+
+// SetTenantStatus suspends (StatusSuspended) or resumes (StatusActive) a tenant.
+func (s *Store) SetTenantStatus(ctx context.Context, actor, id, status string) error {
+	action := "tenant.resume"
+	if status == StatusSuspended {
+		action = "tenant.suspend"
+	}
+	err := s.change(ctx, actor, action, "tenant:"+id, nil, func(tx *sql.Tx, now time.Time) error {
+		return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE tenants SET status = ?, updated_at_ms = ? WHERE id = ?`), status, now.UnixMilli(), id))
+	})
+	if err != nil {
+		return fmt.Errorf("set status of tenant %q: %w", id, err)
+	}
+	return nil
+}
+
+// DeleteTenant removes a tenant and its keys. The audit log keeps their history.
+func (s *Store) DeleteTenant(ctx context.Context, actor, id string) error {
+	err := s.change(ctx, actor, "tenant.delete", "tenant:"+id, nil, func(tx *sql.Tx, _ time.Time) error {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM api_keys WHERE tenant_id = ?`), id); err != nil {
+			return err
+		}
+		return exactlyOne(tx.ExecContext(ctx, s.q(`DELETE FROM tenants WHERE id = ?`), id))
+	})
+	if err != nil {
+		return fmt.Errorf("delete tenant %q: %w", id, err)
+	}
+	return nil
+}
+
+func exactlyOne(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+const tenantColumns = `id, name, tier, status, created_at_ms`
+
+func scanTenant(row interface{ Scan(...any) error }) (Tenant, error) {
+	var t Tenant
+	var created int64
+	if err := row.Scan(&t.ID, &t.Name, &t.Tier, &t.Status, &created); err != nil {
+		return Tenant{}, err
+	}
+	t.Created = time.UnixMilli(created)
+	return t, nil
+}
+
+// Tenant returns one stored tenant; ErrNotFound when there is none.
+func (s *Store) Tenant(ctx context.Context, id string) (Tenant, error) {
+	t, err := scanTenant(s.db.QueryRowContext(ctx, s.q(`SELECT `+tenantColumns+` FROM tenants WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Tenant{}, fmt.Errorf("tenant %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Tenant{}, fmt.Errorf("read tenant %q: %w", id, err)
+	}
+	return t, nil
+}
+
+// Tenants returns every stored tenant, ordered by id.
+func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+tenantColumns+` FROM tenants ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	defer rows.Close()
+	var out []Tenant
+	for rows.Next() {
+		t, err := scanTenant(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list tenants: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// CreateKey makes a new API key for tenant tenantID and returns its description and the whole
+// key string, `usk_<id>_<secret>`. The key string is returned only here: the store keeps the
+// SHA-256 of the secret. expires zero means the key never expires.
+func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, expires time.Time) (APIKey, string, error) {
+	id, secret, key, err := newKeyString(s.rand)
+	if err != nil {
+		return APIKey{}, "", err
+	}
+	k := APIKey{ID: id, TenantID: tenantID, Name: name, Expires: expires}
+	err = s.change(ctx, actor, "key.create", "key:"+id, map[string]any{"tenant": tenantID, "name": name, "expires": expires},
+		func(tx *sql.Tx, now time.Time) error {
+			var n int
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), tenantID).Scan(&n); err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("tenant %q: %w", tenantID, ErrNotFound)
+			}
+			k.Created = time.UnixMilli(now.UnixMilli())
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?)`),
+				id, tenantID, name, HashKey(secret), now.UnixMilli(), nullMillis(expires))
+			return err
+		})
+	if err != nil {
+		return APIKey{}, "", fmt.Errorf("create key: %w", err)
+	}
+	return k, key, nil
+}
+
+// RevokeKey revokes key id of tenant tenantID at once; revoking twice keeps the first time.
+// ErrNotFound when the tenant has no such key.
+func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error {
+	err := s.change(ctx, actor, "key.revoke", "key:"+id, map[string]string{"tenant": tenantID}, func(tx *sql.Tx, now time.Time) error {
+		return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE api_keys SET revoked_at_ms = COALESCE(revoked_at_ms, ?) WHERE id = ? AND tenant_id = ?`), now.UnixMilli(), id, tenantID))
+	})
+	if err != nil {
+		return fmt.Errorf("revoke key %q: %w", id, err)
+	}
+	return nil
+}
+
+const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms`
+
+func scanKey(row interface{ Scan(...any) error }) (APIKey, error) {
+	var k APIKey
+	var created int64
+	var expires, revoked, used sql.NullInt64
+	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used); err != nil {
+		return APIKey{}, err
+	}
+	k.Created = time.UnixMilli(created)
+	k.Expires, k.Revoked, k.LastUsed = fromNullMillis(expires), fromNullMillis(revoked), fromNullMillis(used)
+	return k, nil
+}
+
+// Keys returns the keys of one tenant (every tenant when tenantID is empty), newest first.
+func (s *Store) Keys(ctx context.Context, tenantID string) ([]APIKey, error) {
+	query, args := `SELECT `+keyColumns+` FROM api_keys ORDER BY created_at_ms DESC, id`, []any(nil)
+	if tenantID != "" {
+		query, args = `SELECT `+keyColumns+` FROM api_keys WHERE tenant_id = ? ORDER BY created_at_ms DESC, id`, []any{tenantID}
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", err)
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// TouchKeys records when keys were last used, in one transaction. It is not audited and does not
+// bump the revision: it changes no authentication decision.
+func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error {
+	if len(used) == 0 {
+		return nil
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("touch keys: %w", err)
+	}
+	defer tx.Rollback()
+	for id, at := range used {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE api_keys SET last_used_at_ms = ? WHERE id = ? AND (last_used_at_ms IS NULL OR last_used_at_ms < ?)`), at.UnixMilli(), id, at.UnixMilli()); err != nil {
+			return fmt.Errorf("touch keys: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("touch keys: %w", err)
+	}
+	return nil
+}
+
+// AuditQuery selects audit entries, newest first. Empty fields match everything.
+type AuditQuery struct {
+	Actor  string
+	Object string // exact, for example "tenant:acme"
+	// Before is the cursor of the next page: the NextBefore of the previous page.
+	Before string
+	// Limit is the page size: default 50, at most 500.
+	Limit int
+}
+
+// AuditPage is one page of audit entries. NextBefore is empty on the last page.
+type AuditPage struct {
+	Entries    []AuditEntry `json:"entries"`
+	NextBefore string       `json:"next_before,omitempty"`
+}
+
+// Audit returns one page of the audit log.
+func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
+	if aq.Limit <= 0 {
+		aq.Limit = 50
+	}
+	aq.Limit = min(aq.Limit, 500)
+	query := `SELECT id, at_ms, actor, action, object, details FROM audit_log WHERE 1 = 1`
+	var args []any
+	if aq.Actor != "" {
+		query += ` AND actor = ?`
+		args = append(args, aq.Actor)
+	}
+	if aq.Object != "" {
+		query += ` AND object = ?`
+		args = append(args, aq.Object)
+	}
+	if aq.Before != "" {
+		query += ` AND id < ?`
+		args = append(args, aq.Before)
+	}
+	query += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, aq.Limit+1)
+	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
+	if err != nil {
+		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+	}
+	defer rows.Close()
+	var page AuditPage
+	for rows.Next() {
+		var e AuditEntry
+		var at int64
+		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.Object, &e.Details); err != nil {
+			return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+		}
+		e.At = time.UnixMilli(at)
+		page.Entries = append(page.Entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+	}
+	if len(page.Entries) > aq.Limit {
+		page.Entries = page.Entries[:aq.Limit]
+		page.NextBefore = page.Entries[aq.Limit-1].ID
+	}
+	return page, nil
+}
+
+func nullMillis(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func fromNullMillis(v sql.NullInt64) time.Time {
+	if !v.Valid {
+		return time.Time{}
+	}
+	return time.UnixMilli(v.Int64)
+}

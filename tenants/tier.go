@@ -1,0 +1,169 @@
+package tenants
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Request classes, highest first. A tier names the highest class its tenants may use and the class
+// a request gets when it asks for none.
+const (
+	ClassInteractive = "interactive"
+	ClassStandard    = "standard"
+	ClassBatch       = "batch"
+)
+
+var classRank = map[string]int{ClassInteractive: 3, ClassStandard: 2, ClassBatch: 1}
+
+// Tier is an SLA tier declared in the config file. Tiers are listed from highest to lowest: a JWT
+// `tier` claim may name the tenant's own tier or one listed after it, never one before it.
+//
+// For the rates, caps and MaxPromptTokens, 0 means unlimited. A Tier is never modified after
+// Config.SetDefaults; share it by pointer.
+type Tier struct {
+	Name string `yaml:"name"`
+	// HighestClass is the highest class the tier may use; default interactive.
+	HighestClass string `yaml:"highest_class"`
+	// DefaultClass is the class of a request that asks for none; default standard, or
+	// HighestClass when that is lower.
+	DefaultClass string `yaml:"default_class"`
+	// Weight is the tier's fair-share weight between tenants of one class; default 1.
+	Weight float64 `yaml:"weight"`
+	// RequestsPerMinute and TokensPerMinute are per tenant; tokens count prompt and output.
+	RequestsPerMinute int64 `yaml:"requests_per_minute"`
+	TokensPerMinute   int64 `yaml:"tokens_per_minute"`
+	// MaxConcurrent caps a tenant's requests in flight (queued or running).
+	MaxConcurrent int64 `yaml:"max_concurrent"`
+	// MaxQueued caps a tenant's requests waiting in the queue.
+	MaxQueued int64 `yaml:"max_queued"`
+	// Deadlines is the default deadline of a request per class, when it carries none.
+	Deadlines ClassDeadlines `yaml:"deadlines"`
+	// MaxPromptTokens refuses longer prompts.
+	MaxPromptTokens int64 `yaml:"max_prompt_tokens"`
+	// ExpectedOutputTokens is the output estimate of a request without max_tokens; default 256.
+	ExpectedOutputTokens int64 `yaml:"expected_output_tokens"`
+	// Models the tier may use: exact names, "prefix*" patterns, or "*" for all; default ["*"].
+	Models []string `yaml:"models"`
+	// MayTargetWorker allows the X-Usher-Target-Worker header.
+	MayTargetWorker bool `yaml:"may_target_worker"`
+}
+
+// ClassDeadlines holds one default deadline per class.
+type ClassDeadlines struct {
+	Interactive time.Duration `yaml:"interactive"` // default 30s
+	Standard    time.Duration `yaml:"standard"`    // default 2m
+	Batch       time.Duration `yaml:"batch"`       // default 30m
+}
+
+// BuiltinTier is the name of the tier SetDefaults declares when the file declares none.
+const BuiltinTier = "default"
+
+func (t *Tier) setDefaults() {
+	if t.HighestClass == "" {
+		t.HighestClass = ClassInteractive
+	}
+	if t.DefaultClass == "" {
+		t.DefaultClass = ClassStandard
+		if classRank[t.HighestClass] != 0 && classRank[t.HighestClass] < classRank[ClassStandard] {
+			t.DefaultClass = t.HighestClass
+		}
+	}
+	if t.Weight == 0 {
+		t.Weight = 1
+	}
+	if t.ExpectedOutputTokens == 0 {
+		t.ExpectedOutputTokens = 256
+	}
+	if t.Deadlines.Interactive == 0 {
+		t.Deadlines.Interactive = 30 * time.Second
+	}
+	if t.Deadlines.Standard == 0 {
+		t.Deadlines.Standard = 2 * time.Minute
+	}
+	if t.Deadlines.Batch == 0 {
+		t.Deadlines.Batch = 30 * time.Minute
+	}
+	if len(t.Models) == 0 {
+		t.Models = []string{"*"}
+	}
+}
+
+func (t *Tier) validate(f string) []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", f, field, fmt.Sprintf(format, args...)))
+	}
+	if !idPattern.MatchString(t.Name) {
+		bad("name", "must be 1 to 64 characters of A-Z a-z 0-9 . _ -")
+	}
+	if classRank[t.HighestClass] == 0 {
+		bad("highest_class", "must be interactive, standard or batch, not %q", t.HighestClass)
+	}
+	if classRank[t.DefaultClass] == 0 {
+		bad("default_class", "must be interactive, standard or batch, not %q", t.DefaultClass)
+	} else if classRank[t.HighestClass] != 0 && classRank[t.DefaultClass] > classRank[t.HighestClass] {
+		bad("default_class", "%s is above highest_class %s", t.DefaultClass, t.HighestClass)
+	}
+	if t.Weight < 0 {
+		bad("weight", "must be positive")
+	}
+	for name, v := range map[string]int64{
+		"requests_per_minute": t.RequestsPerMinute, "tokens_per_minute": t.TokensPerMinute,
+		"max_concurrent": t.MaxConcurrent, "max_queued": t.MaxQueued,
+		"max_prompt_tokens": t.MaxPromptTokens, "expected_output_tokens": t.ExpectedOutputTokens,
+	} {
+		if v < 0 {
+			bad(name, "must not be negative (0 means unlimited)")
+		}
+	}
+	for name, d := range map[string]time.Duration{"interactive": t.Deadlines.Interactive, "standard": t.Deadlines.Standard, "batch": t.Deadlines.Batch} {
+		if d < 0 {
+			bad("deadlines."+name, "must be positive")
+		}
+	}
+	for i, m := range t.Models {
+		if m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*") {
+			bad(fmt.Sprintf("models[%d]", i), `must be a model name, "prefix*" or "*"`)
+		}
+	}
+	return errs
+}
+
+// AllowsModel reports whether the tier may use model. Cost: one pass over Models.
+func (t *Tier) AllowsModel(model string) bool {
+	for _, m := range t.Models {
+		if m == model || m == "*" || strings.HasSuffix(m, "*") && strings.HasPrefix(model, m[:len(m)-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// Class returns the class a request asking for requested runs in: DefaultClass when requested is
+// empty or unknown, requested when the tier allows it, HighestClass when requested is higher.
+func (t *Tier) Class(requested string) string {
+	r := classRank[requested]
+	switch {
+	case r == 0:
+		return t.DefaultClass
+	case r > classRank[t.HighestClass]:
+		return t.HighestClass
+	default:
+		return requested
+	}
+}
+
+// Deadline returns the default deadline of class (DefaultClass's for an unknown class).
+func (t *Tier) Deadline(class string) time.Duration {
+	switch class {
+	case ClassInteractive:
+		return t.Deadlines.Interactive
+	case ClassBatch:
+		return t.Deadlines.Batch
+	case ClassStandard:
+		return t.Deadlines.Standard
+	default:
+		return t.Deadline(t.DefaultClass)
+	}
+}
