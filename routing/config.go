@@ -20,6 +20,8 @@ const (
 	DefaultHealthPath         = "/health"
 	DefaultHealthyThreshold   = 2
 	DefaultUnhealthyThreshold = 2
+	DefaultBreakerFailures    = 5
+	DefaultBreakerCooldown    = 10 * time.Second
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
@@ -63,6 +65,15 @@ type HealthConfig struct {
 	UnhealthyThreshold int           `yaml:"unhealthy_threshold"` // default 2
 }
 
+// BreakerConfig sets the circuit breaker every worker has. Failures consecutive failed requests
+// (Outcome.Failed) open the circuit: the worker takes no requests for Cooldown. Then one request
+// goes through as a half-open probe; its success closes the circuit, its failure opens it for
+// another Cooldown.
+type BreakerConfig struct {
+	Failures int           `yaml:"failures"` // default 5
+	Cooldown time.Duration `yaml:"cooldown"` // default 10s
+}
+
 // Config is the `routing:` section of the configuration file. The zero value plus SetDefaults is a
 // valid, empty pool.
 type Config struct {
@@ -74,6 +85,8 @@ type Config struct {
 	Models map[string]ModelConfig `yaml:"models"`
 	// Health sets the active health checks.
 	Health HealthConfig `yaml:"health"`
+	// Breaker sets the per-worker circuit breaker.
+	Breaker BreakerConfig `yaml:"breaker"`
 	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
@@ -91,6 +104,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxTokensInFlight == 0 {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
+	}
+	if c.Breaker.Failures == 0 {
+		c.Breaker.Failures = DefaultBreakerFailures
+	}
+	if c.Breaker.Cooldown == 0 {
+		c.Breaker.Cooldown = DefaultBreakerCooldown
 	}
 	h := &c.Health
 	if h.Interval == 0 {
@@ -164,6 +183,12 @@ func (c Config) Validate() error {
 	}
 	if h.UnhealthyThreshold < 1 {
 		bad("health.unhealthy_threshold", "must be at least 1, got %d", h.UnhealthyThreshold)
+	}
+	if c.Breaker.Failures < 1 {
+		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)
+	}
+	if c.Breaker.Cooldown <= 0 {
+		bad("breaker.cooldown", "must be positive, got %s", c.Breaker.Cooldown)
 	}
 	return errors.Join(errs...)
 }

@@ -7,15 +7,26 @@ import (
 	"time"
 )
 
-// startChecks starts the health goroutine of w if Run is running. p.mu must be held. The goroutine
-// belongs to the pool: it stops when Run's ctx ends or when w.stopChecks is called (on removal).
-func (p *Pool) startChecks(w *Worker) {
+// startWorker starts the background goroutines of w if Run is running. p.mu must be held. The
+// goroutines belong to the pool: they stop when Run's ctx ends or when w.stop is called (on
+// removal).
+func (p *Pool) startWorker(w *Worker) {
 	if p.runCtx == nil || p.stopped {
 		return
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
-	w.stopChecks = cancel
-	p.checks.Go(func() { p.watch(ctx, w) })
+	w.stop = cancel
+	p.running.Go(func() { p.watch(ctx, w) })
+}
+
+// startPolicy starts the background work of pol if it has any and Run is running. p.mu must be
+// held.
+func (p *Pool) startPolicy(pol *policy) {
+	r, ok := pol.Policy.(policyRunner)
+	if !ok || p.runCtx == nil || p.stopped {
+		return
+	}
+	p.running.Go(func() { r.Run(p.runCtx) })
 }
 
 // watch checks w at once and then every Health.Interval until ctx ends.

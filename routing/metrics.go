@@ -9,6 +9,8 @@ type poolMetrics struct {
 	decisions *prometheus.CounterVec // model, policy, route ("none": no worker)
 	outcomes  *prometheus.CounterVec // worker, result
 	checks    *prometheus.CounterVec // worker, result
+	// breakerOpens counts circuit openings by worker.
+	breakerOpens *prometheus.CounterVec
 }
 
 func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
@@ -25,13 +27,24 @@ func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
 			Name: "usher_routing_health_checks_total",
 			Help: "Active health checks by worker and result (pass, fail).",
 		}, []string{"worker", "result"}),
+		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_circuit_opens_total",
+			Help: "Times a worker's circuit breaker opened (or re-opened after a failed probe).",
+		}, []string{"worker"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, workerCollector{p}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, workerCollector{p}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// forget drops the series of a removed worker.
+func (m *poolMetrics) forget(worker string) {
+	m.outcomes.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.checks.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.breakerOpens.DeletePartialMatch(prometheus.Labels{"worker": worker})
 }
 
 func (m *poolMetrics) decided(model, policy string, route Route) {
