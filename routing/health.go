@@ -16,7 +16,8 @@ func (p *Pool) startWorker(w *Worker) {
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
 	w.stop = cancel
-	p.running.Go(func() { p.watch(ctx, w) })
+	p.running.Go(func() { p.healthLoop(ctx, w) })
+	p.running.Go(func() { p.scrapeLoop(ctx, w) })
 }
 
 // startPolicy starts the background work of pol if it has any and Run is running. p.mu must be
@@ -29,8 +30,8 @@ func (p *Pool) startPolicy(pol *policy) {
 	p.running.Go(func() { r.Run(p.runCtx) })
 }
 
-// watch checks w at once and then every Health.Interval until ctx ends.
-func (p *Pool) watch(ctx context.Context, w *Worker) {
+// healthLoop checks w at once and then every Health.Interval until ctx ends.
+func (p *Pool) healthLoop(ctx context.Context, w *Worker) {
 	t := time.NewTicker(p.cfg.Health.Interval)
 	defer t.Stop()
 	for {

@@ -32,6 +32,12 @@ type WorkerStatus struct {
 	InFlightTokens    int64       `json:"in_flight_tokens"`
 	MaxConcurrency    int64       `json:"max_concurrency"`
 	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
+	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
+	Load LoadReport `json:"load"`
+	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
+	// worker's prefix-cache hit rate as the gateway saw it.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
 }
 
 // State is the worker's state now.
@@ -60,6 +66,9 @@ func (w *Worker) status() WorkerStatus {
 		InFlightTokens:    w.InFlightTokens(),
 		MaxConcurrency:    w.maxConc,
 		MaxTokensInFlight: w.maxTokens,
+		Load:              w.Load(),
+		PromptTokens:      w.promptTokens.Load(),
+		CachedTokens:      w.cachedTokens.Load(),
 	}
 }
 

@@ -96,6 +96,12 @@ func (l *Lease) Release(o Outcome) {
 		result = "failed"
 	}
 	p.metrics.outcomes.WithLabelValues(w.spec.ID, result).Inc()
+	if o.PromptTokens > 0 || o.CachedTokens > 0 {
+		w.promptTokens.Add(int64(o.PromptTokens))
+		w.cachedTokens.Add(int64(o.CachedTokens))
+		p.metrics.promptTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.PromptTokens))
+		p.metrics.cachedTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.CachedTokens))
+	}
 	switch w.breaker.done(o.Failed, l.probe) {
 	case breakerOpened:
 		p.metrics.breakerOpens.WithLabelValues(w.spec.ID).Inc()

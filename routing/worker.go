@@ -35,6 +35,11 @@ type Worker struct {
 	health         atomic.Int32 // a healthState
 	draining       atomic.Bool
 	breaker        breaker
+	load           loadSignal
+
+	// Cumulative usage the gateway saw on the worker's responses (Outcome).
+	promptTokens atomic.Int64
+	cachedTokens atomic.Int64
 
 	// checkPasses and checkFailures count consecutive check results; only the worker's own health
 	// goroutine touches them.
