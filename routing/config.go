@@ -20,6 +20,11 @@ const (
 	DefaultHealthPath         = "/health"
 	DefaultHealthyThreshold   = 2
 	DefaultUnhealthyThreshold = 2
+	DefaultScrapeInterval     = 2 * time.Second
+	DefaultScrapeTimeout      = time.Second
+	DefaultScrapePath         = "/metrics"
+	DefaultBreakerFailures    = 5
+	DefaultBreakerCooldown    = 10 * time.Second
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
@@ -63,6 +68,25 @@ type HealthConfig struct {
 	UnhealthyThreshold int           `yaml:"unhealthy_threshold"` // default 2
 }
 
+// ScrapeConfig sets how the pool reads each worker's own load from its Prometheus endpoint:
+// GET <worker url><Path> every Interval, with the metric names of vLLM, SGLang and llama.cpp's
+// server. A reading older than MaxAge counts as busy (see Worker.ReportedQueue).
+type ScrapeConfig struct {
+	Interval time.Duration `yaml:"interval"` // default 2s
+	Timeout  time.Duration `yaml:"timeout"`  // default 1s; at most Interval
+	Path     string        `yaml:"path"`     // default /metrics
+	MaxAge   time.Duration `yaml:"max_age"`  // default 3 x Interval; at least Interval
+}
+
+// BreakerConfig sets the circuit breaker every worker has. Failures consecutive failed requests
+// (Outcome.Failed) open the circuit: the worker takes no requests for Cooldown. Then one request
+// goes through as a half-open probe; its success closes the circuit, its failure opens it for
+// another Cooldown.
+type BreakerConfig struct {
+	Failures int           `yaml:"failures"` // default 5
+	Cooldown time.Duration `yaml:"cooldown"` // default 10s
+}
+
 // Config is the `routing:` section of the configuration file. The zero value plus SetDefaults is a
 // valid, empty pool.
 type Config struct {
@@ -74,6 +98,10 @@ type Config struct {
 	Models map[string]ModelConfig `yaml:"models"`
 	// Health sets the active health checks.
 	Health HealthConfig `yaml:"health"`
+	// Scrape sets the reading of the workers' own load signals.
+	Scrape ScrapeConfig `yaml:"scrape"`
+	// Breaker sets the per-worker circuit breaker.
+	Breaker BreakerConfig `yaml:"breaker"`
 	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
@@ -91,6 +119,25 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxTokensInFlight == 0 {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
+	}
+	sc := &c.Scrape
+	if sc.Interval == 0 {
+		sc.Interval = DefaultScrapeInterval
+	}
+	if sc.Timeout == 0 {
+		sc.Timeout = min(DefaultScrapeTimeout, sc.Interval)
+	}
+	if sc.Path == "" {
+		sc.Path = DefaultScrapePath
+	}
+	if sc.MaxAge == 0 {
+		sc.MaxAge = 3 * sc.Interval
+	}
+	if c.Breaker.Failures == 0 {
+		c.Breaker.Failures = DefaultBreakerFailures
+	}
+	if c.Breaker.Cooldown == 0 {
+		c.Breaker.Cooldown = DefaultBreakerCooldown
 	}
 	h := &c.Health
 	if h.Interval == 0 {
@@ -164,6 +211,25 @@ func (c Config) Validate() error {
 	}
 	if h.UnhealthyThreshold < 1 {
 		bad("health.unhealthy_threshold", "must be at least 1, got %d", h.UnhealthyThreshold)
+	}
+	sc := c.Scrape
+	if sc.Interval <= 0 {
+		bad("scrape.interval", "must be positive, got %s", sc.Interval)
+	}
+	if sc.Timeout <= 0 || sc.Timeout > sc.Interval {
+		bad("scrape.timeout", "must be positive and at most scrape.interval (%s), got %s", sc.Interval, sc.Timeout)
+	}
+	if len(sc.Path) == 0 || sc.Path[0] != '/' {
+		bad("scrape.path", "must start with '/', got %q", sc.Path)
+	}
+	if sc.MaxAge < sc.Interval {
+		bad("scrape.max_age", "must be at least scrape.interval (%s), got %s", sc.Interval, sc.MaxAge)
+	}
+	if c.Breaker.Failures < 1 {
+		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)
+	}
+	if c.Breaker.Cooldown <= 0 {
+		bad("breaker.cooldown", "must be positive, got %s", c.Breaker.Cooldown)
 	}
 	return errors.Join(errs...)
 }

@@ -7,19 +7,31 @@ import (
 	"time"
 )
 
-// startChecks starts the health goroutine of w if Run is running. p.mu must be held. The goroutine
-// belongs to the pool: it stops when Run's ctx ends or when w.stopChecks is called (on removal).
-func (p *Pool) startChecks(w *Worker) {
+// startWorker starts the background goroutines of w if Run is running. p.mu must be held. The
+// goroutines belong to the pool: they stop when Run's ctx ends or when w.stop is called (on
+// removal).
+func (p *Pool) startWorker(w *Worker) {
 	if p.runCtx == nil || p.stopped {
 		return
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
-	w.stopChecks = cancel
-	p.checks.Go(func() { p.watch(ctx, w) })
+	w.stop = cancel
+	p.running.Go(func() { p.healthLoop(ctx, w) })
+	p.running.Go(func() { p.scrapeLoop(ctx, w) })
 }
 
-// watch checks w at once and then every Health.Interval until ctx ends.
-func (p *Pool) watch(ctx context.Context, w *Worker) {
+// startPolicy starts the background work of pol if it has any and Run is running. p.mu must be
+// held.
+func (p *Pool) startPolicy(pol *policy) {
+	r, ok := pol.Policy.(policyRunner)
+	if !ok || p.runCtx == nil || p.stopped {
+		return
+	}
+	p.running.Go(func() { r.Run(p.runCtx) })
+}
+
+// healthLoop checks w at once and then every Health.Interval until ctx ends.
+func (p *Pool) healthLoop(ctx context.Context, w *Worker) {
 	t := time.NewTicker(p.cfg.Health.Interval)
 	defer t.Stop()
 	for {

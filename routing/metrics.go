@@ -9,6 +9,13 @@ type poolMetrics struct {
 	decisions *prometheus.CounterVec // model, policy, route ("none": no worker)
 	outcomes  *prometheus.CounterVec // worker, result
 	checks    *prometheus.CounterVec // worker, result
+	// breakerOpens counts circuit openings by worker.
+	breakerOpens *prometheus.CounterVec
+	scrapeErrors *prometheus.CounterVec // worker
+	// promptTokens and cachedTokens count the usage workers report, by worker and policy, so the
+	// prefix-cache hit rate each policy earns can be read off.
+	promptTokens *prometheus.CounterVec
+	cachedTokens *prometheus.CounterVec
 }
 
 func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
@@ -25,13 +32,39 @@ func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
 			Name: "usher_routing_health_checks_total",
 			Help: "Active health checks by worker and result (pass, fail).",
 		}, []string{"worker", "result"}),
+		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_circuit_opens_total",
+			Help: "Times a worker's circuit breaker opened (or re-opened after a failed probe).",
+		}, []string{"worker"}),
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_scrape_errors_total",
+			Help: "Failed reads of a worker's /metrics, by worker.",
+		}, []string{"worker"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_prompt_tokens_total",
+			Help: "Prompt tokens the workers reported, by worker and policy.",
+		}, []string{"worker", "policy"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_cached_tokens_total",
+			Help: "Prompt tokens the workers served from their prefix cache (usage.prompt_tokens_details.cached_tokens), by worker and policy.",
+		}, []string{"worker", "policy"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, workerCollector{p}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, workerCollector{p}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// forget drops the series of a removed worker.
+func (m *poolMetrics) forget(worker string) {
+	m.outcomes.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.checks.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.breakerOpens.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.scrapeErrors.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.promptTokens.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.cachedTokens.DeletePartialMatch(prometheus.Labels{"worker": worker})
 }
 
 func (m *poolMetrics) decided(model, policy string, route Route) {
@@ -47,6 +80,10 @@ var (
 		"1 when the health checks let the worker take requests, else 0.", []string{"worker"}, nil)
 	drainingDesc = prometheus.NewDesc("usher_routing_worker_draining",
 		"1 while the worker is draining, else 0.", []string{"worker"}, nil)
+	waitingDesc = prometheus.NewDesc("usher_routing_worker_reported_waiting",
+		"Requests queued inside the worker at its last scrape.", []string{"worker"}, nil)
+	kvUsageDesc = prometheus.NewDesc("usher_routing_worker_reported_kv_usage",
+		"Fraction of the worker's KV cache in use at its last scrape.", []string{"worker"}, nil)
 )
 
 // workerCollector reports the per-worker gauges from the workers' atomics at scrape time, so the
@@ -60,6 +97,8 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inFlightTokensDesc
 	ch <- healthyDesc
 	ch <- drainingDesc
+	ch <- waitingDesc
+	ch <- kvUsageDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -72,6 +111,10 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(inFlightTokensDesc, prometheus.GaugeValue, float64(w.InFlightTokens()), id)
 		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, boolGauge(w.Healthy()), id)
 		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, boolGauge(w.Draining()), id)
+		if load := w.Load(); !load.At.IsZero() {
+			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(load.Waiting), id)
+			ch <- prometheus.MustNewConstMetric(kvUsageDesc, prometheus.GaugeValue, load.KVUsage, id)
+		}
 	}
 }
 

@@ -33,6 +33,20 @@ type Policy interface {
 	Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
 }
 
+// workersObserver is implemented by policies that keep state per worker (rings, trees, ranges).
+// The pool calls WorkersChanged with the model's new worker snapshot (nil when the model lost its
+// last worker) after every membership change, under its write lock and before Pick can see the
+// new snapshot. Picks on the old snapshot may still run concurrently.
+type workersObserver interface {
+	WorkersChanged(workers []*Worker)
+}
+
+// policyRunner is implemented by policies with background work (eviction, periodic re-cuts).
+// Pool.Run runs it in a goroutine it owns; Run must return soon after ctx ends.
+type policyRunner interface {
+	Run(ctx context.Context)
+}
+
 // policyEnv is what the pool hands every policy it builds.
 type policyEnv struct {
 	model  string
@@ -78,11 +92,12 @@ func newPolicy(name string, env policyEnv) (Policy, error) {
 	return c(env)
 }
 
-// Eligible reports whether w may take r now: healthy, not draining, not in r.Exclude, below its
-// request cap, and with room for r.Tokens under its token cap (an idle worker takes a request of
-// any size). Every policy filters with it; it costs a few atomic loads plus a scan of r.Exclude.
+// Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
+// r.Exclude, below its request cap, and with room for r.Tokens under its token cap (an idle worker
+// takes a request of any size). Every policy filters with it; it costs a few atomic loads plus a
+// scan of r.Exclude (and a clock read while the worker's circuit is open).
 func (r *Request) Eligible(w *Worker) bool {
-	if !w.Healthy() || w.Draining() {
+	if !w.Healthy() || w.Draining() || !w.breaker.admits() {
 		return false
 	}
 	n := w.inFlight.Load()

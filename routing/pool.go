@@ -30,8 +30,9 @@ var (
 	ErrUnknownModel = errors.New("no worker serves this model")
 	// ErrNoWorker: workers serve the model but none may take the request now (HTTP 503).
 	ErrNoWorker = errors.New("no eligible worker")
-	// ErrUnknownWorker: Request.TargetWorker names no worker of the request's model (HTTP 400).
-	ErrUnknownWorker = errors.New("unknown target worker")
+	// ErrUnknownWorker: no worker of that ID (for Pick: none of the request's model has the ID in
+	// Request.TargetWorker, HTTP 400; for the lifecycle methods, HTTP 404).
+	ErrUnknownWorker = errors.New("unknown worker")
 )
 
 // Options are the dependencies of a Pool; every zero field has a working default.
@@ -77,6 +78,7 @@ type Lease struct {
 	pool     *Pool
 	policy   string
 	tokens   int64
+	probe    bool // the half-open probe of the worker's circuit breaker
 	released atomic.Bool
 }
 
@@ -87,12 +89,26 @@ func (l *Lease) Release(o Outcome) {
 	if !l.released.CompareAndSwap(false, true) {
 		return
 	}
-	l.Worker.release(l.tokens)
+	w, p := l.Worker, l.pool
+	w.release(l.tokens)
 	result := "ok"
 	if o.Failed {
 		result = "failed"
 	}
-	l.pool.metrics.outcomes.WithLabelValues(l.Worker.ID(), result).Inc()
+	p.metrics.outcomes.WithLabelValues(w.spec.ID, result).Inc()
+	if o.PromptTokens > 0 || o.CachedTokens > 0 {
+		w.promptTokens.Add(int64(o.PromptTokens))
+		w.cachedTokens.Add(int64(o.CachedTokens))
+		p.metrics.promptTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.PromptTokens))
+		p.metrics.cachedTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.CachedTokens))
+	}
+	switch w.breaker.done(o.Failed, l.probe) {
+	case breakerOpened:
+		p.metrics.breakerOpens.WithLabelValues(w.spec.ID).Inc()
+		p.logger.Warn("worker circuit open", "worker", w.spec.ID, "consecutive_failures", w.breaker.failures.Load(), "cooldown", p.cfg.Breaker.Cooldown)
+	case breakerClosed:
+		p.logger.Info("worker circuit closed", "worker", w.spec.ID)
+	}
 }
 
 // modelSet is one model's workers and policy. It is immutable: membership changes build a new one
@@ -126,7 +142,7 @@ type Pool struct {
 	policies map[string]*policy // by model; a model keeps its policy while it has no workers
 	runCtx   context.Context    // set by Run; nil before
 	stopped  bool               // Run's ctx ended: no goroutine starts any more
-	checks   sync.WaitGroup     // health goroutines started under runCtx
+	running  sync.WaitGroup     // goroutines started under runCtx (per worker and per policy)
 }
 
 type policy struct {
@@ -171,7 +187,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	p.metrics = m
 	for _, spec := range cfg.Workers {
-		w, err := newWorker(spec, cfg)
+		w, err := newWorker(spec, cfg, p.now)
 		if err != nil {
 			return nil, fmt.Errorf("worker %q: %w", spec.ID, err)
 		}
@@ -204,10 +220,12 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	}
 	pol := &policy{name: mc.Policy, Policy: impl}
 	p.policies[model] = pol
+	p.startPolicy(pol)
 	return pol, nil
 }
 
-// publish builds a new snapshot from p.workers. p.mu must be held (or p not yet shared).
+// publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
+// and then makes it visible to Pick. p.mu must be held (or p not yet shared).
 func (p *Pool) publish() error {
 	s := &snapshot{models: make(map[string]*modelSet)}
 	for _, w := range p.workers {
@@ -227,6 +245,15 @@ func (p *Pool) publish() error {
 		}
 	}
 	sort.Strings(s.names)
+	for model, pol := range p.policies {
+		if o, ok := pol.Policy.(workersObserver); ok {
+			var ws []*Worker
+			if ms := s.models[model]; ms != nil {
+				ws = ms.workers
+			}
+			o.WorkersChanged(ws)
+		}
+	}
 	p.snap.Store(s)
 	return nil
 }
@@ -268,11 +295,13 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		if w == nil {
 			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
 		}
-		if !r.Eligible(w) || !w.tryAcquire(tokens) {
-			p.metrics.decided(r.Model, ms.policyName, "none")
-			return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
+		if r.Eligible(w) {
+			if ok, probe := w.tryAcquire(tokens); ok {
+				return p.lease(r.Model, ms, w, RouteTarget, tokens, probe), nil
+			}
 		}
-		return p.lease(r.Model, ms, w, RouteTarget, tokens), nil
+		p.metrics.decided(r.Model, ms.policyName, "none")
+		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
 	}
 	for attempt := 1; ; attempt++ {
 		w, route := ms.policy.Pick(ctx, r, ms.workers)
@@ -280,8 +309,8 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
 		}
-		if w.tryAcquire(tokens) {
-			return p.lease(r.Model, ms, w, route, tokens), nil
+		if ok, probe := w.tryAcquire(tokens); ok {
+			return p.lease(r.Model, ms, w, route, tokens, probe), nil
 		}
 		if attempt == maxAcquireAttempts {
 			p.metrics.decided(r.Model, ms.policyName, "none")
@@ -293,13 +322,15 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	}
 }
 
-func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64) *Lease {
+func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
-	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens}
+	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens, probe: probe}
 }
 
-// Run runs the pool's background work, the active health checks, until ctx ends, and returns when
-// all of its goroutines have stopped. Call it once.
+// Run runs the pool's background work until ctx ends, and returns when all of its goroutines have
+// stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
+// has background work (see policyRunner), that work. Workers added later get theirs at once.
+// Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
 	if p.runCtx != nil {
@@ -308,7 +339,10 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 	p.runCtx = ctx
 	for _, w := range p.workers {
-		p.startChecks(w)
+		p.startWorker(w)
+	}
+	for _, pol := range p.policies {
+		p.startPolicy(pol)
 	}
 	p.mu.Unlock()
 
@@ -316,5 +350,5 @@ func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
-	p.checks.Wait()
+	p.running.Wait()
 }

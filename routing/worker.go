@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"sync/atomic"
+	"time"
 )
 
 // healthState is the verdict of the active health checks on one worker.
@@ -33,22 +34,29 @@ type Worker struct {
 	inFlightTokens atomic.Int64
 	health         atomic.Int32 // a healthState
 	draining       atomic.Bool
+	breaker        breaker
+	load           loadSignal
+
+	// Cumulative usage the gateway saw on the worker's responses (Outcome).
+	promptTokens atomic.Int64
+	cachedTokens atomic.Int64
 
 	// checkPasses and checkFailures count consecutive check results; only the worker's own health
 	// goroutine touches them.
 	checkPasses, checkFailures int
 
-	// stopChecks ends the worker's health goroutine; guarded by Pool.mu.
-	stopChecks context.CancelFunc
+	// stop ends the worker's background goroutines; guarded by Pool.mu.
+	stop context.CancelFunc
 }
 
-func newWorker(spec WorkerSpec, cfg Config) (*Worker, error) {
+func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, error) {
 	u, err := parseWorkerURL(spec.URL)
 	if err != nil {
 		return nil, err
 	}
 	spec.Models = slices.Clone(spec.Models)
 	w := &Worker{spec: spec, url: u, maxConc: int64(spec.MaxConcurrency), maxTokens: int64(spec.MaxTokensInFlight)}
+	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	if w.maxConc == 0 {
 		w.maxConc = int64(cfg.MaxConcurrency)
 	}
@@ -89,16 +97,28 @@ func (w *Worker) Healthy() bool { return healthState(w.health.Load()) != healthD
 // Draining reports whether the worker takes no new requests while its in-flight ones finish.
 func (w *Worker) Draining() bool { return w.draining.Load() }
 
-// tryAcquire counts one more request of tokens in flight unless the worker is at its request cap.
-func (w *Worker) tryAcquire(tokens int64) bool {
+// CircuitOpen reports whether the worker's circuit breaker refuses requests now (open, or
+// half-open with its probe in flight).
+func (w *Worker) CircuitOpen() bool { return !w.breaker.admits() }
+
+// tryAcquire counts one more request of tokens in flight unless the worker is at its request cap
+// or its circuit refuses it. probe says the request is the half-open probe of the circuit.
+func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
+	probe, ok = w.breaker.acquire()
+	if !ok {
+		return false, false
+	}
 	for {
 		n := w.inFlight.Load()
 		if n >= w.maxConc {
-			return false
+			if probe {
+				w.breaker.probing.Store(false)
+			}
+			return false, false
 		}
 		if w.inFlight.CompareAndSwap(n, n+1) {
 			w.inFlightTokens.Add(tokens)
-			return true
+			return true, probe
 		}
 	}
 }

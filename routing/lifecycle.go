@@ -1,0 +1,184 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// ErrWorkerExists: Add was given an ID the pool already has (HTTP 409). The other lifecycle
+// methods fail with ErrUnknownWorker for an ID the pool does not have (HTTP 404).
+var ErrWorkerExists = errors.New("worker already exists")
+
+// WorkerState is the one-word state of a worker, most significant first.
+type WorkerState string
+
+const (
+	StateDrained     WorkerState = "drained"      // draining and nothing in flight: safe to remove
+	StateDraining    WorkerState = "draining"     // no new requests; in-flight ones finish
+	StateUnhealthy   WorkerState = "unhealthy"    // failed its health checks; no new requests
+	StateCircuitOpen WorkerState = "circuit_open" // its circuit breaker refuses requests
+	StateHealthy     WorkerState = "healthy"      // takes requests
+)
+
+// WorkerStatus is a point-in-time view of one worker for the admin API and the console.
+type WorkerStatus struct {
+	ID                string      `json:"id"`
+	URL               string      `json:"url"`
+	Models            []string    `json:"models"`
+	PriorityHandoff   bool        `json:"priority_handoff"`
+	State             WorkerState `json:"state"`
+	InFlight          int64       `json:"in_flight"`
+	InFlightTokens    int64       `json:"in_flight_tokens"`
+	MaxConcurrency    int64       `json:"max_concurrency"`
+	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
+	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
+	Load LoadReport `json:"load"`
+	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
+	// worker's prefix-cache hit rate as the gateway saw it.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+// State is the worker's state now.
+func (w *Worker) State() WorkerState {
+	switch {
+	case w.Draining() && w.InFlight() == 0:
+		return StateDrained
+	case w.Draining():
+		return StateDraining
+	case !w.Healthy():
+		return StateUnhealthy
+	case !w.breaker.admits():
+		return StateCircuitOpen
+	}
+	return StateHealthy
+}
+
+func (w *Worker) status() WorkerStatus {
+	return WorkerStatus{
+		ID:                w.spec.ID,
+		URL:               w.spec.URL,
+		Models:            slices.Clone(w.spec.Models),
+		PriorityHandoff:   w.spec.PriorityHandoff,
+		State:             w.State(),
+		InFlight:          w.InFlight(),
+		InFlightTokens:    w.InFlightTokens(),
+		MaxConcurrency:    w.maxConc,
+		MaxTokensInFlight: w.maxTokens,
+		Load:              w.Load(),
+		PromptTokens:      w.promptTokens.Load(),
+		CachedTokens:      w.cachedTokens.Load(),
+	}
+}
+
+// Workers returns the status of every worker, in the order they were added.
+func (p *Pool) Workers() []WorkerStatus {
+	p.mu.Lock()
+	workers := p.workers
+	p.mu.Unlock()
+	out := make([]WorkerStatus, len(workers))
+	for i, w := range workers {
+		out[i] = w.status()
+	}
+	return out
+}
+
+// Worker returns the status of the worker id, or an error wrapping ErrUnknownWorker.
+func (p *Pool) Worker(id string) (WorkerStatus, error) {
+	w, err := p.find(id)
+	if err != nil {
+		return WorkerStatus{}, err
+	}
+	return w.status(), nil
+}
+
+// Add puts a new worker in the pool. It takes requests at once (like a worker of the config, it
+// counts as healthy until its first health check, which starts at once if Run is running). Errors
+// name the field ("worker.url: ...") or wrap ErrWorkerExists.
+func (p *Pool) Add(spec WorkerSpec) error {
+	if errs := validateWorker("worker", spec); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	w, err := newWorker(spec, p.cfg, p.now)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.indexOf(spec.ID) >= 0 {
+		return fmt.Errorf("worker %q: %w", spec.ID, ErrWorkerExists)
+	}
+	prev := p.workers
+	// A new slice: the metrics collector and Workers may still read the old one.
+	p.workers = append(slices.Clip(p.workers), w)
+	if err := p.publish(); err != nil {
+		p.workers = prev
+		return err
+	}
+	p.startWorker(w)
+	p.logger.Info("worker added", "worker", spec.ID, "url", spec.URL, "models", spec.Models)
+	return nil
+}
+
+// Remove takes the worker id out of the pool and stops its background work. Leases already on it
+// stay valid and are released as usual; drain it first to let them finish before it goes.
+func (p *Pool) Remove(id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.indexOf(id)
+	if i < 0 {
+		return fmt.Errorf("worker %q: %w", id, ErrUnknownWorker)
+	}
+	w := p.workers[i]
+	p.workers = slices.Delete(slices.Clone(p.workers), i, i+1)
+	if err := p.publish(); err != nil {
+		return err
+	}
+	if w.stop != nil {
+		w.stop()
+	}
+	p.metrics.forget(id)
+	p.logger.Info("worker removed", "worker", id)
+	return nil
+}
+
+// Drain stops new requests to the worker id; requests in flight finish. Its state reads
+// StateDrained once nothing is in flight. Sessions pinned to it move to another worker at their
+// next request. Draining a draining worker does nothing.
+func (p *Pool) Drain(id string) error {
+	w, err := p.find(id)
+	if err != nil {
+		return err
+	}
+	if !w.draining.Swap(true) {
+		p.logger.Info("worker draining", "worker", id, "in_flight", w.InFlight())
+	}
+	return nil
+}
+
+// Undrain lets the worker id take new requests again.
+func (p *Pool) Undrain(id string) error {
+	w, err := p.find(id)
+	if err != nil {
+		return err
+	}
+	if w.draining.Swap(false) {
+		p.logger.Info("worker undrained", "worker", id)
+	}
+	return nil
+}
+
+func (p *Pool) find(id string) (*Worker, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i := p.indexOf(id); i >= 0 {
+		return p.workers[i], nil
+	}
+	return nil, fmt.Errorf("worker %q: %w", id, ErrUnknownWorker)
+}
+
+// indexOf is the position of worker id in p.workers, or -1. p.mu must be held.
+func (p *Pool) indexOf(id string) int {
+	return slices.IndexFunc(p.workers, func(w *Worker) bool { return w.spec.ID == id })
+}

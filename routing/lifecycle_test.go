@@ -1,0 +1,210 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a settable clock for tests; safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func pickIDs(t *testing.T, p *Pool, model string, n int) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for range n {
+		l, err := p.Pick(context.Background(), &Request{Model: model})
+		if err != nil {
+			got[""]++
+			continue
+		}
+		got[l.Worker.ID()]++
+		l.Release(Outcome{})
+	}
+	return got
+}
+
+func TestAddAndRemove(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(1, "m")})
+	if err := p.Add(WorkerSpec{ID: "x", URL: "http://127.0.0.1:7", Models: []string{"m", "fresh"}}); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	if got := pickIDs(t, p, "m", 4); got["w0"] != 2 || got["x"] != 2 {
+		t.Errorf("picks after Add: got %v, want w0 and x twice each", got)
+	}
+	if !p.Serves("fresh") {
+		t.Errorf("Serves(fresh) after Add: got false, want true")
+	}
+	if err := p.Add(WorkerSpec{ID: "x", URL: "http://127.0.0.1:8", Models: []string{"m"}}); !errors.Is(err, ErrWorkerExists) {
+		t.Errorf("Add of a duplicate id: got %v, want ErrWorkerExists", err)
+	}
+	if err := p.Add(WorkerSpec{ID: "y", URL: "nope", Models: []string{"m"}}); err == nil || !strings.Contains(err.Error(), "worker.url:") {
+		t.Errorf("Add of a bad url: got %v, want an error naming worker.url", err)
+	}
+	l, err := p.Pick(context.Background(), &Request{Model: "fresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Remove("x"); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	l.Release(Outcome{}) // a lease on a removed worker still releases
+	if got := pickIDs(t, p, "m", 3); got["w0"] != 3 {
+		t.Errorf("picks after Remove: got %v, want only w0", got)
+	}
+	if p.Serves("fresh") {
+		t.Errorf("Serves(fresh) after its only worker left: got true, want false")
+	}
+	if _, err := p.Pick(context.Background(), &Request{Model: "fresh"}); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("Pick of a model without workers: got %v, want ErrUnknownModel", err)
+	}
+	if err := p.Remove("x"); !errors.Is(err, ErrUnknownWorker) {
+		t.Errorf("second Remove: got %v, want ErrUnknownWorker", err)
+	}
+	if got := len(p.Workers()); got != 1 {
+		t.Errorf("Workers after Remove: got %d, want 1", got)
+	}
+}
+
+func TestDrain(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(2, "m")})
+	l, err := p.Pick(context.Background(), &Request{Model: "m", TargetWorker: "w0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Drain("w0"); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	if got := pickIDs(t, p, "m", 4); got["w1"] != 4 {
+		t.Errorf("picks while w0 drains: got %v, want only w1", got)
+	}
+	if st, _ := p.Worker("w0"); st.State != StateDraining || st.InFlight != 1 {
+		t.Errorf("draining with one in flight: got %s with %d, want %s with 1", st.State, st.InFlight, StateDraining)
+	}
+	l.Release(Outcome{})
+	if st, _ := p.Worker("w0"); st.State != StateDrained {
+		t.Errorf("after the last release: got %s, want %s", st.State, StateDrained)
+	}
+	if err := p.Undrain("w0"); err != nil {
+		t.Fatalf("Undrain: %v", err)
+	}
+	if got := pickIDs(t, p, "m", 4); got["w0"] != 2 {
+		t.Errorf("picks after Undrain: got %v, want w0 twice", got)
+	}
+	for _, err := range []error{p.Drain("nope"), p.Undrain("nope")} {
+		if !errors.Is(err, ErrUnknownWorker) {
+			t.Errorf("unknown worker: got %v, want ErrUnknownWorker", err)
+		}
+	}
+}
+
+func TestCircuitBreaker(t *testing.T) {
+	clock := newFakeClock()
+	cfg := Config{Workers: testWorkers(1, "m"), Breaker: BreakerConfig{Failures: 3, Cooldown: 10 * time.Second}}
+	cfg.SetDefaults()
+	p, err := NewPool(cfg, Options{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := &Request{Model: "m"}
+	finish := func(failed bool) {
+		t.Helper()
+		l, err := p.Pick(ctx, r)
+		if err != nil {
+			t.Fatalf("Pick: got %v, want a lease", err)
+		}
+		l.Release(Outcome{Failed: failed})
+	}
+	state := func() WorkerState { st, _ := p.Worker("w0"); return st.State }
+
+	finish(true)
+	finish(true)
+	finish(false) // a success resets the count
+	finish(true)
+	finish(true)
+	if got := state(); got != StateHealthy {
+		t.Fatalf("after 2 consecutive failures of 3: got %s, want healthy", got)
+	}
+	finish(true)
+	if got := state(); got != StateCircuitOpen {
+		t.Fatalf("after 3 consecutive failures: got %s, want %s", got, StateCircuitOpen)
+	}
+	if _, err := p.Pick(ctx, r); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("open circuit: got %v, want ErrNoWorker", err)
+	}
+	clock.Advance(10 * time.Second)
+	probe, err := p.Pick(ctx, r)
+	if err != nil {
+		t.Fatalf("after the cool-down: got %v, want the half-open probe", err)
+	}
+	if _, err := p.Pick(ctx, r); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("second request while the probe is in flight: got %v, want ErrNoWorker", err)
+	}
+	probe.Release(Outcome{Failed: true})
+	if got := state(); got != StateCircuitOpen {
+		t.Fatalf("after a failed probe: got %s, want %s", got, StateCircuitOpen)
+	}
+	clock.Advance(9 * time.Second)
+	if _, err := p.Pick(ctx, r); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("within the new cool-down: got %v, want ErrNoWorker", err)
+	}
+	clock.Advance(time.Second)
+	finish(false)
+	if got := state(); got != StateHealthy {
+		t.Fatalf("after a successful probe: got %s, want healthy", got)
+	}
+	finish(false)
+}
+
+func TestRunWatchesAddedWorkers(t *testing.T) {
+	srv := newHealthServer(t)
+	srv.ok.Store(false)
+	p, _ := newTestPool(t, Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if err := p.Add(WorkerSpec{ID: "late", URL: srv.URL, Models: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if st, _ := p.Worker("late"); st.State == StateUnhealthy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("added worker never checked: want unhealthy within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p.Remove("late"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond) // let a check already under way finish
+	hits := srv.hits.Load()
+	time.Sleep(50 * time.Millisecond)
+	if got := srv.hits.Load(); got != hits {
+		t.Errorf("checks after Remove: got %d more, want 0", got-hits)
+	}
+}

@@ -1,0 +1,180 @@
+package routing
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// LoadReport is what a worker last said about its own load on /metrics.
+type LoadReport struct {
+	Running int64     `json:"running"`  // sequences being generated
+	Waiting int64     `json:"waiting"`  // requests queued inside the worker
+	KVUsage float64   `json:"kv_usage"` // fraction of the KV cache in use, 0 to 1
+	At      time.Time `json:"at"`       // when it was read; zero: never
+}
+
+// loadSignal holds the last LoadReport of a worker in atomics, so policies read it without a
+// lock. The fields may come from two different scrapes for a moment; policies only weigh them.
+type loadSignal struct {
+	running atomic.Int64
+	waiting atomic.Int64
+	kvUsage atomic.Uint64 // math.Float64bits
+	at      atomic.Int64  // unix nanoseconds; 0: no reading yet
+}
+
+func (s *loadSignal) store(r LoadReport) {
+	s.running.Store(r.Running)
+	s.waiting.Store(r.Waiting)
+	s.kvUsage.Store(math.Float64bits(r.KVUsage))
+	s.at.Store(r.At.UnixNano())
+}
+
+// Load is the worker's last LoadReport; At is zero while it has never answered a scrape.
+func (w *Worker) Load() LoadReport {
+	s := &w.load
+	r := LoadReport{Running: s.running.Load(), Waiting: s.waiting.Load(), KVUsage: math.Float64frombits(s.kvUsage.Load())}
+	if at := s.at.Load(); at != 0 {
+		r.At = time.Unix(0, at)
+	}
+	return r
+}
+
+// ReportedQueue is the queue the worker reported at its last scrape, as of now: a reading older
+// than maxAge counts as busy (MaxConcurrency waiting), since a worker too loaded to answer its
+// scrape is likely too loaded to take work. A worker that has never answered a scrape reports 0
+// and is judged by the gateway's own counts alone. Costs three atomic loads.
+func (w *Worker) ReportedQueue(now time.Time, maxAge time.Duration) int64 {
+	at := w.load.at.Load()
+	if at == 0 {
+		return 0
+	}
+	if now.UnixNano()-at > int64(maxAge) {
+		return w.maxConc
+	}
+	return w.load.waiting.Load()
+}
+
+// Metric names the workers' engines use for their load, by engine.
+var (
+	runningMetrics = map[string]bool{"vllm:num_requests_running": true, "sglang:num_running_reqs": true, "llamacpp:requests_processing": true}
+	waitingMetrics = map[string]bool{"vllm:num_requests_waiting": true, "sglang:num_queue_reqs": true, "llamacpp:requests_deferred": true}
+	kvUsageMetrics = map[string]bool{"vllm:kv_cache_usage_perc": true, "vllm:gpu_cache_usage_perc": true, "sglang:token_usage": true, "llamacpp:kv_cache_usage_ratio": true}
+)
+
+// maxReportedCount caps one series' request count, so absurd values cannot overflow the sums.
+const maxReportedCount = 1 << 31
+
+// maxMetricsBytes bounds how much of a /metrics answer is read.
+const maxMetricsBytes = 4 << 20
+
+// parseLoad reads the Prometheus text exposition format and sums the running and waiting requests
+// over all series (an engine reports one per model or rank) and takes the highest KV cache usage.
+// Lines it does not know are skipped; found says whether any load metric was present.
+func parseLoad(r io.Reader) (rep LoadReport, found bool, err error) {
+	sc := bufio.NewScanner(io.LimitReader(r, maxMetricsBytes))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, value, ok := parseSample(sc.Text())
+		if !ok {
+			continue
+		}
+		switch {
+		case runningMetrics[name]:
+			rep.Running += int64(min(value, maxReportedCount))
+		case waitingMetrics[name]:
+			rep.Waiting += int64(min(value, maxReportedCount))
+		case kvUsageMetrics[name]:
+			rep.KVUsage = max(rep.KVUsage, min(value, 1))
+		default:
+			continue
+		}
+		found = true
+	}
+	return rep, found, sc.Err()
+}
+
+// parseSample splits one exposition line `name{labels} value [timestamp]` into its name and
+// value; comments, blank lines and malformed or non-finite samples give ok false.
+func parseSample(line string) (name string, value float64, ok bool) {
+	line = strings.TrimSpace(line)
+	if line == "" || line[0] == '#' {
+		return "", 0, false
+	}
+	var rest string
+	if i := strings.IndexByte(line, '{'); i >= 0 {
+		j := strings.LastIndexByte(line, '}')
+		if j < i {
+			return "", 0, false
+		}
+		name, rest = line[:i], line[j+1:]
+	} else {
+		i := strings.IndexAny(line, " \t")
+		if i < 0 {
+			return "", 0, false
+		}
+		name, rest = line[:i], line[i:]
+	}
+	fields := strings.Fields(rest)
+	if name == "" || len(fields) == 0 || len(fields) > 2 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return "", 0, false
+	}
+	return name, v, true
+}
+
+// scrapeLoop reads w's /metrics at once and then every Scrape.Interval until ctx ends.
+func (p *Pool) scrapeLoop(ctx context.Context, w *Worker) {
+	t := time.NewTicker(p.cfg.Scrape.Interval)
+	defer t.Stop()
+	for {
+		if err := p.scrape(ctx, w); err != nil && ctx.Err() == nil {
+			p.metrics.scrapeErrors.WithLabelValues(w.spec.ID).Inc()
+			p.logger.Debug("scrape failed", "worker", w.spec.ID, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scrape reads w's /metrics once and stores the load it reports.
+func (p *Pool) scrape(ctx context.Context, w *Worker) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Scrape.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url.JoinPath(p.cfg.Scrape.Path).String(), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	rep, found, err := parseLoad(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read metrics: %w", err)
+	}
+	if !found {
+		return fmt.Errorf("no known load metric in %s", p.cfg.Scrape.Path)
+	}
+	rep.At = p.now()
+	w.load.store(rep)
+	return nil
+}
