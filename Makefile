@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests use this DSN; .ci/run sets it, set it yourself to point at another server.
 export USHER_TEST_POSTGRES_DSN ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
-.PHONY: build run test test-deps lint bench bench-hop clean
+.PHONY: build run test test-deps lint bench bench-hop bench-policies clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/usher
@@ -32,6 +32,11 @@ bench:
 # The gateway hop against nginx on loopback (installs nginx and wrk when root); see the script.
 bench-hop:
 	./test/hopbench/run.sh
+
+# Routing policies side by side on four simulated workers, shared-prefix and Mooncake (about 13
+# minutes; POLICIES, WORKLOADS and the scales are environment variables, see the script).
+bench-policies:
+	./test/policybench/run.sh
 
 clean:
 	rm -rf bin artifacts
