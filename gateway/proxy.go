@@ -305,7 +305,10 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 			if _, werr := w.Write(line); werr != nil {
 				return out, errClientGone
 			}
-			if len(bytes.TrimSpace(line)) == 0 {
+			// An event ends with a blank line. It is flushed at once unless the next bytes
+			// from the worker are already here: then they go out in the same write, without
+			// waiting for anything, as a buffering-off proxy does.
+			if len(bytes.TrimSpace(line)) == 0 && lines.r.Buffered() == 0 {
 				w.Flush()
 				if first {
 					first = false

@@ -41,7 +41,7 @@ type fakeWorker struct {
 	lastBody map[string]any
 }
 
-func newFakeWorker(t *testing.T, mutate func(*fakeWorker)) *fakeWorker {
+func newFakeWorker(t testing.TB, mutate func(*fakeWorker)) *fakeWorker {
 	t.Helper()
 	w := &fakeWorker{chunks: 3}
 	if mutate != nil {
@@ -112,13 +112,13 @@ type testGateway struct {
 	srv *Server
 }
 
-func startGateway(t *testing.T, specs []routing.WorkerSpec, mutate func(*Config)) *testGateway {
+func startGateway(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config)) *testGateway {
 	t.Helper()
 	return startGatewayWith(t, specs, mutate, nil)
 }
 
 // startGatewayWith is startGateway with the dependencies open to change (deps runs last).
-func startGatewayWith(t *testing.T, specs []routing.WorkerSpec, mutate func(*Config), deps func(*Deps)) *testGateway {
+func startGatewayWith(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config), deps func(*Deps)) *testGateway {
 	t.Helper()
 	rcfg := routing.Config{Workers: specs, Policy: "round_robin"}
 	rcfg.SetDefaults()
