@@ -45,6 +45,9 @@ func toAPIError(err error) *apiError {
 	if errors.As(err, &he) {
 		return fromEchoError(he)
 	}
+	if qe, ok := queueError(err); ok {
+		return qe
+	}
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
 		return &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
@@ -52,6 +55,9 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, routing.ErrUnknownModel):
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
 			Code: "model_not_found", Param: "model", Message: err.Error()}
+	case errors.Is(err, errModelNotAllowed):
+		return &apiError{Status: http.StatusForbidden, Type: "permission_error",
+			Code: "model_not_allowed", Param: "model", Message: err.Error()}
 	case errors.Is(err, routing.ErrNoWorker):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
 			Code: "no_worker_available", Message: err.Error(), RetryAfter: time.Second}

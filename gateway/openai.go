@@ -193,6 +193,16 @@ func (r *inferenceRequest) forUpstream(body []byte) ([]byte, error) {
 	return json.Marshal(fields)
 }
 
+// withField returns the JSON object body with field set to the raw JSON value.
+func withField(body []byte, field, value string) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, err
+	}
+	fields[field] = json.RawMessage(value)
+	return json.Marshal(fields)
+}
+
 // usage is OpenAI's usage object, as workers report it.
 type usage struct {
 	PromptTokens        int `json:"prompt_tokens"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 )
 
@@ -26,6 +27,9 @@ const (
 
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
 var errClientGone = errors.New("client closed the request")
+
+// errModelNotAllowed: the tenant's tier does not include the model (403).
+var errModelNotAllowed = errors.New("your tier does not include this model")
 
 // statusClientClosed is what the metrics and the log record for a client that went away.
 const statusClientClosed = 499
@@ -67,6 +71,7 @@ type exchange struct {
 	worker   string
 	attempts int
 	usage    usage
+	class    queue.Class
 }
 
 func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error {
@@ -82,11 +87,31 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		return fmt.Errorf("the model %q does not exist: %w", req.Model, routing.ErrUnknownModel)
 	}
 	x.model = req.Model
+	tier := principalOf(c).TierSpec
+	if tier == nil {
+		tier = fallbackTier
+	}
+	if !tier.AllowsModel(req.Model) {
+		return fmt.Errorf("model %q: %w", req.Model, errModelNotAllowed)
+	}
 	upstream, err := req.forUpstream(body)
 	if err != nil {
 		return badRequest("", "request body cannot be forwarded: %v", err)
 	}
 	promptTokens := estimateTokens(req.prompt)
+	expected := s.cfg.DefaultMaxTokens
+	if tier.ExpectedOutputTokens > 0 {
+		expected = int(tier.ExpectedOutputTokens)
+	}
+	maxOut := req.maxOutputTokens(expected)
+	grant, err := s.admit(c, tier, req, promptTokens, maxOut)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		grant.Done(queue.Usage{PromptTokens: x.usage.PromptTokens, CompletionTokens: x.usage.CompletionTokens})
+	}()
+	x.class = grant.Class
 	h := c.Request().Header
 	rr := &routing.Request{
 		Model:        req.Model,
@@ -95,7 +120,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		RoutingKey:   h.Get(headerRoutingKey),
 		Prompt:       req.prompt,
 		PromptTokens: promptTokens,
-		Tokens:       promptTokens + req.maxOutputTokens(s.cfg.DefaultMaxTokens),
+		Tokens:       promptTokens + maxOut,
 	}
 	return s.forward(c, ep, req, rr, upstream, x)
 }
@@ -144,7 +169,7 @@ func (s *Server) forward(c echo.Context, ep endpoint, req *inferenceRequest, rr 
 		}
 		w := lease.Worker
 		x.worker = w.ID()
-		resp, err := s.send(ctx, w, ep, body, c.Request().Header)
+		resp, err := s.send(ctx, w, ep, s.bodyFor(w, body, x.class), c.Request().Header)
 		if err == nil && resp.StatusCode >= 500 {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			resp.Body.Close()
@@ -168,6 +193,20 @@ func (s *Server) forward(c echo.Context, ep endpoint, req *inferenceRequest, rr 
 	}
 	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
 		Message: fmt.Sprintf("no worker could serve the request after %d attempts: %v", x.attempts, lastErr)}
+}
+
+// bodyFor returns the body for worker w: for a worker that schedules by priority (vLLM's
+// `priority` field, lower first), the request's class is handed down, replacing any priority
+// the client set, so a client cannot raise its own.
+func (s *Server) bodyFor(w *routing.Worker, body []byte, class queue.Class) []byte {
+	if !w.PriorityHandoff() {
+		return body
+	}
+	out, err := withField(body, "priority", strconv.Itoa(int(class)))
+	if err != nil {
+		return body
+	}
+	return out
 }
 
 // send makes one attempt at worker w. The request carries the client's context, so a client
@@ -266,7 +305,10 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 			if _, werr := w.Write(line); werr != nil {
 				return out, errClientGone
 			}
-			if len(bytes.TrimSpace(line)) == 0 {
+			// An event ends with a blank line. It is flushed at once unless the next bytes
+			// from the worker are already here: then they go out in the same write, without
+			// waiting for anything, as a buffering-off proxy does.
+			if len(bytes.TrimSpace(line)) == 0 && lines.r.Buffered() == 0 {
 				w.Flush()
 				if first {
 					first = false

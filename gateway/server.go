@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -31,21 +33,25 @@ type Deps struct {
 	// Transport carries requests to workers. Default: a keep-alive transport sized for many
 	// concurrent streams, with Config's timeouts.
 	Transport http.RoundTripper
-	// Now is the clock for latencies. Default time.Now.
+	// Queue configures the per-model admission queues; the zero value takes the queue's
+	// defaults.
+	Queue queue.Config
+	// Now is the clock for latencies and deadlines. Default time.Now.
 	Now func() time.Time
 }
 
 // Server is usher's HTTP surface. It is safe for concurrent use; its zero value is not usable,
 // build it with New.
 type Server struct {
-	cfg     Config
-	pool    *routing.Pool
-	auth    tenants.Authenticator
-	client  *http.Client
-	log     *slog.Logger
-	now     func() time.Time
-	metrics *metrics
-	echo    *echo.Echo
+	cfg       Config
+	pool      *routing.Pool
+	auth      tenants.Authenticator
+	client    *http.Client
+	log       *slog.Logger
+	now       func() time.Time
+	metrics   *metrics
+	admission *admission
+	echo      *echo.Echo
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -75,14 +81,19 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	adm, err := newAdmission(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		cfg:     cfg,
-		pool:    d.Pool,
-		auth:    d.Auth,
-		client:  &http.Client{Transport: d.Transport},
-		log:     d.Logger,
-		now:     d.Now,
-		metrics: m,
+		admission: adm,
+		cfg:       cfg,
+		pool:      d.Pool,
+		auth:      d.Auth,
+		client:    &http.Client{Transport: d.Transport},
+		log:       d.Logger,
+		now:       d.Now,
+		metrics:   m,
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -104,9 +115,20 @@ func New(cfg Config, d Deps) (*Server, error) {
 // ServeHTTP serves every route of usher.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
 
+// Run keeps the admission queues' capacity in step with the workers' health until ctx ends.
+// Requests are served without it, but capacity then stays as it was at New.
+func (s *Server) Run(ctx context.Context) { s.admission.run(ctx, capacityRefresh) }
+
+// capacityRefresh is how often queue capacities follow the workers' health and drain state.
+const capacityRefresh = 100 * time.Millisecond
+
 // BeginShutdown marks the server as stopping: /readyz answers 503 so load balancers stop
-// sending new requests, while requests already accepted carry on.
-func (s *Server) BeginShutdown() { s.stopping.Store(true) }
+// sending new requests, queued requests leave with 503 and a Retry-After, and requests already
+// sent to a worker carry on.
+func (s *Server) BeginShutdown() {
+	s.stopping.Store(true)
+	s.admission.close()
+}
 
 func (s *Server) readyz(c echo.Context) error {
 	switch {

@@ -32,12 +32,16 @@ type fakeWorker struct {
 	status     int // answer this status for every inference request when non-zero
 	breakAfter int // close the stream after this many chunks when non-zero
 	chunks     int
+	// hold, when set, keeps every inference request waiting until it is closed (or the
+	// client goes away); started counts requests that reached the wait.
+	hold    chan struct{}
+	started atomic.Int64
 
 	mu       sync.Mutex // guards lastBody
 	lastBody map[string]any
 }
 
-func newFakeWorker(t *testing.T, mutate func(*fakeWorker)) *fakeWorker {
+func newFakeWorker(t testing.TB, mutate func(*fakeWorker)) *fakeWorker {
 	t.Helper()
 	w := &fakeWorker{chunks: 3}
 	if mutate != nil {
@@ -49,7 +53,7 @@ func newFakeWorker(t *testing.T, mutate func(*fakeWorker)) *fakeWorker {
 }
 
 func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/health" {
+	if r.Method != http.MethodPost { // health checks and metric scrapes
 		rw.WriteHeader(http.StatusOK)
 		return
 	}
@@ -59,6 +63,14 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	w.mu.Lock()
 	w.lastBody = body
 	w.mu.Unlock()
+	if w.hold != nil {
+		w.started.Add(1)
+		select {
+		case <-w.hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	if w.status != 0 {
 		http.Error(rw, `{"error":{"message":"injected"}}`, w.status)
 		return
@@ -97,9 +109,16 @@ func (w *fakeWorker) spec(id string) routing.WorkerSpec {
 type testGateway struct {
 	url string
 	reg *prometheus.Registry
+	srv *Server
 }
 
-func startGateway(t *testing.T, specs []routing.WorkerSpec, mutate func(*Config)) *testGateway {
+func startGateway(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config)) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, specs, mutate, nil)
+}
+
+// startGatewayWith is startGateway with the dependencies open to change (deps runs last).
+func startGatewayWith(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config), deps func(*Deps)) *testGateway {
 	t.Helper()
 	rcfg := routing.Config{Workers: specs, Policy: "round_robin"}
 	rcfg.SetDefaults()
@@ -125,13 +144,17 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, mutate func(*Config)
 		mutate(&cfg)
 	}
 	cfg.SetDefaults()
-	gw, err := New(cfg, Deps{Pool: pool, Auth: auth, Registerer: reg, Gatherer: reg})
+	d := Deps{Pool: pool, Auth: auth, Registerer: reg, Gatherer: reg}
+	if deps != nil {
+		deps(&d)
+	}
+	gw, err := New(cfg, d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return &testGateway{url: srv.URL, reg: reg}
+	return &testGateway{url: srv.URL, reg: reg, srv: gw}
 }
 
 func (g *testGateway) post(t *testing.T, path, key, body string, hdr map[string]string) *http.Response {

@@ -16,7 +16,7 @@ import (
 	"io/fs"
 )
 
-// postgresDSNEnv names the PostgreSQL the tests use; the Makefile and .ci/run set it.
+// postgresDSNEnv names the PostgreSQL the tests use; .ci/run sets it, and CI fails without it.
 const postgresDSNEnv = "USHER_TEST_POSTGRES_DSN"
 
 // openSQLite returns a migrated store in a fresh SQLite file.
@@ -39,7 +39,11 @@ func openPostgres(t testing.TB) *Store {
 	t.Helper()
 	dsn := os.Getenv(postgresDSNEnv)
 	if dsn == "" {
-		t.Fatalf("%s is not set; set it to a PostgreSQL DSN, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable", postgresDSNEnv)
+		const hint = "%s is not set; set it to a PostgreSQL DSN, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+		if os.Getenv("CI") == "true" {
+			t.Fatalf(hint, postgresDSNEnv)
+		}
+		t.Skipf(hint+" (skipped outside CI; .ci/run sets it)", postgresDSNEnv)
 	}
 	admin, err := sql.Open("pgx", dsn)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/usherllm/usher/gateway"
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -21,6 +22,7 @@ import (
 type Config struct {
 	Server  gateway.Config `yaml:"server"`
 	Routing routing.Config `yaml:"routing"`
+	Queue   queue.Config   `yaml:"queue"`
 	// The tenant sections (tenants, tiers, ...) sit at the top level of the file.
 	Tenants tenants.Config `yaml:",inline"`
 	Log     LogConfig      `yaml:"log"`
@@ -49,7 +51,7 @@ func (c *Config) SetDefaults() {
 
 // Validate reports every problem of every section, each naming its field.
 func (c Config) Validate() error {
-	errs := []error{c.Server.Validate(), c.Routing.Validate(), c.Tenants.Validate()}
+	errs := []error{c.Server.Validate(), c.Routing.Validate(), c.Queue.Validate(), c.Tenants.Validate()}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
 		errs = append(errs, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level))

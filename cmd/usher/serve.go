@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,10 +50,10 @@ func runServe(args []string) int {
 }
 
 // serve runs the gateway described by cfg until ctx ends, then shuts down in order:
-//  1. /readyz turns 503 (BeginShutdown), so load balancers stop sending;
+//  1. /readyz turns 503 and queued requests leave with 503 and Retry-After (BeginShutdown);
 //  2. the listener closes and in-flight requests run to completion, up to server.shutdown_grace,
 //     after which the remaining connections are closed;
-//  3. the worker pool's health checks stop.
+//  3. the worker pool's health checks and the gateway's capacity refresh stop.
 //
 // ready is called with the listening address once requests are accepted.
 func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.Addr)) error {
@@ -68,7 +69,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 		return fmt.Errorf("tenants: %w", err)
 	}
 	gw, err := gateway.New(cfg.Server, gateway.Deps{
-		Pool: pool, Auth: auth, Logger: logger, Registerer: reg, Gatherer: reg,
+		Pool: pool, Auth: auth, Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 	})
 	if err != nil {
 		return err
@@ -85,15 +86,13 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
-	poolCtx, stopPool := context.WithCancel(context.Background())
-	poolDone := make(chan struct{})
-	go func() {
-		defer close(poolDone)
-		pool.Run(poolCtx)
-	}()
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	var background sync.WaitGroup
+	background.Go(func() { pool.Run(bgCtx) })
+	background.Go(func() { gw.Run(bgCtx) })
 	defer func() {
-		stopPool()
-		<-poolDone
+		stopBackground()
+		background.Wait()
 	}()
 
 	serveErr := make(chan error, 1)

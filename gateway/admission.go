@@ -1,0 +1,261 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// Headers of admission.
+const (
+	headerPriority   = "X-Usher-Priority"    // a class the client asks for: interactive, standard, batch
+	headerDeadlineMs = "X-Usher-Deadline-Ms" // the client's time budget in milliseconds
+	headerClass      = "X-Usher-Class"       // the class the request was served in
+	headerQueueMs    = "X-Usher-Queue-Ms"    // the time the request waited in usher's queue
+)
+
+// maxDeadline bounds X-Usher-Deadline-Ms.
+const maxDeadline = 24 * time.Hour
+
+// fallbackTier applies to principals without a tier (an authenticator that resolves none).
+var fallbackTier = &tenants.Tier{
+	Name: "fallback", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+	Weight: 1, Models: []string{"*"},
+}
+
+// admission holds one queue per model and keeps each queue's capacity equal to what the
+// model's healthy workers can hold in flight. Safe for concurrent use.
+type admission struct {
+	cfg  queue.Config
+	opts queue.Options
+	pool *routing.Pool
+
+	mu     sync.Mutex                // guards queues, caps and closed
+	queues map[string]*queue.Queue   // by model
+	caps   map[string]queue.Capacity // by model, as last set
+	closed bool
+}
+
+func newAdmission(cfg queue.Config, opts queue.Options, pool *routing.Pool) (*admission, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &admission{cfg: cfg, opts: opts, pool: pool,
+		queues: map[string]*queue.Queue{}, caps: map[string]queue.Capacity{}}
+	a.refresh()
+	return a, nil
+}
+
+// queueFor returns the model's queue, creating it on first use.
+func (a *admission) queueFor(model string) (*queue.Queue, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, &queue.Rejection{Reason: queue.Shutdown, RetryAfter: time.Second}
+	}
+	if q, ok := a.queues[model]; ok {
+		return q, nil
+	}
+	opts := a.opts
+	opts.Model = model
+	q, err := queue.New(a.cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	a.caps[model] = capacityOf(a.pool.Workers(), model)
+	q.SetCapacity(a.caps[model])
+	a.queues[model] = q
+	return q, nil
+}
+
+// hasCapacity reports whether the model had a healthy worker at the last refresh.
+func (a *admission) hasCapacity(model string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.caps[model]
+	return !ok || c.Requests > 0
+}
+
+// refresh sets every queue's capacity from the pool's workers now. Cost: one copy of the
+// workers' status and one pass per model.
+func (a *admission) refresh() {
+	workers := a.pool.Workers()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, model := range a.pool.Models() {
+		if _, ok := a.queues[model]; ok || a.closed {
+			continue
+		}
+		opts := a.opts
+		opts.Model = model
+		if q, err := queue.New(a.cfg, opts); err == nil {
+			a.queues[model] = q
+			a.caps[model] = queue.Capacity{Requests: -1} // set below
+		}
+	}
+	for model, q := range a.queues {
+		c := capacityOf(workers, model)
+		if c != a.caps[model] {
+			a.caps[model] = c
+			q.SetCapacity(c)
+		}
+	}
+}
+
+// run refreshes capacities every interval until ctx ends.
+func (a *admission) run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.refresh()
+		}
+	}
+}
+
+// close ends every queue: queued requests leave with a Shutdown rejection (503).
+func (a *admission) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	for _, q := range a.queues {
+		q.Close()
+	}
+}
+
+// capacityOf sums the concurrency and token budgets of model's healthy workers.
+func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
+	var c queue.Capacity
+	for _, w := range workers {
+		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
+			c.Requests += int(w.MaxConcurrency)
+			c.Tokens += int(w.MaxTokensInFlight)
+		}
+	}
+	return c
+}
+
+// ticketRequest is what admission decides for one request.
+type ticketRequest struct {
+	class    string
+	deadline time.Time
+}
+
+// admit queues the request and waits until it may be sent now. The caller must call
+// Grant.Done exactly once when the request has ended.
+func (s *Server) admit(c echo.Context, tier *tenants.Tier, req *inferenceRequest, promptTokens, maxOut int) (*queue.Grant, error) {
+	h := c.Request().Header
+	tr, err := s.classAndDeadline(tier, h, req.ServiceTier)
+	if err != nil {
+		return nil, err
+	}
+	if !s.admission.hasCapacity(req.Model) {
+		return nil, fmt.Errorf("model %q: %w", req.Model, routing.ErrNoWorker)
+	}
+	q, err := s.admission.queueFor(req.Model)
+	if err != nil {
+		return nil, err
+	}
+	class, _ := queue.ParseClass(tr.class)
+	ticket, err := q.Enqueue(queue.Request{
+		Tenant:       principalOf(c).TenantID,
+		Class:        class,
+		Weight:       tier.Weight,
+		PromptTokens: promptTokens,
+		MaxTokens:    maxOut,
+		Deadline:     tr.deadline,
+	})
+	if err != nil {
+		return nil, err
+	}
+	grant, err := ticket.Wait(c.Request().Context())
+	if err != nil {
+		if c.Request().Context().Err() != nil {
+			return nil, errClientGone
+		}
+		return nil, err
+	}
+	rh := c.Response().Header()
+	rh.Set(headerClass, grant.Class.String())
+	rh.Set(headerQueueMs, strconv.FormatInt(grant.Waited.Milliseconds(), 10))
+	return grant, nil
+}
+
+// classAndDeadline resolves the request's class (the tier's default, lowered but never raised
+// by X-Usher-Priority or OpenAI's service_tier) and its deadline (X-Usher-Deadline-Ms, else the
+// tier's default for the class).
+func (s *Server) classAndDeadline(tier *tenants.Tier, h http.Header, serviceTier string) (ticketRequest, error) {
+	requested := ""
+	switch serviceTier {
+	case "flex":
+		requested = tenants.ClassBatch
+	case "priority":
+		requested = tenants.ClassInteractive
+	case "", "auto", "default":
+	default:
+		return ticketRequest{}, badRequest("service_tier", "'service_tier' must be one of auto, default, flex, priority")
+	}
+	if p := h.Get(headerPriority); p != "" {
+		if _, err := queue.ParseClass(p); err != nil {
+			return ticketRequest{}, badRequest("", "%s must be one of interactive, standard, batch", headerPriority)
+		}
+		requested = p
+	}
+	tr := ticketRequest{class: tier.Class(requested)}
+	budget := tier.Deadline(tr.class)
+	if v := h.Get(headerDeadlineMs); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > maxDeadline {
+			return ticketRequest{}, badRequest("", "%s must be a positive number of milliseconds up to %d", headerDeadlineMs, maxDeadline.Milliseconds())
+		}
+		budget = time.Duration(ms) * time.Millisecond
+	}
+	if budget > 0 {
+		tr.deadline = s.now().Add(budget)
+	}
+	return tr, nil
+}
+
+// queueError maps the queue's refusals; it is part of toAPIError.
+func queueError(err error) (*apiError, bool) {
+	var rej *queue.Rejection
+	retry := time.Duration(0)
+	if errors.As(err, &rej) {
+		retry = rej.RetryAfter
+	}
+	switch {
+	case errors.Is(err, queue.ErrQueueFull):
+		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
+			Message: "the queue for this tenant or class is full; retry later", RetryAfter: retry}, true
+	case errors.Is(err, queue.ErrDeadlineUnreachable):
+		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "deadline_unreachable",
+			Message: "the request cannot be served within its deadline given the work queued ahead", RetryAfter: retry}, true
+	case errors.Is(err, queue.ErrDeadlineExceeded):
+		return &apiError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "deadline_exceeded",
+			Message: "the request's deadline passed while it waited in the queue"}, true
+	case errors.Is(err, queue.ErrTooLarge):
+		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "request_too_large",
+			Message: "the request needs more tokens in flight than the model's workers can hold"}, true
+	case errors.Is(err, queue.ErrShutdown):
+		if retry == 0 {
+			retry = time.Second
+		}
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
+			Message: "the gateway is shutting down; retry", RetryAfter: retry}, true
+	}
+	return nil, false
+}

@@ -1,0 +1,263 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+func TestClassSelectionHeaders(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	tests := []struct {
+		name      string
+		body      string
+		hdr       map[string]string
+		wantClass string
+	}{
+		{"tier default", chatBody, nil, "standard"},
+		{"lowered by header", chatBody, map[string]string{headerPriority: "batch"}, "batch"},
+		{"raised within the tier", chatBody, map[string]string{headerPriority: "interactive"}, "interactive"},
+		{"service_tier flex", `{"model":"m1","service_tier":"flex","messages":[{"role":"user","content":"x"}]}`, nil, "batch"},
+		{"service_tier priority", `{"model":"m1","service_tier":"priority","messages":[{"role":"user","content":"x"}]}`, nil, "interactive"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := g.post(t, "/v1/chat/completions", testKey, tt.body, tt.hdr)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if got := resp.Header.Get(headerClass); got != tt.wantClass {
+				t.Fatalf("%s: got %q, want %q", headerClass, got, tt.wantClass)
+			}
+			if got := resp.Header.Get(headerQueueMs); got != "0" {
+				t.Fatalf("%s: got %q, want 0 on an idle gateway", headerQueueMs, got)
+			}
+		})
+	}
+}
+
+// tierAuth is an Authenticator that gives every credential one tenant of one tier.
+type tierAuth struct{ tier *tenants.Tier }
+
+func (a tierAuth) Authenticate(_ context.Context, _ string) (tenants.Principal, error) {
+	return tenants.Principal{TenantID: "t1", Tier: a.tier.Name, TierSpec: a.tier}, nil
+}
+
+func TestTierCapsTheClassAndTheModels(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	batchOnly := &tenants.Tier{Name: "bulk", HighestClass: tenants.ClassBatch, DefaultClass: tenants.ClassBatch,
+		Weight: 1, Models: []string{"m1"}}
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1"), {ID: "w2", URL: w.srv.URL, Models: []string{"m2"}}}, nil,
+		func(d *Deps) { d.Auth = tierAuth{batchOnly} })
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	if got := resp.Header.Get(headerClass); resp.StatusCode != http.StatusOK || got != "batch" {
+		t.Fatalf("got %d class %q, want 200 in batch: a tier's highest class is never exceeded", resp.StatusCode, got)
+	}
+	resp = g.post(t, "/v1/chat/completions", testKey, `{"model":"m2","messages":[{"role":"user","content":"x"}]}`, nil)
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("model outside the tier: got %d, want 403", resp.StatusCode)
+	}
+}
+
+func TestBadAdmissionHeaders(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	for name, hdr := range map[string]map[string]string{
+		"unknown class":     {headerPriority: "urgent"},
+		"deadline not int":  {headerDeadlineMs: "soon"},
+		"deadline zero":     {headerDeadlineMs: "0"},
+		"deadline too long": {headerDeadlineMs: "999999999999"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("got %d, want 400", resp.StatusCode)
+			}
+		})
+	}
+	if resp := g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","service_tier":"gold","messages":[{"role":"user","content":"x"}]}`, nil); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("unknown service_tier: got %d, want 400", resp.StatusCode)
+	}
+}
+
+// startHeldGateway is one worker of concurrency one whose requests wait until released.
+func startHeldGateway(t *testing.T, qcfg queue.Config) (*testGateway, *fakeWorker) {
+	t.Helper()
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = make(chan struct{}) })
+	spec := w.spec("w1")
+	spec.MaxConcurrency = 1
+	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Queue = qcfg })
+	t.Cleanup(func() {
+		select {
+		case <-w.hold:
+		default:
+			close(w.hold)
+		}
+	})
+	return g, w
+}
+
+// occupy sends a request that takes the held worker's only slot, and waits until it is there.
+func occupy(t *testing.T, g *testGateway, w *fakeWorker) {
+	t.Helper()
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for w.started.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first request never reached the worker")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func decodeError(t *testing.T, resp *http.Response) errorObject {
+	t.Helper()
+	var e errorBody
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatalf("error body: %v", err)
+	}
+	return e.Error
+}
+
+func TestDeadlinePassedInTheQueueIs504(t *testing.T) {
+	g, w := startHeldGateway(t, queue.Config{})
+	occupy(t, g, w)
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerDeadlineMs: "150"})
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("got %d, want 504", resp.StatusCode)
+	}
+	if e := decodeError(t, resp); e.Code != "deadline_exceeded" {
+		t.Fatalf("code: got %q, want deadline_exceeded", e.Code)
+	}
+	if w.requests.Load() != 1 {
+		t.Fatalf("the worker got %d requests, want only the first", w.requests.Load())
+	}
+}
+
+func TestQueueFullIs429WithRetryAfter(t *testing.T) {
+	g, w := startHeldGateway(t, queue.Config{MaxQueuedPerTenant: 1})
+	occupy(t, g, w)
+	queued := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			queued <- 0
+			return
+		}
+		resp.Body.Close()
+		queued <- resp.StatusCode
+	}()
+	waitQueued(t, g, 1)
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("got %d with Retry-After %q, want 429 with one", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if e := decodeError(t, resp); e.Code != "queue_full" {
+		t.Fatalf("code: got %q, want queue_full", e.Code)
+	}
+	close(w.hold)
+	if got := <-queued; got != http.StatusOK {
+		t.Fatalf("the queued request: got %d, want 200 once capacity freed", got)
+	}
+}
+
+// waitQueued waits until the model's queue holds n requests.
+func waitQueued(t *testing.T, g *testGateway, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		q, err := g.srv.admission.queueFor(testModel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued := 0
+		for _, c := range q.Snapshot().Classes {
+			queued += c.Queued
+		}
+		if queued == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue never held %d requests", n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestShutdownAnswersQueuedRequestsWith503(t *testing.T) {
+	g, w := startHeldGateway(t, queue.Config{})
+	occupy(t, g, w)
+	type result struct {
+		status     int
+		retryAfter string
+	}
+	done := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- result{}
+			return
+		}
+		resp.Body.Close()
+		done <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
+	}()
+	waitQueued(t, g, 1)
+	g.srv.BeginShutdown()
+	select {
+	case r := <-done:
+		if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
+			t.Fatalf("got %d with Retry-After %q, want 503 with one", r.status, r.retryAfter)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued request was not answered at shutdown")
+	}
+	resp, err := http.Get(g.url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz while shutting down: got %d, want 503", resp.StatusCode)
+	}
+}
+
+func TestPriorityHandedDownOnlyToWorkersThatScheduleByIt(t *testing.T) {
+	plain := newFakeWorker(t, nil)
+	byPriority := newFakeWorker(t, nil)
+	spec := byPriority.spec("prio")
+	spec.PriorityHandoff = true
+	body := `{"model":"m1","priority":-100,"messages":[{"role":"user","content":"x"}]}`
+	for _, tc := range []struct {
+		w    *fakeWorker
+		spec routing.WorkerSpec
+		want any
+	}{
+		{plain, plain.spec("plain"), float64(-100)},
+		{byPriority, spec, float64(2)},
+	} {
+		g := startGateway(t, []routing.WorkerSpec{tc.spec}, nil)
+		if resp := g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: "batch"}); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", tc.spec.ID, resp.StatusCode)
+		}
+		if got := tc.w.body()["priority"]; got != tc.want {
+			t.Fatalf("%s: priority sent: got %v, want %v", tc.spec.ID, got, tc.want)
+		}
+	}
+}
