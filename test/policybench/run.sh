@@ -15,6 +15,7 @@
 #   test/policybench/run.sh                                   # every policy, both workloads
 #   POLICIES="round_robin cache_aware" WORKLOADS=shared-prefix test/policybench/run.sh
 #   SP_RATE=8 MC_LIMIT=900 test/policybench/run.sh            # lighter, shorter
+#   USHER=/path/to/usher test/policybench/run.sh              # that binary, not bin/usher built here
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -57,8 +58,10 @@ if [ ! -f "$MC_TRACE" ]; then
   [ -f "$alt" ] && MC_TRACE=$(realpath "$alt")
 fi
 
-go build -o bin/usher ./cmd/usher
-usher=$(realpath bin/usher)
+if [ -n "${USHER:-}" ]; then usher=$(realpath "$USHER"); else
+  go build -o bin/usher ./cmd/usher
+  usher=$(realpath bin/usher)
+fi
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
 pids=()
