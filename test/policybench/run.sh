@@ -26,15 +26,16 @@ OUT=${OUT:-artifacts/policybench}
 SEED=${SEED:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds, bound on one bench run
 
-# shared-prefix: GROUPS x PROMPTS prompts, one pass, open loop at SP_RATE req/s (~32 s). Each
-# group's prefix is ~2,050 tokens (128 blocks of 16); SP_KV holds about ten of them, so a worker
-# keeps the quarter of the groups a cache-aware router sends it, not all of them.
+# shared-prefix: GROUPS x PROMPTS prompts, one pass, open loop at SP_RATE req/s (~43 s); round
+# robin keeps the workers busy at that rate without collapsing (at 16 req/s it queues for
+# seconds). Each group's prefix is ~2,050 tokens (128 blocks of 16); SP_KV holds about ten of
+# them, so a worker keeps the quarter of the groups a cache-aware router sends it, not all 32.
 SP_GROUPS=${SP_GROUPS:-32}
 SP_PROMPTS=${SP_PROMPTS:-16}
 SP_SYSTEM=${SP_SYSTEM:-2048}
 SP_QUESTION=${SP_QUESTION:-128}
 SP_OUTPUT=${SP_OUTPUT:-64}
-SP_RATE=${SP_RATE:-16}
+SP_RATE=${SP_RATE:-12}
 SP_KV=${SP_KV:-24576}
 SP_SIM_SCALE=${SP_SIM_SCALE:-1}
 
@@ -225,6 +226,11 @@ for wl in $WORKLOADS; do
   printf "$rowfmt" policy "hit%" "%ceil" "ttft" "p50" "p99" "req/s" "outtok/s" "load-req" "load-tok" "fail"
   [ "$wl" = mooncake ] && row "$OUT/$wl-shared-cache.json" "(shared cache)" "$ceiling"
   for p in "${accepted[@]}"; do row "$OUT/$wl-$p.json" "$p" "$ceiling"; done
+  echo "routes (X-Usher-Route):"
+  for p in "${accepted[@]}"; do
+    [ -f "$OUT/$wl-$p.json" ] &&
+      printf "  %-16s %s\n" "$p" "$(jq -r '.overall.routes // {} | to_entries | map("\(.key)=\(.value)") | join(" ")' "$OUT/$wl-$p.json")"
+  done
   echo
 done
 echo "ttft in ms (mean, p50, p99); load-req / load-tok: most requests / prompt tokens on one worker over the"
