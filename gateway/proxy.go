@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -53,6 +54,9 @@ func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 		s.metrics.requests.WithLabelValues(x.model, strconv.Itoa(status)).Inc()
 		if x.model != "" {
 			s.metrics.duration.WithLabelValues(x.model).Observe(s.now().Sub(start).Seconds())
+		}
+		if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
+			return err
 		}
 		s.log.Info("request",
 			"id", c.Response().Header().Get(echo.HeaderXRequestID),
@@ -131,7 +135,9 @@ func (s *Server) readBody(c echo.Context) ([]byte, error) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, tooLarge(s.cfg.MaxBodyBytes)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	body := buf.Bytes()
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
@@ -241,7 +247,9 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 	if req.Stream && resp.StatusCode == http.StatusOK {
 		return s.relayStream(c, req, resp, x)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), s.cfg.MaxResponseBytes)+1))
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+	data := buf.Bytes()
 	if err != nil {
 		if c.Request().Context().Err() != nil {
 			return routing.Outcome{}, errClientGone
