@@ -536,3 +536,55 @@ func TestTimeScale(t *testing.T) {
 		t.Errorf("20 steps of 10 ms at time scale 0.1: took %v, want about 20 ms", got)
 	}
 }
+
+func TestManyRequestsLeaveNothingBehind(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxNumSeqs = 8
+	cfg.KVCacheTokens = 12 * 16
+	e, srv := startEngine(t, cfg)
+	const n = 60
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if i%3 == 0 {
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(i%7)*time.Millisecond)
+				defer cancel()
+			}
+			// Shared 32-token head, so requests share cached blocks while they run.
+			body := chat(words("shared", 32)+" "+words(fmt.Sprint("own", i%5, "-"), 20), 10+i%20, map[string]any{"stream": i%2 == 0})
+			resp, err := send(ctx, srv, "/v1/chat/completions", body)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	waitFor(t, "every request accounted for", func() bool {
+		s := e.Stats()
+		return s.Completed+s.Cancelled+s.BadRequests == s.Requests && s.Running == 0 && s.Waiting == 0
+	})
+	s := e.Stats()
+	if s.Requests < n/2 || s.Completed < n/3 {
+		t.Errorf("got %d requests and %d completed, want most of %d to arrive and many to complete", s.Requests, s.Completed, n)
+	}
+	if s.KVCacheUsage != 0 {
+		t.Errorf("KVCacheUsage with nothing running: got %g, want 0", s.KVCacheUsage)
+	}
+	if s.CachedPromptTokens == 0 {
+		t.Error("CachedPromptTokens: got 0, want hits on the shared head")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if got, want := e.sched.pool.nfree, e.sched.pool.numBlocks(); got != want {
+		t.Errorf("free blocks with nothing running: got %d, want all %d", got, want)
+	}
+	for i := range e.sched.pool.blocks {
+		if b := &e.sched.pool.blocks[i]; b.ref != 0 {
+			t.Fatalf("block %d: got ref %d, want 0", i, b.ref)
+		}
+	}
+}
