@@ -38,8 +38,11 @@
 //
 // so cached prompt tokens cost nothing, and decode slows as the batch and its contexts grow.
 // Every duration is multiplied by TimeScale; a test at TimeScale 0.001 runs a 12 ms step in
-// 12 µs of engine time (timer resolution then sets the pace, near 50-100 µs a step). Streams
-// emit one chunk per step to each running sequence, flushed at once.
+// 12 µs. The loop paces steps against a running deadline, so when a step is shorter than the
+// timer's resolution the steps that overshoot are caught up: throughput stays right and only
+// the tokens' arrival gets burstier. A stream's headers go out as soon as the request is
+// accepted, before it is admitted (as vLLM's do); then it gets one chunk per step, flushed at
+// once.
 //
 // # The defaults
 //

@@ -588,3 +588,26 @@ func TestManyRequestsLeaveNothingBehind(t *testing.T) {
 		}
 	}
 }
+
+func TestStreamHeadersBeforeAdmission(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxNumSeqs = 1
+	e, srv := startEngine(t, cfg)
+	stop := streamUntilFirstChunk(t, func(ctx context.Context) *http.Response {
+		return post(t, ctx, srv, "/v1/chat/completions", chat("blocker", 5000, map[string]any{"stream": true}))
+	})
+	defer stop()
+	resp := post(t, t.Context(), srv, "/v1/chat/completions", chat("queued", 5, map[string]any{"stream": true}))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || e.Stats().Waiting != 1 {
+		t.Fatalf("got status %d with %d waiting, want 200 headers while the request waits", resp.StatusCode, e.Stats().Waiting)
+	}
+	e.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"engine_closed"`) || !strings.HasSuffix(string(data), "data: [DONE]\n\n") {
+		t.Errorf("waiting stream ended by Close: got %q, want an error event then [DONE]", data)
+	}
+}

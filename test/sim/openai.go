@@ -285,8 +285,17 @@ type responseStream struct {
 	line      []byte
 }
 
-// serve relays the sequence's tokens until it ends or the client goes away.
+// serve relays the sequence's tokens until it ends or the client goes away. A stream's headers
+// go out at once, before the request is even admitted, as vLLM's do.
 func (rs *responseStream) serve(r *http.Request, q *sequence) {
+	if rs.stream {
+		h := rs.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		rs.w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(rs.w).Flush()
+		rs.started = true
+	}
 	var buf []int32
 	for {
 		select {
@@ -338,13 +347,6 @@ func (rs *responseStream) token(word, finish string) {
 	if !rs.stream {
 		rs.text.WriteString(piece)
 		return
-	}
-	if !rs.started {
-		h := rs.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		rs.w.WriteHeader(http.StatusOK)
-		rs.started = true
 	}
 	c := choice{}
 	if finish != "" {
