@@ -189,7 +189,8 @@ type Stats struct {
 	Requests int64
 	// Completed counts requests answered in full.
 	Completed int64
-	// Cancelled counts requests whose client went away while they waited or ran.
+	// Cancelled counts requests whose client went away while they waited, ran or sat in
+	// AddedLatency (not hung ones: those count in Hung).
 	Cancelled int64
 	// Failed counts requests answered 500 by the ErrorRate fault.
 	Failed int64
@@ -215,7 +216,8 @@ type Stats struct {
 	EvictedBlocks int64
 	// KVCacheUsage is the fraction of KV blocks held by running sequences.
 	KVCacheUsage float64
-	// Priorities counts completion requests by their "priority" field (0 when absent).
+	// Priorities counts well-formed completion requests by their "priority" field (0 when
+	// absent), whatever the scheduling policy, so tests can see what a gateway forwarded.
 	Priorities map[int]int64
 }
 

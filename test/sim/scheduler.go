@@ -121,8 +121,8 @@ func newSequence(arrival uint64, prompt []uint64, maxTokens, priority int) *sequ
 	}
 }
 
-// counters are the engine's running totals, written by the scheduler under the Engine's mutex
-// and read lock-free by Stats and /metrics.
+// counters are the engine's running totals and gauges, written by the scheduler (under the
+// Engine's mutex) and by request handlers, and read lock-free by Stats and /metrics.
 type counters struct {
 	requests, completed, cancelled, failed, hung, badRequests atomic.Int64
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
@@ -187,6 +187,8 @@ type scheduler struct {
 	running []*sequence
 	stats   *counters
 	plan    stepPlan
+	// finished is apply's scratch list of sequences that finished in the step.
+	finished []finished
 }
 
 func newScheduler(cfg Config, stats *counters) *scheduler {
@@ -235,19 +237,20 @@ func (s *scheduler) cancel(q *sequence) bool {
 
 // failAll ends every sequence with err.
 func (s *scheduler) failAll(err error) {
+	ended := s.running
 	for _, q := range s.running {
 		s.pool.release(q.blocks)
 		q.blocks = nil
-		q.state = stateDone
-		q.out.fail(err)
 	}
-	s.running = s.running[:0]
+	s.running = nil
 	for s.waiting.Len() > 0 {
-		q := heap.Pop(&s.waiting).(*sequence)
-		q.state = stateDone
-		q.out.fail(err)
+		ended = append(ended, heap.Pop(&s.waiting).(*sequence))
 	}
 	s.publish()
+	for _, q := range ended {
+		q.state = stateDone
+		q.out.fail(err)
+	}
 }
 
 func (s *scheduler) removeRunning(q *sequence) int {
@@ -452,9 +455,22 @@ func (s *scheduler) apply(p *stepPlan) {
 		q.blocks = nil
 		q.state = stateDone
 		s.stats.completed.Add(1)
-		q.out.push(tok, finishLength)
+		s.finished = append(s.finished, finished{q, tok})
 	}
+	// Publish before the last tokens go out, so a client that sees its answer complete also
+	// sees the engine's gauges without it.
 	s.publish()
+	for i, f := range s.finished {
+		f.q.out.push(f.tok, finishLength)
+		s.finished[i] = finished{}
+	}
+	s.finished = s.finished[:0]
+}
+
+// finished is a sequence that has finished in a step, with its last token.
+type finished struct {
+	q   *sequence
+	tok int32
 }
 
 const finishLength = "length"
