@@ -64,6 +64,20 @@
 //   - MaxNumSeqs 256, MaxNumBatchedTokens 8192, BlockSize 16: vLLM's defaults for online
 //     serving. MaxModelLen 32,768, DefaultMaxTokens 128.
 //
+// # HTTP surface
+//
+// POST /v1/chat/completions and /v1/completions (stream, stream_options.include_usage,
+// max_tokens or max_completion_tokens, vLLM's priority; usage always carries
+// prompt_tokens_details.cached_tokens), GET /v1/models (the one model), GET /health, and
+// GET /metrics with vLLM's names, labelled model_name: vllm:num_requests_running,
+// vllm:num_requests_waiting, vllm:kv_cache_usage_perc (and V0's vllm:gpu_cache_usage_perc),
+// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens),
+// vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total,
+// vllm:num_preemptions_total and the histograms vllm:request_queue_time_seconds,
+// vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds. Errors have
+// OpenAI's shape {"error":{"message","type","code"}}: 400 bad input, 404 another model, 413
+// a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine.
+//
 // # Faults
 //
 // Faults make the engine misbehave on purpose: answer 500 (ErrorRate), wait before the first

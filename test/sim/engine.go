@@ -17,8 +17,8 @@ import (
 type Options struct {
 	// Logger receives the engine's few log lines; nil discards them.
 	Logger *slog.Logger
-	// Now stamps responses ("created"); nil means time.Now. Engine steps are always paced by
-	// the wall clock, scaled by Config.TimeScale.
+	// Now stamps responses ("created") and times the latency histograms; nil means time.Now.
+	// Engine steps are always paced by the wall clock, scaled by Config.TimeScale.
 	Now func() time.Time
 }
 
@@ -80,11 +80,11 @@ func New(cfg Config, opts Options) (*Engine, error) {
 	if e.now == nil {
 		e.now = time.Now
 	}
-	e.sched = newScheduler(cfg, &e.stats)
-	e.kvTokens = cfg.KVCacheTokens / cfg.BlockSize * cfg.BlockSize
 	reg := prometheus.NewRegistry()
-	e.registerMetrics(reg)
+	latency := e.registerMetrics(reg)
 	e.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	e.sched = newScheduler(cfg, &e.stats, latency, e.now)
+	e.kvTokens = cfg.KVCacheTokens / cfg.BlockSize * cfg.BlockSize
 	go e.run()
 	return e, nil
 }

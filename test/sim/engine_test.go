@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -197,6 +198,9 @@ func TestPrefixCacheHits(t *testing.T) {
 		`vllm:generation_tokens_total{model_name="demo-7b"}`:                        "4",
 		`vllm:request_success_total{finished_reason="length",model_name="demo-7b"}`: "2",
 		`vllm:kv_cache_usage_perc{model_name="demo-7b"}`:                            "0",
+		`vllm:request_queue_time_seconds_count{model_name="demo-7b"}`:               "2",
+		`vllm:time_to_first_token_seconds_count{model_name="demo-7b"}`:              "2",
+		`vllm:e2e_request_latency_seconds_count{model_name="demo-7b"}`:              "2",
 	} {
 		if got := scrape(t, srv, sample); got != want {
 			t.Errorf("%s: got %s, want %s", sample, got, want)
@@ -610,4 +614,16 @@ func TestStreamHeadersBeforeAdmission(t *testing.T) {
 	if !strings.Contains(string(data), `"engine_closed"`) || !strings.HasSuffix(string(data), "data: [DONE]\n\n") {
 		t.Errorf("waiting stream ended by Close: got %q, want an error event then [DONE]", data)
 	}
+}
+
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for range 20 {
+		e, err := New(fastConfig(), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Close()
+	}
+	waitFor(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= before })
 }

@@ -48,7 +48,8 @@ type sequence struct {
 	state      seqState
 	heapIndex  int
 	generated  int
-	admitted   bool // admitted at least once: prompt and cache counters already taken
+	admitted   bool      // admitted at least once: prompt and cache counters already taken
+	arrivedAt  time.Time // when add queued it, for the latency histograms
 
 	out outbox
 }
@@ -189,11 +190,18 @@ type scheduler struct {
 	plan    stepPlan
 	// finished is apply's scratch list of sequences that finished in the step.
 	finished []finished
+	// latency, if not nil, observes queue time, time to first token and end-to-end latency,
+	// read from now.
+	latency *latencyHistograms
+	now     func() time.Time
 }
 
-func newScheduler(cfg Config, stats *counters) *scheduler {
+// newScheduler builds an empty engine. latency may be nil; now is needed only with latency.
+func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now func() time.Time) *scheduler {
 	s := &scheduler{
 		cfg:     cfg,
+		latency: latency,
+		now:     now,
 		pool:    newBlockPool(cfg.KVCacheTokens/cfg.BlockSize, cfg.BlockSize),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
 		stats:   stats,
@@ -213,6 +221,9 @@ func (s *scheduler) publish() {
 // add queues a new sequence.
 func (s *scheduler) add(q *sequence) {
 	q.state = stateWaiting
+	if s.latency != nil {
+		q.arrivedAt = s.now()
+	}
 	heap.Push(&s.waiting, q)
 	s.publish()
 }
@@ -396,6 +407,9 @@ func (s *scheduler) schedule() *stepPlan {
 			s.stats.promptTokens.Add(int64(q.promptLen))
 			s.stats.cachedPromptTokens.Add(int64(computed))
 			q.out.setCached(computed)
+			if s.latency != nil {
+				s.latency.queue.Observe(s.now().Sub(q.arrivedAt).Seconds())
+			}
 		}
 		s.registerFull(q, computed+n)
 		p.seqs = append(p.seqs, q)
@@ -446,6 +460,15 @@ func (s *scheduler) apply(p *stepPlan) {
 		q.tokens = append(q.tokens, vocabularyIDs[tok])
 		q.generated++
 		s.stats.generatedTokens.Add(1)
+		if s.latency != nil && (q.generated == 1 || q.generated >= q.maxTokens) {
+			since := s.now().Sub(q.arrivedAt).Seconds()
+			if q.generated == 1 {
+				s.latency.ttft.Observe(since)
+			}
+			if q.generated >= q.maxTokens {
+				s.latency.e2e.Observe(since)
+			}
+		}
 		if q.generated < q.maxTokens {
 			q.out.push(tok, "")
 			continue
