@@ -627,3 +627,18 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	}
 	waitFor(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= before })
 }
+
+// BenchmarkStreamingRequest measures one streamed 16-token chat request end to end over
+// loopback HTTP, with engine time scaled to nearly nothing: the simulator's own overhead.
+func BenchmarkStreamingRequest(b *testing.B) {
+	cfg := fastConfig()
+	cfg.TimeScale = 1e-6
+	_, srv := startEngine(b, cfg)
+	body := chat(words("bench", 200), 16, map[string]any{"stream": true})
+	b.ReportAllocs()
+	for b.Loop() {
+		resp := post(b, b.Context(), srv, "/v1/chat/completions", body)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
