@@ -402,8 +402,9 @@ func (rs *responseStream) finish(q *sequence, reason string) {
 	} else {
 		c.Text = &text
 	}
-	rs.w.Header().Set("Content-Type", "application/json")
 	data, _ := json.Marshal(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}, Usage: u})
+	rs.w.Header().Set("Content-Type", "application/json")
+	rs.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = rs.w.Write(data)
 }
 
