@@ -66,5 +66,5 @@
 // earliest deadlines (for the timer), and per class an arrival list; every element records its heap positions, so cancellation
 // removes it directly. Releasing a request does not allocate; Enqueue allocates its Ticket
 // and channel. One mutex guards all of it and is never held while blocking. Memory is bounded
-// by the caps.
+// by the caps, plus a small record (the counter) per tenant and class ever seen.
 package queue

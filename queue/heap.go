@@ -47,16 +47,6 @@ func (h *heap[T]) fix(i int) {
 	}
 }
 
-// clear empties the heap, keeping its backing array.
-func (h *heap[T]) clear() {
-	var zero T
-	for i, x := range h.items {
-		h.setIndex(x, -1)
-		h.items[i] = zero
-	}
-	h.items = h.items[:0]
-}
-
 func (h *heap[T]) swap(i, j int) {
 	h.items[i], h.items[j] = h.items[j], h.items[i]
 	h.setIndex(h.items[i], i)

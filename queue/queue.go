@@ -174,6 +174,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if r.PromptTokens < 0 || r.MaxTokens < 0 {
 		return nil, fmt.Errorf("queue: enqueue: negative tokens (prompt %d, max %d)", r.PromptTokens, r.MaxTokens)
 	}
+	if math.IsNaN(r.Weight) || math.IsInf(r.Weight, 0) {
+		return nil, fmt.Errorf("queue: enqueue: weight %v is not a finite number", r.Weight)
+	}
 	if r.Weight <= 0 {
 		r.Weight = 1
 	}
