@@ -16,6 +16,9 @@ type poolMetrics struct {
 	// prefix-cache hit rate each policy earns can be read off.
 	promptTokens *prometheus.CounterVec
 	cachedTokens *prometheus.CounterVec
+	// pinErrors counts failed pin-store calls by model and operation (get, claim, list); a failed
+	// get routes the request by consistent hashing instead.
+	pinErrors *prometheus.CounterVec
 }
 
 func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
@@ -48,8 +51,12 @@ func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
 			Name: "usher_routing_cached_tokens_total",
 			Help: "Prompt tokens the workers served from their prefix cache (usage.prompt_tokens_details.cached_tokens), by worker and policy.",
 		}, []string{"worker", "policy"}),
+		pinErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_pin_errors_total",
+			Help: "Failed pin-store calls by model and operation; a failed get routes by consistent hashing on the same key.",
+		}, []string{"model", "op"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, workerCollector{p}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, workerCollector{p}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

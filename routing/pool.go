@@ -44,6 +44,9 @@ type Options struct {
 	// Rand is the randomness of the policies. The pool serialises access to it; the default, nil,
 	// uses the runtime's lock-free generator.
 	Rand rand.Source
+	// Pins keeps the pins of sticky_session and manual: a RedisPinStore when several gateways
+	// share the fleet. Default: a MemoryPinStore.
+	Pins PinStore
 }
 
 // Request is what a policy knows about the request it routes. Pick does not modify it.
@@ -133,6 +136,7 @@ type Pool struct {
 	client  *http.Client
 	now     func() time.Time
 	rand    randSource
+	pins    PinStore
 	metrics *poolMetrics
 
 	snap atomic.Pointer[snapshot]
@@ -177,6 +181,10 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if opts.Rand != nil {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
+	p.pins = opts.Pins
+	if p.pins == nil {
+		p.pins = NewMemoryPinStore(p.now)
+	}
 	reg := opts.Registerer
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -210,11 +218,14 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	if pol, ok := p.policies[model]; ok {
 		return pol, nil
 	}
-	mc := p.cfg.Models[model]
+	mc, ok := p.cfg.Models[model]
+	if !ok {
+		mc.SetDefaults()
+	}
 	if mc.Policy == "" {
 		mc.Policy = p.cfg.Policy
 	}
-	impl, err := newPolicy(mc.Policy, policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger})
+	impl, err := newPolicy(mc.Policy, p.policyEnv(model, mc))
 	if err != nil {
 		return nil, fmt.Errorf("routing.models[%q].policy: %w", model, err)
 	}
@@ -222,6 +233,10 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	p.policies[model] = pol
 	p.startPolicy(pol)
 	return pol, nil
+}
+
+func (p *Pool) policyEnv(model string, mc ModelConfig) policyEnv {
+	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, metrics: p.metrics}
 }
 
 // publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
