@@ -33,13 +33,7 @@ func (p *PowerOfTwo) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	if a == nil {
 		return nil, RoutePowerOfTwo
 	}
-	var b *Worker
-	for range randomProbes {
-		if w := workers[intN(p.rand, len(workers))]; w != a && r.Eligible(w) {
-			b = w
-			break
-		}
-	}
+	b := p.second(r, workers, a)
 	if b == nil {
 		return a, RoutePowerOfTwo
 	}
@@ -48,6 +42,24 @@ func (p *PowerOfTwo) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		return b, RoutePowerOfTwo
 	}
 	return a, RoutePowerOfTwo
+}
+
+// second draws an eligible worker other than a: a few random probes, then a scan from a random
+// start (which small or mostly ineligible fleets need).
+func (p *PowerOfTwo) second(r *Request, workers []*Worker, a *Worker) *Worker {
+	n := len(workers)
+	for range randomProbes {
+		if w := workers[intN(p.rand, n)]; w != a && r.Eligible(w) {
+			return w
+		}
+	}
+	start := intN(p.rand, n)
+	for i := range n {
+		if w := workers[(start+i)%n]; w != a && r.Eligible(w) {
+			return w
+		}
+	}
+	return nil
 }
 
 func (p *PowerOfTwo) score(w *Worker, now time.Time) int64 {
