@@ -185,15 +185,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if p.pins == nil {
 		p.pins = NewMemoryPinStore(p.now)
 	}
-	reg := opts.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-	}
-	m, err := newPoolMetrics(reg, p)
-	if err != nil {
-		return nil, fmt.Errorf("register routing metrics: %w", err)
-	}
-	p.metrics = m
+	p.metrics = newPoolMetrics(p)
 	for _, spec := range cfg.Workers {
 		w, err := newWorker(spec, cfg, p.now)
 		if err != nil {
@@ -208,6 +200,13 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	if err := p.publish(); err != nil {
 		return nil, err
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if err := p.metrics.register(reg); err != nil {
+		return nil, fmt.Errorf("register routing metrics: %w", err)
 	}
 	return p, nil
 }
