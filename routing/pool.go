@@ -1,11 +1,3 @@
-// Package routing owns the worker pool of the gateway: which inference workers serve which
-// models, whether they are healthy, how loaded they are, and the policies that pick one of them
-// for each request.
-//
-// The gateway builds one Pool from Config, runs its background work with Run, and for each
-// request calls Pick, sends the request to Lease.Worker and calls Lease.Release with the outcome.
-// Policies see each model's workers as a shared immutable snapshot that the pool replaces (copy on
-// write) when membership changes, so the pick path takes no lock and copies nothing.
 package routing
 
 import (
@@ -61,6 +53,10 @@ type Request struct {
 	Tokens       int    // tokens the request holds in flight (prompt + max output)
 	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
 	Exclude []string
+
+	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
+	// Exclude, but not held against them (a pin to one stays).
+	full []string
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -331,7 +327,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, ErrNoWorker)
 		}
 		retry := *r
-		retry.Exclude = append(slices.Clip(r.Exclude), w.spec.ID)
+		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -180,15 +181,7 @@ func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key
 // pinFit says a pinned worker keeps its pin although it cannot take r now: it is healthy, not
 // draining, its circuit is closed and r did not already fail on it; it is only full.
 func pinFit(w *Worker, r *Request) bool {
-	if !w.Healthy() || w.Draining() || !w.breaker.admits() {
-		return false
-	}
-	for _, id := range r.Exclude {
-		if id == w.spec.ID {
-			return false
-		}
-	}
-	return true
+	return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
 func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (*Worker, Route) {
