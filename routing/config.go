@@ -24,6 +24,7 @@ const (
 	DefaultScrapeInterval     = 2 * time.Second
 	DefaultScrapeTimeout      = time.Second
 	DefaultScrapePath         = "/metrics"
+	DefaultDrainSync          = 2 * time.Second
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = 10 * time.Second
 )
@@ -141,6 +142,9 @@ type Config struct {
 	Scrape ScrapeConfig `yaml:"scrape"`
 	// Breaker sets the per-worker circuit breaker.
 	Breaker BreakerConfig `yaml:"breaker"`
+	// DrainSync is how often a gateway with a shared DrainStore reads the drain state other
+	// replicas set; default 2s.
+	DrainSync time.Duration `yaml:"drain_sync"`
 	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
@@ -177,6 +181,9 @@ func (c *Config) SetDefaults() {
 	}
 	if sc.MaxAge == 0 {
 		sc.MaxAge = 3 * sc.Interval
+	}
+	if c.DrainSync == 0 {
+		c.DrainSync = DefaultDrainSync
 	}
 	if c.Breaker.Failures == 0 {
 		c.Breaker.Failures = DefaultBreakerFailures
@@ -266,6 +273,9 @@ func (c Config) Validate() error {
 	}
 	if sc.MaxAge < sc.Interval {
 		bad("scrape.max_age", "must be at least scrape.interval (%s), got %s", sc.Interval, sc.MaxAge)
+	}
+	if c.DrainSync <= 0 {
+		bad("drain_sync", "must be positive, got %s", c.DrainSync)
 	}
 	if c.Breaker.Failures < 1 {
 		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)

@@ -23,7 +23,7 @@ func TestPinStores(t *testing.T) {
 		new  func(t *testing.T) PinStore
 	}{
 		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil) }},
-		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisPinStore(newRedisClient(t, redistest.Start(t))) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t))) }},
 	}
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {

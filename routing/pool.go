@@ -36,9 +36,11 @@ type Options struct {
 	// Rand is the randomness of the policies. The pool serialises access to it; the default, nil,
 	// uses the runtime's lock-free generator.
 	Rand rand.Source
-	// Pins keeps the pins of sticky_session and manual: a RedisPinStore when several gateways
+	// Pins keeps the pins of sticky_session and manual: a RedisStore when several gateways
 	// share the fleet. Default: a MemoryPinStore.
 	Pins PinStore
+	// Drains shares drain state among gateway replicas (a RedisStore); nil keeps it local.
+	Drains DrainStore
 }
 
 // Request is what a policy knows about the request it routes. Pick does not modify it.
@@ -133,6 +135,7 @@ type Pool struct {
 	now     func() time.Time
 	rand    randSource
 	pins    PinStore
+	drains  DrainStore // nil: drain state is local
 	metrics *poolMetrics
 
 	snap atomic.Pointer[snapshot]
@@ -177,6 +180,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if opts.Rand != nil {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
+	p.drains = opts.Drains
 	p.pins = opts.Pins
 	if p.pins == nil {
 		p.pins = NewMemoryPinStore(p.now)
@@ -339,7 +343,8 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens 
 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have
 // stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
-// has background work (see policyRunner), that work. Workers added later get theirs at once.
+// has background work (see policyRunner), that work; with a DrainStore, following the drain state
+// other replicas set. Workers added later get theirs at once.
 // Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
@@ -353,6 +358,9 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 	for _, pol := range p.policies {
 		p.startPolicy(pol)
+	}
+	if p.drains != nil {
+		p.running.Go(func() { p.drainSyncLoop(ctx) })
 	}
 	p.mu.Unlock()
 

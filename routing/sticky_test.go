@@ -64,7 +64,7 @@ func TestStickySession(t *testing.T) {
 	}
 
 	// Draining moves it too.
-	if err := p.Drain(moved); err != nil {
+	if err := p.Drain(context.Background(), moved); err != nil {
 		t.Fatal(err)
 	}
 	if id, route := pick(t, p, s); id == moved || route != RouteRepinned {
@@ -82,7 +82,7 @@ func TestStickyAcrossGatewaysAndRedisOutage(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		cfg := Config{Policy: "sticky_session", Workers: testWorkers(4, "m"),
 			Models: map[string]ModelConfig{"m": {StickySession: StickySessionConfig{Fallback: "random"}}}}
-		p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(seed, seed), Pins: NewRedisPinStore(newRedisClient(t, srv))})
+		p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(seed, seed), Pins: NewRedisStore(newRedisClient(t, srv))})
 		if err != nil {
 			t.Fatal(err)
 		}

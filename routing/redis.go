@@ -10,22 +10,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// RedisPinStore keeps pins in Redis, shared by every gateway replica, one string per pin under
-// `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts percent-encoded) holding the
-// worker ID, with a sliding TTL. Each method is one round trip except List, which scans. Safe for
+// RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
+// string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
+// percent-encoded) holding the worker ID, with a sliding TTL; and the draining workers, a set
+// under `usher:draining`. Each method is one round trip except List, which scans. Safe for
 // concurrent use.
-type RedisPinStore struct {
+type RedisStore struct {
 	client redis.UniversalClient
 }
 
-var _ PinStore = (*RedisPinStore)(nil)
+var (
+	_ PinStore   = (*RedisStore)(nil)
+	_ DrainStore = (*RedisStore)(nil)
+)
 
-// pinKeyPrefix starts every pin key in Redis.
-const pinKeyPrefix = "usher:pin:"
+// Keys of RedisStore.
+const (
+	pinKeyPrefix = "usher:pin:"
+	drainingKey  = "usher:draining"
+)
 
-// NewRedisPinStore returns a store on client; the caller owns client and closes it.
-func NewRedisPinStore(client redis.UniversalClient) *RedisPinStore {
-	return &RedisPinStore{client: client}
+// NewRedisStore returns a store on client; the caller owns client and closes it.
+func NewRedisStore(client redis.UniversalClient) *RedisStore {
+	return &RedisStore{client: client}
 }
 
 var pinPartEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
@@ -45,7 +52,7 @@ func parseRedisPinKey(s string) (PinKey, bool) {
 }
 
 // Get implements PinStore with GETEX.
-func (s *RedisPinStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
+func (s *RedisStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
 	v, err := s.client.GetEx(ctx, redisPinKey(k), ttl).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
@@ -69,7 +76,7 @@ return v
 `)
 
 // Claim implements PinStore with one script call.
-func (s *RedisPinStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
+func (s *RedisStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
 	v, err := claimScript.Run(ctx, s.client, []string{redisPinKey(k)}, expect, worker, ttl.Milliseconds()).Text()
 	if err != nil {
 		return "", fmt.Errorf("claim pin: %w", err)
@@ -78,7 +85,7 @@ func (s *RedisPinStore) Claim(ctx context.Context, k PinKey, expect, worker stri
 }
 
 // Set implements PinStore.
-func (s *RedisPinStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
+func (s *RedisStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
 	if err := s.client.Set(ctx, redisPinKey(k), worker, ttl).Err(); err != nil {
 		return fmt.Errorf("set pin: %w", err)
 	}
@@ -86,7 +93,7 @@ func (s *RedisPinStore) Set(ctx context.Context, k PinKey, worker string, ttl ti
 }
 
 // Delete implements PinStore.
-func (s *RedisPinStore) Delete(ctx context.Context, k PinKey) error {
+func (s *RedisStore) Delete(ctx context.Context, k PinKey) error {
 	if err := s.client.Del(ctx, redisPinKey(k)).Err(); err != nil {
 		return fmt.Errorf("delete pin: %w", err)
 	}
@@ -94,7 +101,7 @@ func (s *RedisPinStore) Delete(ctx context.Context, k PinKey) error {
 }
 
 // List implements PinStore: a SCAN over the pin keys, then one pipelined GET and PTTL per match.
-func (s *RedisPinStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
+func (s *RedisStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
 	var keys []string
 	var pks []PinKey
 	iter := s.client.Scan(ctx, 0, pinKeyPrefix+"*", 1000).Iterator()
@@ -132,4 +139,27 @@ func (s *RedisPinStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
 	}
 	sortPins(out)
 	return out, nil
+}
+
+// SetDraining implements DrainStore.
+func (s *RedisStore) SetDraining(ctx context.Context, workerID string, draining bool) error {
+	var err error
+	if draining {
+		err = s.client.SAdd(ctx, drainingKey, workerID).Err()
+	} else {
+		err = s.client.SRem(ctx, drainingKey, workerID).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("set drain state: %w", err)
+	}
+	return nil
+}
+
+// DrainingWorkers implements DrainStore.
+func (s *RedisStore) DrainingWorkers(ctx context.Context) ([]string, error) {
+	ids, err := s.client.SMembers(ctx, drainingKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read drain state: %w", err)
+	}
+	return ids, nil
 }
