@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"slices"
@@ -23,6 +24,7 @@ const (
 	DefaultScrapeInterval     = 2 * time.Second
 	DefaultScrapeTimeout      = time.Second
 	DefaultScrapePath         = "/metrics"
+	DefaultDrainSync          = 2 * time.Second
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = 10 * time.Second
 )
@@ -47,10 +49,48 @@ type WorkerSpec struct {
 	PriorityHandoff bool `yaml:"priority_handoff"`
 }
 
-// ModelConfig sets the policy of one model; zero fields take the defaults of Config.
+// ModelConfig sets the policy of one model and its parameters; zero fields take defaults. Each
+// policy's parameters are documented beside the policy.
 type ModelConfig struct {
 	// Policy names the policy for this model; "" takes Config.Policy.
-	Policy string `yaml:"policy"`
+	Policy         string               `yaml:"policy"`
+	ConsistentHash ConsistentHashConfig `yaml:"consistent_hash"`
+	PrefixHash     PrefixHashConfig     `yaml:"prefix_hash"`
+	Bucket         BucketConfig         `yaml:"bucket"`
+	StickySession  StickySessionConfig  `yaml:"sticky_session"`
+	Manual         ManualConfig         `yaml:"manual"`
+	// Pins sets the pins of sticky_session and manual.
+	Pins PinConfig `yaml:"pins"`
+}
+
+// SetDefaults fills the zero parameters of every policy.
+func (mc *ModelConfig) SetDefaults() {
+	mc.ConsistentHash.setDefaults()
+	mc.PrefixHash.setDefaults()
+	mc.Bucket.setDefaults()
+	mc.StickySession.setDefaults()
+	mc.Manual.setDefaults()
+	mc.Pins.setDefaults()
+}
+
+// validate reports the problems of mc, each naming its field below prefix.
+func (mc ModelConfig) validate(prefix string) []error {
+	var errs []error
+	if mc.Policy != "" && !knownPolicy(mc.Policy) {
+		errs = append(errs, fmt.Errorf("%s.policy: unknown policy %q (known: %s)", prefix, mc.Policy, policyNames()))
+	}
+	errs = append(errs, mc.ConsistentHash.validate(prefix+".consistent_hash")...)
+	errs = append(errs, mc.PrefixHash.validate(prefix+".prefix_hash")...)
+	errs = append(errs, mc.Bucket.validate(prefix+".bucket")...)
+	errs = append(errs, mc.StickySession.validate(prefix+".sticky_session")...)
+	errs = append(errs, mc.Manual.validate(prefix+".manual")...)
+	errs = append(errs, mc.Pins.validate(prefix+".pins")...)
+	return errs
+}
+
+// fieldError names a field below prefix in a validation error.
+func fieldError(prefix, field, format string, args ...any) error {
+	return fmt.Errorf("%s.%s: %s", prefix, field, fmt.Sprintf(format, args...))
 }
 
 // HealthConfig sets the active health checks: GET <worker url><Path> every Interval.
@@ -102,6 +142,9 @@ type Config struct {
 	Scrape ScrapeConfig `yaml:"scrape"`
 	// Breaker sets the per-worker circuit breaker.
 	Breaker BreakerConfig `yaml:"breaker"`
+	// DrainSync is how often a gateway with a shared DrainStore reads the drain state other
+	// replicas set; default 2s.
+	DrainSync time.Duration `yaml:"drain_sync"`
 	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
@@ -113,6 +156,12 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	if c.Policy == "" {
 		c.Policy = DefaultPolicy
+	}
+	// A clone, so the caller's map is never written.
+	c.Models = maps.Clone(c.Models)
+	for name, mc := range c.Models {
+		mc.SetDefaults()
+		c.Models[name] = mc
 	}
 	if c.MaxConcurrency == 0 {
 		c.MaxConcurrency = DefaultMaxConcurrency
@@ -132,6 +181,9 @@ func (c *Config) SetDefaults() {
 	}
 	if sc.MaxAge == 0 {
 		sc.MaxAge = 3 * sc.Interval
+	}
+	if c.DrainSync == 0 {
+		c.DrainSync = DefaultDrainSync
 	}
 	if c.Breaker.Failures == 0 {
 		c.Breaker.Failures = DefaultBreakerFailures
@@ -188,13 +240,10 @@ func (c Config) Validate() error {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		mc := c.Models[name]
 		if name == "" {
 			bad("models", "model name must not be empty")
 		}
-		if mc.Policy != "" && !knownPolicy(mc.Policy) {
-			bad(fmt.Sprintf("models[%q].policy", name), "unknown policy %q (known: %s)", mc.Policy, policyNames())
-		}
+		errs = append(errs, c.Models[name].validate(fmt.Sprintf("routing.models[%q]", name))...)
 	}
 	h := c.Health
 	if h.Interval <= 0 {
@@ -224,6 +273,9 @@ func (c Config) Validate() error {
 	}
 	if sc.MaxAge < sc.Interval {
 		bad("scrape.max_age", "must be at least scrape.interval (%s), got %s", sc.Interval, sc.MaxAge)
+	}
+	if c.DrainSync <= 0 {
+		bad("drain_sync", "must be positive, got %s", c.DrainSync)
 	}
 	if c.Breaker.Failures < 1 {
 		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)
