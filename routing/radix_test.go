@@ -9,13 +9,13 @@ import (
 	"testing"
 )
 
-// put inserts prompt for worker id at time now, as Pick does after choosing.
-func put(tr *radixTree, id, prompt string, now int64) {
+// treePut inserts prompt for worker id at time now, as Pick does after choosing.
+func treePut(tr *radixTree, id, prompt string, now int64) {
 	tr.insert(prompt, tr.descend(prompt), tr.slot(id), now)
 }
 
-// holdings returns, for every worker holding a prefix of prompt, the length of the longest one.
-func holdings(tr *radixTree, prompt string) map[string]int {
+// treeHoldings returns, for every worker holding a prefix of prompt, the length of the longest one.
+func treeHoldings(tr *radixTree, prompt string) map[string]int {
 	d := tr.descend(prompt)
 	got := map[string]int{}
 	add := func(n *node, depth int) {
@@ -35,8 +35,8 @@ func holdings(tr *radixTree, prompt string) map[string]int {
 	return got
 }
 
-// edges lists the tree as "prefix|label[holders]" lines in depth-first order of sorted labels.
-func edges(tr *radixTree) []string {
+// treeEdges lists the tree as "prefix|label[holders]" lines in depth-first order of sorted labels.
+func treeEdges(tr *radixTree) []string {
 	var out []string
 	var walk func(n *node, prefix string)
 	walk = func(n *node, prefix string) {
@@ -56,8 +56,8 @@ func edges(tr *radixTree) []string {
 	return out
 }
 
-// lruOrder lists the prefixes worker id holds, least recent first.
-func lruOrder(tr *radixTree, id string) []string {
+// treeLRU lists the prefixes worker id holds, least recent first.
+func treeLRU(tr *radixTree, id string) []string {
 	w := tr.workers[tr.slots[id]]
 	var out []string
 	for h := w.lru.prev; h != &w.lru; h = h.prev {
@@ -241,15 +241,15 @@ func TestRadixInsertSplitMatch(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := newRadixTree()
 			for i, p := range tt.puts {
-				put(tr, p.worker, p.prompt, int64(i))
+				treePut(tr, p.worker, p.prompt, int64(i))
 				checkTree(t, tr)
 			}
 			if tt.edges != nil {
-				if got := edges(tr); !slices.Equal(got, tt.edges) {
+				if got := treeEdges(tr); !slices.Equal(got, tt.edges) {
 					t.Errorf("edges: got %q, want %q", got, tt.edges)
 				}
 			}
-			if got := holdings(tr, tt.query); !maps.Equal(got, tt.want) {
+			if got := treeHoldings(tr, tt.query); !maps.Equal(got, tt.want) {
 				t.Errorf("holdings of %q: got %v, want %v", tt.query, got, tt.want)
 			}
 		})
@@ -282,13 +282,13 @@ func TestRadixCommonPrefix(t *testing.T) {
 
 func TestRadixLRUOrderAndEviction(t *testing.T) {
 	tr := newRadixTree()
-	put(tr, "a", "sys: one", 1)
-	put(tr, "a", "sys: two", 2)
-	put(tr, "a", "other", 3)
-	put(tr, "a", "sys: one", 4) // "sys: one" is fresh again; "sys: two" is now the oldest
+	treePut(tr, "a", "sys: one", 1)
+	treePut(tr, "a", "sys: two", 2)
+	treePut(tr, "a", "other", 3)
+	treePut(tr, "a", "sys: one", 4) // "sys: one" is fresh again; "sys: two" is now the oldest
 	checkTree(t, tr)
 	want := []string{"sys: two", "other", "sys: one", "sys: "}
-	if got := lruOrder(tr, "a"); !slices.Equal(got, want) {
+	if got := treeLRU(tr, "a"); !slices.Equal(got, want) {
 		t.Fatalf("LRU order: got %q, want %q", got, want)
 	}
 
@@ -305,7 +305,7 @@ func TestRadixLRUOrderAndEviction(t *testing.T) {
 	for _, tt := range tests {
 		tr.evict(tr.slot("a"), tt.target, 1000)
 		checkTree(t, tr)
-		if got := edges(tr); !slices.Equal(got, tt.wantEdges) {
+		if got := treeEdges(tr); !slices.Equal(got, tt.wantEdges) {
 			t.Errorf("evict to %d: got %q, want %q", tt.target, got, tt.wantEdges)
 		}
 		if got := tr.workers[tr.slot("a")].bytes; got > tt.target {
@@ -316,29 +316,29 @@ func TestRadixLRUOrderAndEviction(t *testing.T) {
 
 func TestRadixEvictionKeepsOtherHolders(t *testing.T) {
 	tr := newRadixTree()
-	put(tr, "a", "shared prefix, a's question", 1)
-	put(tr, "b", "shared prefix, b's question", 2)
+	treePut(tr, "a", "shared prefix, a's question", 1)
+	treePut(tr, "b", "shared prefix, b's question", 2)
 	tr.evict(tr.slot("a"), 0, 1000)
 	checkTree(t, tr)
-	if got, want := holdings(tr, "shared prefix, b's question"), map[string]int{"b": 27}; !maps.Equal(got, want) {
+	if got, want := treeHoldings(tr, "shared prefix, b's question"), map[string]int{"b": 27}; !maps.Equal(got, want) {
 		t.Errorf("after evicting a: got %v, want %v", got, want)
 	}
 	if got := tr.evict(tr.slot("b"), 0, 1); got != 1 {
 		t.Errorf("evict with limit 1: released %d, want 1", got)
 	}
-	if got, want := edges(tr), []string{"|shared prefix, [b]"}; !slices.Equal(got, want) {
+	if got, want := treeEdges(tr), []string{"|shared prefix, [b]"}; !slices.Equal(got, want) {
 		t.Errorf("after one release of b: got %q, want %q", got, want)
 	}
 }
 
 func TestRadixRemoveWorker(t *testing.T) {
 	tr := newRadixTree()
-	put(tr, "a", "common start then a", 1)
-	put(tr, "b", "common start then b", 2)
-	put(tr, "a", "only a", 3)
+	treePut(tr, "a", "common start then a", 1)
+	treePut(tr, "b", "common start then b", 2)
+	treePut(tr, "a", "only a", 3)
 	tr.remove("a")
 	checkTree(t, tr)
-	if got, want := edges(tr), []string{"|common start then [b]", "common start then |b[b]"}; !slices.Equal(got, want) {
+	if got, want := treeEdges(tr), []string{"|common start then [b]", "common start then |b[b]"}; !slices.Equal(got, want) {
 		t.Errorf("edges: got %q, want %q", got, want)
 	}
 	if _, ok := tr.slots["a"]; ok {
@@ -346,11 +346,11 @@ func TestRadixRemoveWorker(t *testing.T) {
 	}
 	tr.remove("a") // removing twice is harmless
 	gen := tr.gen
-	put(tr, "c", "only c", 4) // c reuses a's slot
+	treePut(tr, "c", "only c", 4) // c reuses a's slot
 	if got, want := tr.slot("c"), int32(0); got != want {
 		t.Errorf("slot of c: got %d, want %d (a's, released)", got, want)
 	}
-	if got, want := holdings(tr, "only c"), map[string]int{"c": 6}; !maps.Equal(got, want) {
+	if got, want := treeHoldings(tr, "only c"), map[string]int{"c": 6}; !maps.Equal(got, want) {
 		t.Errorf("holdings: got %v, want %v", got, want)
 	}
 	if tr.gen != gen {
@@ -383,8 +383,8 @@ func TestRadixRandomised(t *testing.T) {
 		switch r := rnd.IntN(100); {
 		case r < 80:
 			p := prompt()
-			put(tr, id, p, int64(i))
-			if got := holdings(tr, p)[id]; got != len(p) {
+			treePut(tr, id, p, int64(i))
+			if got := treeHoldings(tr, p)[id]; got != len(p) {
 				t.Fatalf("step %d: %s holds %d bytes of %q, want all", i, id, got, p)
 			}
 		case r < 97:
