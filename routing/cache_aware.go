@@ -210,25 +210,32 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	defer c.mu.Unlock()
 	v := c.viewOf(workers)
 
-	least := candidate{i: -1}
-	var minLoad, maxLoad int64
+	least := candidate{i: -1} // least.load is the minimum load
+	var maxLoad int64
 	for i, w := range workers {
+		load := w.InFlight()
+		if least.i >= 0 && load > least.load && load <= maxLoad {
+			// Changes neither the least loaded worker nor the load range, eligible or not: in a
+			// large fleet most workers cost this one atomic load.
+			continue
+		}
 		if !r.Eligible(w) {
 			continue
 		}
-		cd := candidate{i: i, load: w.InFlight(), tokens: w.InFlightTokens(), rank: c.bytesOf(v.slotOf[i])}
-		if least.i < 0 {
-			least, minLoad, maxLoad = cd, cd.load, cd.load
-			continue
-		}
-		minLoad, maxLoad = min(minLoad, cd.load), max(maxLoad, cd.load)
-		if cd.lighter(least) || !least.lighter(cd) && cd.rank < least.rank {
+		cd := candidate{i: i, load: load, tokens: w.InFlightTokens(), rank: c.bytesOf(v.slotOf[i])}
+		switch {
+		case least.i < 0:
+			least, maxLoad = cd, load
+		case load > maxLoad:
+			maxLoad = load
+		case cd.lighter(least) || !least.lighter(cd) && cd.rank < least.rank:
 			least = cd
 		}
 	}
 	if least.i < 0 {
 		return nil, RouteCacheMiss
 	}
+	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
 
 	d := c.tree.descend(r.Prompt)

@@ -51,6 +51,30 @@ type node struct {
 	children []*node   // distinct first bytes
 	slots    []int32   // slot of each holder, in the order of holders (scanned without a pointer chase)
 	holders  []*holder // the workers that hold this prefix
+
+	// Room for the first holder, so that a new node costs one allocation besides its label.
+	slot0   [1]int32
+	holder0 [1]*holder
+	h0      holder // in use while h0.node != nil
+}
+
+func newNode(label string, end int, parent *node) *node {
+	n := &node{label: label, end: end, parent: parent}
+	n.slots, n.holders = n.slot0[:0], n.holder0[:0]
+	return n
+}
+
+// hold records that slot holds n, last accessed at last, and returns the new holder, which the
+// caller links into the worker's LRU list.
+func (n *node) hold(slot int32, last int64) *holder {
+	h := &n.h0
+	if h.node != nil {
+		h = new(holder)
+	}
+	*h = holder{node: n, last: last, slot: slot}
+	n.slots = append(n.slots, slot)
+	n.holders = append(n.holders, h)
+	return h
 }
 
 // holder records that one worker holds one node.
@@ -149,7 +173,7 @@ func (t *radixTree) insert(prompt string, d descent, slot int32, now int64) int6
 		n = t.split(d.child, d.into)
 	}
 	if n.end < len(prompt) {
-		leaf := &node{label: strings.Clone(prompt[n.end:]), end: len(prompt), parent: n}
+		leaf := newNode(strings.Clone(prompt[n.end:]), len(prompt), n)
 		n.keys = append(n.keys, leaf.label[0])
 		n.children = append(n.children, leaf)
 		t.nodes++
@@ -176,34 +200,34 @@ func (t *radixTree) touch(n *node, slot int32, w *treeWorker, now int64) {
 			return
 		}
 	}
-	h := &holder{node: n, last: now, slot: slot}
-	n.slots = append(n.slots, slot)
-	n.holders = append(n.holders, h)
 	w.bytes += int64(len(n.label))
-	pushFront(&w.lru, h)
+	pushFront(&w.lru, n.hold(slot, now))
 }
 
 // split cuts c after its first k bytes (0 < k < len(c.label)) and returns the new upper node,
 // which every holder of c also holds, just more recently than c in its LRU list.
 func (t *radixTree) split(c *node, k int) *node {
 	p := c.parent
-	up := &node{label: strings.Clone(c.label[:k]), end: c.end - len(c.label) + k, parent: p}
-	// Both halves get their own copy so that evicting one frees its bytes.
-	c.label = strings.Clone(c.label[k:])
+	upper, lower := c.label[:k], c.label[k:]
+	// Copy the smaller half; the larger one keeps the array it was cut from, so the bytes a label
+	// keeps alive stay within twice its length while copying at most half of it.
+	if k <= len(lower) {
+		upper = strings.Clone(upper)
+	} else {
+		lower = strings.Clone(lower)
+	}
+	up := newNode(upper, c.end-len(lower), p)
+	c.label = lower
 	c.parent = up
-	p.children[bytes.IndexByte(p.keys, up.label[0])] = up
-	up.keys = []byte{c.label[0]}
+	p.children[bytes.IndexByte(p.keys, upper[0])] = up
+	up.keys = []byte{lower[0]}
 	up.children = []*node{c}
-	up.slots = make([]int32, len(c.slots))
-	copy(up.slots, c.slots)
-	up.holders = make([]*holder, len(c.holders))
-	for i, h := range c.holders {
-		u := &holder{node: up, last: h.last, slot: h.slot}
+	for _, h := range c.holders {
+		u := up.hold(h.slot, h.last)
 		// Just ahead of h: more recent than c, still less recent than up's own ancestors.
 		u.prev, u.next = h.prev, h
 		h.prev.next = u
 		h.prev = u
-		up.holders[i] = u
 	}
 	t.nodes++
 	return up
@@ -246,6 +270,7 @@ func (t *radixTree) release(w *treeWorker, h *holder) {
 	w.bytes -= int64(len(n.label))
 	for i, s := range n.slots {
 		if s == h.slot {
+			*h = holder{} // frees n.h0 if h is it
 			last := len(n.slots) - 1
 			n.slots[i], n.holders[i] = n.slots[last], n.holders[last]
 			n.holders[last] = nil
