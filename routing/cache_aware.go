@@ -191,7 +191,7 @@ type candidate struct {
 	i      int // index in the snapshot; -1 for none
 	load   int64
 	tokens int64
-	rank   int64 // last access (warm candidates) or mirrored bytes (cold ones); see better
+	rank   int64 // last access (warm candidates: higher wins) or mirrored bytes (cold ones: lower wins)
 }
 
 // lighter reports whether a carries less load than b.
@@ -202,9 +202,10 @@ func (a candidate) lighter(b candidate) bool {
 	return a.tokens < b.tokens
 }
 
-// Pick implements Policy. It takes the policy's mutex; its cost is one pass over workers plus a
-// descent of r.Prompt and, when the prompt extends the tree, one to three small allocations and a
-// copy of the new part.
+// Pick implements Policy. It takes the policy's mutex; its cost is one pass over workers (one
+// atomic load for most of them), a descent of r.Prompt and a walk back up the matched path. A
+// prompt the chosen worker already holds allocates nothing; one that extends the tree costs a node
+// and a copy of the new bytes, plus a node and a copy of the smaller half of a split edge.
 func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

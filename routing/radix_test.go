@@ -395,3 +395,43 @@ func TestRadixRandomised(t *testing.T) {
 		checkTree(t, tr)
 	}
 }
+
+// TestRadixMatchesModel compares the tree with a plain list of the prompts each worker was given:
+// without eviction, a worker's match of a query is its longest common prefix with any of them.
+func TestRadixMatchesModel(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(5, 6))
+	prompt := func() string {
+		b := make([]byte, rnd.IntN(16))
+		for i := range b {
+			b[i] = "abc"[rnd.IntN(3)]
+		}
+		return string(b)
+	}
+	ids := []string{"w0", "w1", "w2"}
+	model := map[string][]string{}
+	tr := newRadixTree()
+	for step := range 2000 {
+		id := ids[rnd.IntN(len(ids))]
+		if rnd.IntN(50) == 0 {
+			tr.remove(id)
+			delete(model, id)
+		} else {
+			p := prompt()
+			treePut(tr, id, p, int64(step))
+			model[id] = append(model[id], p)
+		}
+		q := prompt()
+		want := map[string]int{}
+		for id, ps := range model {
+			for _, p := range ps {
+				if n := commonPrefix(p, q); n > 0 && n > want[id] {
+					want[id] = n
+				}
+			}
+		}
+		if got := treeHoldings(tr, q); !maps.Equal(got, want) {
+			t.Fatalf("step %d, query %q: got %v, want %v", step, q, got, want)
+		}
+	}
+	checkTree(t, tr)
+}
