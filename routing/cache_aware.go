@@ -144,7 +144,8 @@ const evictBatch = 1024
 //
 // Lifecycle: the owner of a CacheAware (the Pool) runs Run for as long as the policy is in use and
 // calls WorkerRemoved when a worker leaves the model. Without Run, memory still stays under the
-// hard cap.
+// hard cap; without WorkerRemoved, Run still forgets a worker one EvictionInterval after it left
+// the snapshots.
 type CacheAware struct {
 	cfg  CacheAwareConfig
 	now  func() time.Time
@@ -396,7 +397,12 @@ func (c *CacheAware) Run(ctx context.Context) {
 // Evict trims every worker that mirrors more than MaxBytesPerWorker back to it, least recently
 // used prefixes first, and returns the number of entries released. It takes the mutex for at
 // most evictBatch releases at a time. Run calls it; so may tests and shutdown code.
+//
+// It also drops, as WorkerRemoved would, the entries of a worker that has been missing from the
+// snapshots Pick receives for at least EvictionInterval: a safety net for an owner that does not
+// report removals, or a Pick on a stale snapshot that chose a worker already removed.
 func (c *CacheAware) Evict() int {
+	c.forgetAbsent()
 	released := 0
 	for {
 		c.mu.Lock()
@@ -417,10 +423,28 @@ func (c *CacheAware) Evict() int {
 	}
 }
 
+// forgetAbsent removes the workers missing from the last snapshot for EvictionInterval or more.
+func (c *CacheAware) forgetAbsent() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now().UnixNano()
+	for s, w := range c.tree.workers {
+		switch {
+		case w == nil:
+		case s < len(c.view.indexOf) && c.view.indexOf[s] >= 0:
+			w.absentSince = 0
+		case w.absentSince == 0:
+			w.absentSince = now
+		case now-w.absentSince >= int64(c.cfg.EvictionInterval):
+			c.tree.remove(w.id)
+		}
+	}
+}
+
 // WorkerRemoved drops everything the tree holds for worker id. The Pool calls it when the worker
 // leaves the model (removed through the admin API or the configuration); a worker that is only
-// unhealthy or draining keeps its entries. Safe for concurrent use; cost proportional to the
-// worker's entries.
+// unhealthy or draining keeps its entries. A worker that comes back under the same ID starts
+// cold. Safe for concurrent use; cost proportional to the worker's entries.
 func (c *CacheAware) WorkerRemoved(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

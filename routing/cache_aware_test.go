@@ -370,6 +370,33 @@ func TestCacheAwareWorkerRemoved(t *testing.T) {
 	c.WorkerRemoved("unknown") // harmless
 }
 
+func TestCacheAwareForgetsWorkersMissingFromTheSnapshot(t *testing.T) {
+	c, clock := newTestCacheAware(t, CacheAwareConfig{EvictionInterval: time.Minute})
+	ws := cacheWorkers(t, 2)
+	c.Pick(context.Background(), &Request{Model: "m", Prompt: "alpha!"}, ws)
+	c.Pick(context.Background(), &Request{Model: "m", Prompt: "bravo!"}, ws)
+	c.Evict()
+	if got, _, _ := c.CachedBytes("w1"); got != 6 {
+		t.Fatalf("w1 in the snapshot: got %d bytes, want 6", got)
+	}
+	// The pool drops w1 without telling the policy.
+	c.Pick(context.Background(), &Request{Model: "m", Prompt: "alpha!"}, ws[:1])
+	for _, step := range []struct {
+		advance time.Duration
+		want    int64
+	}{{0, 6}, {59 * time.Second, 6}, {time.Second, 0}} {
+		clock.advance(step.advance)
+		c.Evict()
+		if got, _, _ := c.CachedBytes("w1"); got != step.want {
+			t.Errorf("after %s more: got %d bytes for w1, want %d", step.advance, got, step.want)
+		}
+	}
+	if got, _, _ := c.CachedBytes("w0"); got != 6 {
+		t.Errorf("w0: got %d bytes, want 6", got)
+	}
+	checkTree(t, c.tree)
+}
+
 // TestCacheAwareConcurrent runs Picks, evictions and removals together; run with -race.
 func TestCacheAwareConcurrent(t *testing.T) {
 	c, clock := newTestCacheAware(t, CacheAwareConfig{MaxBytesPerWorker: 2000, EvictNowFactor: 2})

@@ -40,6 +40,9 @@ type treeWorker struct {
 	id    string
 	bytes int64  // label bytes of the nodes this worker holds: what MaxBytesPerWorker bounds
 	lru   holder // sentinel of a ring: lru.next is the most recent entry, lru.prev the least
+	// absentSince is when CacheAware first found the worker missing from its snapshot (Unix
+	// nanoseconds), 0 while it is present.
+	absentSince int64
 }
 
 // node is one edge of the tree and the prefix that ends with it.
