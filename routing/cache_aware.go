@@ -34,7 +34,7 @@ const (
 // Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
 const (
 	DefaultCacheThreshold      = 0.5      // SGLang's cache_threshold
-	DefaultBalanceAbsThreshold = 32       // requests; SGLang's balance_abs_threshold
+	DefaultBalanceAbsThreshold = 8        // requests; see CacheAwareConfig
 	DefaultBalanceRelThreshold = 1.5      // SGLang's balance_rel_threshold
 	DefaultMaxBytesPerWorker   = 32 << 20 // prompt bytes, about 8M tokens: above most KV caches
 	DefaultEvictionInterval    = 10 * time.Second
@@ -51,7 +51,13 @@ type CacheAwareConfig struct {
 	// BalanceAbsThreshold and BalanceRelThreshold define imbalance over the eligible workers'
 	// in-flight requests: imbalanced when max-min > BalanceAbsThreshold AND max >
 	// min*BalanceRelThreshold. A worker is overloaded when the same test holds for its own load
-	// in place of max. Defaults 32 and 1.5; Abs >= 0 (0 is taken as the default), Rel >= 1.
+	// in place of max. Defaults 8 and 1.5; Abs >= 0 (0 is taken as the default), Rel >= 1.
+	//
+	// The relative test decides at high load, the absolute one at low load. SGLang's router
+	// defaults to 64 (older versions 32) for large fleets; with a few workers carrying tens of
+	// requests each, 32 lets one worker run 1.4 to 2 times the mean load in a simulated
+	// shared-prefix workload, while 8 keeps it near 1.15 at the price of copying hot prefixes
+	// to more workers (TestCacheAwareSharedPrefixLoad).
 	BalanceAbsThreshold int64   `yaml:"balance_abs_threshold"`
 	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
 	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least

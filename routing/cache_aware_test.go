@@ -47,7 +47,7 @@ func newTestCacheAware(t testing.TB, cfg CacheAwareConfig) (*CacheAware, *cacheC
 func TestCacheAwareConfig(t *testing.T) {
 	var def CacheAwareConfig
 	def.SetDefaults()
-	want := CacheAwareConfig{Threshold: 0.5, BalanceAbsThreshold: 32, BalanceRelThreshold: 1.5,
+	want := CacheAwareConfig{Threshold: 0.5, BalanceAbsThreshold: 8, BalanceRelThreshold: 1.5,
 		MaxBytesPerWorker: 32 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2}
 	if def != want {
 		t.Errorf("defaults: got %+v, want %+v", def, want)
@@ -101,7 +101,7 @@ func TestCacheAwareConfig(t *testing.T) {
 }
 
 func TestCacheAwareImbalanceTest(t *testing.T) {
-	c, _ := newTestCacheAware(t, CacheAwareConfig{})
+	c, _ := newTestCacheAware(t, CacheAwareConfig{BalanceAbsThreshold: 32, BalanceRelThreshold: 1.5})
 	tests := []struct {
 		load, min int64
 		want      bool
@@ -193,7 +193,7 @@ func TestCacheAwarePick(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, clock := newTestCacheAware(t, CacheAwareConfig{})
+			c, clock := newTestCacheAware(t, CacheAwareConfig{BalanceAbsThreshold: 32})
 			ws := cacheWorkers(t, 4)
 			for _, h := range tt.held {
 				clock.advance(time.Second)
@@ -395,6 +395,69 @@ func TestCacheAwareForgetsWorkersMissingFromTheSnapshot(t *testing.T) {
 		t.Errorf("w0: got %d bytes, want 6", got)
 	}
 	checkTree(t, c.tree)
+}
+
+// TestCacheAwareSharedPrefixLoad simulates, tick by tick, four workers serving 16 system
+// prompts of skewed popularity, each request staying in flight 10 to 40 ticks: with the defaults,
+// the prompts stay on few workers and the load stays close to the mean.
+func TestCacheAwareSharedPrefixLoad(t *testing.T) {
+	const groups, ticks, perTick = 16, 2000, 4
+	c, _ := newTestCacheAware(t, CacheAwareConfig{})
+	ws := cacheWorkers(t, 4)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	systems := make([]string, groups)
+	for g := range systems {
+		systems[g] = strings.Repeat(fmt.Sprintf("system prompt %d. ", g), 60)
+	}
+	type job struct {
+		w   *Worker
+		end int
+	}
+	var jobs []job
+	servedBy := make([]map[*Worker]bool, groups) // the workers each group has been sent to
+	repeats, picks := 0, 0
+	var sumMax, sumMean float64
+	for tick := range ticks {
+		kept := jobs[:0]
+		for _, j := range jobs {
+			if j.end > tick {
+				kept = append(kept, j)
+			} else {
+				j.w.inFlight.Add(-1)
+			}
+		}
+		jobs = kept
+		for range perTick {
+			g := min(groups-1, int(rnd.ExpFloat64()*3))
+			w, _ := c.Pick(context.Background(), &Request{Model: "m", Prompt: fmt.Sprintf("%squestion %d", systems[g], rnd.IntN(1e6))}, ws)
+			if servedBy[g] == nil {
+				servedBy[g] = map[*Worker]bool{}
+			}
+			if servedBy[g][w] {
+				repeats++
+			}
+			servedBy[g][w] = true
+			picks++
+			w.inFlight.Add(1)
+			jobs = append(jobs, job{w, tick + 10 + rnd.IntN(31)})
+		}
+		var top, sum int64
+		for _, w := range ws {
+			top, sum = max(top, w.InFlight()), sum+w.InFlight()
+		}
+		sumMax, sumMean = sumMax+float64(top), sumMean+float64(sum)/float64(len(ws))
+	}
+	pairs, seen := 0, 0
+	for _, m := range servedBy {
+		if m != nil {
+			pairs, seen = pairs+len(m), seen+1
+		}
+	}
+	warm, ratio, spread := float64(repeats)/float64(picks), sumMax/sumMean, float64(pairs)/float64(seen)
+	t.Logf("requests to a worker already warm for their prompt %.3f, mean max/mean load %.2f, workers per prompt %.2f", warm, ratio, spread)
+	if warm < 0.99 || ratio > 1.25 || spread > 3 {
+		t.Errorf("got warm %.3f, load max/mean %.2f, workers per prompt %.2f; want >= 0.99, <= 1.25, <= 3", warm, ratio, spread)
+	}
 }
 
 // TestCacheAwareConcurrent runs Picks, evictions and removals together; run with -race.
