@@ -145,7 +145,7 @@ const evictBatch = 1024
 //
 // Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
 // inserts), so a read lock would buy nothing. A Pick holds it for one scan of the workers, one
-// descent of the prompt (64-byte compares) and a walk up the matched path; Run holds it for at
+// descent of the prompt (vectorised compares) and a walk up the matched path; Run holds it for at
 // most evictBatch releases at a time. Worker loads are read atomically.
 //
 // Lifecycle: the owner of a CacheAware (the Pool) runs Run for as long as the policy is in use and

@@ -11,7 +11,7 @@ import (
 // the prefix that ends at it, with each worker's last access.
 //
 // Tokens are bytes of the prompt. A byte tree needs no tokenizing pass and no token buffer (edge
-// labels are compared as substrings of the prompt, 64 bytes at a time), it is exact about a shared
+// labels are compared as substrings of the prompt with the runtime's vectorised equality), it is exact about a shared
 // prefix that ends inside a word, and a byte count tracks the worker's KV cache in model tokens
 // closely enough (about 4 bytes a token) for a match ratio and a memory bound. SGLang's tree is
 // keyed by characters for the same reasons.
@@ -149,16 +149,20 @@ func (t *radixTree) descend(prompt string) descent {
 	return descent{n: n}
 }
 
-// commonPrefix returns the length of the longest common prefix of a and b. It compares 64-byte
-// blocks with the runtime's vectorised string equality before finishing byte by byte.
+// commonPrefix returns the length of the longest common prefix of a and b. Most edges of a
+// descent match whole, which one call of the runtime's vectorised string equality settles; the
+// edge where the prompt leaves the tree is narrowed down in blocks of 256 and 16 bytes.
 func commonPrefix(a, b string) int {
 	n := min(len(a), len(b))
-	i := 0
-	for i+64 <= n && a[i:i+64] == b[i:i+64] {
-		i += 64
+	if a[:n] == b[:n] {
+		return n
 	}
-	for i+8 <= n && a[i:i+8] == b[i:i+8] {
-		i += 8
+	i := 0
+	for i+256 <= n && a[i:i+256] == b[i:i+256] {
+		i += 256
+	}
+	for i+16 <= n && a[i:i+16] == b[i:i+16] {
+		i += 16
 	}
 	for i < n && a[i] == b[i] {
 		i++

@@ -258,6 +258,7 @@ func TestRadixInsertSplitMatch(t *testing.T) {
 
 func TestRadixCommonPrefix(t *testing.T) {
 	long := strings.Repeat("0123456789abcdef", 20)
+	huge := strings.Repeat("0123456789abcdef", 250)
 	tests := []struct {
 		a, b string
 		want int
@@ -272,6 +273,12 @@ func TestRadixCommonPrefix(t *testing.T) {
 		{long, long[:64] + "!", 64},
 		{long, long[:200] + "!", 200},
 		{long, long[:71] + "!", 71},
+		{huge, huge, len(huge)},
+		{huge, huge[:255] + "!", 255},
+		{huge, huge[:256] + "!", 256},
+		{huge, huge[:257] + "!", 257},
+		{huge, huge[:1000] + "!" + huge[1001:], 1000},
+		{huge, huge[:len(huge)-1] + "!", len(huge) - 1},
 	}
 	for _, tt := range tests {
 		if got := commonPrefix(tt.a, tt.b); got != tt.want {
