@@ -26,9 +26,9 @@ const (
 	// RouteCacheRebalance: load is imbalanced and the worker holding the longest prefix is
 	// overloaded; a worker that is not overloaded but also holds Threshold of the prompt took it.
 	RouteCacheRebalance Route = "cache_rebalance"
-	// RouteLoadFallback: load is imbalanced and no worker that is not overloaded holds Threshold
+	// RouteCacheLoadFallback: load is imbalanced and no worker that is not overloaded holds Threshold
 	// of the prompt; the least loaded worker took it.
-	RouteLoadFallback Route = "load_fallback"
+	RouteCacheLoadFallback Route = "load_fallback"
 )
 
 // Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
@@ -96,8 +96,14 @@ func (c *CacheAwareConfig) SetDefaults() {
 
 // Validate reports every invalid field of c (after SetDefaults), each error naming its field.
 func (c CacheAwareConfig) Validate() error {
+	return errors.Join(c.validate("cache_aware")...)
+}
+
+// validate reports the problems of c, each naming its field below prefix (e.g.
+// `routing.models["m"].cache_aware`).
+func (c CacheAwareConfig) validate(prefix string) []error {
 	var errs []error
-	bad := func(field, msg string) { errs = append(errs, fmt.Errorf("cache_aware.%s: %s", field, msg)) }
+	bad := func(field, msg string) { errs = append(errs, fmt.Errorf("%s.%s: %s", prefix, field, msg)) }
 	if math.IsNaN(c.Threshold) || c.Threshold <= 0 || c.Threshold > 1 {
 		bad("threshold", "must be in (0, 1]")
 	}
@@ -116,7 +122,7 @@ func (c CacheAwareConfig) Validate() error {
 	if math.IsNaN(c.EvictNowFactor) || c.EvictNowFactor < 1 {
 		bad("evict_now_factor", "must be at least 1")
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // evictBatch bounds the entries one eviction step releases under the lock, so a large trim by Run
@@ -137,7 +143,7 @@ const evictBatch = 1024
 //  3. Imbalanced: the same choice among workers that are not overloaded: a lighter worker that
 //     also holds Threshold of the prompt is preferred to a cold one (RouteCacheHit when it is
 //     the overall best match, else RouteCacheRebalance); if none holds it, the least loaded
-//     worker takes it (RouteLoadFallback).
+//     worker takes it (RouteCacheLoadFallback).
 //
 // The chosen worker is then recorded as holding the whole prompt, in the same critical section
 // and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
@@ -149,8 +155,8 @@ const evictBatch = 1024
 // most evictBatch releases at a time. Worker loads are read atomically.
 //
 // Lifecycle: the owner of a CacheAware (the Pool) runs Run for as long as the policy is in use and
-// calls WorkerRemoved when a worker leaves the model. Without Run, memory still stays under the
-// hard cap; without WorkerRemoved, Run still forgets a worker one EvictionInterval after it left
+// calls WorkersChanged when the model's workers change. Without Run, memory still stays under the
+// hard cap; without WorkersChanged, Run still forgets a worker one EvictionInterval after it left
 // the snapshots.
 type CacheAware struct {
 	cfg  CacheAwareConfig
@@ -259,7 +265,7 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	case imbalanced && light.i >= 0:
 		chosen, route = light, RouteCacheRebalance
 	case imbalanced:
-		route = RouteLoadFallback
+		route = RouteCacheLoadFallback
 	}
 
 	slot := v.slotOf[chosen.i]
@@ -404,7 +410,7 @@ func (c *CacheAware) Run(ctx context.Context) {
 // used prefixes first, and returns the number of entries released. It takes the mutex for at
 // most evictBatch releases at a time. Run calls it; so may tests and shutdown code.
 //
-// It also drops, as WorkerRemoved would, the entries of a worker that has been missing from the
+// It also drops, as WorkersChanged would, the entries of a worker that has been missing from the
 // snapshots Pick receives for at least EvictionInterval: a safety net for an owner that does not
 // report removals, or a Pick on a stale snapshot that chose a worker already removed.
 func (c *CacheAware) Evict() int {
@@ -447,14 +453,27 @@ func (c *CacheAware) forgetAbsent() {
 	}
 }
 
-// WorkerRemoved drops everything the tree holds for worker id. The Pool calls it when the worker
-// leaves the model (removed through the admin API or the configuration); a worker that is only
-// unhealthy or draining keeps its entries. A worker that comes back under the same ID starts
-// cold. Safe for concurrent use; cost proportional to the worker's entries.
-func (c *CacheAware) WorkerRemoved(id string) {
+// WorkersChanged forgets every worker missing from workers, the model's new snapshot (nil when
+// the model lost its last worker): its entries leave the tree, and a worker that comes back under
+// the same ID starts cold. A worker that is only unhealthy or draining stays in the snapshot and
+// keeps its entries. The Pool calls it after every membership change of the model (the
+// workersObserver hook). Safe for concurrent use; costs a set of the snapshot's IDs plus the
+// removed workers' entries.
+func (c *CacheAware) WorkersChanged(workers []*Worker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.tree.remove(id)
+	if len(c.tree.slots) == 0 {
+		return
+	}
+	keep := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		keep[w.ID()] = true
+	}
+	for id := range c.tree.slots {
+		if !keep[id] {
+			c.tree.remove(id)
+		}
+	}
 }
 
 // CachedBytes returns the prompt bytes the tree mirrors for worker id (0 if none) and the nodes

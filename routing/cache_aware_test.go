@@ -17,20 +17,12 @@ type cacheClock struct{ ns atomic.Int64 }
 func (c *cacheClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *cacheClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// cacheWorkers returns n idle workers w0..w(n-1) of model m, with the default caps.
+// cacheWorkers returns n idle workers w0..w(n-1) of model m, with the default caps, from a pool of
+// their own that runs nothing.
 func cacheWorkers(t testing.TB, n int) []*Worker {
 	t.Helper()
-	var cfg Config
-	cfg.SetDefaults()
-	ws := make([]*Worker, n)
-	for i, spec := range testWorkers(n, "m") {
-		w, err := newWorker(spec, cfg)
-		if err != nil {
-			t.Fatalf("newWorker: %v", err)
-		}
-		ws[i] = w
-	}
-	return ws
+	p, _ := newTestPool(t, Config{Workers: testWorkers(n, "m")})
+	return modelWorkers(t, p, "m")
 }
 
 func newTestCacheAware(t testing.TB, cfg CacheAwareConfig) (*CacheAware, *cacheClock) {
@@ -163,9 +155,9 @@ func TestCacheAwarePick(t *testing.T) {
 		{name: "imbalanced elsewhere: the best holder is not overloaded and keeps it",
 			held: []held{{1, docA}}, loads: [4]int64{40, 0, 0, 0}, prompt: docA + "?", want: 1, route: RouteCacheHit},
 		{name: "imbalanced and no light warm worker: the least loaded",
-			held: []held{{1, docA}}, loads: [4]int64{3, 40, 1, 2}, prompt: docA + "?", want: 2, route: RouteLoadFallback},
+			held: []held{{1, docA}}, loads: [4]int64{3, 40, 1, 2}, prompt: docA + "?", want: 2, route: RouteCacheLoadFallback},
 		{name: "imbalanced, the light holders hold too little: the least loaded",
-			held: []held{{1, docA}, {2, docA[:10]}}, loads: [4]int64{3, 40, 1, 0}, prompt: docA + "?", want: 3, route: RouteLoadFallback},
+			held: []held{{1, docA}, {2, docA[:10]}}, loads: [4]int64{3, 40, 1, 0}, prompt: docA + "?", want: 3, route: RouteCacheLoadFallback},
 		{name: "absolute gap without the relative one is balanced",
 			held: []held{{1, docA}}, loads: [4]int64{100, 140, 100, 100}, prompt: docA + "?", want: 1, route: RouteCacheHit},
 		{name: "an ineligible worker's load does not make the pool imbalanced",
@@ -331,7 +323,7 @@ func TestCacheAwareRunTrimsWhenWoken(t *testing.T) {
 	}
 }
 
-func TestCacheAwareWorkerRemoved(t *testing.T) {
+func TestCacheAwareWorkersChanged(t *testing.T) {
 	c, _ := newTestCacheAware(t, CacheAwareConfig{})
 	ws := cacheWorkers(t, 3)
 	prompt := strings.Repeat("shared system prompt ", 10) + "user turn"
@@ -343,7 +335,8 @@ func TestCacheAwareWorkerRemoved(t *testing.T) {
 	ws[2].inFlight.Store(2)
 	c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt, Exclude: []string{"w0"}}, ws) // w1 warms too
 
-	c.WorkerRemoved("w0")
+	without := []*Worker{ws[1], ws[2]} // the pool's new snapshot
+	c.WorkersChanged(without)
 	if got, _, _ := c.CachedBytes("w0"); got != 0 {
 		t.Errorf("w0 after removal: got %d bytes, want 0", got)
 	}
@@ -352,22 +345,23 @@ func TestCacheAwareWorkerRemoved(t *testing.T) {
 		t.Errorf("holdings after removal: got %v, want only w1 with %d", got, len(prompt))
 	}
 
-	// The pool publishes a snapshot without w0 and, later, one with a new w0.
-	without := []*Worker{ws[1], ws[2]}
 	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt}, without); w != ws[1] || route != RouteCacheHit {
 		t.Errorf("without w0: got %s by %s, want w1 by %s", w.ID(), route, RouteCacheHit)
 	}
 	again := cacheWorkers(t, 1)[0]
-	again.inFlight.Store(0)
 	ws[1].inFlight.Store(1)
 	with := []*Worker{again, ws[1], ws[2]}
+	c.WorkersChanged(with)
 	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: "something new"}, with); w != again || route != RouteCacheMiss {
 		t.Errorf("new w0, cold prompt: got %s by %s, want the new w0 by %s", w.ID(), route, RouteCacheMiss)
 	}
 	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt}, with); w != ws[1] || route != RouteCacheHit {
 		t.Errorf("new w0, old prompt: got %s by %s, want w1 by %s (the new w0 inherits nothing)", w.ID(), route, RouteCacheHit)
 	}
-	c.WorkerRemoved("unknown") // harmless
+	c.WorkersChanged(nil) // the model lost its last worker
+	if _, nodes, total := c.CachedBytes(""); nodes != 0 || total != 0 {
+		t.Errorf("after the last worker left: got %d nodes of %d bytes, want none", nodes, total)
+	}
 }
 
 func TestCacheAwareForgetsWorkersMissingFromTheSnapshot(t *testing.T) {
@@ -487,7 +481,7 @@ func TestCacheAwareConcurrent(t *testing.T) {
 		for i := range 100 {
 			c.Evict()
 			if i%25 == 0 {
-				c.WorkerRemoved(fmt.Sprintf("w%d", i/25))
+				c.WorkersChanged(ws[i/25+1:])
 			}
 			c.CachedBytes("w5")
 		}
