@@ -33,10 +33,10 @@ const (
 
 // Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
 const (
-	DefaultCacheThreshold      = 0.5      // SGLang's cache_threshold
-	DefaultBalanceAbsThreshold = 8        // requests; see CacheAwareConfig
-	DefaultBalanceRelThreshold = 1.5      // SGLang's balance_rel_threshold
-	DefaultMaxBytesPerWorker   = 32 << 20 // prompt bytes, about 8M tokens: above most KV caches
+	DefaultCacheThreshold      = 0.5     // SGLang's cache_threshold
+	DefaultBalanceAbsThreshold = 8       // requests; see CacheAwareConfig
+	DefaultBalanceRelThreshold = 1.5     // SGLang's balance_rel_threshold
+	DefaultMaxBytesPerWorker   = 1 << 20 // prompt bytes; see CacheAwareConfig
 	DefaultEvictionInterval    = 10 * time.Second
 	DefaultEvictNowFactor      = 2
 )
@@ -61,8 +61,10 @@ type CacheAwareConfig struct {
 	BalanceAbsThreshold int64   `yaml:"balance_abs_threshold"`
 	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
 	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least
-	// recently used prefixes go first. Set it near the worker's KV cache (tokens × ~4 bytes): a
-	// larger tree claims prefixes the worker has already dropped. Default 32 MiB.
+	// recently used prefixes go first. Set it to what the worker's prefix cache holds, about 4
+	// bytes per KV-cache token: a larger tree claims prefixes the worker has already dropped, a
+	// smaller one forgets prefixes it still has. Default 1 MiB, about the 262,144 tokens the pool
+	// assumes of a worker by default (a 7B model on one 80 GB GPU).
 	MaxBytesPerWorker int64 `yaml:"max_bytes_per_worker"`
 	// EvictionInterval is how often Run trims every worker back to MaxBytesPerWorker. Default 10s.
 	EvictionInterval time.Duration `yaml:"eviction_interval"`

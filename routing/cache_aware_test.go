@@ -40,7 +40,7 @@ func TestCacheAwareConfig(t *testing.T) {
 	var def CacheAwareConfig
 	def.SetDefaults()
 	want := CacheAwareConfig{Threshold: 0.5, BalanceAbsThreshold: 8, BalanceRelThreshold: 1.5,
-		MaxBytesPerWorker: 32 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2}
+		MaxBytesPerWorker: 1 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2}
 	if def != want {
 		t.Errorf("defaults: got %+v, want %+v", def, want)
 	}

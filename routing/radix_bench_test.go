@@ -78,7 +78,8 @@ func cacheFixture(b *testing.B) *cacheBench {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		c, err := NewCacheAware(CacheAwareConfig{}, time.Now)
+		// Room for the whole fixture: the benchmarks measure a tree of 100,000 prompts.
+		c, err := NewCacheAware(CacheAwareConfig{MaxBytesPerWorker: 1 << 30}, time.Now)
 		if err != nil {
 			b.Fatal(err)
 		}
