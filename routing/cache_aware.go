@@ -274,8 +274,14 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	if slot < 0 {
 		slot = c.register(v, chosen.i, workers[chosen.i].ID())
 	}
-	if len(r.Prompt) > 0 {
-		c.tree.insert(r.Prompt, d, slot, c.now().UnixNano())
+	if p := r.Prompt; len(p) > 0 {
+		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
+			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
+			// at the cost of everything else the worker holds. A rare second descent.
+			p = p[:c.cfg.MaxBytesPerWorker]
+			d = c.tree.descend(p)
+		}
+		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
 	}
 	return workers[chosen.i], route

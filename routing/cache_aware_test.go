@@ -289,6 +289,28 @@ func TestCacheAwareHardCap(t *testing.T) {
 	checkTree(t, c.tree)
 }
 
+func TestCacheAwareLongPromptKeepsOnlyItsHead(t *testing.T) {
+	c, clock := newTestCacheAware(t, CacheAwareConfig{MaxBytesPerWorker: 100, EvictNowFactor: 2})
+	ws := cacheWorkers(t, 1)
+	for _, p := range []string{strings.Repeat("a", 50), strings.Repeat("b", 50), strings.Repeat("c", 500)} {
+		clock.advance(time.Second)
+		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, ws)
+	}
+	got := treeHoldings(c.tree, strings.Repeat("c", 500))["w0"]
+	if got != 100 {
+		t.Errorf("long prompt: got %d bytes mirrored, want its first 100", got)
+	}
+	for _, p := range []string{strings.Repeat("a", 50), strings.Repeat("b", 50)} {
+		if got := treeHoldings(c.tree, p)["w0"]; got != 50 {
+			t.Errorf("prompt %.1s...: got %d bytes kept, want 50 (within the hard cap)", p, got)
+		}
+	}
+	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("c", 150)}, ws); w != ws[0] || route != RouteCacheHit {
+		t.Errorf("the head of the long prompt: got %s by %s, want w0 by %s", w.ID(), route, RouteCacheHit)
+	}
+	checkTree(t, c.tree)
+}
+
 func TestCacheAwareRunTrimsWhenWoken(t *testing.T) {
 	c, _ := newTestCacheAware(t, CacheAwareConfig{MaxBytesPerWorker: 100, EvictNowFactor: 1, EvictionInterval: time.Hour})
 	ws := cacheWorkers(t, 2)
@@ -303,7 +325,8 @@ func TestCacheAwareRunTrimsWhenWoken(t *testing.T) {
 	treePut(c.tree, "w1", strings.Repeat("y", 300), 0)
 	c.mu.Unlock()
 	ws[1].draining.Store(true)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("x", 150)}, ws)
+	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("x", 80)}, ws)
+	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("z", 80)}, ws)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got, _, _ := c.CachedBytes("w1")
