@@ -146,7 +146,7 @@ func (s *Server) removeWorker(c echo.Context) error {
 
 func (s *Server) drainWorker(c echo.Context) error {
 	id := c.Param("id")
-	if err := s.pool.Drain(id); err != nil {
+	if err := s.pool.Drain(c.Request().Context(), id); err != nil {
 		return s.adminError(c, err)
 	}
 	s.audit(c, "worker.drain", id)
@@ -156,7 +156,7 @@ func (s *Server) drainWorker(c echo.Context) error {
 
 func (s *Server) undrainWorker(c echo.Context) error {
 	id := c.Param("id")
-	if err := s.pool.Undrain(id); err != nil {
+	if err := s.pool.Undrain(c.Request().Context(), id); err != nil {
 		return s.adminError(c, err)
 	}
 	s.audit(c, "worker.undrain", id)
