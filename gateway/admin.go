@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -38,6 +39,9 @@ func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator) {
 	g.DELETE("/workers/:id", s.removeWorker)
 	g.POST("/workers/:id/drain", s.drainWorker)
 	g.POST("/workers/:id/undrain", s.undrainWorker)
+	g.GET("/pins", s.listPins)
+	g.POST("/pins", s.pin)
+	g.DELETE("/pins", s.unpin)
 	g.GET("/queue", s.queueSnapshot)
 }
 
@@ -88,6 +92,8 @@ func decodeAdminBody(c echo.Context, v any) error {
 
 func (s *Server) adminError(c echo.Context, err error) error {
 	switch {
+	case errors.Is(err, routing.ErrUnknownModel):
+		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Message: err.Error()})
 	case errors.Is(err, routing.ErrUnknownWorker):
 		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "worker_not_found", Message: err.Error()})
 	case errors.Is(err, routing.ErrWorkerExists):
@@ -170,6 +176,59 @@ func (s *Server) getWorkerStatus(c echo.Context, id string, status int) error {
 		return s.adminError(c, err)
 	}
 	return c.JSON(status, w)
+}
+
+// pinRequest pins a session or routing key of a tenant to a worker.
+type pinRequest struct {
+	Model  string `json:"model"`
+	Tenant string `json:"tenant"`
+	Key    string `json:"key"`
+	Worker string `json:"worker"`
+	// TTLSeconds is how long the pin lasts without use; 0 takes the model's default.
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+func (s *Server) listPins(c echo.Context) error {
+	f := routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")}
+	pins, err := s.pool.Pins(c.Request().Context(), f)
+	if err != nil {
+		return s.adminError(c, err)
+	}
+	if pins == nil {
+		pins = []routing.Pin{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"pins": pins})
+}
+
+func (s *Server) pin(c echo.Context) error {
+	var r pinRequest
+	if err := decodeAdminBody(c, &r); err != nil {
+		return s.adminError(c, err)
+	}
+	if r.Model == "" || r.Tenant == "" || r.Key == "" || r.Worker == "" {
+		return s.adminError(c, badRequest("", "model, tenant, key and worker are required"))
+	}
+	if r.TTLSeconds < 0 {
+		return s.adminError(c, badRequest("ttl_seconds", "ttl_seconds must not be negative"))
+	}
+	ttl := time.Duration(r.TTLSeconds) * time.Second
+	if err := s.pool.Pin(c.Request().Context(), r.Model, r.Tenant, r.Key, r.Worker, ttl); err != nil {
+		return s.adminError(c, err)
+	}
+	s.audit(c, "pin.set", r.Model+"/"+r.Tenant+"/"+r.Key+"->"+r.Worker)
+	return c.JSON(http.StatusOK, r)
+}
+
+func (s *Server) unpin(c echo.Context) error {
+	model, tenant, key := c.QueryParam("model"), c.QueryParam("tenant"), c.QueryParam("key")
+	if model == "" || tenant == "" || key == "" {
+		return s.adminError(c, badRequest("", "query parameters model, tenant and key are required"))
+	}
+	if err := s.pool.Unpin(c.Request().Context(), model, tenant, key); err != nil {
+		return s.adminError(c, err)
+	}
+	s.audit(c, "pin.delete", model+"/"+tenant+"/"+key)
+	return c.NoContent(http.StatusNoContent)
 }
 
 // queueView is one model's queue in the admin API.

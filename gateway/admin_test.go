@@ -150,3 +150,78 @@ func toJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
+	a := newFakeWorker(t, nil)
+	b := newFakeWorker(t, nil)
+	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
+	g := startStickyGateway(t, specs)
+	for _, worker := range []string{"b", "a"} {
+		body := `{"model":"m1","tenant":"t1","key":"sess-1","worker":"` + worker + `","ttl_seconds":60}`
+		if resp, out := g.admin(t, "POST", "/pins", adminToken, body); resp.StatusCode != 200 {
+			t.Fatalf("pin: %d %v", resp.StatusCode, out)
+		}
+		for i := 0; i < 3; i++ {
+			resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"})
+			if got := resp.Header.Get(headerWorker); got != worker {
+				t.Fatalf("pinned to %s: request %d went to %q", worker, i, got)
+			}
+		}
+	}
+	resp, out := g.admin(t, "GET", "/pins?worker=a", adminToken, "")
+	if pins, _ := out["pins"].([]any); resp.StatusCode != 200 || len(pins) != 1 {
+		t.Fatalf("pins of a: got %d %v, want one", resp.StatusCode, out)
+	}
+	if resp, _ := g.admin(t, "DELETE", "/pins?model=m1&tenant=t1&key=sess-1", adminToken, ""); resp.StatusCode != 204 {
+		t.Fatalf("unpin: got %d, want 204", resp.StatusCode)
+	}
+	if _, out := g.admin(t, "GET", "/pins", adminToken, ""); len(out["pins"].([]any)) != 0 {
+		t.Fatalf("pins after unpin: %v", out)
+	}
+	for _, bad := range []string{`{"model":"m1"}`, `{"model":"m1","tenant":"t1","key":"k","worker":"zz"}`, `{"model":"nope","tenant":"t1","key":"k","worker":"a"}`} {
+		if resp, _ := g.admin(t, "POST", "/pins", adminToken, bad); resp.StatusCode < 400 || resp.StatusCode >= 500 {
+			t.Fatalf("pin %s: got %d, want a 4xx", bad, resp.StatusCode)
+		}
+	}
+}
+
+// startStickyGateway is a gateway whose model routes with sticky_session.
+func startStickyGateway(t *testing.T, specs []routing.WorkerSpec) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, specs, nil, func(d *Deps) {
+		d.Admins = tokenAdmins{}
+		d.Pool = newStickyPool(t, specs)
+	})
+}
+
+func newStickyPool(t *testing.T, specs []routing.WorkerSpec) *routing.Pool {
+	t.Helper()
+	cfg := routing.Config{Workers: specs, Policy: "sticky_session"}
+	cfg.SetDefaults()
+	pool, err := routing.NewPool(cfg, routing.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func TestTargetWorkerNeedsATierThatAllowsIt(t *testing.T) {
+	a := newFakeWorker(t, nil)
+	b := newFakeWorker(t, nil)
+	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
+	hdr := map[string]string{headerTarget: "b"}
+	if resp := startGateway(t, specs, nil).post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("tier without may_target_worker: got %d, want 403", resp.StatusCode)
+	}
+	allowed := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
+	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{allowed} })
+	for i := 0; i < 4; i++ {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.Header.Get(headerWorker) != "b" {
+			t.Fatalf("request %d: got %d from %q, want 200 from b", i, resp.StatusCode, resp.Header.Get(headerWorker))
+		}
+	}
+	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerTarget: "zz"}); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("unknown target: got %d, want 400", resp.StatusCode)
+	}
+}

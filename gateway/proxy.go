@@ -24,6 +24,7 @@ const (
 	headerRoute      = "X-Usher-Route"
 	headerSessionID  = "X-Session-ID"
 	headerRoutingKey = "X-Usher-Routing-Key"
+	headerTarget     = "X-Usher-Target-Worker"
 )
 
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
@@ -98,6 +99,11 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 	if !tier.AllowsModel(req.Model) {
 		return fmt.Errorf("model %q: %w", req.Model, errModelNotAllowed)
 	}
+	target := c.Request().Header.Get(headerTarget)
+	if target != "" && !tier.MayTargetWorker {
+		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "target_worker_not_allowed",
+			Message: fmt.Sprintf("your tier may not choose a worker with %s", headerTarget)}
+	}
 	upstream, err := req.forUpstream(body)
 	if err != nil {
 		return badRequest("", "request body cannot be forwarded: %v", err)
@@ -122,6 +128,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		Tenant:       principalOf(c).TenantID,
 		SessionID:    h.Get(headerSessionID),
 		RoutingKey:   h.Get(headerRoutingKey),
+		TargetWorker: target,
 		Prompt:       req.prompt,
 		PromptTokens: promptTokens,
 		Tokens:       promptTokens + maxOut,
