@@ -30,23 +30,24 @@ const (
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
+// It reads from the config file (YAML) and from the admin API (JSON) with the same field names.
 type WorkerSpec struct {
 	// ID names the worker in headers, metrics, pins and the admin API. Letters, digits, '.', '_'
 	// and '-' only; unique in the pool.
-	ID string `yaml:"id"`
+	ID string `yaml:"id" json:"id"`
 	// URL is the base URL, e.g. http://127.0.0.1:9001; requests go to URL + "/v1/...".
-	URL string `yaml:"url"`
+	URL string `yaml:"url" json:"url"`
 	// Models are the model names this worker serves; at least one.
-	Models []string `yaml:"models"`
+	Models []string `yaml:"models" json:"models"`
 	// MaxConcurrency caps the requests usher keeps in flight on this worker; 0 takes
 	// Config.MaxConcurrency.
-	MaxConcurrency int `yaml:"max_concurrency"`
+	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// MaxTokensInFlight caps the tokens (prompt + max output) of the requests in flight on this
 	// worker; 0 takes Config.MaxTokensInFlight.
-	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+	MaxTokensInFlight int `yaml:"max_tokens_in_flight" json:"max_tokens_in_flight,omitempty"`
 	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
 	// gateway may pass the request's class on instead of holding it back.
-	PriorityHandoff bool `yaml:"priority_handoff"`
+	PriorityHandoff bool `yaml:"priority_handoff" json:"priority_handoff,omitempty"`
 }
 
 // ModelConfig sets the policy of one model and its parameters; zero fields take defaults. Each

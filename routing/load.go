@@ -15,10 +15,10 @@ import (
 
 // LoadReport is what a worker last said about its own load on /metrics.
 type LoadReport struct {
-	Running int64     `json:"running"`  // sequences being generated
-	Waiting int64     `json:"waiting"`  // requests queued inside the worker
-	KVUsage float64   `json:"kv_usage"` // fraction of the KV cache in use, 0 to 1
-	At      time.Time `json:"at"`       // when it was read; zero: never
+	Running int64     `json:"running"`     // sequences being generated
+	Waiting int64     `json:"waiting"`     // requests queued inside the worker
+	KVUsage float64   `json:"kv_usage"`    // fraction of the KV cache in use, 0 to 1
+	At      time.Time `json:"at,omitzero"` // when it was read; zero: never
 }
 
 // loadSignal holds the last LoadReport of a worker in atomics, so policies read it without a
