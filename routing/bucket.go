@@ -118,16 +118,7 @@ func (p *Bucket) WorkersChanged(workers []*Worker) { p.table.Store(p.cut(workers
 
 // Run re-cuts the ranges every Recut until ctx ends.
 func (p *Bucket) Run(ctx context.Context) {
-	t := time.NewTicker(p.cfg.Recut)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.recut()
-		}
-	}
+	every(ctx, p.cfg.Recut, func(context.Context) { p.recut() })
 }
 
 // recut cuts new ranges from the load seen so far, then decays that load.

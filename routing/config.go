@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -30,23 +31,24 @@ const (
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
+// It reads from the config file (YAML) and from the admin API (JSON) with the same field names.
 type WorkerSpec struct {
 	// ID names the worker in headers, metrics, pins and the admin API. Letters, digits, '.', '_'
 	// and '-' only; unique in the pool.
-	ID string `yaml:"id"`
+	ID string `yaml:"id" json:"id"`
 	// URL is the base URL, e.g. http://127.0.0.1:9001; requests go to URL + "/v1/...".
-	URL string `yaml:"url"`
+	URL string `yaml:"url" json:"url"`
 	// Models are the model names this worker serves; at least one.
-	Models []string `yaml:"models"`
+	Models []string `yaml:"models" json:"models"`
 	// MaxConcurrency caps the requests usher keeps in flight on this worker; 0 takes
 	// Config.MaxConcurrency.
-	MaxConcurrency int `yaml:"max_concurrency"`
+	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// MaxTokensInFlight caps the tokens (prompt + max output) of the requests in flight on this
 	// worker; 0 takes Config.MaxTokensInFlight.
-	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+	MaxTokensInFlight int `yaml:"max_tokens_in_flight" json:"max_tokens_in_flight,omitempty"`
 	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
 	// gateway may pass the request's class on instead of holding it back.
-	PriorityHandoff bool `yaml:"priority_handoff"`
+	PriorityHandoff bool `yaml:"priority_handoff" json:"priority_handoff,omitempty"`
 }
 
 // ModelConfig sets the policy of one model and its parameters; zero fields take defaults. Each
@@ -170,15 +172,7 @@ func (c *Config) SetDefaults() {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
 	}
 	sc := &c.Scrape
-	if sc.Interval == 0 {
-		sc.Interval = DefaultScrapeInterval
-	}
-	if sc.Timeout == 0 {
-		sc.Timeout = min(DefaultScrapeTimeout, sc.Interval)
-	}
-	if sc.Path == "" {
-		sc.Path = DefaultScrapePath
-	}
+	setPollDefaults(&sc.Interval, &sc.Timeout, &sc.Path, DefaultScrapeInterval, DefaultScrapeTimeout, DefaultScrapePath)
 	if sc.MaxAge == 0 {
 		sc.MaxAge = 3 * sc.Interval
 	}
@@ -192,15 +186,7 @@ func (c *Config) SetDefaults() {
 		c.Breaker.Cooldown = DefaultBreakerCooldown
 	}
 	h := &c.Health
-	if h.Interval == 0 {
-		h.Interval = DefaultHealthInterval
-	}
-	if h.Timeout == 0 {
-		h.Timeout = min(DefaultHealthTimeout, h.Interval)
-	}
-	if h.Path == "" {
-		h.Path = DefaultHealthPath
-	}
+	setPollDefaults(&h.Interval, &h.Timeout, &h.Path, DefaultHealthInterval, DefaultHealthTimeout, DefaultHealthPath)
 	if h.HealthyThreshold == 0 {
 		h.HealthyThreshold = DefaultHealthyThreshold
 	}
@@ -246,15 +232,7 @@ func (c Config) Validate() error {
 		errs = append(errs, c.Models[name].validate(fmt.Sprintf("routing.models[%q]", name))...)
 	}
 	h := c.Health
-	if h.Interval <= 0 {
-		bad("health.interval", "must be positive, got %s", h.Interval)
-	}
-	if h.Timeout <= 0 || h.Timeout > h.Interval {
-		bad("health.timeout", "must be positive and at most health.interval (%s), got %s", h.Interval, h.Timeout)
-	}
-	if len(h.Path) == 0 || h.Path[0] != '/' {
-		bad("health.path", "must start with '/', got %q", h.Path)
-	}
+	errs = append(errs, validatePoll("routing.health", h.Interval, h.Timeout, h.Path)...)
 	if h.HealthyThreshold < 1 {
 		bad("health.healthy_threshold", "must be at least 1, got %d", h.HealthyThreshold)
 	}
@@ -262,15 +240,7 @@ func (c Config) Validate() error {
 		bad("health.unhealthy_threshold", "must be at least 1, got %d", h.UnhealthyThreshold)
 	}
 	sc := c.Scrape
-	if sc.Interval <= 0 {
-		bad("scrape.interval", "must be positive, got %s", sc.Interval)
-	}
-	if sc.Timeout <= 0 || sc.Timeout > sc.Interval {
-		bad("scrape.timeout", "must be positive and at most scrape.interval (%s), got %s", sc.Interval, sc.Timeout)
-	}
-	if len(sc.Path) == 0 || sc.Path[0] != '/' {
-		bad("scrape.path", "must start with '/', got %q", sc.Path)
-	}
+	errs = append(errs, validatePoll("routing.scrape", sc.Interval, sc.Timeout, sc.Path)...)
 	if sc.MaxAge < sc.Interval {
 		bad("scrape.max_age", "must be at least scrape.interval (%s), got %s", sc.Interval, sc.MaxAge)
 	}
@@ -284,6 +254,35 @@ func (c Config) Validate() error {
 		bad("breaker.cooldown", "must be positive, got %s", c.Breaker.Cooldown)
 	}
 	return errors.Join(errs...)
+}
+
+// setPollDefaults fills the zero interval, timeout and path of a periodic HTTP probe (health
+// check, scrape); the timeout never exceeds the interval.
+func setPollDefaults(interval, timeout *time.Duration, path *string, defInterval, defTimeout time.Duration, defPath string) {
+	if *interval == 0 {
+		*interval = defInterval
+	}
+	if *timeout == 0 {
+		*timeout = min(defTimeout, *interval)
+	}
+	if *path == "" {
+		*path = defPath
+	}
+}
+
+// validatePoll checks the interval, timeout and path of a periodic HTTP probe below prefix.
+func validatePoll(prefix string, interval, timeout time.Duration, path string) []error {
+	var errs []error
+	if interval <= 0 {
+		errs = append(errs, fieldError(prefix, "interval", "must be positive, got %s", interval))
+	}
+	if timeout <= 0 || timeout > interval {
+		errs = append(errs, fieldError(prefix, "timeout", "must be positive and at most %s.interval (%s), got %s", strings.TrimPrefix(prefix, "routing."), interval, timeout))
+	}
+	if len(path) == 0 || path[0] != '/' {
+		errs = append(errs, fieldError(prefix, "path", "must start with '/', got %q", path))
+	}
+	return errs
 }
 
 var workerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

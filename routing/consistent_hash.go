@@ -18,8 +18,8 @@ const (
 	RouteSpill Route = "spill" // the owner was overloaded or ineligible; the next worker clockwise
 )
 
-// ConsistentHashConfig sets the consistent_hash policy.
-type ConsistentHashConfig struct {
+// RingConfig sets a hash ring with bounded load, for consistent_hash and prefix_hash.
+type RingConfig struct {
 	// VirtualNodes is the number of ring points per worker; more points spread keys more evenly.
 	// Default 100.
 	VirtualNodes int `yaml:"virtual_nodes"`
@@ -28,7 +28,7 @@ type ConsistentHashConfig struct {
 	LoadFactor float64 `yaml:"load_factor"`
 }
 
-func (c *ConsistentHashConfig) setDefaults() {
+func (c *RingConfig) setDefaults() {
 	if c.VirtualNodes == 0 {
 		c.VirtualNodes = 100
 	}
@@ -37,19 +37,20 @@ func (c *ConsistentHashConfig) setDefaults() {
 	}
 }
 
-func (c ConsistentHashConfig) validate(prefix string) []error {
-	return validateRing(prefix, c.VirtualNodes, c.LoadFactor)
-}
-
-func validateRing(prefix string, vnodes int, loadFactor float64) []error {
+func (c RingConfig) validate(prefix string) []error {
 	var errs []error
-	if vnodes < 1 || vnodes > 10000 {
-		errs = append(errs, fieldError(prefix, "virtual_nodes", "must be between 1 and 10000, got %d", vnodes))
+	if c.VirtualNodes < 1 || c.VirtualNodes > 10000 {
+		errs = append(errs, fieldError(prefix, "virtual_nodes", "must be between 1 and 10000, got %d", c.VirtualNodes))
 	}
-	if !(loadFactor > 1) {
-		errs = append(errs, fieldError(prefix, "load_factor", "must be above 1, got %v", loadFactor))
+	if !(c.LoadFactor > 1) {
+		errs = append(errs, fieldError(prefix, "load_factor", "must be above 1, got %v", c.LoadFactor))
 	}
 	return errs
+}
+
+// ConsistentHashConfig sets the consistent_hash policy: its ring.
+type ConsistentHashConfig struct {
+	RingConfig `yaml:",inline"`
 }
 
 // ConsistentHash sends each key to the same worker while the fleet stays the same: the key is

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 )
 
 // ErrWorkerExists: Add was given an ID the pool already has (HTTP 409). The other lifecycle
@@ -186,20 +185,6 @@ func (p *Pool) applyDraining(w *Worker, draining bool, source string) {
 		p.logger.Info("worker draining", "worker", w.spec.ID, "in_flight", w.InFlight(), "source", source)
 	} else {
 		p.logger.Info("worker undrained", "worker", w.spec.ID, "source", source)
-	}
-}
-
-// drainSyncLoop follows the DrainStore every Config.DrainSync until ctx ends.
-func (p *Pool) drainSyncLoop(ctx context.Context) {
-	t := time.NewTicker(p.cfg.DrainSync)
-	defer t.Stop()
-	for {
-		p.syncDrains(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
 }
 

@@ -291,6 +291,21 @@ func (p *Pool) Ready() bool {
 	return false
 }
 
+// every calls fn at once and then every interval until ctx ends; it is the loop of each
+// background goroutine of the pool and its policies.
+func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		fn(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // maxAcquireAttempts bounds how often Pick asks the policy again after losing the race for a
 // worker's last slot to a concurrent Pick.
 const maxAcquireAttempts = 3
@@ -360,7 +375,7 @@ func (p *Pool) Run(ctx context.Context) {
 		p.startPolicy(pol)
 	}
 	if p.drains != nil {
-		p.running.Go(func() { p.drainSyncLoop(ctx) })
+		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
 	p.mu.Unlock()
 

@@ -12,32 +12,24 @@ func init() {
 	})
 }
 
-// PrefixHashConfig sets the prefix_hash policy.
+// PrefixHashConfig sets the prefix_hash policy: how much of the prompt is hashed, and its ring
+// (a worker above the ring's load bound is saturated and the request spills to the next ones).
 type PrefixHashConfig struct {
 	// PrefixTokens is how many leading tokens (whitespace-separated words) of the prompt are
 	// hashed: requests that share them meet on one worker. Default 256.
 	PrefixTokens int `yaml:"prefix_tokens"`
-	// VirtualNodes is the number of ring points per worker. Default 100.
-	VirtualNodes int `yaml:"virtual_nodes"`
-	// LoadFactor: a worker with more than ceil(LoadFactor x mean in-flight requests) is saturated
-	// and the request spills to the next workers on the ring. Above 1; default 1.25.
-	LoadFactor float64 `yaml:"load_factor"`
+	RingConfig   `yaml:",inline"`
 }
 
 func (c *PrefixHashConfig) setDefaults() {
 	if c.PrefixTokens == 0 {
 		c.PrefixTokens = 256
 	}
-	if c.VirtualNodes == 0 {
-		c.VirtualNodes = 100
-	}
-	if c.LoadFactor == 0 {
-		c.LoadFactor = 1.25
-	}
+	c.RingConfig.setDefaults()
 }
 
 func (c PrefixHashConfig) validate(prefix string) []error {
-	errs := validateRing(prefix, c.VirtualNodes, c.LoadFactor)
+	errs := c.RingConfig.validate(prefix)
 	if c.PrefixTokens < 1 {
 		errs = append(errs, fieldError(prefix, "prefix_tokens", "must be at least 1, got %d", c.PrefixTokens))
 	}

@@ -312,16 +312,7 @@ func (p *Manual) Run(ctx context.Context) {
 	if !p.minGroup {
 		return
 	}
-	t := time.NewTicker(p.recount)
-	defer t.Stop()
-	for {
-		p.countGroups(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	every(ctx, p.recount, p.countGroups)
 }
 
 // countGroups replaces the pins-per-worker counts with a fresh count from the store.
