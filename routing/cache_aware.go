@@ -147,8 +147,8 @@ const evictBatch = 1024
 //     the overall best match, else RouteCacheRebalance); if none holds it, the least loaded
 //     worker takes it (RouteCacheLoadFallback).
 //
-// The chosen worker is then recorded as holding the whole prompt, in the same critical section
-// and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
+// The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
+// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
 // (background, least recently used first) and within EvictNowFactor times that at all times.
 //
 // Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
