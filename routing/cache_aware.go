@@ -11,7 +11,7 @@ import (
 
 func init() {
 	registerPolicy("cache_aware", func(env policyEnv) (Policy, error) {
-		return NewCacheAware(CacheAwareConfig{}, env.now)
+		return NewCacheAware(env.cfg.CacheAware, env.now)
 	})
 }
 
@@ -180,7 +180,11 @@ type slotView struct {
 	indexOf []int32   // slot -> index in workers, -1 when not in workers
 }
 
-var _ Policy = (*CacheAware)(nil)
+var (
+	_ Policy          = (*CacheAware)(nil)
+	_ workersObserver = (*CacheAware)(nil)
+	_ policyRunner    = (*CacheAware)(nil)
+)
 
 // NewCacheAware returns a cache_aware policy with cfg (defaults applied to zero fields) reading
 // the time from now (nil: time.Now). Start its evictions with Run.

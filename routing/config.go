@@ -61,6 +61,7 @@ type ModelConfig struct {
 	Bucket         BucketConfig         `yaml:"bucket"`
 	StickySession  StickySessionConfig  `yaml:"sticky_session"`
 	Manual         ManualConfig         `yaml:"manual"`
+	CacheAware     CacheAwareConfig     `yaml:"cache_aware"`
 	// Pins sets the pins of sticky_session and manual.
 	Pins PinConfig `yaml:"pins"`
 }
@@ -72,6 +73,7 @@ func (mc *ModelConfig) SetDefaults() {
 	mc.Bucket.setDefaults()
 	mc.StickySession.setDefaults()
 	mc.Manual.setDefaults()
+	mc.CacheAware.SetDefaults()
 	mc.Pins.setDefaults()
 }
 
@@ -84,6 +86,7 @@ func (mc ModelConfig) validate(prefix string) []error {
 	errs = append(errs, mc.ConsistentHash.validate(prefix+".consistent_hash")...)
 	errs = append(errs, mc.PrefixHash.validate(prefix+".prefix_hash")...)
 	errs = append(errs, mc.Bucket.validate(prefix+".bucket")...)
+	errs = append(errs, mc.CacheAware.validate(prefix+".cache_aware")...)
 	errs = append(errs, mc.StickySession.validate(prefix+".sticky_session")...)
 	errs = append(errs, mc.Manual.validate(prefix+".manual")...)
 	errs = append(errs, mc.Pins.validate(prefix+".pins")...)
