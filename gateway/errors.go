@@ -58,6 +58,9 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, errModelNotAllowed):
 		return &apiError{Status: http.StatusForbidden, Type: "permission_error",
 			Code: "model_not_allowed", Param: "model", Message: err.Error()}
+	case errors.Is(err, routing.ErrUnknownWorker):
+		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error",
+			Code: "worker_not_found", Message: err.Error()}
 	case errors.Is(err, routing.ErrNoWorker):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
 			Code: "no_worker_available", Message: err.Error(), RetryAfter: time.Second}

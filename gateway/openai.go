@@ -228,8 +228,7 @@ func parseUsage(payload []byte) (usage, bool) {
 		return usage{}, false
 	}
 	var v struct {
-		Usage   *usage            `json:"usage"`
-		Choices []json.RawMessage `json:"choices"`
+		Usage *usage `json:"usage"`
 	}
 	if err := json.Unmarshal(payload, &v); err != nil || v.Usage == nil {
 		return usage{}, false

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -23,6 +24,7 @@ const (
 	headerRoute      = "X-Usher-Route"
 	headerSessionID  = "X-Session-ID"
 	headerRoutingKey = "X-Usher-Routing-Key"
+	headerTarget     = "X-Usher-Target-Worker"
 )
 
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
@@ -53,6 +55,9 @@ func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 		s.metrics.requests.WithLabelValues(x.model, strconv.Itoa(status)).Inc()
 		if x.model != "" {
 			s.metrics.duration.WithLabelValues(x.model).Observe(s.now().Sub(start).Seconds())
+		}
+		if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
+			return err
 		}
 		s.log.Info("request",
 			"id", c.Response().Header().Get(echo.HeaderXRequestID),
@@ -94,6 +99,11 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 	if !tier.AllowsModel(req.Model) {
 		return fmt.Errorf("model %q: %w", req.Model, errModelNotAllowed)
 	}
+	target := c.Request().Header.Get(headerTarget)
+	if target != "" && !tier.MayTargetWorker {
+		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "target_worker_not_allowed",
+			Message: fmt.Sprintf("your tier may not choose a worker with %s", headerTarget)}
+	}
 	upstream, err := req.forUpstream(body)
 	if err != nil {
 		return badRequest("", "request body cannot be forwarded: %v", err)
@@ -118,6 +128,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		Tenant:       principalOf(c).TenantID,
 		SessionID:    h.Get(headerSessionID),
 		RoutingKey:   h.Get(headerRoutingKey),
+		TargetWorker: target,
 		Prompt:       req.prompt,
 		PromptTokens: promptTokens,
 		Tokens:       promptTokens + maxOut,
@@ -131,7 +142,9 @@ func (s *Server) readBody(c echo.Context) ([]byte, error) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, tooLarge(s.cfg.MaxBodyBytes)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	body := buf.Bytes()
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
@@ -241,7 +254,9 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 	if req.Stream && resp.StatusCode == http.StatusOK {
 		return s.relayStream(c, req, resp, x)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), s.cfg.MaxResponseBytes)+1))
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+	data := buf.Bytes()
 	if err != nil {
 		if c.Request().Context().Err() != nil {
 			return routing.Outcome{}, errClientGone

@@ -33,6 +33,8 @@ type Deps struct {
 	// Transport carries requests to workers. Default: a keep-alive transport sized for many
 	// concurrent streams, with Config's timeouts.
 	Transport http.RoundTripper
+	// Admins checks admin API credentials; nil leaves the admin API unmounted.
+	Admins AdminAuthenticator
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
@@ -108,6 +110,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1.POST("/chat/completions", s.inference(chatEndpoint))
 	v1.POST("/completions", s.inference(completionEndpoint))
 	v1.GET("/models", s.models)
+	if d.Admins != nil {
+		s.registerAdmin(e, d.Admins)
+	}
 	s.echo = e
 	return s, nil
 }

@@ -62,9 +62,9 @@
 // # Cost
 //
 // Every operation is O(log n) in the queued requests: per class a heap of backlogged tenants
-// by counter, per tenant and class a heap of requests by deadline, one heap of all deadlines,
-// and per class an arrival list; every element records its heap positions, so cancellation
+// by counter, per tenant and class a heap of requests by deadline, one heap of the tenants'
+// earliest deadlines (for the timer), and per class an arrival list; every element records its heap positions, so cancellation
 // removes it directly. Releasing a request does not allocate; Enqueue allocates its Ticket
 // and channel. One mutex guards all of it and is never held while blocking. Memory is bounded
-// by the caps.
+// by the caps, plus a small record (the counter) per tenant and class ever seen.
 package queue

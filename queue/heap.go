@@ -47,16 +47,6 @@ func (h *heap[T]) fix(i int) {
 	}
 }
 
-// clear empties the heap, keeping its backing array.
-func (h *heap[T]) clear() {
-	var zero T
-	for i, x := range h.items {
-		h.setIndex(x, -1)
-		h.items[i] = zero
-	}
-	h.items = h.items[:0]
-}
-
 func (h *heap[T]) swap(i, j int) {
 	h.items[i], h.items[j] = h.items[j], h.items[i]
 	h.setIndex(h.items[i], i)
@@ -93,4 +83,69 @@ func (h *heap[T]) down(i0 int) bool {
 		i = m
 	}
 	return i > i0
+}
+
+// ticketHeap orders a flow's requests by deadline, then arrival. Keys are kept inline so that
+// sifting reads one contiguous array instead of chasing pointers into scattered Tickets, and
+// sifting moves a hole rather than swapping, so each level writes one position (flowIdx)
+// through a Ticket pointer instead of two.
+type ticketHeap []ticketEntry
+
+type ticketEntry struct {
+	deadline int64
+	seq      uint64
+	t        *Ticket
+}
+
+func (a *ticketEntry) before(b *ticketEntry) bool {
+	return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
+}
+
+func (h *ticketHeap) push(t *Ticket) {
+	*h = append(*h, ticketEntry{})
+	h.place(ticketEntry{deadline: t.deadline, seq: t.seq, t: t}, len(*h)-1)
+}
+
+// remove takes out the ticket at position i.
+func (h *ticketHeap) remove(i int) {
+	s := *h
+	n := len(s) - 1
+	s[i].t.flowIdx = -1
+	last := s[n]
+	s[n] = ticketEntry{}
+	*h = s[:n]
+	if i != n {
+		h.place(last, i)
+	}
+}
+
+// place puts e into the hole at position i and sifts it to where it belongs.
+func (h ticketHeap) place(e ticketEntry, i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !e.before(&h[p]) {
+			break
+		}
+		h[i] = h[p]
+		h[i].t.flowIdx = i
+		i = p
+	}
+	for n := len(h); ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h[r].before(&h[l]) {
+			m = r
+		}
+		if !h[m].before(&e) {
+			break
+		}
+		h[i] = h[m]
+		h[i].t.flowIdx = i
+		i = m
+	}
+	h[i] = e
+	e.t.flowIdx = i
 }

@@ -580,3 +580,63 @@ func TestStarvationGuardGivesBatchItsMinimumShare(t *testing.T) {
 		})
 	}
 }
+
+// TestReturningTenantGetsNoCreditForIdling: a tenant that was idle while another was served
+// starts at the least counter of the backlogged tenants, so it alternates with them instead
+// of taking the pool until it has caught up.
+func TestReturningTenantGetsNoCreditForIdling(t *testing.T) {
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 1})
+	s := newSim(t, q, clk)
+	usage := queue.Usage{PromptTokens: 100, CompletionTokens: 100}
+	req := func(tenant string) queue.Request {
+		return queue.Request{Tenant: tenant, Class: queue.Standard, PromptTokens: 100, MaxTokens: 100}
+	}
+	// b is served once, then idles while a is served 50 times.
+	s.add(req("b"), usage, time.Second)
+	for range 60 {
+		s.add(req("a"), usage, time.Second)
+	}
+	for range 50 {
+		s.step()
+	}
+	for range 20 {
+		s.add(req("b"), usage, time.Second)
+	}
+	var order []string
+	for range 20 {
+		s.step()
+		order = append(order, s.done[len(s.done)-1].req.Tenant)
+	}
+	run, longest := 1, 1
+	for i := 1; i < len(order); i++ {
+		if order[i] == order[i-1] {
+			run++
+			longest = max(longest, run)
+		} else {
+			run = 1
+		}
+	}
+	if longest > 2 {
+		t.Fatalf("completion order after b returned %v: a run of %d, want a and b alternating", order, longest)
+	}
+}
+
+// TestFIFOServesInArrivalOrder checks the baseline: one line over all classes and tenants.
+func TestFIFOServesInArrivalOrder(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{FIFO: true}, queue.Capacity{})
+	var tks []*queue.Ticket
+	for i := range 30 {
+		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i%4), Class: queue.Classes[2-i%3],
+			PromptTokens: 10 * (i % 7), MaxTokens: 1, Deadline: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration(i) * time.Hour)}))
+	}
+	q.SetCapacity(queue.Capacity{Requests: 1})
+	for i, tk := range tks {
+		g := granted(t, tk)
+		for _, later := range tks[i+1:] {
+			if ready(later) {
+				t.Fatalf("request %d dispatched while %d runs, want arrival order", slices.Index(tks, later), i)
+			}
+		}
+		g.Done(queue.Usage{CompletionTokens: 1})
+	}
+}

@@ -68,10 +68,10 @@ type Queue struct {
 	reserveTok  int64 // tokens Standard and Batch may never occupy
 	classes     [numClasses]classQueue
 	tenants     map[string]*tenant
-	deadlines   heap[*Ticket] // every queued ticket with a deadline, earliest first
-	timer       Timer         // fires at the earliest deadline; nil until first needed
-	armedAt     time.Time     // deadline the timer is set for; zero when not armed
-	seq         uint64        // arrival order and flow tie-breaks
+	deadlines   heap[*flow] // every backlogged flow, by the deadline of its head
+	timer       Timer       // fires at the earliest deadline; nil until first needed
+	armedAt     int64       // deadline (unix ns) the timer is set for; 0 when not armed
+	seq         uint64      // arrival order and flow tie-breaks
 	inflightReq int
 	inflightTok int64
 	lowerReq    int // in flight in Standard and Batch
@@ -98,8 +98,10 @@ type flow struct {
 	class        Class
 	virtual      float64 // weighted tokens charged so far (the VTC counter)
 	stamp        uint64  // when it last entered or was charged: equal counters go round-robin
-	items        heap[*Ticket]
-	idx          int // position in its class's flow heap; -1 when it has nothing queued
+	items        ticketHeap
+	idx          int   // position in its class's flow heap; -1 when it has nothing queued
+	deadlineIdx  int   // position in the queue's deadline heap; -1 when it has nothing queued
+	headDeadline int64 // deadline of its head request (unix ns; math.MaxInt64 for none)
 	queuedTokens int64
 	inflight     int
 }
@@ -143,11 +145,9 @@ func New(cfg Config, opts Options) (*Queue, error) {
 		log:     opts.Logger.With("model", opts.Model),
 		m:       m,
 		tenants: make(map[string]*tenant),
-		deadlines: heap[*Ticket]{
-			less: func(a, b *Ticket) bool {
-				return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
-			},
-			setIndex: func(t *Ticket, i int) { t.deadlineIdx = i },
+		deadlines: heap[*flow]{
+			less:     func(a, b *flow) bool { return a.headDeadline < b.headDeadline },
+			setIndex: func(f *flow, i int) { f.deadlineIdx = i },
 		},
 	}
 	for c := range q.classes {
@@ -173,6 +173,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 	if r.PromptTokens < 0 || r.MaxTokens < 0 {
 		return nil, fmt.Errorf("queue: enqueue: negative tokens (prompt %d, max %d)", r.PromptTokens, r.MaxTokens)
+	}
+	if math.IsNaN(r.Weight) || math.IsInf(r.Weight, 0) {
+		return nil, fmt.Errorf("queue: enqueue: weight %v is not a finite number", r.Weight)
 	}
 	if r.Weight <= 0 {
 		r.Weight = 1
@@ -205,7 +208,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		}
 	}
 
-	t := &Ticket{q: q, req: r, cost: cost, deadline: math.MaxInt64, deadlineIdx: -1, enqueuedAt: now,
+	t := &Ticket{q: q, req: r, cost: cost, deadline: math.MaxInt64, enqueuedAt: now,
 		flow: f, ch: make(chan struct{})}
 	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
 	t.grant.t = t
@@ -258,7 +261,7 @@ func (q *Queue) Close() {
 	}
 	if q.timer != nil {
 		q.timer.Stop()
-		q.armedAt = time.Time{}
+		q.armedAt = 0
 	}
 	q.mu.Unlock()
 	q.m.unregister()
@@ -275,12 +278,7 @@ func (q *Queue) tenantLocked(name string) *tenant {
 }
 
 func (q *Queue) newFlow(ten *tenant, c Class) *flow {
-	f := &flow{tenant: ten, class: c, idx: -1, items: heap[*Ticket]{
-		less: func(a, b *Ticket) bool {
-			return a.deadline < b.deadline || a.deadline == b.deadline && a.seq < b.seq
-		},
-		setIndex: func(t *Ticket, i int) { t.flowIdx = i },
-	}}
+	f := &flow{tenant: ten, class: c, idx: -1, deadlineIdx: -1}
 	ten.flows[c] = f
 	return f
 }
@@ -312,8 +310,13 @@ func (q *Queue) pushLocked(t *Ticket) {
 	f.items.push(t)
 	f.queuedTokens += t.cost
 	f.tenant.queued++
-	if t.deadline != math.MaxInt64 {
-		q.deadlines.push(t)
+	switch {
+	case f.deadlineIdx < 0:
+		f.headDeadline = t.deadline
+		q.deadlines.push(f)
+	case t.flowIdx == 0:
+		f.headDeadline = t.deadline
+		q.deadlines.fix(f.deadlineIdx)
 	}
 	t.prev = cls.tail
 	if cls.tail != nil {
@@ -330,15 +333,18 @@ func (q *Queue) pushLocked(t *Ticket) {
 // removeLocked takes a queued ticket out of every structure it is filed in.
 func (q *Queue) removeLocked(t *Ticket) {
 	f, cls := t.flow, &q.classes[t.req.Class]
+	wasHead := t.flowIdx == 0
 	f.items.remove(t.flowIdx)
 	f.queuedTokens -= t.cost
-	if f.items.len() == 0 {
+	switch {
+	case len(f.items) == 0:
 		cls.flows.remove(f.idx)
+		q.deadlines.remove(f.deadlineIdx)
+	case wasHead:
+		f.headDeadline = f.items[0].t.deadline
+		q.deadlines.fix(f.deadlineIdx)
 	}
 	f.tenant.queued--
-	if t.deadlineIdx >= 0 {
-		q.deadlines.remove(t.deadlineIdx)
-	}
 	if t.prev != nil {
 		t.prev.next = t.next
 	} else {
@@ -425,7 +431,7 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 		if q.cfg.FIFO {
 			t = cls.head
 		} else {
-			t = cls.flows.peek().items.peek()
+			t = cls.flows.peek().items[0].t
 		}
 		switch {
 		case t.deadline <= nowNano:
@@ -591,7 +597,7 @@ func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Dura
 			toks += q.classes[k].queuedTokens
 		}
 		cls := &q.classes[c]
-		own, ownTok := int64(f.items.len()), f.queuedTokens
+		own, ownTok := int64(len(f.items)), f.queuedTokens
 		others := int64(cls.flows.len())
 		if f.idx >= 0 {
 			others--
@@ -608,21 +614,25 @@ func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Dura
 
 // armLocked sets the timer for the earliest queued deadline, or stops it when there is none.
 func (q *Queue) armLocked(now time.Time) {
-	if q.closed || q.deadlines.len() == 0 {
-		if !q.armedAt.IsZero() {
+	next := int64(math.MaxInt64)
+	if !q.closed && q.deadlines.len() > 0 {
+		next = q.deadlines.peek().headDeadline
+	}
+	if next == math.MaxInt64 {
+		if q.armedAt != 0 {
 			q.timer.Stop()
-			q.armedAt = time.Time{}
+			q.armedAt = 0
 		}
 		return
 	}
-	next := q.deadlines.peek().req.Deadline
-	if q.armedAt.Equal(next) {
+	if q.armedAt == next {
 		return
 	}
+	d := time.Duration(next - now.UnixNano())
 	if q.timer == nil {
-		q.timer = q.clock.AfterFunc(next.Sub(now), q.onTimer)
+		q.timer = q.clock.AfterFunc(d, q.onTimer)
 	} else {
-		q.timer.Reset(next.Sub(now))
+		q.timer.Reset(d)
 	}
 	q.armedAt = next
 }
@@ -633,16 +643,12 @@ func (q *Queue) onTimer() {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.armedAt = time.Time{}
+	q.armedAt = 0
 	if q.closed {
 		return
 	}
-	for q.deadlines.len() > 0 {
-		t := q.deadlines.peek()
-		if t.deadline > now.UnixNano() {
-			break
-		}
-		q.endLocked(t, ErrDeadlineExceeded, shedDeadlineExceeded)
+	for q.deadlines.len() > 0 && q.deadlines.peek().headDeadline <= now.UnixNano() {
+		q.endLocked(q.deadlines.peek().items[0].t, ErrDeadlineExceeded, shedDeadlineExceeded)
 	}
 	q.dispatchLocked(now)
 	q.armLocked(now)

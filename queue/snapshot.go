@@ -78,11 +78,11 @@ func (q *Queue) Snapshot() Snapshot {
 	}
 	for _, ten := range q.tenants {
 		for _, f := range ten.flows {
-			if f == nil || f.items.len() == 0 && f.inflight == 0 {
+			if f == nil || len(f.items) == 0 && f.inflight == 0 {
 				continue
 			}
 			s.Tenants = append(s.Tenants, TenantSnapshot{Tenant: ten.name, Class: f.class,
-				Queued: f.items.len(), InFlight: f.inflight, VirtualTokens: f.virtual})
+				Queued: len(f.items), InFlight: f.inflight, VirtualTokens: f.virtual})
 		}
 	}
 	slices.SortFunc(s.Tenants, func(a, b TenantSnapshot) int {

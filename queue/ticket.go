@@ -28,10 +28,10 @@ type Ticket struct {
 	grant      Grant
 
 	// Guarded by q.mu. err is written before ch is closed and read only after.
-	state                ticketState
-	err                  error
-	flowIdx, deadlineIdx int
-	prev, next           *Ticket // arrival list of its class
+	state      ticketState
+	err        error
+	flowIdx    int
+	prev, next *Ticket // arrival list of its class
 }
 
 // Ready returns a channel closed once the ticket has left the queue, dispatched or not; Wait

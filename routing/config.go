@@ -3,10 +3,12 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -23,34 +25,77 @@ const (
 	DefaultScrapeInterval     = 2 * time.Second
 	DefaultScrapeTimeout      = time.Second
 	DefaultScrapePath         = "/metrics"
+	DefaultDrainSync          = 2 * time.Second
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = 10 * time.Second
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
+// It reads from the config file (YAML) and from the admin API (JSON) with the same field names.
 type WorkerSpec struct {
 	// ID names the worker in headers, metrics, pins and the admin API. Letters, digits, '.', '_'
 	// and '-' only; unique in the pool.
-	ID string `yaml:"id"`
+	ID string `yaml:"id" json:"id"`
 	// URL is the base URL, e.g. http://127.0.0.1:9001; requests go to URL + "/v1/...".
-	URL string `yaml:"url"`
+	URL string `yaml:"url" json:"url"`
 	// Models are the model names this worker serves; at least one.
-	Models []string `yaml:"models"`
+	Models []string `yaml:"models" json:"models"`
 	// MaxConcurrency caps the requests usher keeps in flight on this worker; 0 takes
 	// Config.MaxConcurrency.
-	MaxConcurrency int `yaml:"max_concurrency"`
+	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// MaxTokensInFlight caps the tokens (prompt + max output) of the requests in flight on this
 	// worker; 0 takes Config.MaxTokensInFlight.
-	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+	MaxTokensInFlight int `yaml:"max_tokens_in_flight" json:"max_tokens_in_flight,omitempty"`
 	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
 	// gateway may pass the request's class on instead of holding it back.
-	PriorityHandoff bool `yaml:"priority_handoff"`
+	PriorityHandoff bool `yaml:"priority_handoff" json:"priority_handoff,omitempty"`
 }
 
-// ModelConfig sets the policy of one model; zero fields take the defaults of Config.
+// ModelConfig sets the policy of one model and its parameters; zero fields take defaults. Each
+// policy's parameters are documented beside the policy.
 type ModelConfig struct {
 	// Policy names the policy for this model; "" takes Config.Policy.
-	Policy string `yaml:"policy"`
+	Policy         string               `yaml:"policy"`
+	ConsistentHash ConsistentHashConfig `yaml:"consistent_hash"`
+	PrefixHash     PrefixHashConfig     `yaml:"prefix_hash"`
+	Bucket         BucketConfig         `yaml:"bucket"`
+	StickySession  StickySessionConfig  `yaml:"sticky_session"`
+	Manual         ManualConfig         `yaml:"manual"`
+	CacheAware     CacheAwareConfig     `yaml:"cache_aware"`
+	// Pins sets the pins of sticky_session and manual.
+	Pins PinConfig `yaml:"pins"`
+}
+
+// SetDefaults fills the zero parameters of every policy.
+func (mc *ModelConfig) SetDefaults() {
+	mc.ConsistentHash.setDefaults()
+	mc.PrefixHash.setDefaults()
+	mc.Bucket.setDefaults()
+	mc.StickySession.setDefaults()
+	mc.Manual.setDefaults()
+	mc.CacheAware.SetDefaults()
+	mc.Pins.setDefaults()
+}
+
+// validate reports the problems of mc, each naming its field below prefix.
+func (mc ModelConfig) validate(prefix string) []error {
+	var errs []error
+	if mc.Policy != "" && !knownPolicy(mc.Policy) {
+		errs = append(errs, fmt.Errorf("%s.policy: unknown policy %q (known: %s)", prefix, mc.Policy, policyNames()))
+	}
+	errs = append(errs, mc.ConsistentHash.validate(prefix+".consistent_hash")...)
+	errs = append(errs, mc.PrefixHash.validate(prefix+".prefix_hash")...)
+	errs = append(errs, mc.Bucket.validate(prefix+".bucket")...)
+	errs = append(errs, mc.CacheAware.validate(prefix+".cache_aware")...)
+	errs = append(errs, mc.StickySession.validate(prefix+".sticky_session")...)
+	errs = append(errs, mc.Manual.validate(prefix+".manual")...)
+	errs = append(errs, mc.Pins.validate(prefix+".pins")...)
+	return errs
+}
+
+// fieldError names a field below prefix in a validation error.
+func fieldError(prefix, field, format string, args ...any) error {
+	return fmt.Errorf("%s.%s: %s", prefix, field, fmt.Sprintf(format, args...))
 }
 
 // HealthConfig sets the active health checks: GET <worker url><Path> every Interval.
@@ -102,6 +147,9 @@ type Config struct {
 	Scrape ScrapeConfig `yaml:"scrape"`
 	// Breaker sets the per-worker circuit breaker.
 	Breaker BreakerConfig `yaml:"breaker"`
+	// DrainSync is how often a gateway with a shared DrainStore reads the drain state other
+	// replicas set; default 2s.
+	DrainSync time.Duration `yaml:"drain_sync"`
 	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
@@ -114,6 +162,12 @@ func (c *Config) SetDefaults() {
 	if c.Policy == "" {
 		c.Policy = DefaultPolicy
 	}
+	// A clone, so the caller's map is never written.
+	c.Models = maps.Clone(c.Models)
+	for name, mc := range c.Models {
+		mc.SetDefaults()
+		c.Models[name] = mc
+	}
 	if c.MaxConcurrency == 0 {
 		c.MaxConcurrency = DefaultMaxConcurrency
 	}
@@ -121,17 +175,12 @@ func (c *Config) SetDefaults() {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
 	}
 	sc := &c.Scrape
-	if sc.Interval == 0 {
-		sc.Interval = DefaultScrapeInterval
-	}
-	if sc.Timeout == 0 {
-		sc.Timeout = min(DefaultScrapeTimeout, sc.Interval)
-	}
-	if sc.Path == "" {
-		sc.Path = DefaultScrapePath
-	}
+	setPollDefaults(&sc.Interval, &sc.Timeout, &sc.Path, DefaultScrapeInterval, DefaultScrapeTimeout, DefaultScrapePath)
 	if sc.MaxAge == 0 {
 		sc.MaxAge = 3 * sc.Interval
+	}
+	if c.DrainSync == 0 {
+		c.DrainSync = DefaultDrainSync
 	}
 	if c.Breaker.Failures == 0 {
 		c.Breaker.Failures = DefaultBreakerFailures
@@ -140,15 +189,7 @@ func (c *Config) SetDefaults() {
 		c.Breaker.Cooldown = DefaultBreakerCooldown
 	}
 	h := &c.Health
-	if h.Interval == 0 {
-		h.Interval = DefaultHealthInterval
-	}
-	if h.Timeout == 0 {
-		h.Timeout = min(DefaultHealthTimeout, h.Interval)
-	}
-	if h.Path == "" {
-		h.Path = DefaultHealthPath
-	}
+	setPollDefaults(&h.Interval, &h.Timeout, &h.Path, DefaultHealthInterval, DefaultHealthTimeout, DefaultHealthPath)
 	if h.HealthyThreshold == 0 {
 		h.HealthyThreshold = DefaultHealthyThreshold
 	}
@@ -188,24 +229,13 @@ func (c Config) Validate() error {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		mc := c.Models[name]
 		if name == "" {
 			bad("models", "model name must not be empty")
 		}
-		if mc.Policy != "" && !knownPolicy(mc.Policy) {
-			bad(fmt.Sprintf("models[%q].policy", name), "unknown policy %q (known: %s)", mc.Policy, policyNames())
-		}
+		errs = append(errs, c.Models[name].validate(fmt.Sprintf("routing.models[%q]", name))...)
 	}
 	h := c.Health
-	if h.Interval <= 0 {
-		bad("health.interval", "must be positive, got %s", h.Interval)
-	}
-	if h.Timeout <= 0 || h.Timeout > h.Interval {
-		bad("health.timeout", "must be positive and at most health.interval (%s), got %s", h.Interval, h.Timeout)
-	}
-	if len(h.Path) == 0 || h.Path[0] != '/' {
-		bad("health.path", "must start with '/', got %q", h.Path)
-	}
+	errs = append(errs, validatePoll("routing.health", h.Interval, h.Timeout, h.Path)...)
 	if h.HealthyThreshold < 1 {
 		bad("health.healthy_threshold", "must be at least 1, got %d", h.HealthyThreshold)
 	}
@@ -213,17 +243,12 @@ func (c Config) Validate() error {
 		bad("health.unhealthy_threshold", "must be at least 1, got %d", h.UnhealthyThreshold)
 	}
 	sc := c.Scrape
-	if sc.Interval <= 0 {
-		bad("scrape.interval", "must be positive, got %s", sc.Interval)
-	}
-	if sc.Timeout <= 0 || sc.Timeout > sc.Interval {
-		bad("scrape.timeout", "must be positive and at most scrape.interval (%s), got %s", sc.Interval, sc.Timeout)
-	}
-	if len(sc.Path) == 0 || sc.Path[0] != '/' {
-		bad("scrape.path", "must start with '/', got %q", sc.Path)
-	}
+	errs = append(errs, validatePoll("routing.scrape", sc.Interval, sc.Timeout, sc.Path)...)
 	if sc.MaxAge < sc.Interval {
 		bad("scrape.max_age", "must be at least scrape.interval (%s), got %s", sc.Interval, sc.MaxAge)
+	}
+	if c.DrainSync <= 0 {
+		bad("drain_sync", "must be positive, got %s", c.DrainSync)
 	}
 	if c.Breaker.Failures < 1 {
 		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)
@@ -232,6 +257,35 @@ func (c Config) Validate() error {
 		bad("breaker.cooldown", "must be positive, got %s", c.Breaker.Cooldown)
 	}
 	return errors.Join(errs...)
+}
+
+// setPollDefaults fills the zero interval, timeout and path of a periodic HTTP probe (health
+// check, scrape); the timeout never exceeds the interval.
+func setPollDefaults(interval, timeout *time.Duration, path *string, defInterval, defTimeout time.Duration, defPath string) {
+	if *interval == 0 {
+		*interval = defInterval
+	}
+	if *timeout == 0 {
+		*timeout = min(defTimeout, *interval)
+	}
+	if *path == "" {
+		*path = defPath
+	}
+}
+
+// validatePoll checks the interval, timeout and path of a periodic HTTP probe below prefix.
+func validatePoll(prefix string, interval, timeout time.Duration, path string) []error {
+	var errs []error
+	if interval <= 0 {
+		errs = append(errs, fieldError(prefix, "interval", "must be positive, got %s", interval))
+	}
+	if timeout <= 0 || timeout > interval {
+		errs = append(errs, fieldError(prefix, "timeout", "must be positive and at most %s.interval (%s), got %s", strings.TrimPrefix(prefix, "routing."), interval, timeout))
+	}
+	if len(path) == 0 || path[0] != '/' {
+		errs = append(errs, fieldError(prefix, "path", "must start with '/', got %q", path))
+	}
+	return errs
 }
 
 var workerIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

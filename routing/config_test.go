@@ -44,6 +44,41 @@ health: {interval: 2s, timeout: 500ms, path: /healthz, healthy_threshold: 1, unh
 			wantErr: []string{"routing.health.timeout: must be positive and at most health.interval"}},
 		{name: "bad health path", yaml: `health: {path: health}`,
 			wantErr: []string{"routing.health.path: must start with '/'"}},
+		{name: "every policy parameter", yaml: `
+models:
+  a: {policy: consistent_hash, consistent_hash: {virtual_nodes: 50, load_factor: 1.5}}
+  b: {policy: prefix_hash, prefix_hash: {prefix_tokens: 64}}
+  c: {policy: bucket, bucket: {recut: 10s, decay: 0.8, balance_abs: 2, balance_rel: 2}}
+  d: {policy: sticky_session, sticky_session: {fallback: prefix_hash}, pins: {ttl: 30m, timeout: 20ms}}
+  e: {policy: manual, manual: {assign: min_group, recount: 30s}}
+scrape: {interval: 1s, timeout: 500ms, path: /metrics, max_age: 5s}
+breaker: {failures: 3, cooldown: 30s}
+drain_sync: 1s
+`},
+		{name: "bad policy parameters", yaml: `
+models:
+  m:
+    consistent_hash: {load_factor: 0.9}
+    prefix_hash: {prefix_tokens: -1, virtual_nodes: 20000}
+    bucket: {decay: 1.5, balance_rel: 0.5}
+    sticky_session: {fallback: manual}
+    manual: {assign: nearest}
+    pins: {ttl: 10ms}
+`, wantErr: []string{
+			`routing.models["m"].consistent_hash.load_factor: must be above 1`,
+			`routing.models["m"].prefix_hash.prefix_tokens: must be at least 1`,
+			`routing.models["m"].prefix_hash.virtual_nodes: must be between 1 and 10000`,
+			`routing.models["m"].bucket.decay: must be between 0 and 1`,
+			`routing.models["m"].bucket.balance_rel: must be at least 1`,
+			`routing.models["m"].sticky_session.fallback: must name a policy other than sticky_session and manual`,
+			`routing.models["m"].manual.assign: must be random, min_load or min_group`,
+			`routing.models["m"].pins.ttl: must be at least 1s`,
+		}},
+		{name: "bad scrape, breaker and drain sync", yaml: `
+scrape: {interval: 2s, max_age: 1s}
+breaker: {failures: -1, cooldown: -1s}
+drain_sync: -1s
+`, wantErr: []string{"routing.scrape.max_age: must be at least scrape.interval", "routing.breaker.failures:", "routing.breaker.cooldown:", "routing.drain_sync:"}},
 		{name: "several problems at once", yaml: `
 policy: nope
 workers: [{id: "", url: "ftp://h", models: []}]`,

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 )
 
 // conformancePolicies lists every registered policy, so a policy added to the package is held to
@@ -58,14 +59,14 @@ func conformancePool(t *testing.T, policy string) *Pool {
 func TestPolicyConformance(t *testing.T) {
 	for _, name := range conformancePolicies() {
 		t.Run(name, func(t *testing.T) {
-			t.Run("never picks an ineligible worker or one of another model", func(t *testing.T) {
+			t.Run("never picks an unhealthy, draining, full, circuit-open or excluded worker, nor one of another model", func(t *testing.T) {
 				p := conformancePool(t, name)
 				ws := modelWorkers(t, p, "m")
 				markDown(ws[1])
 				ws[2].draining.Store(true)
 				ws[3].inFlight.Store(ws[3].maxConc)
 				markDown(ws[6])
-				markDown(ws[7])
+				ws[7].breaker.openUntil.Store(time.Now().Add(time.Hour).UnixNano())
 				for i, r := range conformanceRequests(400) {
 					r.Exclude = []string{"w4"}
 					l, err := p.Pick(context.Background(), r)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"time"
 )
 
 // startWorker starts the background goroutines of w if Run is running. p.mu must be held. The
@@ -16,8 +15,8 @@ func (p *Pool) startWorker(w *Worker) {
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
 	w.stop = cancel
-	p.running.Go(func() { p.healthLoop(ctx, w) })
-	p.running.Go(func() { p.scrapeLoop(ctx, w) })
+	p.running.Go(func() { every(ctx, p.cfg.Health.Interval, func(ctx context.Context) { p.check(ctx, w) }) })
+	p.running.Go(func() { every(ctx, p.cfg.Scrape.Interval, func(ctx context.Context) { p.scrapeOnce(ctx, w) }) })
 }
 
 // startPolicy starts the background work of pol if it has any and Run is running. p.mu must be
@@ -28,20 +27,6 @@ func (p *Pool) startPolicy(pol *policy) {
 		return
 	}
 	p.running.Go(func() { r.Run(p.runCtx) })
-}
-
-// healthLoop checks w at once and then every Health.Interval until ctx ends.
-func (p *Pool) healthLoop(ctx context.Context, w *Worker) {
-	t := time.NewTicker(p.cfg.Health.Interval)
-	defer t.Stop()
-	for {
-		p.check(ctx, w)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // check sends one health probe to w and records its result. A probe cut short by ctx records

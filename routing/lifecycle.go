@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -143,30 +144,66 @@ func (p *Pool) Remove(id string) error {
 	return nil
 }
 
+// DrainStore shares which workers are draining among gateway replicas, so a drain ordered on one
+// reaches all. Implementations are safe for concurrent use.
+type DrainStore interface {
+	// SetDraining records whether the worker is draining.
+	SetDraining(ctx context.Context, workerID string, draining bool) error
+	// DrainingWorkers returns the IDs of the draining workers.
+	DrainingWorkers(ctx context.Context) ([]string, error)
+}
+
 // Drain stops new requests to the worker id; requests in flight finish. Its state reads
 // StateDrained once nothing is in flight. Sessions pinned to it move to another worker at their
-// next request. Draining a draining worker does nothing.
-func (p *Pool) Drain(id string) error {
+// next request. With a DrainStore (Options.Drains) the drain is recorded there first, and other
+// replicas follow within Config.DrainSync; if the store fails, nothing changes and the error says
+// so. Draining a draining worker does nothing.
+func (p *Pool) Drain(ctx context.Context, id string) error { return p.setDraining(ctx, id, true) }
+
+// Undrain lets the worker id take new requests again, on every replica as Drain does.
+func (p *Pool) Undrain(ctx context.Context, id string) error { return p.setDraining(ctx, id, false) }
+
+func (p *Pool) setDraining(ctx context.Context, id string, draining bool) error {
 	w, err := p.find(id)
 	if err != nil {
 		return err
 	}
-	if !w.draining.Swap(true) {
-		p.logger.Info("worker draining", "worker", id, "in_flight", w.InFlight())
+	if p.drains != nil {
+		if err := p.drains.SetDraining(ctx, id, draining); err != nil {
+			return fmt.Errorf("worker %q: %w", id, err)
+		}
 	}
+	p.applyDraining(w, draining, "admin")
 	return nil
 }
 
-// Undrain lets the worker id take new requests again.
-func (p *Pool) Undrain(id string) error {
-	w, err := p.find(id)
+func (p *Pool) applyDraining(w *Worker, draining bool, source string) {
+	if w.draining.Swap(draining) == draining {
+		return
+	}
+	if draining {
+		p.logger.Info("worker draining", "worker", w.spec.ID, "in_flight", w.InFlight(), "source", source)
+	} else {
+		p.logger.Info("worker undrained", "worker", w.spec.ID, "source", source)
+	}
+}
+
+// syncDrains sets every worker's drain state from the DrainStore; when the store fails, the
+// states stay as they are.
+func (p *Pool) syncDrains(ctx context.Context) {
+	ids, err := p.drains.DrainingWorkers(ctx)
 	if err != nil {
-		return err
+		if ctx.Err() == nil {
+			p.logger.Warn("drain state not shared", "err", err)
+		}
+		return
 	}
-	if w.draining.Swap(false) {
-		p.logger.Info("worker undrained", "worker", id)
+	p.mu.Lock()
+	workers := p.workers
+	p.mu.Unlock()
+	for _, w := range workers {
+		p.applyDraining(w, slices.Contains(ids, w.spec.ID), "shared")
 	}
-	return nil
 }
 
 func (p *Pool) find(id string) (*Worker, error) {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/usherllm/usher/test/redistest"
 )
 
 // fakeClock is a settable clock for tests; safe for concurrent use.
@@ -92,7 +94,7 @@ func TestDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Drain("w0"); err != nil {
+	if err := p.Drain(context.Background(), "w0"); err != nil {
 		t.Fatalf("Drain: %v", err)
 	}
 	if got := pickIDs(t, p, "m", 4); got["w1"] != 4 {
@@ -105,13 +107,13 @@ func TestDrain(t *testing.T) {
 	if st, _ := p.Worker("w0"); st.State != StateDrained {
 		t.Errorf("after the last release: got %s, want %s", st.State, StateDrained)
 	}
-	if err := p.Undrain("w0"); err != nil {
+	if err := p.Undrain(context.Background(), "w0"); err != nil {
 		t.Fatalf("Undrain: %v", err)
 	}
 	if got := pickIDs(t, p, "m", 4); got["w0"] != 2 {
 		t.Errorf("picks after Undrain: got %v, want w0 twice", got)
 	}
-	for _, err := range []error{p.Drain("nope"), p.Undrain("nope")} {
+	for _, err := range []error{p.Drain(context.Background(), "nope"), p.Undrain(context.Background(), "nope")} {
 		if !errors.Is(err, ErrUnknownWorker) {
 			t.Errorf("unknown worker: got %v, want ErrUnknownWorker", err)
 		}
@@ -206,5 +208,50 @@ func TestRunWatchesAddedWorkers(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if got := srv.hits.Load(); got != hits {
 		t.Errorf("checks after Remove: got %d more, want 0", got-hits)
+	}
+}
+
+func TestDrainSharedThroughRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	newGateway := func() *Pool {
+		store := NewRedisStore(newRedisClient(t, srv))
+		p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Pins: store, Drains: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, b := newGateway(), newGateway()
+	state := func(p *Pool, id string) WorkerState { st, _ := p.Worker(id); return st.State }
+
+	if err := a.Drain(ctx, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(b, "w1"); got != StateHealthy {
+		t.Fatalf("b before it syncs: got %s, want healthy", got)
+	}
+	b.syncDrains(ctx)
+	if got := state(b, "w1"); got != StateDrained {
+		t.Errorf("b after a drained w1: got %s, want %s", got, StateDrained)
+	}
+	if err := b.Undrain(ctx, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	a.syncDrains(ctx)
+	if got := state(a, "w1"); got != StateHealthy {
+		t.Errorf("a after b undrained w1: got %s, want healthy", got)
+	}
+
+	srv.Stop()
+	if err := a.Drain(ctx, "w0"); err == nil {
+		t.Errorf("Drain without Redis: got no error, want one")
+	}
+	if got := state(a, "w0"); got != StateHealthy {
+		t.Errorf("after a failed Drain: got %s, want healthy (unchanged)", got)
+	}
+	a.syncDrains(ctx) // fails and keeps the state
+	if got := state(a, "w0"); got != StateHealthy {
+		t.Errorf("after a failed sync: got %s, want healthy", got)
 	}
 }

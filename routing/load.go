@@ -15,10 +15,10 @@ import (
 
 // LoadReport is what a worker last said about its own load on /metrics.
 type LoadReport struct {
-	Running int64     `json:"running"`  // sequences being generated
-	Waiting int64     `json:"waiting"`  // requests queued inside the worker
-	KVUsage float64   `json:"kv_usage"` // fraction of the KV cache in use, 0 to 1
-	At      time.Time `json:"at"`       // when it was read; zero: never
+	Running int64     `json:"running"`     // sequences being generated
+	Waiting int64     `json:"waiting"`     // requests queued inside the worker
+	KVUsage float64   `json:"kv_usage"`    // fraction of the KV cache in use, 0 to 1
+	At      time.Time `json:"at,omitzero"` // when it was read; zero: never
 }
 
 // loadSignal holds the last LoadReport of a worker in atomics, so policies read it without a
@@ -133,20 +133,11 @@ func parseSample(line string) (name string, value float64, ok bool) {
 	return name, v, true
 }
 
-// scrapeLoop reads w's /metrics at once and then every Scrape.Interval until ctx ends.
-func (p *Pool) scrapeLoop(ctx context.Context, w *Worker) {
-	t := time.NewTicker(p.cfg.Scrape.Interval)
-	defer t.Stop()
-	for {
-		if err := p.scrape(ctx, w); err != nil && ctx.Err() == nil {
-			p.metrics.scrapeErrors.WithLabelValues(w.spec.ID).Inc()
-			p.logger.Debug("scrape failed", "worker", w.spec.ID, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// scrapeOnce reads w's /metrics and counts a failure.
+func (p *Pool) scrapeOnce(ctx context.Context, w *Worker) {
+	if err := p.scrape(ctx, w); err != nil && ctx.Err() == nil {
+		p.metrics.scrapeErrors.WithLabelValues(w.spec.ID).Inc()
+		p.logger.Debug("scrape failed", "worker", w.spec.ID, "err", err)
 	}
 }
 

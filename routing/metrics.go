@@ -6,6 +6,7 @@ import (
 
 // poolMetrics are the pool's Prometheus metrics, registered on the Registerer of Options.
 type poolMetrics struct {
+	pool      *Pool                  // for the per-worker gauges, read at scrape time
 	decisions *prometheus.CounterVec // model, policy, route ("none": no worker)
 	outcomes  *prometheus.CounterVec // worker, result
 	checks    *prometheus.CounterVec // worker, result
@@ -16,10 +17,14 @@ type poolMetrics struct {
 	// prefix-cache hit rate each policy earns can be read off.
 	promptTokens *prometheus.CounterVec
 	cachedTokens *prometheus.CounterVec
+	// pinErrors counts failed pin-store calls by model and operation (get, claim, list); a failed
+	// get routes the request by consistent hashing instead.
+	pinErrors *prometheus.CounterVec
 }
 
-func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
-	m := &poolMetrics{
+func newPoolMetrics(p *Pool) *poolMetrics {
+	return &poolMetrics{
+		pool: p,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_decisions_total",
 			Help: "Routing decisions by model, policy and route; route \"none\" counts picks that found no eligible worker.",
@@ -48,13 +53,21 @@ func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
 			Name: "usher_routing_cached_tokens_total",
 			Help: "Prompt tokens the workers served from their prefix cache (usage.prompt_tokens_details.cached_tokens), by worker and policy.",
 		}, []string{"worker", "policy"}),
+		pinErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_pin_errors_total",
+			Help: "Failed pin-store calls by model and operation; a failed get routes by consistent hashing on the same key.",
+		}, []string{"model", "op"}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, workerCollector{p}} {
+}
+
+// register puts the metrics on reg; it fails if another pool's are there already.
+func (m *poolMetrics) register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // forget drops the series of a removed worker.

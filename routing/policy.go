@@ -49,11 +49,14 @@ type policyRunner interface {
 
 // policyEnv is what the pool hands every policy it builds.
 type policyEnv struct {
-	model  string
-	cfg    ModelConfig // with the pool's defaults applied
-	now    func() time.Time
-	rand   randSource
-	logger *slog.Logger
+	model   string
+	cfg     ModelConfig // with the pool's defaults applied
+	now     func() time.Time
+	rand    randSource
+	logger  *slog.Logger
+	maxAge  time.Duration // of a worker's load report (ScrapeConfig.MaxAge)
+	pins    PinStore
+	metrics *poolMetrics
 }
 
 // policyConstructor builds the policy of one model.
@@ -107,5 +110,5 @@ func (r *Request) Eligible(w *Worker) bool {
 	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.maxTokens {
 		return false
 	}
-	return !slices.Contains(r.Exclude, w.spec.ID)
+	return !slices.Contains(r.Exclude, w.spec.ID) && !slices.Contains(r.full, w.spec.ID)
 }

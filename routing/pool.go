@@ -1,11 +1,3 @@
-// Package routing owns the worker pool of the gateway: which inference workers serve which
-// models, whether they are healthy, how loaded they are, and the policies that pick one of them
-// for each request.
-//
-// The gateway builds one Pool from Config, runs its background work with Run, and for each
-// request calls Pick, sends the request to Lease.Worker and calls Lease.Release with the outcome.
-// Policies see each model's workers as a shared immutable snapshot that the pool replaces (copy on
-// write) when membership changes, so the pick path takes no lock and copies nothing.
 package routing
 
 import (
@@ -44,6 +36,11 @@ type Options struct {
 	// Rand is the randomness of the policies. The pool serialises access to it; the default, nil,
 	// uses the runtime's lock-free generator.
 	Rand rand.Source
+	// Pins keeps the pins of sticky_session and manual: a RedisStore when several gateways
+	// share the fleet. Default: a MemoryPinStore.
+	Pins PinStore
+	// Drains shares drain state among gateway replicas (a RedisStore); nil keeps it local.
+	Drains DrainStore
 }
 
 // Request is what a policy knows about the request it routes. Pick does not modify it.
@@ -58,6 +55,10 @@ type Request struct {
 	Tokens       int    // tokens the request holds in flight (prompt + max output)
 	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
 	Exclude []string
+
+	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
+	// Exclude, but not held against them (a pin to one stays).
+	full []string
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -133,6 +134,8 @@ type Pool struct {
 	client  *http.Client
 	now     func() time.Time
 	rand    randSource
+	pins    PinStore
+	drains  DrainStore // nil: drain state is local
 	metrics *poolMetrics
 
 	snap atomic.Pointer[snapshot]
@@ -177,15 +180,12 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if opts.Rand != nil {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
-	reg := opts.Registerer
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	p.drains = opts.Drains
+	p.pins = opts.Pins
+	if p.pins == nil {
+		p.pins = NewMemoryPinStore(p.now)
 	}
-	m, err := newPoolMetrics(reg, p)
-	if err != nil {
-		return nil, fmt.Errorf("register routing metrics: %w", err)
-	}
-	p.metrics = m
+	p.metrics = newPoolMetrics(p)
 	for _, spec := range cfg.Workers {
 		w, err := newWorker(spec, cfg, p.now)
 		if err != nil {
@@ -201,6 +201,13 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if err := p.publish(); err != nil {
 		return nil, err
 	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if err := p.metrics.register(reg); err != nil {
+		return nil, fmt.Errorf("register routing metrics: %w", err)
+	}
 	return p, nil
 }
 
@@ -210,11 +217,14 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	if pol, ok := p.policies[model]; ok {
 		return pol, nil
 	}
-	mc := p.cfg.Models[model]
+	mc, ok := p.cfg.Models[model]
+	if !ok {
+		mc.SetDefaults()
+	}
 	if mc.Policy == "" {
 		mc.Policy = p.cfg.Policy
 	}
-	impl, err := newPolicy(mc.Policy, policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger})
+	impl, err := newPolicy(mc.Policy, p.policyEnv(model, mc))
 	if err != nil {
 		return nil, fmt.Errorf("routing.models[%q].policy: %w", model, err)
 	}
@@ -222,6 +232,10 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	p.policies[model] = pol
 	p.startPolicy(pol)
 	return pol, nil
+}
+
+func (p *Pool) policyEnv(model string, mc ModelConfig) policyEnv {
+	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, metrics: p.metrics}
 }
 
 // publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
@@ -277,6 +291,21 @@ func (p *Pool) Ready() bool {
 	return false
 }
 
+// every calls fn at once and then every interval until ctx ends; it is the loop of each
+// background goroutine of the pool and its policies.
+func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		fn(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // maxAcquireAttempts bounds how often Pick asks the policy again after losing the race for a
 // worker's last slot to a concurrent Pick.
 const maxAcquireAttempts = 3
@@ -317,7 +346,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, ErrNoWorker)
 		}
 		retry := *r
-		retry.Exclude = append(slices.Clip(r.Exclude), w.spec.ID)
+		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
 	}
 }
@@ -329,7 +358,8 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens 
 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have
 // stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
-// has background work (see policyRunner), that work. Workers added later get theirs at once.
+// has background work (see policyRunner), that work; with a DrainStore, following the drain state
+// other replicas set. Workers added later get theirs at once.
 // Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
@@ -343,6 +373,9 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 	for _, pol := range p.policies {
 		p.startPolicy(pol)
+	}
+	if p.drains != nil {
+		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
 	p.mu.Unlock()
 

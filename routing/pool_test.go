@@ -312,3 +312,13 @@ func TestRunChecksAndStops(t *testing.T) {
 		t.Errorf("checks after Run returned: got %d more, want 0", got-hits)
 	}
 }
+
+func TestNewPoolErrors(t *testing.T) {
+	if _, err := NewPool(Config{Workers: []WorkerSpec{{ID: "a", URL: "x", Models: []string{"m"}}}}, Options{}); err == nil || !strings.Contains(err.Error(), "routing.workers[0].url:") {
+		t.Errorf("bad config: got %v, want an error naming routing.workers[0].url", err)
+	}
+	_, reg := newTestPool(t, Config{Workers: testWorkers(1, "m")})
+	if _, err := NewPool(Config{}, Options{Registerer: reg}); err == nil {
+		t.Errorf("second pool on one registry: got no error, want a registration error")
+	}
+}

@@ -23,6 +23,8 @@ type Config struct {
 	Database DatabaseConfig `yaml:"database"`
 	// JWT configures JWT bearer credentials; off unless a key is configured.
 	JWT JWTConfig `yaml:"jwt"`
+	// Limits configures how tier limits are enforced.
+	Limits LimitsConfig `yaml:"limits"`
 }
 
 // DatabaseConfig names the SQL database of the Store.
@@ -62,6 +64,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // SetDefaults fills zero fields with their defaults. It never overwrites a set field.
 func (c *Config) SetDefaults() {
 	c.JWT.setDefaults()
+	c.Limits.setDefaults()
 	if c.Database.URL == "" {
 		c.Database.URL = DefaultDatabaseURL
 	}
@@ -106,6 +109,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.JWT.validate()...)
+	errs = append(errs, c.Limits.validate()...)
 	tiers := map[string]int{}
 	for i := range c.Tiers {
 		f := fmt.Sprintf("tiers[%d]", i)

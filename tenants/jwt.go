@@ -98,6 +98,7 @@ func (c JWTConfig) validate() []error {
 // JWTVerifier verifies JWTs against the configured keys. Immutable; safe for concurrent use.
 type JWTVerifier struct {
 	parser      *jwt.Parser
+	algorithms  []string
 	tenantClaim string
 	tierClaim   string
 	// keys by algorithm; a key only ever verifies the algorithm of its own type, so a token
@@ -197,6 +198,7 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 		opts = append(opts, jwt.WithAudience(c.Audience))
 	}
 	v.parser = jwt.NewParser(opts...)
+	v.algorithms = algs
 	return v, nil
 }
 
@@ -278,7 +280,7 @@ var (
 	errTokenSignature = fmt.Errorf("bad token signature: %w", ErrUnauthenticated)
 	errTokenExpired   = fmt.Errorf("expired token: %w", ErrUnauthenticated)
 	errTokenNotYet    = fmt.Errorf("token not valid yet: %w", ErrUnauthenticated)
-	errTokenNoExp     = fmt.Errorf("token without exp: %w", ErrUnauthenticated)
+	errTokenClaimGone = fmt.Errorf("token lacks a required claim (exp; iss and aud when configured): %w", ErrUnauthenticated)
 	errTokenIssuer    = fmt.Errorf("token issuer not accepted: %w", ErrUnauthenticated)
 	errTokenAudience  = fmt.Errorf("token audience not accepted: %w", ErrUnauthenticated)
 	errTokenInvalid   = fmt.Errorf("invalid token: %w", ErrUnauthenticated)
@@ -307,6 +309,11 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 	claims := jwt.MapClaims{}
 	parsed, err := v.parser.ParseWithClaims(token, claims, v.keyfunc)
 	if err != nil || !parsed.Valid {
+		if parsed != nil {
+			if alg, _ := parsed.Header["alg"].(string); !slices.Contains(v.algorithms, alg) {
+				return Principal{}, errTokenAlgorithm
+			}
+		}
 		return Principal{}, jwtRefusal(err)
 	}
 	tenantID, _ := claims[v.tenantClaim].(string)
@@ -338,6 +345,8 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 
 func jwtRefusal(err error) error {
 	switch {
+	case errors.Is(err, errTokenSignature):
+		return errTokenSignature
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return errTokenMalformed
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
@@ -349,7 +358,7 @@ func jwtRefusal(err error) error {
 	case errors.Is(err, jwt.ErrTokenNotValidYet):
 		return errTokenNotYet
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
-		return errTokenNoExp
+		return errTokenClaimGone
 	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
 		return errTokenIssuer
 	case errors.Is(err, jwt.ErrTokenInvalidAudience):

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/usherllm/usher/gateway"
@@ -25,7 +26,15 @@ type Config struct {
 	Queue   queue.Config   `yaml:"queue"`
 	// The tenant sections (tenants, tiers, ...) sit at the top level of the file.
 	Tenants tenants.Config `yaml:",inline"`
+	Redis   RedisConfig    `yaml:"redis"`
 	Log     LogConfig      `yaml:"log"`
+}
+
+// RedisConfig names the Redis that gateway replicas share (sticky pins, drain state, rate
+// limit counters, key revocations). Without it one gateway keeps all of that in process.
+type RedisConfig struct {
+	// URL is a redis:// or rediss:// URL, e.g. redis://127.0.0.1:6379/0. Empty: no Redis.
+	URL string `yaml:"url"`
 }
 
 // LogConfig sets the process's log output (always stderr).
@@ -55,6 +64,11 @@ func (c Config) Validate() error {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
 		errs = append(errs, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level))
+	}
+	if c.Redis.URL != "" {
+		if _, err := redis.ParseURL(c.Redis.URL); err != nil {
+			errs = append(errs, fmt.Errorf("redis.url: %v", err))
+		}
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		errs = append(errs, fmt.Errorf("log.format: %q is not one of text, json", c.Log.Format))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
@@ -60,7 +61,18 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	pool, err := routing.NewPool(cfg.Routing, routing.Options{Logger: logger, Registerer: reg})
+	popts := routing.Options{Logger: logger, Registerer: reg}
+	if cfg.Redis.URL != "" {
+		ropts, err := redis.ParseURL(cfg.Redis.URL)
+		if err != nil {
+			return fmt.Errorf("redis.url: %w", err)
+		}
+		rdb := redis.NewClient(ropts)
+		defer rdb.Close()
+		store := routing.NewRedisStore(rdb)
+		popts.Pins, popts.Drains = store, store
+	}
+	pool, err := routing.NewPool(cfg.Routing, popts)
 	if err != nil {
 		return fmt.Errorf("worker pool: %w", err)
 	}

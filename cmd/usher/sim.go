@@ -35,7 +35,8 @@ const simShutdownGrace = 5 * time.Second
 //
 // Shutdown order: the engine closes first, so every request in flight (hanging ones included)
 // ends at once with an error; then the HTTP server shuts down, letting handlers finish writing.
-// When the engine dies of --exit-after, the server closes at once, as a crashed process would.
+// When the engine dies of --exit-after it has already dropped every request in flight but the
+// last one, whose answer is let out before the process exits.
 func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(net.Addr)) int {
 	fs := flag.NewFlagSet("usher sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -95,8 +96,14 @@ func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(n
 		<-served
 		return 0
 	case <-engine.Exited():
+		// The engine has already dropped every other request; Shutdown only lets the last
+		// answer's connection finish its response before the process goes.
 		log.Warn("usher sim exiting: --exit-after reached", "requests", c.Faults.ExitAfter)
-		_ = srv.Close()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			_ = srv.Close()
+		}
 		<-served
 		return 1
 	case err := <-served:

@@ -81,7 +81,9 @@ func simPost(url, body string) (int, error) {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return resp.StatusCode, err
+	}
 	return resp.StatusCode, nil
 }
 

@@ -68,9 +68,10 @@ type Faults struct {
 	// network or a stalled front end the caller's timeouts must see), before a request's
 	// first byte.
 	AddedLatency time.Duration
-	// ExitAfter, when positive, makes the engine die after serving that many requests: later
-	// and in-flight requests have their connections closed without an answer, /health too,
-	// and Engine.Exited is closed (usher sim then exits the process).
+	// ExitAfter, when positive, makes the engine die once it has answered that many
+	// well-formed completion requests (requests refused with 4xx do not count): requests in
+	// flight and later ones, /health included, have their connections closed without an
+	// answer, and Engine.Exited is closed (usher sim then exits the process).
 	ExitAfter int
 	// Unhealthy makes GET /health answer 503.
 	Unhealthy bool

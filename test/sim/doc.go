@@ -38,8 +38,11 @@
 //
 // so cached prompt tokens cost nothing, and decode slows as the batch and its contexts grow.
 // Every duration is multiplied by TimeScale; a test at TimeScale 0.001 runs a 12 ms step in
-// 12 µs of engine time (timer resolution then sets the pace, near 50-100 µs a step). Streams
-// emit one chunk per step to each running sequence, flushed at once.
+// 12 µs. The loop paces steps against a running deadline, so when a step is shorter than the
+// timer's resolution the steps that overshoot are caught up: throughput stays right and only
+// the tokens' arrival gets burstier. A stream's headers go out as soon as the request is
+// accepted, before it is admitted (as vLLM's do); then it gets one chunk per step, flushed at
+// once.
 //
 // # The defaults
 //
@@ -60,6 +63,20 @@
 //     step takes 12 + 7.7 + 25.6 ≈ 45 ms, in line with vLLM on this hardware.
 //   - MaxNumSeqs 256, MaxNumBatchedTokens 8192, BlockSize 16: vLLM's defaults for online
 //     serving. MaxModelLen 32,768, DefaultMaxTokens 128.
+//
+// # HTTP surface
+//
+// POST /v1/chat/completions and /v1/completions (stream, stream_options.include_usage,
+// max_tokens or max_completion_tokens, vLLM's priority; usage always carries
+// prompt_tokens_details.cached_tokens), GET /v1/models (the one model), GET /health, and
+// GET /metrics with vLLM's names, labelled model_name: vllm:num_requests_running,
+// vllm:num_requests_waiting, vllm:kv_cache_usage_perc (and V0's vllm:gpu_cache_usage_perc),
+// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens),
+// vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total,
+// vllm:num_preemptions_total and the histograms vllm:request_queue_time_seconds,
+// vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds. Errors have
+// OpenAI's shape {"error":{"message","type","code"}}: 400 bad input, 404 another model, 413
+// a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine.
 //
 // # Faults
 //

@@ -17,8 +17,8 @@ import (
 type Options struct {
 	// Logger receives the engine's few log lines; nil discards them.
 	Logger *slog.Logger
-	// Now stamps responses ("created"); nil means time.Now. Engine steps are always paced by
-	// the wall clock, scaled by Config.TimeScale.
+	// Now stamps responses ("created") and times the latency histograms; nil means time.Now.
+	// Engine steps are always paced by the wall clock, scaled by Config.TimeScale.
 	Now func() time.Time
 }
 
@@ -80,11 +80,11 @@ func New(cfg Config, opts Options) (*Engine, error) {
 	if e.now == nil {
 		e.now = time.Now
 	}
-	e.sched = newScheduler(cfg, &e.stats)
-	e.kvTokens = cfg.KVCacheTokens / cfg.BlockSize * cfg.BlockSize
 	reg := prometheus.NewRegistry()
-	e.registerMetrics(reg)
+	latency := e.registerMetrics(reg)
 	e.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	e.sched = newScheduler(cfg, &e.stats, latency, e.now)
+	e.kvTokens = cfg.KVCacheTokens / cfg.BlockSize * cfg.BlockSize
 	go e.run()
 	return e, nil
 }
@@ -189,7 +189,8 @@ type Stats struct {
 	Requests int64
 	// Completed counts requests answered in full.
 	Completed int64
-	// Cancelled counts requests whose client went away while they waited or ran.
+	// Cancelled counts requests whose client went away while they waited, ran or sat in
+	// AddedLatency (not hung ones: those count in Hung).
 	Cancelled int64
 	// Failed counts requests answered 500 by the ErrorRate fault.
 	Failed int64
@@ -215,7 +216,8 @@ type Stats struct {
 	EvictedBlocks int64
 	// KVCacheUsage is the fraction of KV blocks held by running sequences.
 	KVCacheUsage float64
-	// Priorities counts completion requests by their "priority" field (0 when absent).
+	// Priorities counts well-formed completion requests by their "priority" field (0 when
+	// absent), whatever the scheduling policy, so tests can see what a gateway forwarded.
 	Priorities map[int]int64
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -197,6 +198,9 @@ func TestPrefixCacheHits(t *testing.T) {
 		`vllm:generation_tokens_total{model_name="demo-7b"}`:                        "4",
 		`vllm:request_success_total{finished_reason="length",model_name="demo-7b"}`: "2",
 		`vllm:kv_cache_usage_perc{model_name="demo-7b"}`:                            "0",
+		`vllm:request_queue_time_seconds_count{model_name="demo-7b"}`:               "2",
+		`vllm:time_to_first_token_seconds_count{model_name="demo-7b"}`:              "2",
+		`vllm:e2e_request_latency_seconds_count{model_name="demo-7b"}`:              "2",
 	} {
 		if got := scrape(t, srv, sample); got != want {
 			t.Errorf("%s: got %s, want %s", sample, got, want)
@@ -534,5 +538,107 @@ func TestTimeScale(t *testing.T) {
 	// 20 steps of about 10 ms at a tenth: about 20 ms; unscaled it would be 200 ms.
 	if got := time.Since(start); got < 15*time.Millisecond || got > 150*time.Millisecond {
 		t.Errorf("20 steps of 10 ms at time scale 0.1: took %v, want about 20 ms", got)
+	}
+}
+
+func TestManyRequestsLeaveNothingBehind(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxNumSeqs = 8
+	cfg.KVCacheTokens = 12 * 16
+	e, srv := startEngine(t, cfg)
+	const n = 60
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if i%3 == 0 {
+				ctx, cancel = context.WithTimeout(ctx, time.Duration(i%7)*time.Millisecond)
+				defer cancel()
+			}
+			// Shared 32-token head, so requests share cached blocks while they run.
+			body := chat(words("shared", 32)+" "+words(fmt.Sprint("own", i%5, "-"), 20), 10+i%20, map[string]any{"stream": i%2 == 0})
+			resp, err := send(ctx, srv, "/v1/chat/completions", body)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	waitFor(t, "every request accounted for", func() bool {
+		s := e.Stats()
+		return s.Completed+s.Cancelled+s.BadRequests == s.Requests && s.Running == 0 && s.Waiting == 0
+	})
+	s := e.Stats()
+	if s.Requests < n/2 || s.Completed < n/3 {
+		t.Errorf("got %d requests and %d completed, want most of %d to arrive and many to complete", s.Requests, s.Completed, n)
+	}
+	if s.KVCacheUsage != 0 {
+		t.Errorf("KVCacheUsage with nothing running: got %g, want 0", s.KVCacheUsage)
+	}
+	if s.CachedPromptTokens == 0 {
+		t.Error("CachedPromptTokens: got 0, want hits on the shared head")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if got, want := e.sched.pool.nfree, e.sched.pool.numBlocks(); got != want {
+		t.Errorf("free blocks with nothing running: got %d, want all %d", got, want)
+	}
+	for i := range e.sched.pool.blocks {
+		if b := &e.sched.pool.blocks[i]; b.ref != 0 {
+			t.Fatalf("block %d: got ref %d, want 0", i, b.ref)
+		}
+	}
+}
+
+func TestStreamHeadersBeforeAdmission(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxNumSeqs = 1
+	e, srv := startEngine(t, cfg)
+	stop := streamUntilFirstChunk(t, func(ctx context.Context) *http.Response {
+		return post(t, ctx, srv, "/v1/chat/completions", chat("blocker", 5000, map[string]any{"stream": true}))
+	})
+	defer stop()
+	resp := post(t, t.Context(), srv, "/v1/chat/completions", chat("queued", 5, map[string]any{"stream": true}))
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || e.Stats().Waiting != 1 {
+		t.Fatalf("got status %d with %d waiting, want 200 headers while the request waits", resp.StatusCode, e.Stats().Waiting)
+	}
+	e.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"engine_closed"`) || !strings.HasSuffix(string(data), "data: [DONE]\n\n") {
+		t.Errorf("waiting stream ended by Close: got %q, want an error event then [DONE]", data)
+	}
+}
+
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for range 20 {
+		e, err := New(fastConfig(), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Close()
+	}
+	waitFor(t, "goroutines back to the baseline", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// BenchmarkStreamingRequest measures one streamed 16-token chat request end to end over
+// loopback HTTP, with engine time scaled to nearly nothing: the simulator's own overhead.
+func BenchmarkStreamingRequest(b *testing.B) {
+	cfg := fastConfig()
+	cfg.TimeScale = 1e-6
+	_, srv := startEngine(b, cfg)
+	body := chat(words("bench", 200), 16, map[string]any{"stream": true})
+	b.ReportAllocs()
+	for b.Loop() {
+		resp := post(b, b.Context(), srv, "/v1/chat/completions", body)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }

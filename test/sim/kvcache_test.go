@@ -21,7 +21,7 @@ func stepUntil(t *testing.T, s *scheduler, cond func() bool) {
 
 func testScheduler(cfg Config) (*scheduler, *counters) {
 	var c counters
-	return newScheduler(cfg.withDefaults(), &c), &c
+	return newScheduler(cfg.withDefaults(), &c, nil, nil), &c
 }
 
 func TestBlockPoolLRU(t *testing.T) {

@@ -4,10 +4,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// latencyHistograms are vLLM's per-request latency histograms, in seconds of wall time.
+type latencyHistograms struct {
+	queue, ttft, e2e prometheus.Observer
+}
+
+// vLLM's buckets for time to first token, and for queue and end-to-end latency.
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+		20, 40, 80, 160, 640, 2560}
+	requestBuckets = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960,
+		1920, 7680}
+)
+
 // registerMetrics exposes the engine's counters under vLLM's metric names, each labelled with
-// model_name, so a router reads a simulated worker exactly as it reads vLLM. Every metric reads
-// the lock-free counters at scrape time.
-func (e *Engine) registerMetrics(reg prometheus.Registerer) {
+// model_name, so a router reads a simulated worker exactly as it reads vLLM. Counters and
+// gauges read the lock-free counters at scrape time; the returned histograms are fed by the
+// scheduler.
+func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
 	labels := prometheus.Labels{"model_name": e.cfg.Model}
 	gauge := func(name, help string, read func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, read)
@@ -35,4 +49,14 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) {
 			ConstLabels: prometheus.Labels{"model_name": e.cfg.Model, "finished_reason": finishLength},
 		}, load(&s.completed)),
 	)
+	histogram := func(name, help string, buckets []float64) prometheus.Observer {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+		reg.MustRegister(h)
+		return h
+	}
+	return &latencyHistograms{
+		queue: histogram("vllm:request_queue_time_seconds", "Time from arrival to first admission.", requestBuckets),
+		ttft:  histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first generated token.", ttftBuckets),
+		e2e:   histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last generated token.", requestBuckets),
+	}
 }

@@ -137,50 +137,8 @@ func parsePrompt(raw json.RawMessage) (string, error) {
 // scheduler, streamed or whole.
 func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind endpoint) {
 	e.stats.requests.Add(1)
-	r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)
-	data, err := io.ReadAll(r.Body)
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			e.badRequest(w, http.StatusRequestEntityTooLarge, "request_too_large",
-				fmt.Sprintf("request body exceeds %d bytes", e.cfg.MaxBodyBytes))
-			return
-		}
-		e.badRequest(w, http.StatusBadRequest, "invalid_body", "reading the request body: "+err.Error())
-		return
-	}
-	var req completionRequest
-	if err := json.Unmarshal(data, &req); err != nil {
-		e.badRequest(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON: "+err.Error())
-		return
-	}
-	if req.Model != "" && req.Model != e.cfg.Model {
-		e.stats.badRequests.Add(1)
-		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("The model `%s` does not exist.", req.Model))
-		return
-	}
-	var text string
-	if kind == chatEndpoint {
-		if len(req.Messages) == 0 {
-			e.badRequest(w, http.StatusBadRequest, "missing_messages", "messages must be a non-empty array")
-			return
-		}
-		text = renderChat(req.Messages)
-	} else {
-		if text, err = parsePrompt(req.Prompt); err != nil {
-			e.badRequest(w, http.StatusBadRequest, "invalid_prompt", err.Error())
-			return
-		}
-	}
-	prompt := tokenize(text)
-	maxTokens := e.cfg.DefaultMaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	} else if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	}
-	if msg := e.checkLength(len(prompt), maxTokens); msg != "" {
-		e.badRequest(w, http.StatusBadRequest, "context_length_exceeded", msg)
+	req, prompt, maxTokens, ok := e.parseCompletion(w, r, kind)
+	if !ok {
 		return
 	}
 
@@ -244,6 +202,54 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 	}
 }
 
+// parseCompletion reads and checks a completion request, answering 4xx itself when it is bad.
+func (e *Engine) parseCompletion(w http.ResponseWriter, r *http.Request, kind endpoint) (req completionRequest, prompt []uint64, maxTokens int, ok bool) {
+	r.Body = http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+			e.badRequest(w, http.StatusRequestEntityTooLarge, "request_too_large",
+				fmt.Sprintf("request body exceeds %d bytes", e.cfg.MaxBodyBytes))
+			return req, nil, 0, false
+		}
+		e.badRequest(w, http.StatusBadRequest, "invalid_body", "reading the request body: "+err.Error())
+		return req, nil, 0, false
+	}
+	if err := json.Unmarshal(data, &req); err != nil {
+		e.badRequest(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON: "+err.Error())
+		return req, nil, 0, false
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		e.stats.badRequests.Add(1)
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return req, nil, 0, false
+	}
+	var text string
+	if kind == chatEndpoint {
+		if len(req.Messages) == 0 {
+			e.badRequest(w, http.StatusBadRequest, "missing_messages", "messages must be a non-empty array")
+			return req, nil, 0, false
+		}
+		text = renderChat(req.Messages)
+	} else if text, err = parsePrompt(req.Prompt); err != nil {
+		e.badRequest(w, http.StatusBadRequest, "invalid_prompt", err.Error())
+		return req, nil, 0, false
+	}
+	prompt = tokenize(text)
+	maxTokens = e.cfg.DefaultMaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if msg := e.checkLength(len(prompt), maxTokens); msg != "" {
+		e.badRequest(w, http.StatusBadRequest, "context_length_exceeded", msg)
+		return req, nil, 0, false
+	}
+	return req, prompt, maxTokens, true
+}
+
 // checkLength refuses, as vLLM does, requests that cannot fit the context or the KV cache.
 func (e *Engine) checkLength(promptLen, maxTokens int) string {
 	switch {
@@ -285,8 +291,17 @@ type responseStream struct {
 	line      []byte
 }
 
-// serve relays the sequence's tokens until it ends or the client goes away.
+// serve relays the sequence's tokens until it ends or the client goes away. A stream's headers
+// go out at once, before the request is even admitted, as vLLM's do.
 func (rs *responseStream) serve(r *http.Request, q *sequence) {
+	if rs.stream {
+		h := rs.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		rs.w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(rs.w).Flush()
+		rs.started = true
+	}
 	var buf []int32
 	for {
 		select {
@@ -339,13 +354,6 @@ func (rs *responseStream) token(word, finish string) {
 		rs.text.WriteString(piece)
 		return
 	}
-	if !rs.started {
-		h := rs.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		rs.w.WriteHeader(http.StatusOK)
-		rs.started = true
-	}
 	c := choice{}
 	if finish != "" {
 		c.FinishReason = &finish
@@ -394,8 +402,9 @@ func (rs *responseStream) finish(q *sequence, reason string) {
 	} else {
 		c.Text = &text
 	}
-	rs.w.Header().Set("Content-Type", "application/json")
 	data, _ := json.Marshal(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}, Usage: u})
+	rs.w.Header().Set("Content-Type", "application/json")
+	rs.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = rs.w.Write(data)
 }
 

@@ -48,7 +48,8 @@ type sequence struct {
 	state      seqState
 	heapIndex  int
 	generated  int
-	admitted   bool // admitted at least once: prompt and cache counters already taken
+	admitted   bool      // admitted at least once: prompt and cache counters already taken
+	arrivedAt  time.Time // when add queued it, for the latency histograms
 
 	out outbox
 }
@@ -121,8 +122,8 @@ func newSequence(arrival uint64, prompt []uint64, maxTokens, priority int) *sequ
 	}
 }
 
-// counters are the engine's running totals, written by the scheduler under the Engine's mutex
-// and read lock-free by Stats and /metrics.
+// counters are the engine's running totals and gauges, written by the scheduler (under the
+// Engine's mutex) and by request handlers, and read lock-free by Stats and /metrics.
 type counters struct {
 	requests, completed, cancelled, failed, hung, badRequests atomic.Int64
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
@@ -187,11 +188,20 @@ type scheduler struct {
 	running []*sequence
 	stats   *counters
 	plan    stepPlan
+	// finished is apply's scratch list of sequences that finished in the step.
+	finished []finished
+	// latency, if not nil, observes queue time, time to first token and end-to-end latency,
+	// read from now.
+	latency *latencyHistograms
+	now     func() time.Time
 }
 
-func newScheduler(cfg Config, stats *counters) *scheduler {
+// newScheduler builds an empty engine. latency may be nil; now is needed only with latency.
+func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now func() time.Time) *scheduler {
 	s := &scheduler{
 		cfg:     cfg,
+		latency: latency,
+		now:     now,
 		pool:    newBlockPool(cfg.KVCacheTokens/cfg.BlockSize, cfg.BlockSize),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
 		stats:   stats,
@@ -211,6 +221,9 @@ func (s *scheduler) publish() {
 // add queues a new sequence.
 func (s *scheduler) add(q *sequence) {
 	q.state = stateWaiting
+	if s.latency != nil {
+		q.arrivedAt = s.now()
+	}
 	heap.Push(&s.waiting, q)
 	s.publish()
 }
@@ -235,19 +248,20 @@ func (s *scheduler) cancel(q *sequence) bool {
 
 // failAll ends every sequence with err.
 func (s *scheduler) failAll(err error) {
+	ended := s.running
 	for _, q := range s.running {
 		s.pool.release(q.blocks)
 		q.blocks = nil
-		q.state = stateDone
-		q.out.fail(err)
 	}
-	s.running = s.running[:0]
+	s.running = nil
 	for s.waiting.Len() > 0 {
-		q := heap.Pop(&s.waiting).(*sequence)
-		q.state = stateDone
-		q.out.fail(err)
+		ended = append(ended, heap.Pop(&s.waiting).(*sequence))
 	}
 	s.publish()
+	for _, q := range ended {
+		q.state = stateDone
+		q.out.fail(err)
+	}
 }
 
 func (s *scheduler) removeRunning(q *sequence) int {
@@ -393,6 +407,9 @@ func (s *scheduler) schedule() *stepPlan {
 			s.stats.promptTokens.Add(int64(q.promptLen))
 			s.stats.cachedPromptTokens.Add(int64(computed))
 			q.out.setCached(computed)
+			if s.latency != nil {
+				s.latency.queue.Observe(s.now().Sub(q.arrivedAt).Seconds())
+			}
 		}
 		s.registerFull(q, computed+n)
 		p.seqs = append(p.seqs, q)
@@ -443,6 +460,15 @@ func (s *scheduler) apply(p *stepPlan) {
 		q.tokens = append(q.tokens, vocabularyIDs[tok])
 		q.generated++
 		s.stats.generatedTokens.Add(1)
+		if s.latency != nil && (q.generated == 1 || q.generated >= q.maxTokens) {
+			since := s.now().Sub(q.arrivedAt).Seconds()
+			if q.generated == 1 {
+				s.latency.ttft.Observe(since)
+			}
+			if q.generated >= q.maxTokens {
+				s.latency.e2e.Observe(since)
+			}
+		}
 		if q.generated < q.maxTokens {
 			q.out.push(tok, "")
 			continue
@@ -452,9 +478,22 @@ func (s *scheduler) apply(p *stepPlan) {
 		q.blocks = nil
 		q.state = stateDone
 		s.stats.completed.Add(1)
-		q.out.push(tok, finishLength)
+		s.finished = append(s.finished, finished{q, tok})
 	}
+	// Publish before the last tokens go out, so a client that sees its answer complete also
+	// sees the engine's gauges without it.
 	s.publish()
+	for i, f := range s.finished {
+		f.q.out.push(f.tok, finishLength)
+		s.finished[i] = finished{}
+	}
+	s.finished = s.finished[:0]
+}
+
+// finished is a sequence that has finished in a step, with its last token.
+type finished struct {
+	q   *sequence
+	tok int32
 }
 
 const finishLength = "length"

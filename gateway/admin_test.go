@@ -1,0 +1,227 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+const adminToken = "admin-secret-token"
+
+// tokenAdmins is an AdminAuthenticator with one token.
+type tokenAdmins struct{}
+
+func (tokenAdmins) AuthenticateAdmin(_ context.Context, cred string) (string, error) {
+	if cred != adminToken {
+		return "", tenants.ErrUnauthenticated
+	}
+	return "admin:test", nil
+}
+
+func (g *testGateway) admin(t *testing.T, method, path, token, body string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, g.url+"/admin/api/v1"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp, out
+}
+
+func startAdminGateway(t *testing.T) (*testGateway, *fakeWorker) {
+	t.Helper()
+	w := newFakeWorker(t, nil)
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) { d.Admins = tokenAdmins{} })
+	return g, w
+}
+
+func TestAdminWorkersLifecycle(t *testing.T) {
+	g, w := startAdminGateway(t)
+	steps := []struct {
+		name, method, path, body string
+		status                   int
+		check                    func(t *testing.T, out map[string]any)
+	}{
+		{"list", "GET", "/workers", "", 200, func(t *testing.T, out map[string]any) {
+			if ws, _ := out["workers"].([]any); len(ws) != 1 {
+				t.Fatalf("workers: got %v, want one", out["workers"])
+			}
+		}},
+		{"add", "POST", "/workers", `{"id":"w2","url":"` + w.srv.URL + `","models":["m1"]}`, 201, func(t *testing.T, out map[string]any) {
+			if out["id"] != "w2" || out["state"] != "healthy" {
+				t.Fatalf("added: got %v", out)
+			}
+		}},
+		{"add again", "POST", "/workers", `{"id":"w2","url":"` + w.srv.URL + `","models":["m1"]}`, 409, nil},
+		{"add bad url", "POST", "/workers", `{"id":"w3","url":"nope","models":["m1"]}`, 400, nil},
+		{"add unknown field", "POST", "/workers", `{"id":"w3","url":"http://127.0.0.1:1","models":["m1"],"weight":3}`, 400, nil},
+		{"add not json", "POST", "/workers", `id=w3`, 400, nil},
+		{"add too large", "POST", "/workers", `{"id":"` + strings.Repeat("x", maxAdminBody) + `"}`, 413, nil},
+		{"drain", "POST", "/workers/w2/drain", "", 200, func(t *testing.T, out map[string]any) {
+			if out["state"] != "drained" {
+				t.Fatalf("state after drain with nothing in flight: got %v, want drained", out["state"])
+			}
+		}},
+		{"undrain", "POST", "/workers/w2/undrain", "", 200, func(t *testing.T, out map[string]any) {
+			if out["state"] != "healthy" {
+				t.Fatalf("state after undrain: got %v, want healthy", out["state"])
+			}
+		}},
+		{"drain unknown", "POST", "/workers/nope/drain", "", 404, nil},
+		{"remove", "DELETE", "/workers/w2", "", 204, nil},
+		{"get removed", "GET", "/workers/w2", "", 404, nil},
+		{"queue", "GET", "/queue", "", 200, func(t *testing.T, out map[string]any) {
+			if qs, _ := out["queues"].([]any); len(qs) != 1 {
+				t.Fatalf("queues: got %v, want one model", out["queues"])
+			}
+		}},
+	}
+	for _, st := range steps {
+		t.Run(st.name, func(t *testing.T) {
+			resp, out := g.admin(t, st.method, st.path, adminToken, st.body)
+			if resp.StatusCode != st.status {
+				t.Fatalf("status: got %d, want %d (%v)", resp.StatusCode, st.status, out)
+			}
+			if st.status >= 400 {
+				if e, _ := out["error"].(map[string]any); e["message"] == "" || e["message"] == nil {
+					t.Fatalf("error not in OpenAI's shape: %v", out)
+				}
+			}
+			if st.check != nil {
+				st.check(t, out)
+			}
+		})
+	}
+}
+
+func TestAdminRefusesWithoutAValidToken(t *testing.T) {
+	g, _ := startAdminGateway(t)
+	for _, token := range []string{"", "wrong", tenants.HashKey(adminToken)} {
+		resp, out := g.admin(t, "POST", "/workers/w1/drain", token, "")
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("token %q: got %d, want 401", token, resp.StatusCode)
+		}
+		if strings.Contains(toJSON(out), "wrong") {
+			t.Fatalf("the error repeats the credential: %v", out)
+		}
+	}
+	if resp, _ := g.admin(t, "GET", "/workers/w1", adminToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("the worker: got %d, want 200", resp.StatusCode)
+	}
+	// A tenant's API key is not an admin credential.
+	if resp, _ := g.admin(t, "GET", "/workers", testKey, ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("tenant key on the admin API: got %d, want 401", resp.StatusCode)
+	}
+}
+
+func TestDrainedWorkerGetsNoNewRequests(t *testing.T) {
+	a := newFakeWorker(t, nil)
+	b := newFakeWorker(t, nil)
+	g := startGatewayWith(t, []routing.WorkerSpec{a.spec("a"), b.spec("b")}, nil, func(d *Deps) { d.Admins = tokenAdmins{} })
+	if resp, _ := g.admin(t, "POST", "/workers/a/drain", adminToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("drain: %d", resp.StatusCode)
+	}
+	for i := 0; i < 6; i++ {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil); resp.Header.Get(headerWorker) != "b" {
+			t.Fatalf("request %d went to %q while a drains", i, resp.Header.Get(headerWorker))
+		}
+	}
+	if a.requests.Load() != 0 {
+		t.Fatalf("the drained worker got %d requests", a.requests.Load())
+	}
+}
+
+func toJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
+	a := newFakeWorker(t, nil)
+	b := newFakeWorker(t, nil)
+	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
+	g := startStickyGateway(t, specs)
+	for _, worker := range []string{"b", "a"} {
+		body := `{"model":"m1","tenant":"t1","key":"sess-1","worker":"` + worker + `","ttl_seconds":60}`
+		if resp, out := g.admin(t, "POST", "/pins", adminToken, body); resp.StatusCode != 200 {
+			t.Fatalf("pin: %d %v", resp.StatusCode, out)
+		}
+		for i := 0; i < 3; i++ {
+			resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"})
+			if got := resp.Header.Get(headerWorker); got != worker {
+				t.Fatalf("pinned to %s: request %d went to %q", worker, i, got)
+			}
+		}
+	}
+	resp, out := g.admin(t, "GET", "/pins?worker=a", adminToken, "")
+	if pins, _ := out["pins"].([]any); resp.StatusCode != 200 || len(pins) != 1 {
+		t.Fatalf("pins of a: got %d %v, want one", resp.StatusCode, out)
+	}
+	if resp, _ := g.admin(t, "DELETE", "/pins?model=m1&tenant=t1&key=sess-1", adminToken, ""); resp.StatusCode != 204 {
+		t.Fatalf("unpin: got %d, want 204", resp.StatusCode)
+	}
+	if _, out := g.admin(t, "GET", "/pins", adminToken, ""); len(out["pins"].([]any)) != 0 {
+		t.Fatalf("pins after unpin: %v", out)
+	}
+	for _, bad := range []string{`{"model":"m1"}`, `{"model":"m1","tenant":"t1","key":"k","worker":"zz"}`, `{"model":"nope","tenant":"t1","key":"k","worker":"a"}`} {
+		if resp, _ := g.admin(t, "POST", "/pins", adminToken, bad); resp.StatusCode < 400 || resp.StatusCode >= 500 {
+			t.Fatalf("pin %s: got %d, want a 4xx", bad, resp.StatusCode)
+		}
+	}
+}
+
+// startStickyGateway is a gateway whose model routes with sticky_session.
+func startStickyGateway(t *testing.T, specs []routing.WorkerSpec) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, specs, nil, func(d *Deps) {
+		d.Admins = tokenAdmins{}
+		d.Pool = newStickyPool(t, specs)
+	})
+}
+
+func newStickyPool(t *testing.T, specs []routing.WorkerSpec) *routing.Pool {
+	t.Helper()
+	cfg := routing.Config{Workers: specs, Policy: "sticky_session"}
+	cfg.SetDefaults()
+	pool, err := routing.NewPool(cfg, routing.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func TestTargetWorkerNeedsATierThatAllowsIt(t *testing.T) {
+	a := newFakeWorker(t, nil)
+	b := newFakeWorker(t, nil)
+	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
+	hdr := map[string]string{headerTarget: "b"}
+	if resp := startGateway(t, specs, nil).post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("tier without may_target_worker: got %d, want 403", resp.StatusCode)
+	}
+	allowed := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
+	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{allowed} })
+	for i := 0; i < 4; i++ {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.Header.Get(headerWorker) != "b" {
+			t.Fatalf("request %d: got %d from %q, want 200 from b", i, resp.StatusCode, resp.Header.Get(headerWorker))
+		}
+	}
+	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerTarget: "zz"}); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("unknown target: got %d, want 400", resp.StatusCode)
+	}
+}

@@ -1,0 +1,500 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+func init() {
+	registerPolicy("cache_aware", func(env policyEnv) (Policy, error) {
+		return NewCacheAware(env.cfg.CacheAware, env.now)
+	})
+}
+
+// Routes of the cache_aware policy.
+const (
+	// RouteCacheHit: load is balanced (or the worker is not overloaded) and the worker holds the
+	// longest prefix of the prompt, at least CacheAwareConfig.Threshold of it.
+	RouteCacheHit Route = "cache_hit"
+	// RouteCacheMiss: no eligible worker holds Threshold of the prompt; the least loaded worker
+	// took it (ties: the one mirroring the smallest cache).
+	RouteCacheMiss Route = "cache_miss"
+	// RouteCacheRebalance: load is imbalanced and the worker holding the longest prefix is
+	// overloaded; a worker that is not overloaded but also holds Threshold of the prompt took it.
+	RouteCacheRebalance Route = "cache_rebalance"
+	// RouteCacheLoadFallback: load is imbalanced and no worker that is not overloaded holds Threshold
+	// of the prompt; the least loaded worker took it.
+	RouteCacheLoadFallback Route = "load_fallback"
+)
+
+// Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
+const (
+	DefaultCacheThreshold      = 0.5     // SGLang's cache_threshold
+	DefaultBalanceAbsThreshold = 8       // requests; see CacheAwareConfig
+	DefaultBalanceRelThreshold = 1.5     // SGLang's balance_rel_threshold
+	DefaultMaxBytesPerWorker   = 1 << 20 // prompt bytes; see CacheAwareConfig
+	DefaultEvictionInterval    = 10 * time.Second
+	DefaultEvictNowFactor      = 2
+)
+
+// CacheAwareConfig holds the parameters of the cache_aware policy. Zero fields take the defaults
+// above (so a threshold of exactly 0 cannot be set; use a small value such as 0.01).
+type CacheAwareConfig struct {
+	// Threshold is the share of the prompt (matched bytes / prompt bytes) a worker must already
+	// hold for the prompt to follow its cache; below it the request goes to the least loaded
+	// worker. In (0, 1]; default 0.5.
+	Threshold float64 `yaml:"threshold"`
+	// BalanceAbsThreshold and BalanceRelThreshold define imbalance over the eligible workers'
+	// in-flight requests: imbalanced when max-min > BalanceAbsThreshold AND max >
+	// min*BalanceRelThreshold. A worker is overloaded when the same test holds for its own load
+	// in place of max. Defaults 8 and 1.5; Abs >= 0 (0 is taken as the default), Rel >= 1.
+	//
+	// The relative test decides at high load, the absolute one at low load. SGLang's router
+	// defaults to 64 (older versions 32) for large fleets; with a few workers carrying tens of
+	// requests each, 32 lets one worker run 1.4 to 2 times the mean load in a simulated
+	// shared-prefix workload, while 8 keeps it near 1.15 at the price of copying hot prefixes
+	// to more workers (TestCacheAwareSharedPrefixLoad).
+	BalanceAbsThreshold int64   `yaml:"balance_abs_threshold"`
+	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
+	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least
+	// recently used prefixes go first. Set it to what the worker's prefix cache holds, about 4
+	// bytes per KV-cache token: a larger tree claims prefixes the worker has already dropped, a
+	// smaller one forgets prefixes it still has. Default 1 MiB, about the 262,144 tokens the pool
+	// assumes of a worker by default (a 7B model on one 80 GB GPU).
+	MaxBytesPerWorker int64 `yaml:"max_bytes_per_worker"`
+	// EvictionInterval is how often Run trims every worker back to MaxBytesPerWorker. Default 10s.
+	EvictionInterval time.Duration `yaml:"eviction_interval"`
+	// EvictNowFactor: a worker above EvictNowFactor × MaxBytesPerWorker is trimmed at once,
+	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
+	// MaxBytesPerWorker. >= 1; default 2.
+	EvictNowFactor float64 `yaml:"evict_now_factor"`
+}
+
+// SetDefaults fills the zero fields of c.
+func (c *CacheAwareConfig) SetDefaults() {
+	if c.Threshold == 0 {
+		c.Threshold = DefaultCacheThreshold
+	}
+	if c.BalanceAbsThreshold == 0 {
+		c.BalanceAbsThreshold = DefaultBalanceAbsThreshold
+	}
+	if c.BalanceRelThreshold == 0 {
+		c.BalanceRelThreshold = DefaultBalanceRelThreshold
+	}
+	if c.MaxBytesPerWorker == 0 {
+		c.MaxBytesPerWorker = DefaultMaxBytesPerWorker
+	}
+	if c.EvictionInterval == 0 {
+		c.EvictionInterval = DefaultEvictionInterval
+	}
+	if c.EvictNowFactor == 0 {
+		c.EvictNowFactor = DefaultEvictNowFactor
+	}
+}
+
+// Validate reports every invalid field of c (after SetDefaults), each error naming its field.
+func (c CacheAwareConfig) Validate() error {
+	return errors.Join(c.validate("cache_aware")...)
+}
+
+// validate reports the problems of c, each naming its field below prefix (e.g.
+// `routing.models["m"].cache_aware`).
+func (c CacheAwareConfig) validate(prefix string) []error {
+	var errs []error
+	bad := func(field, msg string) { errs = append(errs, fmt.Errorf("%s.%s: %s", prefix, field, msg)) }
+	if math.IsNaN(c.Threshold) || c.Threshold <= 0 || c.Threshold > 1 {
+		bad("threshold", "must be in (0, 1]")
+	}
+	if c.BalanceAbsThreshold < 0 {
+		bad("balance_abs_threshold", "must not be negative")
+	}
+	if math.IsNaN(c.BalanceRelThreshold) || c.BalanceRelThreshold < 1 {
+		bad("balance_rel_threshold", "must be at least 1")
+	}
+	if c.MaxBytesPerWorker <= 0 {
+		bad("max_bytes_per_worker", "must be positive")
+	}
+	if c.EvictionInterval <= 0 {
+		bad("eviction_interval", "must be positive")
+	}
+	if math.IsNaN(c.EvictNowFactor) || c.EvictNowFactor < 1 {
+		bad("evict_now_factor", "must be at least 1")
+	}
+	return errs
+}
+
+// evictBatch bounds the entries one eviction step releases under the lock, so a large trim by Run
+// lets Picks in between.
+const evictBatch = 1024
+
+// CacheAware is the cache_aware policy: it routes a prompt to the worker that most likely holds
+// its prefix in its KV cache, as long as the load stays balanced. One CacheAware serves one model.
+//
+// Pick, with the eligible workers' in-flight requests (ties: in-flight tokens) as load:
+//
+//  1. Imbalanced (see CacheAwareConfig.BalanceAbsThreshold)? A worker is overloaded when its
+//     load passes the same test against the minimum.
+//  2. Balanced: the worker holding the longest prefix of the prompt takes it if that prefix is at
+//     least Threshold of the prompt (RouteCacheHit); ties go to the least loaded, then to the
+//     most recent access. Otherwise the least loaded worker takes it, ties going to the one with
+//     the smallest mirrored cache so new prefixes spread (RouteCacheMiss).
+//  3. Imbalanced: the same choice among workers that are not overloaded: a lighter worker that
+//     also holds Threshold of the prompt is preferred to a cold one (RouteCacheHit when it is
+//     the overall best match, else RouteCacheRebalance); if none holds it, the least loaded
+//     worker takes it (RouteCacheLoadFallback).
+//
+// The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
+// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
+// (background, least recently used first) and within EvictNowFactor times that at all times.
+//
+// Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
+// inserts), so a read lock would buy nothing. A Pick holds it for one scan of the workers, one
+// descent of the prompt (vectorised compares) and a walk up the matched path; Run holds it for at
+// most evictBatch releases at a time. Worker loads are read atomically.
+//
+// Lifecycle: the owner of a CacheAware (the Pool) runs Run for as long as the policy is in use and
+// calls WorkersChanged when the model's workers change. Without Run, memory still stays under the
+// hard cap; without WorkersChanged, Run still forgets a worker one EvictionInterval after it left
+// the snapshots.
+type CacheAware struct {
+	cfg  CacheAwareConfig
+	now  func() time.Time
+	wake chan struct{} // capacity 1: a Pick asks Run for an eviction pass now
+	hard int64         // EvictNowFactor × MaxBytesPerWorker
+
+	mu   sync.Mutex // guards tree and view
+	tree *radixTree
+	view slotView
+}
+
+// slotView maps the workers of one snapshot to tree slots and back, so a Pick never looks a
+// worker up by ID. It is rebuilt when Pick sees another snapshot or a slot was released.
+type slotView struct {
+	workers []*Worker // the snapshot; kept so its address cannot be reused by another one
+	gen     uint64    // tree.gen when built
+	slotOf  []int32   // index in workers -> slot, -1 when the worker has none yet
+	indexOf []int32   // slot -> index in workers, -1 when not in workers
+}
+
+var (
+	_ Policy          = (*CacheAware)(nil)
+	_ workersObserver = (*CacheAware)(nil)
+	_ policyRunner    = (*CacheAware)(nil)
+)
+
+// NewCacheAware returns a cache_aware policy with cfg (defaults applied to zero fields) reading
+// the time from now (nil: time.Now). Start its evictions with Run.
+func NewCacheAware(cfg CacheAwareConfig, now func() time.Time) (*CacheAware, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &CacheAware{
+		cfg:  cfg,
+		now:  now,
+		wake: make(chan struct{}, 1),
+		hard: int64(math.Min(float64(cfg.MaxBytesPerWorker)*cfg.EvictNowFactor, math.MaxInt64/2)),
+		tree: newRadixTree(),
+	}, nil
+}
+
+// candidate is a worker considered by Pick.
+type candidate struct {
+	i      int // index in the snapshot; -1 for none
+	load   int64
+	tokens int64
+	rank   int64 // last access (warm candidates: higher wins) or mirrored bytes (cold ones: lower wins)
+}
+
+// lighter reports whether a carries less load than b.
+func (a candidate) lighter(b candidate) bool {
+	if a.load != b.load {
+		return a.load < b.load
+	}
+	return a.tokens < b.tokens
+}
+
+// Pick implements Policy. It takes the policy's mutex; its cost is one pass over workers (one
+// atomic load for most of them), a descent of r.Prompt and a walk back up the matched path. A
+// prompt the chosen worker already holds allocates nothing; one that extends the tree costs a node
+// and a copy of the new bytes, plus a node and a copy of the smaller half of a split edge.
+func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.viewOf(workers)
+
+	least := candidate{i: -1} // least.load is the minimum load
+	var maxLoad int64
+	for i, w := range workers {
+		load := w.InFlight()
+		if least.i >= 0 && load > least.load && load <= maxLoad {
+			// Changes neither the least loaded worker nor the load range, eligible or not: in a
+			// large fleet most workers cost this one atomic load.
+			continue
+		}
+		if !r.Eligible(w) {
+			continue
+		}
+		cd := candidate{i: i, load: load, tokens: w.InFlightTokens(), rank: c.bytesOf(v.slotOf[i])}
+		switch {
+		case least.i < 0:
+			least, maxLoad = cd, load
+		case load > maxLoad:
+			maxLoad = load
+		case cd.lighter(least) || !least.lighter(cd) && cd.rank < least.rank:
+			least = cd
+		}
+	}
+	if least.i < 0 {
+		return nil, RouteCacheMiss
+	}
+	minLoad := least.load
+	imbalanced := c.overloaded(maxLoad, minLoad)
+
+	d := c.tree.descend(r.Prompt)
+	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
+	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad)
+
+	chosen, route := least, RouteCacheMiss
+	switch {
+	case !imbalanced && best.i >= 0:
+		chosen, route = best, RouteCacheHit
+	case imbalanced && light.i >= 0 && light.i == best.i:
+		chosen, route = light, RouteCacheHit
+	case imbalanced && light.i >= 0:
+		chosen, route = light, RouteCacheRebalance
+	case imbalanced:
+		route = RouteCacheLoadFallback
+	}
+
+	slot := v.slotOf[chosen.i]
+	if slot < 0 {
+		slot = c.register(v, chosen.i, workers[chosen.i].ID())
+	}
+	if p := r.Prompt; len(p) > 0 {
+		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
+			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
+			// at the cost of everything else the worker holds. A rare second descent.
+			p = p[:c.cfg.MaxBytesPerWorker]
+			d = c.tree.descend(p)
+		}
+		c.tree.insert(p, d, slot, c.now().UnixNano())
+		c.capNow(slot)
+	}
+	return workers[chosen.i], route
+}
+
+// overloaded applies the imbalance test of CacheAwareConfig to a load against the minimum.
+func (c *CacheAware) overloaded(load, minLoad int64) bool {
+	return load-minLoad > c.cfg.BalanceAbsThreshold && float64(load) > float64(minLoad)*c.cfg.BalanceRelThreshold
+}
+
+// warm walks up the matched path of d, deepest first, and returns the best eligible holder of at
+// least need bytes (best) and, when imbalanced, the best one that is not overloaded (light).
+// At the deepest level where a kind of candidate appears, ties go to the lighter worker, then to
+// the more recent access. The walk stops once both are found or the prefix gets shorter than need.
+func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64) (best, light candidate) {
+	best, light = candidate{i: -1}, candidate{i: -1}
+	level := func(n *node, depth int) bool {
+		if depth < need {
+			return false
+		}
+		foundBest, foundLight := best.i >= 0, light.i >= 0
+		for j, s := range n.slots {
+			i := v.indexOf[s]
+			if i < 0 || !r.Eligible(workers[i]) {
+				continue
+			}
+			w := workers[i]
+			cd := candidate{i: int(i), load: w.InFlight(), tokens: w.InFlightTokens(), rank: n.holders[j].last}
+			if !foundBest && (best.i < 0 || cd.warmer(best)) {
+				best = cd
+			}
+			if imbalanced && !foundLight && !c.overloaded(cd.load, minLoad) && (light.i < 0 || cd.warmer(light)) {
+				light = cd
+			}
+		}
+		return best.i < 0 || imbalanced && light.i < 0
+	}
+	if d.child != nil && !level(d.child, d.matched()) {
+		return best, light
+	}
+	for n := d.n; n != &c.tree.root; n = n.parent {
+		if !level(n, n.end) {
+			break
+		}
+	}
+	return best, light
+}
+
+// warmer orders holders of the same prefix: the lighter one, then the more recently used.
+func (a candidate) warmer(b candidate) bool {
+	if a.lighter(b) || b.lighter(a) {
+		return a.lighter(b)
+	}
+	return a.rank > b.rank
+}
+
+// viewOf returns the slot map of workers, rebuilding it if it was built for another snapshot or
+// before a slot was released. c.mu must be held.
+func (c *CacheAware) viewOf(workers []*Worker) *slotView {
+	v := &c.view
+	same := len(workers) == len(v.workers) && (len(workers) == 0 || &workers[0] == &v.workers[0])
+	if same && v.gen == c.tree.gen {
+		return v
+	}
+	v.workers, v.gen = workers, c.tree.gen
+	v.slotOf = make([]int32, len(workers))
+	v.indexOf = make([]int32, len(c.tree.workers))
+	for s := range v.indexOf {
+		v.indexOf[s] = -1
+	}
+	for i, w := range workers {
+		s, ok := c.tree.slots[w.ID()]
+		if !ok {
+			v.slotOf[i] = -1
+			continue
+		}
+		v.slotOf[i] = s
+		v.indexOf[s] = int32(i)
+	}
+	return v
+}
+
+// register gives worker i of the view a tree slot and records it in the view. c.mu must be held.
+func (c *CacheAware) register(v *slotView, i int, id string) int32 {
+	s := c.tree.slot(id)
+	for int(s) >= len(v.indexOf) {
+		v.indexOf = append(v.indexOf, -1)
+	}
+	v.indexOf[s] = int32(i)
+	v.slotOf[i] = s
+	return s
+}
+
+// bytesOf returns the mirrored bytes of slot, 0 for none. c.mu must be held.
+func (c *CacheAware) bytesOf(slot int32) int64 {
+	if slot < 0 {
+		return 0
+	}
+	return c.tree.workers[slot].bytes
+}
+
+// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further. The
+// entries released are about as many bytes as the insert added, so the cost is amortised.
+// c.mu must be held.
+func (c *CacheAware) capNow(slot int32) {
+	if c.tree.workers[slot].bytes <= c.hard {
+		return
+	}
+	c.tree.evict(slot, c.hard, math.MaxInt)
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run trims every worker back to MaxBytesPerWorker every EvictionInterval, and at once when a
+// Pick pushed one over the hard cap, until ctx ends. The owner of the policy runs it once, for as
+// long as the policy is used.
+func (c *CacheAware) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.EvictionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.wake:
+		}
+		c.Evict()
+	}
+}
+
+// Evict trims every worker that mirrors more than MaxBytesPerWorker back to it, least recently
+// used prefixes first, and returns the number of entries released. It takes the mutex for at
+// most evictBatch releases at a time. Run calls it; so may tests and shutdown code.
+//
+// It also drops, as WorkersChanged would, the entries of a worker that has been missing from the
+// snapshots Pick receives for at least EvictionInterval: a safety net for an owner that does not
+// report removals, or a Pick on a stale snapshot that chose a worker already removed.
+func (c *CacheAware) Evict() int {
+	c.forgetAbsent()
+	released := 0
+	for {
+		c.mu.Lock()
+		n := 0
+		for s, w := range c.tree.workers {
+			if w != nil && w.bytes > c.cfg.MaxBytesPerWorker {
+				n += c.tree.evict(int32(s), c.cfg.MaxBytesPerWorker, evictBatch-n)
+				if n >= evictBatch {
+					break
+				}
+			}
+		}
+		c.mu.Unlock()
+		released += n
+		if n < evictBatch {
+			return released
+		}
+	}
+}
+
+// forgetAbsent removes the workers missing from the last snapshot for EvictionInterval or more.
+func (c *CacheAware) forgetAbsent() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now().UnixNano()
+	for s, w := range c.tree.workers {
+		switch {
+		case w == nil:
+		case s < len(c.view.indexOf) && c.view.indexOf[s] >= 0:
+			w.absentSince = 0
+		case w.absentSince == 0:
+			w.absentSince = now
+		case now-w.absentSince >= int64(c.cfg.EvictionInterval):
+			c.tree.remove(w.id)
+		}
+	}
+}
+
+// WorkersChanged forgets every worker missing from workers, the model's new snapshot (nil when
+// the model lost its last worker): its entries leave the tree, and a worker that comes back under
+// the same ID starts cold. A worker that is only unhealthy or draining stays in the snapshot and
+// keeps its entries. The Pool calls it after every membership change of the model (the
+// workersObserver hook). Safe for concurrent use; costs a set of the snapshot's IDs plus the
+// removed workers' entries.
+func (c *CacheAware) WorkersChanged(workers []*Worker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.tree.slots) == 0 {
+		return
+	}
+	keep := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		keep[w.ID()] = true
+	}
+	for id := range c.tree.slots {
+		if !keep[id] {
+			c.tree.remove(id)
+		}
+	}
+}
+
+// CachedBytes returns the prompt bytes the tree mirrors for worker id (0 if none) and the nodes
+// and label bytes of the whole tree, for metrics and tests. Safe for concurrent use.
+func (c *CacheAware) CachedBytes(id string) (worker int64, nodes int, total int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.tree.slots[id]; ok {
+		worker = c.tree.workers[s].bytes
+	}
+	return worker, c.tree.nodes, c.tree.labels
+}

@@ -1,0 +1,29 @@
+// Package routing owns the worker pool of the gateway: which inference workers serve which
+// models, whether they are healthy, how loaded they are, and the policies that pick one of them
+// for each request.
+//
+// The gateway builds one Pool from Config, runs its background work with Run, and for each
+// request calls Pick, sends the request to Lease.Worker and calls Lease.Release with the outcome.
+// Policies see each model's workers as a shared immutable snapshot that the pool replaces (copy on
+// write) when membership changes, so the pick path takes no lock and copies nothing.
+//
+// Files by concern:
+//
+//   - config.go: Config and its defaults and validation; each policy's parameters live beside it.
+//   - pool.go, worker.go: the pool, its snapshot, Pick and Lease; the worker's counters and states.
+//   - lifecycle.go: Add, Remove, Drain, Undrain and worker status for the admin API.
+//   - health.go, breaker.go, load.go: active health checks, the circuit breaker, and the load the
+//     workers report on /metrics (vLLM, SGLang, llama.cpp names).
+//   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
+//   - round_robin.go, random.go, least_request.go, power_of_two.go: load-only policies.
+//   - ring.go, consistent_hash.go, prefix_hash.go: hash rings with bounded load.
+//   - bucket.go: prompt-length ranges re-cut to equal load.
+//   - pins.go, pins_redis.go, sticky.go: pins of sessions and routing keys (sticky_session,
+//     manual) in memory or Redis.
+//   - metrics.go: the pool's Prometheus metrics (names prefixed usher_routing_).
+//
+// Each Lease carries a Route, the value of the X-Usher-Route response header, saying why its
+// worker was picked: the policy's name for the load-only policies, "hash" or "spill" for the
+// rings, "bucket" or "load_fallback", "sticky", "pinned", "assigned", "repinned", and "target"
+// for a request that named its worker.
+package routing

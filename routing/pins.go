@@ -1,0 +1,194 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// PinKey names one pin: a session ID or routing key of a tenant, for one model.
+type PinKey struct {
+	Model  string `json:"model"`
+	Tenant string `json:"tenant"`
+	Key    string `json:"key"`
+}
+
+// Pin is a key pinned to a worker, as listed by PinStore.List.
+type Pin struct {
+	PinKey
+	Worker string        `json:"worker"`
+	TTL    time.Duration `json:"ttl"` // time left; a pin's TTL slides on every use
+}
+
+// PinFilter selects pins; empty fields match every pin.
+type PinFilter struct {
+	Model  string
+	Tenant string
+	Worker string
+}
+
+func (f PinFilter) match(k PinKey, worker string) bool {
+	return (f.Model == "" || f.Model == k.Model) && (f.Tenant == "" || f.Tenant == k.Tenant) && (f.Worker == "" || f.Worker == worker)
+}
+
+// PinStore keeps the pins of sticky sessions and routing keys where every gateway replica sees
+// them. Implementations are safe for concurrent use; Get and Claim sit on the pick path of
+// sticky_session and manual and should take one round trip.
+type PinStore interface {
+	// Get returns the worker k is pinned to ("" if none) and extends the pin's TTL to ttl.
+	Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error)
+	// Claim pins k to worker if k is unpinned or pinned to expect, and returns the worker k is
+	// pinned to afterwards: worker, or the pin another replica set first.
+	Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error)
+	// Set pins k to worker whatever it was pinned to.
+	Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error
+	// Delete removes the pin of k, if any.
+	Delete(ctx context.Context, k PinKey) error
+	// List returns the pins f selects, ordered by model, tenant and key. It reads the whole
+	// store: an admin operation, not for the pick path.
+	List(ctx context.Context, f PinFilter) ([]Pin, error)
+}
+
+// MemoryPinStore is a PinStore in the gateway's memory, for a single gateway without Redis. Pins
+// expire lazily: an expired pin is dropped when it is next read or listed. Safe for concurrent
+// use; the zero value is not usable, call NewMemoryPinStore.
+type MemoryPinStore struct {
+	now func() time.Time
+
+	mu   sync.Mutex // guards pins
+	pins map[PinKey]memoryPin
+}
+
+type memoryPin struct {
+	worker  string
+	expires time.Time
+}
+
+var _ PinStore = (*MemoryPinStore)(nil)
+
+// NewMemoryPinStore returns an empty store reading time from now (time.Now if nil).
+func NewMemoryPinStore(now func() time.Time) *MemoryPinStore {
+	if now == nil {
+		now = time.Now
+	}
+	return &MemoryPinStore{now: now, pins: make(map[PinKey]memoryPin)}
+}
+
+// live returns the unexpired pin of k. s.mu must be held.
+func (s *MemoryPinStore) live(k PinKey, now time.Time) (memoryPin, bool) {
+	p, ok := s.pins[k]
+	if ok && !now.Before(p.expires) {
+		delete(s.pins, k)
+		return memoryPin{}, false
+	}
+	return p, ok
+}
+
+// Get implements PinStore.
+func (s *MemoryPinStore) Get(_ context.Context, k PinKey, ttl time.Duration) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	p, ok := s.live(k, now)
+	if !ok {
+		return "", nil
+	}
+	p.expires = now.Add(ttl)
+	s.pins[k] = p
+	return p.worker, nil
+}
+
+// Claim implements PinStore.
+func (s *MemoryPinStore) Claim(_ context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	p, ok := s.live(k, now)
+	if !ok || p.worker == expect {
+		p.worker = worker
+	}
+	p.expires = now.Add(ttl)
+	s.pins[k] = p
+	return p.worker, nil
+}
+
+// Set implements PinStore.
+func (s *MemoryPinStore) Set(_ context.Context, k PinKey, worker string, ttl time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pins[k] = memoryPin{worker: worker, expires: s.now().Add(ttl)}
+	return nil
+}
+
+// Delete implements PinStore.
+func (s *MemoryPinStore) Delete(_ context.Context, k PinKey) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pins, k)
+	return nil
+}
+
+// List implements PinStore.
+func (s *MemoryPinStore) List(_ context.Context, f PinFilter) ([]Pin, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var out []Pin
+	for k := range s.pins {
+		p, ok := s.live(k, now)
+		if ok && f.match(k, p.worker) {
+			out = append(out, Pin{PinKey: k, Worker: p.worker, TTL: p.expires.Sub(now)})
+		}
+	}
+	sortPins(out)
+	return out, nil
+}
+
+func sortPins(pins []Pin) {
+	slices.SortFunc(pins, func(a, b Pin) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key))
+	})
+}
+
+// Pin pins key (a session ID or routing key) of tenant to workerID for model, replacing any pin
+// it had, for ttl (0: the model's PinConfig.TTL). Errors wrap ErrUnknownModel or ErrUnknownWorker
+// when the model has no such worker, or come from the pin store.
+func (p *Pool) Pin(ctx context.Context, model, tenant, key, workerID string, ttl time.Duration) error {
+	ms := p.snap.Load().models[model]
+	if ms == nil {
+		return fmt.Errorf("model %q: %w", model, ErrUnknownModel)
+	}
+	if ms.byID[workerID] == nil {
+		return fmt.Errorf("worker %q for model %q: %w", workerID, model, ErrUnknownWorker)
+	}
+	if key == "" {
+		return errors.New("pin: key must not be empty")
+	}
+	if ttl <= 0 {
+		ttl = p.pinTTL(model)
+	}
+	return p.pins.Set(ctx, PinKey{Model: model, Tenant: tenant, Key: key}, workerID, ttl)
+}
+
+// Unpin removes the pin of key of tenant for model, if any.
+func (p *Pool) Unpin(ctx context.Context, model, tenant, key string) error {
+	return p.pins.Delete(ctx, PinKey{Model: model, Tenant: tenant, Key: key})
+}
+
+// Pins lists the pins f selects (by model, tenant or worker), ordered by model, tenant and key.
+func (p *Pool) Pins(ctx context.Context, f PinFilter) ([]Pin, error) {
+	return p.pins.List(ctx, f)
+}
+
+func (p *Pool) pinTTL(model string) time.Duration {
+	if mc, ok := p.cfg.Models[model]; ok {
+		return mc.Pins.TTL
+	}
+	var pc PinConfig
+	pc.setDefaults()
+	return pc.TTL
+}

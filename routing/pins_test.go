@@ -1,0 +1,134 @@
+package routing
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/usherllm/usher/test/redistest"
+)
+
+func newRedisClient(t *testing.T, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestPinStores holds both PinStore implementations to one contract.
+func TestPinStores(t *testing.T) {
+	stores := []struct {
+		name string
+		new  func(t *testing.T) PinStore
+	}{
+		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t))) }},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := st.new(t)
+			k := PinKey{Model: "org/m:7b", Tenant: "acme:eu", Key: "sess%1"}
+			if got, err := s.Get(ctx, k, time.Hour); err != nil || got != "" {
+				t.Fatalf("Get of a missing pin: got %q, %v; want \"\", nil", got, err)
+			}
+			if got, err := s.Claim(ctx, k, "", "w1", time.Hour); err != nil || got != "w1" {
+				t.Fatalf("first Claim: got %q, %v; want w1", got, err)
+			}
+			if got, _ := s.Claim(ctx, k, "", "w2", time.Hour); got != "w1" {
+				t.Errorf("Claim of a pinned key expecting none: got %q, want the existing w1", got)
+			}
+			if got, _ := s.Claim(ctx, k, "w1", "w2", time.Hour); got != "w2" {
+				t.Errorf("Claim moving w1 to w2: got %q, want w2", got)
+			}
+			if got, _ := s.Get(ctx, k, time.Hour); got != "w2" {
+				t.Errorf("Get: got %q, want w2", got)
+			}
+			other := PinKey{Model: "org/m:7b", Tenant: "beta", Key: "k"}
+			if err := s.Set(ctx, other, "w1", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Set(ctx, PinKey{Model: "n", Tenant: "acme:eu", Key: "k"}, "w2", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			filters := []struct {
+				f    PinFilter
+				want []string // keys as tenant/key
+			}{
+				{f: PinFilter{}, want: []string{"acme:eu/sess%1", "beta/k", "acme:eu/k"}},
+				{f: PinFilter{Model: "org/m:7b"}, want: []string{"acme:eu/sess%1", "beta/k"}},
+				{f: PinFilter{Tenant: "acme:eu"}, want: []string{"acme:eu/k", "acme:eu/sess%1"}},
+				{f: PinFilter{Worker: "w1"}, want: []string{"beta/k"}},
+			}
+			for _, ft := range filters {
+				pins, err := s.List(ctx, ft.f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for _, p := range pins {
+					got = append(got, p.Tenant+"/"+p.Key)
+					if p.TTL <= 0 || p.TTL > time.Hour {
+						t.Errorf("pin %v: got TTL %s, want within (0, 1h]", p.PinKey, p.TTL)
+					}
+				}
+				if !sameSet(got, ft.want) {
+					t.Errorf("List(%+v): got %v, want %v", ft.f, got, ft.want)
+				}
+			}
+			if err := s.Delete(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := s.Get(ctx, k, time.Hour); got != "" {
+				t.Errorf("Get after Delete: got %q, want none", got)
+			}
+		})
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]int{}
+	for _, s := range a {
+		m[s]++
+	}
+	for _, s := range b {
+		m[s]--
+	}
+	for _, n := range m {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestMemoryPinStoreSlidingTTL(t *testing.T) {
+	clock := newFakeClock()
+	s := NewMemoryPinStore(clock.Now)
+	ctx := context.Background()
+	k := PinKey{Model: "m", Tenant: "t", Key: "s"}
+	_ = s.Set(ctx, k, "w1", time.Minute)
+	for range 5 {
+		clock.Advance(50 * time.Second)
+		if got, _ := s.Get(ctx, k, time.Minute); got != "w1" {
+			t.Fatalf("pin used every 50s with a 1m TTL: got %q, want w1", got)
+		}
+	}
+	clock.Advance(time.Minute)
+	if got, _ := s.Get(ctx, k, time.Minute); got != "" {
+		t.Errorf("after a minute unused: got %q, want expired", got)
+	}
+}
+
+func TestRedisPinKeyRoundTrip(t *testing.T) {
+	for _, k := range []PinKey{{"m", "t", "k"}, {"a:b", "%3A", "::"}, {"", "", ""}} {
+		got, ok := parseRedisPinKey(redisPinKey(k))
+		if !ok || got != k {
+			t.Errorf("key %+v: got %+v (ok=%v) back", k, got, ok)
+		}
+	}
+}

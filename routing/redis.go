@@ -1,0 +1,165 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
+// string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
+// percent-encoded) holding the worker ID, with a sliding TTL; and the draining workers, a set
+// under `usher:draining`. Each method is one round trip except List, which scans. Safe for
+// concurrent use.
+type RedisStore struct {
+	client redis.UniversalClient
+}
+
+var (
+	_ PinStore   = (*RedisStore)(nil)
+	_ DrainStore = (*RedisStore)(nil)
+)
+
+// Keys of RedisStore.
+const (
+	pinKeyPrefix = "usher:pin:"
+	drainingKey  = "usher:draining"
+)
+
+// NewRedisStore returns a store on client; the caller owns client and closes it.
+func NewRedisStore(client redis.UniversalClient) *RedisStore {
+	return &RedisStore{client: client}
+}
+
+var pinPartEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+func redisPinKey(k PinKey) string {
+	return pinKeyPrefix + pinPartEscaper.Replace(k.Model) + ":" + pinPartEscaper.Replace(k.Tenant) + ":" + pinPartEscaper.Replace(k.Key)
+}
+
+var pinPartUnescaper = strings.NewReplacer("%3A", ":", "%25", "%")
+
+func parseRedisPinKey(s string) (PinKey, bool) {
+	parts := strings.Split(strings.TrimPrefix(s, pinKeyPrefix), ":")
+	if len(parts) != 3 || !strings.HasPrefix(s, pinKeyPrefix) {
+		return PinKey{}, false
+	}
+	return PinKey{Model: pinPartUnescaper.Replace(parts[0]), Tenant: pinPartUnescaper.Replace(parts[1]), Key: pinPartUnescaper.Replace(parts[2])}, true
+}
+
+// Get implements PinStore with GETEX.
+func (s *RedisStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
+	v, err := s.client.GetEx(ctx, redisPinKey(k), ttl).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("get pin: %w", err)
+	}
+	return v, nil
+}
+
+// claimScript sets KEYS[1] to ARGV[2] when it is absent or holds ARGV[1], refreshes its TTL to
+// ARGV[3] milliseconds, and returns the value it holds afterwards.
+var claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if (not v) or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return ARGV[2]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return v
+`)
+
+// Claim implements PinStore with one script call.
+func (s *RedisStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
+	v, err := claimScript.Run(ctx, s.client, []string{redisPinKey(k)}, expect, worker, ttl.Milliseconds()).Text()
+	if err != nil {
+		return "", fmt.Errorf("claim pin: %w", err)
+	}
+	return v, nil
+}
+
+// Set implements PinStore.
+func (s *RedisStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
+	if err := s.client.Set(ctx, redisPinKey(k), worker, ttl).Err(); err != nil {
+		return fmt.Errorf("set pin: %w", err)
+	}
+	return nil
+}
+
+// Delete implements PinStore.
+func (s *RedisStore) Delete(ctx context.Context, k PinKey) error {
+	if err := s.client.Del(ctx, redisPinKey(k)).Err(); err != nil {
+		return fmt.Errorf("delete pin: %w", err)
+	}
+	return nil
+}
+
+// List implements PinStore: a SCAN over the pin keys, then one pipelined GET and PTTL per match.
+func (s *RedisStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
+	var keys []string
+	var pks []PinKey
+	iter := s.client.Scan(ctx, 0, pinKeyPrefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		pk, ok := parseRedisPinKey(iter.Val())
+		if ok && f.match(pk, f.Worker) {
+			keys, pks = append(keys, iter.Val()), append(pks, pk)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("list pins: %w", err)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	gets := make([]*redis.StringCmd, len(keys))
+	ttls := make([]*redis.DurationCmd, len(keys))
+	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for i, key := range keys {
+			gets[i] = pipe.Get(ctx, key)
+			ttls[i] = pipe.PTTL(ctx, key)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("list pins: %w", err)
+	}
+	var out []Pin
+	for i, pk := range pks {
+		worker, err := gets[i].Result()
+		if err != nil || !f.match(pk, worker) {
+			continue // expired between the scan and the read
+		}
+		out = append(out, Pin{PinKey: pk, Worker: worker, TTL: ttls[i].Val()})
+	}
+	sortPins(out)
+	return out, nil
+}
+
+// SetDraining implements DrainStore.
+func (s *RedisStore) SetDraining(ctx context.Context, workerID string, draining bool) error {
+	var err error
+	if draining {
+		err = s.client.SAdd(ctx, drainingKey, workerID).Err()
+	} else {
+		err = s.client.SRem(ctx, drainingKey, workerID).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("set drain state: %w", err)
+	}
+	return nil
+}
+
+// DrainingWorkers implements DrainStore.
+func (s *RedisStore) DrainingWorkers(ctx context.Context) ([]string, error) {
+	ids, err := s.client.SMembers(ctx, drainingKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read drain state: %w", err)
+	}
+	return ids, nil
+}

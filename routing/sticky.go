@@ -1,0 +1,373 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+func init() {
+	registerPolicy("sticky_session", newStickySession)
+	registerPolicy("manual", newManual)
+}
+
+// Routes of the pinning policies.
+const (
+	RouteSticky   Route = "sticky"   // sticky_session: the worker the session is pinned to
+	RoutePinned   Route = "pinned"   // manual: the worker the routing key is pinned to
+	RouteAssigned Route = "assigned" // a new pin: the key had none
+	RouteRepinned Route = "repinned" // the pinned worker was unhealthy, draining or gone; the pin moved
+)
+
+// PinConfig sets the pins of sticky_session and manual.
+type PinConfig struct {
+	// TTL is how long an unused pin lives; every request of the key restarts it. Default 1h.
+	TTL time.Duration `yaml:"ttl"`
+	// Timeout bounds one pin-store call on the pick path; past it the request routes by
+	// consistent hashing on its key, as when the store is down. Default 50ms.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+func (c *PinConfig) setDefaults() {
+	if c.TTL == 0 {
+		c.TTL = time.Hour
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 50 * time.Millisecond
+	}
+}
+
+func (c PinConfig) validate(prefix string) []error {
+	var errs []error
+	if c.TTL < time.Second {
+		errs = append(errs, fieldError(prefix, "ttl", "must be at least 1s, got %s", c.TTL))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fieldError(prefix, "timeout", "must be positive, got %s", c.Timeout))
+	}
+	return errs
+}
+
+// StickySessionConfig sets the sticky_session policy.
+type StickySessionConfig struct {
+	// Fallback names the policy that routes requests without a session and assigns new
+	// sessions; any policy but sticky_session and manual. Default round_robin.
+	Fallback string `yaml:"fallback"`
+}
+
+func (c *StickySessionConfig) setDefaults() {
+	if c.Fallback == "" {
+		c.Fallback = "round_robin"
+	}
+}
+
+func (c StickySessionConfig) validate(prefix string) []error {
+	if c.Fallback == "sticky_session" || c.Fallback == "manual" || !knownPolicy(c.Fallback) {
+		return []error{fieldError(prefix, "fallback", "must name a policy other than sticky_session and manual, got %q", c.Fallback)}
+	}
+	return nil
+}
+
+// Assignment strategies of ManualConfig.Assign.
+const (
+	AssignRandom   = "random"    // a uniformly random worker
+	AssignMinLoad  = "min_load"  // the worker with the fewest requests in flight
+	AssignMinGroup = "min_group" // the worker with the fewest pinned keys
+)
+
+// ManualConfig sets the manual policy.
+type ManualConfig struct {
+	// Assign is how a key without a pin gets its worker: "random", "min_load" or "min_group".
+	// Default min_load.
+	Assign string `yaml:"assign"`
+	// Recount is how often min_group recounts the pins per worker from the pin store; between
+	// recounts it adds the pins it makes itself. Default 1m.
+	Recount time.Duration `yaml:"recount"`
+}
+
+func (c *ManualConfig) setDefaults() {
+	if c.Assign == "" {
+		c.Assign = AssignMinLoad
+	}
+	if c.Recount == 0 {
+		c.Recount = time.Minute
+	}
+}
+
+func (c ManualConfig) validate(prefix string) []error {
+	var errs []error
+	switch c.Assign {
+	case AssignRandom, AssignMinLoad, AssignMinGroup:
+	default:
+		errs = append(errs, fieldError(prefix, "assign", "must be random, min_load or min_group, got %q", c.Assign))
+	}
+	if c.Recount <= 0 {
+		errs = append(errs, fieldError(prefix, "recount", "must be positive, got %s", c.Recount))
+	}
+	return errs
+}
+
+// pinRouter is what sticky_session and manual share: look the key's pin up (one round trip),
+// keep it while its worker is fit, move it when not, and fall back to consistent hashing on the
+// same key when the pin store fails.
+type pinRouter struct {
+	model   string
+	cfg     PinConfig
+	pins    PinStore
+	metrics *poolMetrics
+	logger  *slog.Logger
+	hit     Route // the route of a kept pin
+	ring    ringCache
+	// assign picks a worker for a key without a fit pin.
+	assign func(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+	// assigned, if set, learns of every pin this gateway moves (from "" for a new one).
+	assigned func(from, to string)
+}
+
+// degradedLoadFactor bounds load while routing by consistent hashing without the pin store.
+const degradedLoadFactor = 1.25
+
+func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key string) (*Worker, Route) {
+	if len(workers) == 0 {
+		return nil, p.hit
+	}
+	ring := p.ring.get(workers)
+	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	id, err := p.pins.Get(ctx, k, p.cfg.TTL)
+	if err != nil {
+		return p.degraded(ring, r, "get", err)
+	}
+	route := RouteAssigned
+	if id != "" {
+		pinned := ring.byID[id]
+		switch {
+		case pinned != nil && r.Eligible(pinned):
+			return pinned, p.hit
+		case pinned != nil && pinFit(pinned, r):
+			// Busy, not broken: serve this request elsewhere and keep the pin.
+			w, _ := p.assign(ctx, r, workers)
+			return w, RouteSpill
+		}
+		route = RouteRepinned
+	}
+	w, _ := p.assign(ctx, r, workers)
+	if w == nil {
+		return nil, route
+	}
+	got, err := p.pins.Claim(ctx, k, id, w.spec.ID, p.cfg.TTL)
+	if err != nil {
+		p.metrics.pinErrors.WithLabelValues(p.model, "claim").Inc()
+		return w, route
+	}
+	if got != w.spec.ID {
+		// Another replica pinned the key first; follow it if it can take the request.
+		if other := ring.byID[got]; other != nil && r.Eligible(other) {
+			return other, p.hit
+		}
+		return w, RouteSpill
+	}
+	if p.assigned != nil {
+		p.assigned(id, got)
+	}
+	return w, route
+}
+
+// pinFit says a pinned worker keeps its pin although it cannot take r now: it is healthy, not
+// draining, its circuit is closed and r did not already fail on it; it is only full.
+func pinFit(w *Worker, r *Request) bool {
+	return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
+}
+
+func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (*Worker, Route) {
+	p.metrics.pinErrors.WithLabelValues(p.model, op).Inc()
+	if !errors.Is(err, context.Canceled) {
+		p.logger.Debug("pin store failed; routing by consistent hashing", "model", p.model, "op", op, "err", err)
+	}
+	key, _ := requestKeyHash(r)
+	return pickOnRing(ring, r, key, degradedLoadFactor)
+}
+
+// StickySession keeps each session (Request.SessionID) on one worker: the pin lives in the
+// PinStore under the model and tenant, with a sliding TTL, so every gateway replica sends the
+// session to the same worker. A new session is assigned by the fallback policy; a pinned worker
+// that is unhealthy, draining, circuit-open or gone loses the pin and the pin moves (route
+// "repinned"); one that is merely full serves this request elsewhere and keeps the pin (route
+// "spill"). When the store fails, requests still flow, by consistent hashing on the same key, and
+// the errors are counted. Requests without a session go to the fallback policy.
+//
+// Safe for concurrent use. A pick makes one store round trip (two for a new or moved session),
+// bounded by PinConfig.Timeout.
+type StickySession struct {
+	fallback Policy
+	router   pinRouter
+}
+
+var (
+	_ Policy          = (*StickySession)(nil)
+	_ workersObserver = (*StickySession)(nil)
+	_ policyRunner    = (*StickySession)(nil)
+)
+
+func newStickySession(env policyEnv) (Policy, error) {
+	fallback, err := newPolicy(env.cfg.StickySession.Fallback, env)
+	if err != nil {
+		return nil, fmt.Errorf("sticky_session fallback: %w", err)
+	}
+	p := &StickySession{fallback: fallback}
+	p.router = pinRouter{model: env.model, cfg: env.cfg.Pins, pins: env.pins, metrics: env.metrics, logger: env.logger, hit: RouteSticky,
+		ring: ringCache{vnodes: env.cfg.ConsistentHash.VirtualNodes}, assign: fallback.Pick}
+	return p, nil
+}
+
+// WorkersChanged implements workersObserver.
+func (p *StickySession) WorkersChanged(workers []*Worker) {
+	p.router.ring.WorkersChanged(workers)
+	if o, ok := p.fallback.(workersObserver); ok {
+		o.WorkersChanged(workers)
+	}
+}
+
+// Run runs the fallback policy's background work, if it has any.
+func (p *StickySession) Run(ctx context.Context) {
+	if r, ok := p.fallback.(policyRunner); ok {
+		r.Run(ctx)
+	}
+}
+
+// Pick implements Policy.
+func (p *StickySession) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	if r.SessionID == "" {
+		return p.fallback.Pick(ctx, r, workers)
+	}
+	return p.router.pick(ctx, r, workers, r.SessionID)
+}
+
+// Manual routes by pins an operator sets (Pool.Pin) or the policy makes: the key is
+// Request.RoutingKey, else SessionID. A key without a pin gets a worker by ManualConfig.Assign
+// and is pinned to it; failover, degradation and costs are those of StickySession. Requests
+// without a key go to the Assign strategy unpinned.
+type Manual struct {
+	assign   func(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+	router   pinRouter
+	pins     PinStore
+	model    string
+	recount  time.Duration
+	minGroup bool
+	groups   atomic.Pointer[map[string]*atomic.Int64] // pins per worker ID, for min_group
+}
+
+var (
+	_ Policy          = (*Manual)(nil)
+	_ workersObserver = (*Manual)(nil)
+	_ policyRunner    = (*Manual)(nil)
+)
+
+func newManual(env policyEnv) (Policy, error) {
+	p := &Manual{pins: env.pins, model: env.model, recount: env.cfg.Manual.Recount}
+	switch env.cfg.Manual.Assign {
+	case AssignRandom:
+		p.assign = (&Random{rand: env.rand}).Pick
+	case AssignMinLoad:
+		p.assign = (&LeastRequest{rand: env.rand}).Pick
+	case AssignMinGroup:
+		p.minGroup = true
+		p.assign = p.pickMinGroup
+		empty := map[string]*atomic.Int64{}
+		p.groups.Store(&empty)
+	default:
+		return nil, fmt.Errorf("unknown assignment %q", env.cfg.Manual.Assign)
+	}
+	p.router = pinRouter{model: env.model, cfg: env.cfg.Pins, pins: env.pins, metrics: env.metrics, logger: env.logger, hit: RoutePinned,
+		ring: ringCache{vnodes: env.cfg.ConsistentHash.VirtualNodes}, assign: p.assign}
+	if p.minGroup {
+		p.router.assigned = p.moved
+	}
+	return p, nil
+}
+
+// WorkersChanged implements workersObserver.
+func (p *Manual) WorkersChanged(workers []*Worker) { p.router.ring.WorkersChanged(workers) }
+
+// Pick implements Policy.
+func (p *Manual) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	key := r.RoutingKey
+	if key == "" {
+		key = r.SessionID
+	}
+	if key == "" {
+		return p.assign(ctx, r, workers)
+	}
+	return p.router.pick(ctx, r, workers, key)
+}
+
+// Run recounts the pins per worker every Recount for min_group; for the other strategies it
+// returns at once.
+func (p *Manual) Run(ctx context.Context) {
+	if !p.minGroup {
+		return
+	}
+	every(ctx, p.recount, p.countGroups)
+}
+
+// countGroups replaces the pins-per-worker counts with a fresh count from the store.
+func (p *Manual) countGroups(ctx context.Context) {
+	pins, err := p.pins.List(ctx, PinFilter{Model: p.model})
+	if err != nil {
+		p.router.metrics.pinErrors.WithLabelValues(p.model, "list").Inc()
+		return
+	}
+	counts := make(map[string]*atomic.Int64)
+	for _, pin := range pins {
+		c := counts[pin.Worker]
+		if c == nil {
+			c = new(atomic.Int64)
+			counts[pin.Worker] = c
+		}
+		c.Add(1)
+	}
+	p.groups.Store(&counts)
+}
+
+// moved keeps the counts current between recounts as this gateway moves pins.
+func (p *Manual) moved(from, to string) {
+	counts := *p.groups.Load()
+	if c := counts[from]; c != nil && from != "" {
+		c.Add(-1)
+	}
+	if c := counts[to]; c != nil {
+		c.Add(1)
+		return
+	}
+	// A worker first seen: publish a copy with its counter.
+	next := make(map[string]*atomic.Int64, len(counts)+1)
+	for id, c := range counts {
+		next[id] = c
+	}
+	c := new(atomic.Int64)
+	c.Store(1)
+	next[to] = c
+	p.groups.Store(&next)
+}
+
+// pickMinGroup returns the eligible worker with the fewest pinned keys, ties to the first.
+func (p *Manual) pickMinGroup(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	counts := *p.groups.Load()
+	var best *Worker
+	var bestN int64
+	for _, w := range workers {
+		var n int64
+		if c := counts[w.spec.ID]; c != nil {
+			n = c.Load()
+		}
+		if (best == nil || n < bestN) && r.Eligible(w) {
+			best, bestN = w, n
+		}
+	}
+	return best, RouteAssigned
+}
