@@ -49,6 +49,11 @@ MC_LIMIT=${MC_LIMIT:-1800}
 MC_KV=${MC_KV:-65536}
 MC_SIM_SCALE=${MC_SIM_SCALE:-0.5}
 
+# cache_aware mirrors at most max_bytes_per_worker of prompt text per worker; its documentation
+# says to size it to the worker's prefix cache. Bench text runs ~5.3 bytes a token, so KV tokens
+# x CA_BYTES_PER_TOKEN; 0 leaves the policy's default (1 MiB).
+CA_BYTES_PER_TOKEN=${CA_BYTES_PER_TOKEN:-5}
+
 if ! command -v jq >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then apt-get install -y -qq jq >/dev/null; else
     echo "policybench needs: sudo apt-get install -y jq" >&2; exit 1; fi
@@ -93,13 +98,18 @@ start() {
   return 1
 }
 
-# config POLICY FILE WORKER_ADDR...: a gateway configuration routing demo-7b with POLICY.
+# config POLICY FILE KV WORKER_ADDR...: a gateway configuration routing demo-7b with POLICY to
+# workers of KV tokens.
 config() {
-  local policy=$1 file=$2; shift 2
+  local policy=$1 file=$2 kv=$3; shift 3
+  local params=
+  if [ "$policy" = cache_aware ] && [ "$CA_BYTES_PER_TOKEN" != 0 ]; then
+    params=", cache_aware: {max_bytes_per_worker: $((kv * CA_BYTES_PER_TOKEN))}"
+  fi
   {
     echo "server: {listen: 127.0.0.1:0}"
     echo "routing:"
-    echo "  models: {demo-7b: {policy: $policy}}"
+    echo "  models: {demo-7b: {policy: $policy$params}}"
     echo "  workers:"
     local i=0
     for a in "$@"; do
@@ -116,7 +126,7 @@ config() {
 # Keep the policies the binary accepts: a gateway with the policy must start.
 accepted=()
 for p in $POLICIES; do
-  config "$p" "$tmp/check.yaml" 127.0.0.1:9
+  config "$p" "$tmp/check.yaml" "$SP_KV" 127.0.0.1:9
   if start "$tmp/check.log" "$usher" serve --config "$tmp/check.yaml"; then
     accepted+=("$p")
   else
@@ -181,7 +191,7 @@ for wl in $WORKLOADS; do
   for p in "${accepted[@]}"; do
     echo "policybench: $wl: $p"
     sims "$WORKERS" "$kv" "$scale"
-    config "$p" "$tmp/usher.yaml" "${sim_addrs[@]}"
+    config "$p" "$tmp/usher.yaml" "$kv" "${sim_addrs[@]}"
     start "$OUT/$wl-$p.usher.log" "$usher" serve --config "$tmp/usher.yaml" ||
       { cat "$OUT/$wl-$p.usher.log" >&2; exit 1; }
     bench "$wl-$p" "http://$addr/v1" "$wl" "${sim_addrs[@]}"
