@@ -249,17 +249,20 @@ echo "mean per worker; fail: failed + dropped requests. Reports and logs: $OUT"
 # The goals of issue 5.
 have() { [ -f "$OUT/$1.json" ]; }
 if have shared-prefix-round_robin && have shared-prefix-cache_aware; then
-  jq -rs --argjson n "$WORKERS" '
-    (.[0].overall.ttft_ms.mean) as $rr | (.[1].overall.ttft_ms.mean) as $ca |
-    ([.[1].workers[].requests] | . + [range(0; $n - length) | 0]) as $w | ($w | max / ($w | add / length)) as $load |
-    (1 - $ca / $rr) as $cut |
-    "goal shared-prefix: cache_aware mean TTFT \($ca | round) ms vs round_robin \($rr | round) ms: cut \($cut * 100 | round)% (goal >= 70%), load max/mean \($load * 100 | round / 100) (goal < 1.3): " +
-    (if $cut >= 0.7 and $load < 1.3 then "MET" else "NOT MET" end)' \
-    "$OUT/shared-prefix-round_robin.json" "$OUT/shared-prefix-cache_aware.json"
+  # shellcheck disable=SC2046 # four numbers
+  set -- $(jq -rs --argjson n "$WORKERS" '
+    ([.[1].workers[].requests] | . + [range(0; $n - length) | 0]) as $w |
+    [.[0].overall.ttft_ms.mean, .[1].overall.ttft_ms.mean, 1 - .[1].overall.ttft_ms.mean / .[0].overall.ttft_ms.mean,
+     ($w | max / ($w | add / length))] | @tsv' "$OUT/shared-prefix-round_robin.json" "$OUT/shared-prefix-cache_aware.json")
+  verdict=$(awk -v cut="$3" -v ratio="$4" 'BEGIN { print (cut >= 0.7 && ratio < 1.3) ? "MET" : "NOT MET" }')
+  printf "goal shared-prefix: cache_aware mean TTFT %.0f ms vs round_robin %.0f ms: cut %.0f%% (goal >= 70%%), load max/mean %.2f (goal < 1.3): %s\n" \
+    "$2" "$1" "$(awk -v c="$3" 'BEGIN { print c * 100 }')" "$4" "$verdict"
 fi
 if have mooncake-shared-cache && have mooncake-cache_aware; then
-  jq -rs '(.[0].scrape.hit_rate) as $c | (.[1].scrape.hit_rate) as $h |
-    "goal mooncake: cache_aware hit rate \($h * 1000 | round / 10)% vs shared cache \($c * 1000 | round / 10)%: \(if $c > 0 then $h / $c * 100 | round else 0 end)% of it (goal >= 90%): " +
-    (if $c > 0 and $h / $c >= 0.9 then "MET" else "NOT MET" end)' \
-    "$OUT/mooncake-shared-cache.json" "$OUT/mooncake-cache_aware.json"
+  # shellcheck disable=SC2046 # two numbers
+  set -- $(jq -rs '[.[0].scrape.hit_rate, .[1].scrape.hit_rate] | @tsv' "$OUT/mooncake-shared-cache.json" "$OUT/mooncake-cache_aware.json")
+  awk -v c="$1" -v h="$2" 'BEGIN {
+    of = c > 0 ? h / c : 0
+    printf "goal mooncake: cache_aware hit rate %.1f%% vs shared cache %.1f%%: %.0f%% of it (goal >= 90%%): %s\n",
+      h * 100, c * 100, of * 100, of >= 0.9 ? "MET" : "NOT MET" }'
 fi
