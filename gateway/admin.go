@@ -150,13 +150,25 @@ func (s *Server) removeWorker(c echo.Context) error {
 	return c.NoContent(http.StatusNoContent)
 }
 
+// drainWorker stops new requests to the worker and takes its pins off it, so each pinned
+// session or key is pinned anew, elsewhere, at its next request; in-flight requests finish.
 func (s *Server) drainWorker(c echo.Context) error {
 	id := c.Param("id")
-	if err := s.pool.Drain(c.Request().Context(), id); err != nil {
+	ctx := c.Request().Context()
+	if err := s.pool.Drain(ctx, id); err != nil {
 		return s.adminError(c, err)
 	}
 	s.audit(c, "worker.drain", id)
 	s.admission.refresh()
+	pins, err := s.pool.Pins(ctx, routing.PinFilter{Worker: id})
+	if err != nil {
+		return s.adminError(c, fmt.Errorf("worker %s drains, but its pins could not be listed: %w", id, err))
+	}
+	for _, p := range pins {
+		if err := s.pool.Unpin(ctx, p.Model, p.Tenant, p.Key); err != nil {
+			return s.adminError(c, fmt.Errorf("worker %s drains, but its pins could not all be moved: %w", id, err))
+		}
+	}
 	return s.getWorkerStatus(c, id, http.StatusOK)
 }
 

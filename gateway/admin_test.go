@@ -172,6 +172,15 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 	if pins, _ := out["pins"].([]any); resp.StatusCode != 200 || len(pins) != 1 {
 		t.Fatalf("pins of a: got %d %v, want one", resp.StatusCode, out)
 	}
+	if resp, _ := g.admin(t, "POST", "/workers/a/drain", adminToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("drain a: %d", resp.StatusCode)
+	}
+	if _, out := g.admin(t, "GET", "/pins?worker=a", adminToken, ""); len(out["pins"].([]any)) != 0 {
+		t.Fatalf("pins of a after its drain: got %v, want none", out)
+	}
+	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"}); resp.Header.Get(headerWorker) != "b" {
+		t.Fatalf("session of a drained worker went to %q, want b", resp.Header.Get(headerWorker))
+	}
 	if resp, _ := g.admin(t, "DELETE", "/pins?model=m1&tenant=t1&key=sess-1", adminToken, ""); resp.StatusCode != 204 {
 		t.Fatalf("unpin: got %d, want 204", resp.StatusCode)
 	}
