@@ -48,18 +48,20 @@ type DirectoryOptions struct {
 // every PollInterval and reloading on announcements over Redis, and writes last-used times in
 // batches. Safe for concurrent use.
 type Directory struct {
-	tiers     map[string]*Tier
-	tierRank  map[string]int // position in Config.Tiers; 0 is the highest tier
-	tierList  []Tier
-	static    map[[sha256.Size]byte]staticKey
-	configIDs map[string]Tenant
-	store     *Store
-	redis     redis.UniversalClient
-	jwt       *JWTVerifier
-	logger    *slog.Logger
-	now       func() time.Time
-	poll      time.Duration
-	flush     time.Duration
+	tiers    map[string]*Tier
+	tierRank map[string]int // position in Config.Tiers; 0 is the highest tier
+	tierList []Tier
+	// defaultTier is the tier of a new tenant that names none.
+	defaultTier string
+	static      map[[sha256.Size]byte]staticKey
+	configIDs   map[string]Tenant
+	store       *Store
+	redis       redis.UniversalClient
+	jwt         *JWTVerifier
+	logger      *slog.Logger
+	now         func() time.Time
+	poll        time.Duration
+	flush       time.Duration
 
 	snap atomic.Pointer[snapshot]
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
@@ -89,7 +91,7 @@ var _ Authenticator = (*Directory)(nil)
 // not nil, loads the store once. Call Run to keep it fresh.
 func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
 	d := &Directory{
-		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers,
+		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers, defaultTier: cfg.DefaultTier,
 		configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
 		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval,
 	}
