@@ -203,7 +203,8 @@ func (a *Admin) CreateTenant(ctx context.Context, actor Actor, in TenantInput) (
 	if err != nil {
 		return Tenant{}, err
 	}
-	return t, a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return t, nil
 }
 
 // UpdateTenant changes a tenant's name or tier (admin only).
@@ -230,7 +231,8 @@ func (a *Admin) UpdateTenant(ctx context.Context, actor Actor, id string, up Ten
 	if err := a.store.UpdateTenant(ctx, actor.Name, t); err != nil {
 		return Tenant{}, err
 	}
-	return t, a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return t, nil
 }
 
 func (a *Admin) checkStoredTenantChange(actor Actor, id string) error {
@@ -260,7 +262,8 @@ func (a *Admin) setStatus(ctx context.Context, actor Actor, id, status string) e
 	if err := a.store.SetTenantStatus(ctx, actor.Name, id, status); err != nil {
 		return err
 	}
-	return a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return nil
 }
 
 // DeleteTenant deletes a tenant and its keys (admin only).
@@ -271,7 +274,8 @@ func (a *Admin) DeleteTenant(ctx context.Context, actor Actor, id string) error 
 	if err := a.store.DeleteTenant(ctx, actor.Name, id); err != nil {
 		return err
 	}
-	return a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return nil
 }
 
 // KeyInput is the body of a key creation.
@@ -300,7 +304,8 @@ func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in 
 	if err != nil {
 		return APIKey{}, "", err
 	}
-	return k, key, a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return k, key, nil
 }
 
 // Keys lists a tenant's keys without their secrets (the admin, or that tenant itself).
@@ -329,7 +334,8 @@ func (a *Admin) RevokeKey(ctx context.Context, actor Actor, tenantID, keyID stri
 	if err := a.store.RevokeKey(ctx, actor.Name, tenantID, keyID); err != nil {
 		return err
 	}
-	return a.dir.Changed(ctx)
+	a.dir.Changed(ctx)
+	return nil
 }
 
 // Tiers lists the declared tiers, highest first (any actor).

@@ -196,11 +196,17 @@ func TestAdminRefusesBadInput(t *testing.T) {
 		want error
 	}{
 		{"id with a quote", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "a'b"}); return err }, ErrInvalid},
-		{"id too long", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: strings.Repeat("a", 65)}); return err }, ErrInvalid},
+		{"id too long", func() error {
+			_, err := a.CreateTenant(ctx, admin, TenantInput{ID: strings.Repeat("a", 65)})
+			return err
+		}, ErrInvalid},
 		{"unknown tier", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Tier: "platinum"}); return err }, ErrInvalid},
 		{"name with NUL", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: "a\x00b"}); return err }, ErrInvalid},
 		{"name not UTF-8", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: "\xff"}); return err }, ErrInvalid},
-		{"name too long", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: strings.Repeat("n", 201)}); return err }, ErrInvalid},
+		{"name too long", func() error {
+			_, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: strings.Repeat("n", 201)})
+			return err
+		}, ErrInvalid},
 		{"existing id", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "acme"}); return err }, ErrConflict},
 		{"config tenant id", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "cfg"}); return err }, ErrReadOnly},
 		{"update config tenant", func() error { _, err := a.UpdateTenant(ctx, admin, "cfg", TenantUpdate{}); return err }, ErrReadOnly},

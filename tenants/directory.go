@@ -176,6 +176,7 @@ var (
 	errExpiredKey      = fmt.Errorf("expired api key: %w", ErrUnauthenticated)
 	errSuspendedTenant = fmt.Errorf("tenant suspended: %w", ErrUnauthenticated)
 	errUnknownTenant   = fmt.Errorf("unknown tenant: %w", ErrUnauthenticated)
+	errUndeclaredTier  = fmt.Errorf("tenant's tier not declared in the config: %w", ErrUnauthenticated)
 )
 
 func (d *Directory) authenticateStoredKey(credential string) (Principal, error) {
@@ -223,7 +224,7 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 	tier, ok := d.tiers[t.Tier]
 	if !ok {
 		// A stored tenant whose tier left the config file: refuse rather than guess limits.
-		return Principal{}, fmt.Errorf("tenant tier not declared: %w", ErrUnauthenticated)
+		return Principal{}, errUndeclaredTier
 	}
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
 }
@@ -322,17 +323,16 @@ func (d *Directory) Reload(ctx context.Context) error {
 }
 
 // Changed makes a change just written to the store effective: this replica reloads at once and
-// the others are told over Redis (when configured). A failure to announce is logged and counted;
-// the others then see the change at their next poll.
-func (d *Directory) Changed(ctx context.Context) error {
-	err := d.Reload(ctx)
+// the others are told over Redis (when configured). Failures are logged and counted, not
+// returned: the change is stored, and every replica sees it at its next poll.
+func (d *Directory) Changed(ctx context.Context) {
+	d.reloadLogged(ctx)
 	if d.redis != nil {
-		if perr := d.redis.Publish(ctx, ChangesChannel, "changed").Err(); perr != nil {
+		if err := d.redis.Publish(ctx, ChangesChannel, "changed").Err(); err != nil {
 			d.publishErrors.Inc()
-			d.logger.Warn("announce tenant change over redis", "err", perr)
+			d.logger.Warn("announce tenant change over redis", "err", err)
 		}
 	}
-	return err
 }
 
 // Run keeps the directory fresh until ctx ends: it polls the store's revision, listens for
