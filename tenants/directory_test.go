@@ -387,3 +387,23 @@ func TestNewKeyString(t *testing.T) {
 		t.Errorf("got a key of %d characters, want %d", len(key), storedKeyLen)
 	}
 }
+
+func TestDirectoryWithoutStore(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := NewDirectory(ctx, testConfig(t), nil, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	if p, err := d.Authenticate(ctx, "sk-config"); err != nil || p.TenantID != "cfg" || p.TierSpec == nil {
+		t.Errorf("config key: got %+v, %v; want tenant cfg with its tier", p, err)
+	}
+	if _, err := d.Authenticate(ctx, "usk_0123456789ABC_"+strings.Repeat("z", secretLen)); !errors.Is(err, errUnknownCredential) {
+		t.Errorf("stored key without a store: got %v, want %v", err, errUnknownCredential)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: got %v, want nil", err)
+	}
+}
