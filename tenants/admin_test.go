@@ -13,7 +13,12 @@ const testAdminToken = "adm-0123456789abcdef0123456789"
 
 func newAdminFixture(t *testing.T, cfg AdminConfig) (*Admin, *directoryFixture) {
 	t.Helper()
-	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	return newAdminFixtureOn(t, openSQLite(t), cfg)
+}
+
+func newAdminFixtureOn(t *testing.T, s *Store, cfg AdminConfig) (*Admin, *directoryFixture) {
+	t.Helper()
+	f := newDirectoryFixture(t, s, DirectoryOptions{})
 	a, err := NewAdmin(cfg, f.store, f.dir, f.clock.Now)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +55,13 @@ func TestAdminAuthenticateActor(t *testing.T) {
 }
 
 func TestAdminTenantLifecycle(t *testing.T) {
-	a, f := newAdminFixture(t, AdminConfig{Token: testAdminToken})
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testAdminTenantLifecycle(t, d.open(t)) })
+	}
+}
+
+func testAdminTenantLifecycle(t *testing.T, s *Store) {
+	a, f := newAdminFixtureOn(t, s, AdminConfig{Token: testAdminToken})
 	ctx := context.Background()
 	admin := Actor{Name: "admin", Admin: true}
 	tn, err := a.CreateTenant(ctx, admin, TenantInput{ID: "initech", Name: "Initech"})
@@ -186,7 +197,13 @@ func TestAdminTenantActorIsConfined(t *testing.T) {
 }
 
 func TestAdminRefusesBadInput(t *testing.T) {
-	a, f := newAdminFixture(t, AdminConfig{Token: testAdminToken})
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testAdminRefusesBadInput(t, d.open(t)) })
+	}
+}
+
+func testAdminRefusesBadInput(t *testing.T, s *Store) {
+	a, f := newAdminFixtureOn(t, s, AdminConfig{Token: testAdminToken})
 	ctx := context.Background()
 	admin := Actor{Name: "admin", Admin: true}
 	badTier := "platinum"

@@ -104,7 +104,13 @@ func newDirectoryFixture(t testing.TB, s *Store, opts DirectoryOptions) *directo
 }
 
 func TestDirectoryAuthenticate(t *testing.T) {
-	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testDirectoryAuthenticate(t, d.open(t)) })
+	}
+}
+
+func testDirectoryAuthenticate(t *testing.T, s *Store) {
+	f := newDirectoryFixture(t, s, DirectoryOptions{})
 	ctx := context.Background()
 	f.clock.Advance(2 * time.Hour) // past the expiry of the "old" key
 	pro, _ := f.dir.Tier("pro")
