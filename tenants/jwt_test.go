@@ -204,6 +204,39 @@ func TestJWTAuthenticate(t *testing.T) {
 	}
 }
 
+// TestJWTRememberedTokens: a token verified once is still refused once it expires, and its
+// tenant's suspension applies at once.
+func TestJWTRememberedTokens(t *testing.T) {
+	f, _ := jwtFixture(t)
+	ctx := context.Background()
+	a, err := NewAdmin(AdminConfig{}, f.store, f.dir, f.clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := sign(t, jwt.SigningMethodHS256, []byte(testHS256Secret), "", jwt.MapClaims{
+		"sub": "acme", "iss": "https://idp.example", "aud": "usher", "exp": f.clock.Now().Add(time.Minute).Unix(),
+	})
+	if _, err := f.dir.Authenticate(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SuspendTenant(ctx, Actor{Name: "admin", Admin: true}, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, tok); !errors.Is(err, errSuspendedTenant) {
+		t.Errorf("suspended: got %v, want %v", err, errSuspendedTenant)
+	}
+	if err := a.ResumeTenant(ctx, Actor{Name: "admin", Admin: true}, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, tok); err != nil {
+		t.Errorf("resumed: got %v, want accepted", err)
+	}
+	f.clock.Advance(time.Minute)
+	if _, err := f.dir.Authenticate(ctx, tok); !errors.Is(err, errTokenExpired) {
+		t.Errorf("after exp: got %v, want %v", err, errTokenExpired)
+	}
+}
+
 func TestJWTConfusionWhenOnlyRS256IsAllowed(t *testing.T) {
 	k := keys(t)
 	pub := publicPEM(t, &k.rsa.PublicKey)
@@ -262,10 +295,22 @@ func BenchmarkJWTAuthenticate(b *testing.B) {
 		{"ES256", sign(b, jwt.SigningMethodES256, k.ec, "ec1", claims)},
 		{"EdDSA", sign(b, jwt.SigningMethodEdDSA, k.ed, "", claims)},
 	} {
-		b.Run(tt.name, func(b *testing.B) {
+		b.Run(tt.name+"/cached", func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
+				if _, err := f.dir.Authenticate(ctx, tt.token); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tt.name+"/verified", func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				f.dir.jwt.mu.Lock()
+				clear(f.dir.jwt.verified)
+				f.dir.jwt.mu.Unlock()
 				if _, err := f.dir.Authenticate(ctx, tt.token); err != nil {
 					b.Fatal(err)
 				}
