@@ -106,11 +106,11 @@ const adminToken = "e2e-admin-token"
 // testAdmins accepts adminToken.
 type testAdmins struct{}
 
-func (testAdmins) AuthenticateAdmin(_ context.Context, cred string) (string, error) {
+func (testAdmins) AuthenticateActor(_ context.Context, cred string) (tenants.Actor, error) {
 	if cred != adminToken {
-		return "", tenants.ErrUnauthenticated
+		return tenants.Actor{}, tenants.ErrUnauthenticated
 	}
-	return "e2e-admin", nil
+	return tenants.Actor{Name: "e2e-admin", Admin: true}, nil
 }
 
 // admin calls the admin API and decodes the JSON answer into out (when not nil).
