@@ -158,16 +158,19 @@ func TestNoRequestLostOrDispatchedTwice(t *testing.T) {
 	}
 }
 
-// TestLowerClassNeverTakesInteractiveReserve floods Standard and Batch and checks they stop at
-// capacity minus the reserve, and that an interactive request then dispatches at once.
+// TestLowerClassNeverTakesInteractiveReserve floods Standard and Batch and checks they stop
+// where only the reserve is left free, whatever interactive already holds, and that
+// interactive requests then dispatch at once into the reserve.
 func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 	tests := []struct {
 		name         string
 		capacity     queue.Capacity
 		reserve      float64
+		interactive  int // already in flight before the flood
 		cost         int // prompt = max = cost/2
 		wantLowerReq int
 	}{
+		{name: "interactive holds some", capacity: queue.Capacity{Requests: 20}, reserve: 0.10, interactive: 5, cost: 10, wantLowerReq: 13},
 		{name: "requests bind", capacity: queue.Capacity{Requests: 20, Tokens: 100000}, reserve: 0.10, cost: 100, wantLowerReq: 18},
 		{name: "tokens bind", capacity: queue.Capacity{Requests: 100, Tokens: 10000}, reserve: 0.25, cost: 1000, wantLowerReq: 7},
 		{name: "small pool keeps one slot for lower classes", capacity: queue.Capacity{Requests: 1}, reserve: 0.5, cost: 10, wantLowerReq: 1},
@@ -176,6 +179,9 @@ func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			q, _, _ := newQueue(t, queue.Config{InteractiveReserve: new(tt.reserve)}, tt.capacity)
+			for range tt.interactive {
+				granted(t, enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, MaxTokens: tt.cost}))
+			}
 			for i := range 200 {
 				c := queue.Batch
 				if i%2 == 0 {
@@ -187,7 +193,11 @@ func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 			if r, _ := lowerInFlight(s); r != tt.wantLowerReq {
 				t.Fatalf("lower classes hold %d requests, want %d (capacity %+v, reserve %+v)", r, tt.wantLowerReq, s.Capacity, s.Reserve)
 			}
-			if s.Capacity.Requests > 1 {
+			room := s.Reserve.Requests
+			if s.Capacity.Tokens > 0 {
+				room = min(room, s.Reserve.Tokens/tt.cost)
+			}
+			for range room {
 				tk := enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, PromptTokens: tt.cost / 2, MaxTokens: tt.cost / 2})
 				granted(t, tk)
 			}

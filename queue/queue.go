@@ -64,8 +64,8 @@ type Queue struct {
 	mu          sync.Mutex
 	closed      bool
 	capacity    Capacity
-	reserveReq  int   // requests Standard and Batch may never occupy
-	reserveTok  int64 // tokens Standard and Batch may never occupy
+	reserveReq  int   // requests Standard and Batch leave free
+	reserveTok  int64 // tokens Standard and Batch leave free
 	classes     [numClasses]classQueue
 	tenants     map[string]*tenant
 	deadlines   heap[*flow] // every backlogged flow, by the deadline of its head
@@ -376,9 +376,8 @@ func (q *Queue) endLocked(t *Ticket, err error, why Reason) {
 	close(t.ch)
 }
 
-// reqLimit and tokLimit are what class c may hold in flight together with the classes it
-// shares a limit with: the whole pool for Interactive (and in FIFO mode), the pool minus the
-// interactive reserve for Standard and Batch together.
+// reqLimit and tokLimit are the part of the pool class c may fill: all of it for Interactive
+// (and in FIFO mode), all but the interactive reserve for Standard and Batch.
 func (q *Queue) reqLimit(c Class) int {
 	if c == Interactive || q.cfg.FIFO {
 		return q.capacity.Requests
@@ -404,7 +403,17 @@ func (q *Queue) fitsPool(t *Ticket) bool {
 		(q.capacity.Tokens == 0 || q.inflightTok+t.cost <= int64(q.capacity.Tokens))
 }
 
-func (q *Queue) fitsOutsideReserve(t *Ticket) bool {
+// leavesReserve reports whether dispatching t leaves at least the interactive reserve free:
+// the rule for an ordinary Standard or Batch dispatch.
+func (q *Queue) leavesReserve(t *Ticket) bool {
+	return q.inflightReq+1 <= q.reqLimit(Standard) &&
+		(q.capacity.Tokens == 0 || q.inflightTok+t.cost <= q.tokLimit(Standard))
+}
+
+// lowerFits reports whether Standard and Batch together stay within capacity minus the
+// reserve after dispatching t: the rule for a dispatch the starvation guard owes, which may use
+// free room that interactive requests left, but never more than lower classes may ever hold.
+func (q *Queue) lowerFits(t *Ticket) bool {
 	return q.lowerReq+1 <= q.reqLimit(Standard) &&
 		(q.capacity.Tokens == 0 || q.lowerTok+t.cost <= q.tokLimit(Standard))
 }
@@ -461,20 +470,21 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 	}
 
 	var order [2 * numClasses]Class
-	n := 0
+	owed := 0
 	for _, c := range Classes {
 		if q.classes[c].credit >= 1 && q.classes[c].queued > 0 {
-			order[n] = c
-			n++
+			order[owed] = c
+			owed++
 		}
 	}
+	n := owed
 	for _, c := range Classes {
 		order[n] = c
 		n++
 	}
 	var seen [numClasses]bool
 	lowerBlocked := false
-	for _, c := range order[:n] {
+	for i, c := range order[:n] {
 		if seen[c] || c != Interactive && lowerBlocked {
 			continue
 		}
@@ -486,7 +496,7 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 		if !q.fitsPool(t) {
 			return nil
 		}
-		if c != Interactive && !q.fitsOutsideReserve(t) {
+		if c != Interactive && !(i < owed && q.lowerFits(t) || i >= owed && q.leavesReserve(t)) {
 			lowerBlocked = true
 			continue
 		}

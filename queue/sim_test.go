@@ -229,10 +229,11 @@ func protection(t *testing.T, cfg queue.Config, batch bool) (waits []time.Durati
 }
 
 // TestSimulationInteractiveProtectedUnderBatchFlood: with a batch tenant offering 3x capacity
-// in requests of 2s, interactive time to first token (queue wait + 100ms of prefill) stays
-// within a fraction of one batch request at p99, batch still uses at least 90% of the capacity
-// interactive leaves, a wider reserve buys interactive a lower p99 at some batch throughput,
-// and a plain FIFO queue shows what happens without all this.
+// in requests of 2s, interactive time to first token (queue wait + 100ms of prefill) with the
+// default reserve matches the no-batch run at p50 and stays within a fraction of one batch
+// request at p99 while batch uses at least 90% of the capacity interactive leaves; a reserve
+// sized to interactive's peaks (35%) brings p99 within 1.5x of the no-batch run at the cost of
+// batch throughput; a plain FIFO queue shows what happens without all this.
 func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 	const prefill = 100 * time.Millisecond
 	ttft := func(waits []time.Duration, p float64) time.Duration { return percentile(waits, p) + prefill }
@@ -245,17 +246,17 @@ func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 		ttft(alone, .5), ttft(alone, .99), ttft(def, .5), ttft(def, .99), 100*defUse,
 		ttft(wide, .5), ttft(wide, .99), 100*wideUse, ttft(fifo, .5), ttft(fifo, .99), 100*fifoUse)
 
-	if got := ttft(def, .99); got > time.Second {
-		t.Errorf("reserve 10%%: interactive p99 TTFT %v, want under 1s (half a batch request)", got)
+	if got := ttft(def, .99); got > 500*time.Millisecond {
+		t.Errorf("reserve 10%%: interactive p99 TTFT %v, want under 500ms (a quarter of a batch request)", got)
 	}
-	if got := ttft(def, .5); got > 2*ttft(alone, .5) {
-		t.Errorf("reserve 10%%: interactive p50 TTFT %v, want within 2x of the no-batch run (%v)", got, ttft(alone, .5))
+	if got, limit := ttft(def, .5), ttft(alone, .5)*3/2; got > limit {
+		t.Errorf("reserve 10%%: interactive p50 TTFT %v, want within 1.5x of the no-batch run (%v)", got, limit)
 	}
 	if defUse < 0.90 {
 		t.Errorf("reserve 10%%: batch used %.1f%% of the capacity interactive left, want at least 90%%", 100*defUse)
 	}
-	if got, than := ttft(wide, .99), ttft(def, .99); got >= than {
-		t.Errorf("reserve 35%%: interactive p99 TTFT %v, want below the 10%% reserve's %v", got, than)
+	if got, limit := ttft(wide, .99), ttft(alone, .99)*3/2; got > limit {
+		t.Errorf("reserve 35%%: interactive p99 TTFT %v, want within 1.5x of the no-batch run (%v)", got, limit)
 	}
 	if got, than := ttft(fifo, .5), 10*ttft(def, .99); got < than {
 		t.Errorf("FIFO interactive p50 TTFT %v, want far worse (>= %v) than the class queue's p99", got, than)

@@ -12,7 +12,7 @@ type Snapshot struct {
 	Capacity Capacity
 	// InFlight is what dispatched, not yet Done requests hold.
 	InFlight Capacity
-	// Reserve is what Standard and Batch together may never occupy.
+	// Reserve is what Standard and Batch leave free for arriving interactive requests.
 	Reserve Capacity
 	// Classes lists every class, highest first.
 	Classes []ClassSnapshot
