@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -63,8 +65,8 @@ func (s *sim) collect() {
 			s.done = append(s.done, j)
 			return true
 		}
-		if j.req.Deadline != (time.Time{}) && now.After(j.req.Deadline) {
-			s.t.Errorf("dispatched at %v after its deadline %v", now, j.req.Deadline)
+		if !j.req.Deadline.IsZero() && !now.Before(j.req.Deadline) {
+			s.t.Errorf("dispatched at %v, at or after its deadline %v", now, j.req.Deadline)
 		}
 		j.dispatched, j.end = now, now.Add(j.service)
 		s.running = append(s.running, j)
@@ -311,5 +313,59 @@ func TestSimulationJainFairnessOfBackloggedTenants(t *testing.T) {
 	}
 	if worst < 0.95 {
 		t.Fatalf("worst Jain's index %.4f over 10s windows, want at least 0.95", worst)
+	}
+}
+
+// TestSimulationDeadlineBurst: a burst of four times what the pool can serve before the
+// deadlines, with deadlines from 0.5s to 5s. No request is dispatched after its deadline
+// (the fake fleet checks every dispatch), every request ends one way or another, most of
+// those that cannot make it are refused at arrival (at once: Enqueue never waits) rather
+// than expiring in the queue.
+func TestSimulationDeadlineBurst(t *testing.T) {
+	const slots = 10
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: slots})
+	s := newSim(t, q, clk)
+	rng := rand.New(rand.NewPCG(21, 22))
+	usage := queue.Usage{PromptTokens: 100, CompletionTokens: 100}
+	// Warm the service-time average: one round of 1s requests.
+	for range slots {
+		s.add(queue.Request{Tenant: "warm", MaxTokens: 100}, usage, time.Second)
+	}
+	for range slots {
+		s.step()
+	}
+	const burst = 200 // the pool serves ~10/s, so ~50 in 5s
+	now := clk.Now()
+	var jobs []*job
+	for i := range burst {
+		d := 500*time.Millisecond + time.Duration(rng.IntN(4500))*time.Millisecond
+		jobs = append(jobs, s.add(queue.Request{Tenant: fmt.Sprint("t", i%5), Class: queue.Classes[i%3], MaxTokens: 100,
+			Deadline: now.Add(d)}, usage, time.Duration(800+rng.IntN(400))*time.Millisecond))
+	}
+	for len(s.running) > 0 {
+		s.step()
+	}
+	var served, refused, expired int
+	for _, j := range jobs {
+		switch {
+		case j.g != nil:
+			served++
+		case errors.Is(j.err, queue.ErrDeadlineUnreachable):
+			refused++
+		case errors.Is(j.err, queue.ErrDeadlineExceeded):
+			expired++
+		default:
+			t.Fatalf("job ended with %v, want served, refused or expired", j.err)
+		}
+	}
+	t.Logf("burst of %d: %d served, %d refused at arrival, %d expired in the queue", burst, served, refused, expired)
+	if served+refused+expired != burst || len(s.pending) != 0 {
+		t.Fatalf("%d served + %d refused + %d expired, %d still pending, want %d ended", served, refused, expired, len(s.pending), burst)
+	}
+	if refused < 2*expired {
+		t.Fatalf("%d refused at arrival, %d expired in the queue, want most misses refused at arrival", refused, expired)
+	}
+	if served < 40 {
+		t.Fatalf("%d served, want the pool kept busy until the deadlines (about 50)", served)
 	}
 }
