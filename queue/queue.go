@@ -52,7 +52,8 @@ type Options struct {
 
 // Queue admits and orders the requests of one model and releases each one when the pool can
 // take it now. It is safe for concurrent use; all its state is guarded by one mutex, held for
-// O(log n) work per operation (n queued requests) and never while blocking.
+// O(log n) work per Enqueue, dispatch, Done or cancellation (n queued requests) and never while
+// blocking.
 type Queue struct {
 	cfg   Config // with defaults; never modified
 	clock Clock
