@@ -2,6 +2,7 @@ package queue
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 )
@@ -46,8 +47,10 @@ func nextToDispatch(q *Queue) *Ticket {
 	return q.classes[Standard].flows.peek().items[0].t
 }
 
+// exact is the usage equal to t's estimate: cost = prompt + max, charge x weight = prompt + 2 max.
 func exact(t *Ticket) Usage {
-	return Usage{PromptTokens: t.req.PromptTokens, CompletionTokens: t.req.MaxTokens}
+	maxTokens := int(math.Round(t.charge*t.weight)) - int(t.cost)
+	return Usage{PromptTokens: int(t.cost) - maxTokens, CompletionTokens: maxTokens}
 }
 
 // BenchmarkEnqueueDispatch measures one Enqueue plus one completion that dispatches the next

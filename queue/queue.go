@@ -209,8 +209,8 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		}
 	}
 
-	t := &Ticket{q: q, req: r, cost: cost, deadline: math.MaxInt64, enqueuedAt: now,
-		flow: f, ch: make(chan struct{})}
+	t := &Ticket{q: q, flow: f, ch: make(chan struct{}), cost: cost, weight: r.Weight,
+		deadline: math.MaxInt64, enqueuedAt: now.UnixNano()}
 	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
 	t.grant.t = t
 	if !r.Deadline.IsZero() {
@@ -298,7 +298,7 @@ func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejec
 func (q *Queue) pushLocked(t *Ticket) {
 	q.seq++
 	t.seq = q.seq
-	f, cls := t.flow, &q.classes[t.req.Class]
+	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
 		floor := cls.vtime
 		if cls.flows.len() > 0 {
@@ -328,12 +328,12 @@ func (q *Queue) pushLocked(t *Ticket) {
 	cls.tail = t
 	cls.queued++
 	cls.queuedTokens += t.cost
-	q.m.depth[t.req.Class].Inc()
+	q.m.depth[f.class].Inc()
 }
 
 // removeLocked takes a queued ticket out of every structure it is filed in.
 func (q *Queue) removeLocked(t *Ticket) {
-	f, cls := t.flow, &q.classes[t.req.Class]
+	f, cls := t.flow, &q.classes[t.flow.class]
 	wasHead := t.flowIdx == 0
 	f.items.remove(t.flowIdx)
 	f.queuedTokens -= t.cost
@@ -362,7 +362,7 @@ func (q *Queue) removeLocked(t *Ticket) {
 	if cls.queued == 0 {
 		cls.credit = 0
 	}
-	q.m.depth[t.req.Class].Dec()
+	q.m.depth[f.class].Dec()
 }
 
 // endLocked ends a queued ticket without dispatch: Wait returns err.
@@ -370,7 +370,7 @@ func (q *Queue) endLocked(t *Ticket, err error, why Reason) {
 	q.removeLocked(t)
 	t.state = stateEnded
 	t.err = err
-	q.m.shed[t.req.Class][why].Inc()
+	q.m.shed[t.flow.class][why].Inc()
 	if why == shedDeadlineExceeded {
 		q.expired++
 	}
@@ -509,7 +509,8 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 // grantLocked dispatches t: charges its flow, moves it from queued to in flight, settles the
 // starvation guard's credits and wakes its Wait. It does not allocate.
 func (q *Queue) grantLocked(t *Ticket, now time.Time) {
-	c, f := t.req.Class, t.flow
+	f := t.flow
+	c := f.class
 	cls := &q.classes[c]
 	if !q.cfg.FIFO {
 		for k := range q.classes {
@@ -541,8 +542,8 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 
 	t.state = stateDispatched
 	t.grant.Class = c
-	t.grant.Waited = now.Sub(t.enqueuedAt)
-	t.grant.dispatchedAt = now
+	t.grant.Waited = max(time.Duration(now.UnixNano()-t.enqueuedAt), 0)
+	t.grant.dispatchedAt = now.UnixNano()
 	q.m.wait[c].Observe(t.grant.Waited.Seconds())
 	q.m.dispatched[c].Inc()
 	close(t.ch)
@@ -554,7 +555,8 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	c, f := t.req.Class, t.flow
+	f := t.flow
+	c := f.class
 	cls := &q.classes[c]
 	q.inflightReq--
 	q.inflightTok -= t.cost
@@ -566,7 +568,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls.inflightTokens -= t.cost
 	f.inflight--
 	if !q.cfg.FIFO {
-		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.req.Weight - t.charge
+		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}
@@ -575,7 +577,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 		f.tenant.served.Add(float64(served))
 	}
 	if measured {
-		d := now.Sub(t.grant.dispatchedAt).Seconds()
+		d := max(time.Duration(now.UnixNano()-t.grant.dispatchedAt), 0).Seconds()
 		if q.serviceTime == 0 {
 			q.serviceTime = d
 		} else {

@@ -72,7 +72,7 @@ func (q *Queue) Snapshot() Snapshot {
 			InFlight: cls.inflight, InFlightTokens: cls.inflightTokens, Dispatched: cls.dispatched,
 			GuardCredit: cls.credit}
 		if cls.head != nil {
-			cs.OldestWait = now.Sub(cls.head.enqueuedAt)
+			cs.OldestWait = time.Duration(now.UnixNano() - cls.head.enqueuedAt)
 		}
 		s.Classes = append(s.Classes, cs)
 	}
