@@ -80,81 +80,105 @@ func TestInFlightNeverExceedsCapacity(t *testing.T) {
 	}
 }
 
-// TestNoRequestLostOrDispatchedTwice hammers one queue from many goroutines that enqueue,
-// cancel and complete while another changes capacity, then checks that every ticket ended
-// exactly once, as a grant or a cancellation, and nothing is left queued or in flight.
+// TestNoRequestLostOrDispatchedTwice hammers one queue from many goroutines that enqueue (some
+// with deadlines), cancel and complete, while others change capacity, move the clock (firing
+// deadline timers) and take snapshots; then it checks that every ticket ended exactly once (a
+// grant, a cancellation, an expiry or a refusal) and nothing is left queued or in flight.
 func TestNoRequestLostOrDispatchedTwice(t *testing.T) {
-	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 4, Tokens: 2000})
-	const goroutines, perG = 16, 300
-	var grants, cancels, refused atomic.Int64
-	var seen sync.Map
-	stop := make(chan struct{})
-	var capWG sync.WaitGroup
-	capWG.Add(1)
-	go func() {
-		defer capWG.Done()
-		rng := rand.New(rand.NewPCG(7, 7))
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				q.SetCapacity(queue.Capacity{Requests: rng.IntN(6), Tokens: 500 + rng.IntN(2000)})
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 3))
-			for i := range perG {
-				tk, err := q.Enqueue(queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)),
-					Class: queue.Classes[rng.IntN(3)], PromptTokens: rng.IntN(200), MaxTokens: rng.IntN(200)})
-				if err != nil {
-					refused.Add(1)
-					continue
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				switch rng.IntN(3) {
-				case 0:
-					cancel()
-				case 1:
-					go cancel()
-				}
-				gr, err := tk.Wait(ctx)
-				cancel()
-				switch {
-				case err == nil:
-					if _, dup := seen.LoadOrStore(tk, i); dup {
-						t.Errorf("ticket granted twice")
+	for _, fifo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fifo=%v", fifo), func(t *testing.T) {
+			q, clk, _ := newQueue(t, queue.Config{FIFO: fifo}, queue.Capacity{Requests: 4, Tokens: 2000})
+			const goroutines, perG = 16, 400
+			var grants, cancels, expired, refused atomic.Int64
+			var seen sync.Map
+			stop := make(chan struct{})
+			var background sync.WaitGroup
+			background.Go(func() {
+				rng := rand.New(rand.NewPCG(7, 7))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						q.SetCapacity(queue.Capacity{Requests: rng.IntN(6), Tokens: 500 + rng.IntN(2000)})
 					}
-					grants.Add(1)
-					gr.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 10})
-					gr.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 10})
-				case errors.Is(err, context.Canceled):
-					cancels.Add(1)
-				default:
-					t.Errorf("Wait: got %v, want a grant or context.Canceled", err)
 				}
+			})
+			background.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						clk.Advance(time.Millisecond)
+						q.Snapshot()
+					}
+				}
+			})
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 3))
+					for i := range perG {
+						r := queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)), Class: queue.Classes[rng.IntN(3)],
+							Weight: float64(1 + rng.IntN(3)), PromptTokens: rng.IntN(200), MaxTokens: rng.IntN(200)}
+						if rng.IntN(3) == 0 {
+							r.Deadline = clk.Now().Add(time.Duration(rng.IntN(50)) * time.Millisecond)
+						}
+						tk, err := q.Enqueue(r)
+						if err != nil {
+							if !errors.Is(err, queue.ErrDeadlineUnreachable) {
+								t.Errorf("Enqueue: got %v, want admitted or deadline_unreachable", err)
+							}
+							refused.Add(1)
+							continue
+						}
+						ctx, cancel := context.WithCancel(context.Background())
+						switch rng.IntN(3) {
+						case 0:
+							cancel()
+						case 1:
+							go cancel()
+						}
+						gr, err := tk.Wait(ctx)
+						cancel()
+						switch {
+						case err == nil:
+							if _, dup := seen.LoadOrStore(tk, i); dup {
+								t.Errorf("ticket granted twice")
+							}
+							grants.Add(1)
+							u := queue.Usage{PromptTokens: r.PromptTokens, CompletionTokens: rng.IntN(r.MaxTokens + 1)}
+							gr.Done(u)
+							gr.Done(u)
+						case errors.Is(err, context.Canceled):
+							cancels.Add(1)
+						case errors.Is(err, queue.ErrDeadlineExceeded):
+							expired.Add(1)
+						default:
+							t.Errorf("Wait: got %v, want a grant, context.Canceled or ErrDeadlineExceeded", err)
+						}
+					}
+				})
 			}
-		}()
-	}
-	// Capacity 0 may hold waiters until the changer runs again; it keeps running until all end.
-	wg.Wait()
-	close(stop)
-	capWG.Wait()
-	if got := grants.Load() + cancels.Load() + refused.Load(); got != goroutines*perG {
-		t.Fatalf("got %d grants + %d cancels + %d refusals = %d, want %d", grants.Load(), cancels.Load(),
-			refused.Load(), got, goroutines*perG)
-	}
-	s := q.Snapshot()
-	if queued(s) != 0 || s.InFlight != (queue.Capacity{}) {
-		t.Fatalf("after the run: %d queued, %+v in flight, want none", queued(s), s.InFlight)
-	}
-	if grants.Load() == 0 {
-		t.Fatalf("got no grants, want some")
+			// Capacity 0 may hold waiters until the changer runs again; it runs until all end.
+			wg.Wait()
+			close(stop)
+			background.Wait()
+			total := grants.Load() + cancels.Load() + expired.Load() + refused.Load()
+			if total != goroutines*perG {
+				t.Fatalf("got %d grants + %d cancels + %d expired + %d refused = %d, want %d", grants.Load(),
+					cancels.Load(), expired.Load(), refused.Load(), total, goroutines*perG)
+			}
+			s := q.Snapshot()
+			if queued(s) != 0 || s.InFlight != (queue.Capacity{}) {
+				t.Fatalf("after the run: %d queued, %+v in flight, want none", queued(s), s.InFlight)
+			}
+			if grants.Load() == 0 || expired.Load() == 0 {
+				t.Fatalf("got %d grants, %d expired, want some of each", grants.Load(), expired.Load())
+			}
+			t.Logf("%d grants, %d cancels, %d expired, %d refused", grants.Load(), cancels.Load(), expired.Load(), refused.Load())
+		})
 	}
 }
 
