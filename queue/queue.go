@@ -110,7 +110,7 @@ type flow struct {
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
 // order (for oldest-wait, FIFO mode and Close).
 type classQueue struct {
-	flows          heap[*flow]
+	flows          flowHeap
 	queued         int
 	queuedTokens   int64
 	inflight       int
@@ -150,14 +150,6 @@ func New(cfg Config, opts Options) (*Queue, error) {
 			less:     func(a, b *flow) bool { return a.headDeadline < b.headDeadline },
 			setIndex: func(f *flow, i int) { f.deadlineIdx = i },
 		},
-	}
-	for c := range q.classes {
-		q.classes[c].flows = heap[*flow]{
-			less: func(a, b *flow) bool {
-				return a.virtual < b.virtual || a.virtual == b.virtual && a.stamp < b.stamp
-			},
-			setIndex: func(f *flow, i int) { f.idx = i },
-		}
 	}
 	q.classes[Standard].share = *cfg.StandardMinShare
 	q.classes[Batch].share = *cfg.BatchMinShare
