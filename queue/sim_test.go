@@ -176,7 +176,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 // slot-time interactive left unused that batch used, over the measured window.
 func protection(t *testing.T, cfg queue.Config, batch bool) (waits []time.Duration, batchUse float64) {
 	const slots = 20
-	cfg.MaxQueuedPerTenant = 2000
+	cfg.MaxQueuedPerTenant = 400
 	q, clk, _ := newQueue(t, cfg, queue.Capacity{Requests: slots})
 	s := newSim(t, q, clk)
 	rng := rand.New(rand.NewPCG(11, 13))
@@ -270,7 +270,7 @@ func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 // fairness index of at least 0.95.
 func TestSimulationJainFairnessOfBackloggedTenants(t *testing.T) {
 	const slots = 16
-	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: slots, Tokens: 16 * 2000})
+	q, clk, _ := newQueue(t, queue.Config{MaxQueuedPerTenant: 200}, queue.Capacity{Requests: slots, Tokens: 16 * 2000})
 	s := newSim(t, q, clk)
 	rng := rand.New(rand.NewPCG(3, 4))
 	tenants := []string{"heavy", "a", "b", "c"}
