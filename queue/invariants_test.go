@@ -29,7 +29,7 @@ func TestInFlightNeverExceedsCapacity(t *testing.T) {
 				switch op := rng.IntN(10); {
 				case op < 5:
 					tk, err := q.Enqueue(queue.Request{
-						Tenant: fmt.Sprint("t", rng.IntN(5)), Class: queue.Classes[rng.IntN(3)],
+						Tenant: fmt.Sprint("t", rng.IntN(5)), Class: queue.Class(rng.IntN(3)),
 						PromptTokens: rng.IntN(400), MaxTokens: rng.IntN(400),
 					})
 					if err == nil {
@@ -120,7 +120,7 @@ func TestNoRequestLostOrDispatchedTwice(t *testing.T) {
 				wg.Go(func() {
 					rng := rand.New(rand.NewPCG(uint64(g), 3))
 					for i := range perG {
-						r := queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)), Class: queue.Classes[rng.IntN(3)],
+						r := queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)), Class: queue.Class(rng.IntN(3)),
 							Weight: float64(1 + rng.IntN(3)), PromptTokens: rng.IntN(200), MaxTokens: rng.IntN(200)}
 						if rng.IntN(3) == 0 {
 							r.Deadline = clk.Now().Add(time.Duration(rng.IntN(50)) * time.Millisecond)
@@ -514,7 +514,7 @@ func TestCloseEndsAllQueuedWithShutdown(t *testing.T) {
 	first := granted(t, enqueue(t, q, queue.Request{Tenant: "a", MaxTokens: 1}))
 	var tks []*queue.Ticket
 	for i := range 30 {
-		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint(i % 4), Class: queue.Classes[i%3], MaxTokens: 1,
+		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint(i % 4), Class: queue.Class(i % 3), MaxTokens: 1,
 			Deadline: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}))
 	}
 	q.Close()
@@ -660,7 +660,7 @@ func TestFIFOServesInArrivalOrder(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{FIFO: true}, queue.Capacity{})
 	var tks []*queue.Ticket
 	for i := range 30 {
-		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i%4), Class: queue.Classes[2-i%3],
+		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i%4), Class: queue.Class(2 - i%3),
 			PromptTokens: 10 * (i % 7), MaxTokens: 1, Deadline: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration(i) * time.Hour)}))
 	}
 	q.SetCapacity(queue.Capacity{Requests: 1})

@@ -451,7 +451,7 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 func (q *Queue) nextLocked(nowNano int64) *Ticket {
 	if q.cfg.FIFO {
 		var first *Ticket
-		for _, c := range Classes {
+		for _, c := range allClasses {
 			if t := q.headLocked(c, nowNano); t != nil && (first == nil || t.seq < first.seq) {
 				first = t
 			}
@@ -464,14 +464,14 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 
 	var order [2 * numClasses]Class
 	owed := 0
-	for _, c := range Classes {
+	for _, c := range allClasses {
 		if q.classes[c].credit >= 1 && q.classes[c].queued > 0 {
 			order[owed] = c
 			owed++
 		}
 	}
 	n := owed
-	for _, c := range Classes {
+	for _, c := range allClasses {
 		order[n] = c
 		n++
 	}

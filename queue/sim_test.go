@@ -339,7 +339,7 @@ func TestSimulationDeadlineBurst(t *testing.T) {
 	var jobs []*job
 	for i := range burst {
 		d := 500*time.Millisecond + time.Duration(rng.IntN(4500))*time.Millisecond
-		jobs = append(jobs, s.add(queue.Request{Tenant: fmt.Sprint("t", i%5), Class: queue.Classes[i%3], MaxTokens: 100,
+		jobs = append(jobs, s.add(queue.Request{Tenant: fmt.Sprint("t", i%5), Class: queue.Class(i % 3), MaxTokens: 100,
 			Deadline: now.Add(d)}, usage, time.Duration(800+rng.IntN(400))*time.Millisecond))
 	}
 	for len(s.running) > 0 {

@@ -66,7 +66,7 @@ func (q *Queue) Snapshot() Snapshot {
 	if q.cfg.FIFO {
 		s.Reserve = Capacity{}
 	}
-	for _, c := range Classes {
+	for _, c := range allClasses {
 		cls := &q.classes[c]
 		cs := ClassSnapshot{Class: c, Queued: cls.queued, QueuedTokens: cls.queuedTokens,
 			InFlight: cls.inflight, InFlightTokens: cls.inflightTokens, Dispatched: cls.dispatched,
