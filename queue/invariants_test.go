@@ -495,6 +495,32 @@ func TestCapsRefuseWithQueueFull(t *testing.T) {
 	}
 }
 
+// TestTierCapPerTenant checks a request's own MaxQueued (its tier's cap) applies when lower than
+// the queue-wide cap, and never raises it.
+func TestTierCapPerTenant(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{MaxQueuedPerTenant: 3}, queue.Capacity{})
+	steps := []struct {
+		tenant    string
+		maxQueued int
+		full      bool
+	}{
+		{"a", 1, false},
+		{"a", 1, true}, // the tier allows one
+		{"b", 10, false},
+		{"b", 10, false},
+		{"b", 10, false},
+		{"b", 10, true}, // the queue-wide cap of 3 is lower
+	}
+	for i, st := range steps {
+		_, err := q.Enqueue(queue.Request{Tenant: st.tenant, Class: queue.Standard, MaxTokens: 1, MaxQueued: st.maxQueued})
+		if st.full {
+			rejection(t, err, queue.QueueFull)
+		} else if err != nil {
+			t.Fatalf("step %d: got %v, want admitted", i, err)
+		}
+	}
+}
+
 // TestTooLargeRefused checks a request no pool state could hold is refused, not queued forever.
 func TestTooLargeRefused(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 4, Tokens: 1000})

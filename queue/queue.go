@@ -24,6 +24,9 @@ type Request struct {
 	PromptTokens, MaxTokens int
 	// Deadline is when the request is no longer worth dispatching. The zero time means none.
 	Deadline time.Time
+	// MaxQueued caps the requests the tenant may have waiting (its tier's cap); 0 or less
+	// takes Config.MaxQueuedPerTenant. The lower of the two applies.
+	MaxQueued int
 }
 
 // Capacity is what a model's pool can hold in flight at once: the sums over its healthy,
@@ -191,7 +194,11 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		f = q.newFlow(ten, c)
 	}
 	wait, measured := q.estimateWaitLocked(c, f, cost)
-	if ten.queued >= q.cfg.MaxQueuedPerTenant || q.classes[c].queued >= q.cfg.MaxQueuedPerClass {
+	tenantCap := q.cfg.MaxQueuedPerTenant
+	if r.MaxQueued > 0 {
+		tenantCap = min(tenantCap, r.MaxQueued)
+	}
+	if ten.queued >= tenantCap || q.classes[c].queued >= q.cfg.MaxQueuedPerClass {
 		return nil, q.rejectLocked(c, QueueFull, wait)
 	}
 	if !r.Deadline.IsZero() {
