@@ -216,7 +216,7 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission,
 	if out <= 0 {
 		out = tier.ExpectedOutputTokens
 	}
-	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, reserved: d.PromptTokens + out}
+	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, reserved: max(d.PromptTokens, 0) + out}
 	var err error
 	if l.redis != nil {
 		var handled bool
