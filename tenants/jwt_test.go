@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,8 +112,11 @@ func jwtFixture(t testing.TB) (*directoryFixture, jwtKeys) {
 func writeJWKS(t testing.TB, path string, ec *ecdsa.PublicKey) {
 	t.Helper()
 	b64 := func(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
-	pad := func(n *big.Int) []byte { b := make([]byte, 32); return n.FillBytes(b) }
-	set := map[string]any{"keys": []map[string]string{{"kty": "EC", "crv": "P-256", "kid": "ec1", "x": b64(pad(ec.X)), "y": b64(pad(ec.Y))}}}
+	raw, err := ec.Bytes() // 0x04 || X || Y
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]any{"keys": []map[string]string{{"kty": "EC", "crv": "P-256", "kid": "ec1", "x": b64(raw[1:33]), "y": b64(raw[33:])}}}
 	b, _ := json.Marshal(set)
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
