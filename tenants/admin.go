@@ -341,10 +341,14 @@ func (a *Admin) RevokeKey(ctx context.Context, actor Actor, tenantID, keyID stri
 // Tiers lists the declared tiers, highest first (any actor).
 func (a *Admin) Tiers(Actor) []Tier { return a.dir.Tiers() }
 
-// Audit returns a page of the audit log, newest first (admin only).
+// Audit returns a page of the audit log, newest first: everything for the admin, the entries
+// about its own tenant and keys for a tenant.
 func (a *Admin) Audit(ctx context.Context, actor Actor, q AuditQuery) (AuditPage, error) {
-	if err := requireAdmin(actor); err != nil {
-		return AuditPage{}, err
+	if !actor.Admin {
+		if q.TenantID != "" && q.TenantID != actor.TenantID {
+			return AuditPage{}, fmt.Errorf("tenant %q: %w", q.TenantID, ErrNotFound)
+		}
+		q.TenantID = actor.TenantID
 	}
 	return a.store.Audit(ctx, q)
 }

@@ -169,7 +169,7 @@ func TestAdminTenantActorIsConfined(t *testing.T) {
 		{"create a tenant", func() error { _, err := a.CreateTenant(ctx, acme, TenantInput{ID: "x"}); return err }, ErrForbidden},
 		{"suspend another tenant", func() error { return a.SuspendTenant(ctx, acme, "globex") }, ErrForbidden},
 		{"delete another tenant", func() error { return a.DeleteTenant(ctx, acme, "globex") }, ErrForbidden},
-		{"read the audit log", func() error { _, err := a.Audit(ctx, acme, AuditQuery{}); return err }, ErrForbidden},
+		{"read another tenant's audit log", func() error { _, err := a.Audit(ctx, acme, AuditQuery{TenantID: "globex"}); return err }, ErrNotFound},
 	}
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,8 +190,17 @@ func TestAdminTenantActorIsConfined(t *testing.T) {
 			t.Errorf("revoke own key: %v", err)
 		}
 		page, _ := a.Audit(ctx, Actor{Admin: true}, AuditQuery{Object: "key:" + k.ID})
-		if len(page.Entries) != 2 || page.Entries[0].Actor != acme.Name {
-			t.Errorf("audit: got %+v, want two entries by %q", page.Entries, acme.Name)
+		if len(page.Entries) != 2 || page.Entries[0].Actor != acme.Name || page.Entries[0].TenantID != "acme" {
+			t.Errorf("audit: got %+v, want two entries by %q about acme", page.Entries, acme.Name)
+		}
+		own, err := a.Audit(ctx, acme, AuditQuery{})
+		if err != nil || len(own.Entries) == 0 {
+			t.Fatalf("own audit log: got %+v, %v; want entries", own, err)
+		}
+		for _, e := range own.Entries {
+			if e.TenantID != "acme" {
+				t.Errorf("tenant acme's audit log shows %+v", e)
+			}
 		}
 	})
 }

@@ -136,6 +136,9 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 		alg := ""
 		switch k := key.(type) {
 		case *rsa.PublicKey:
+			if k.N.BitLen() < 2048 {
+				return fmt.Errorf("%s: RSA keys must have at least 2048 bits", field)
+			}
 			alg = "RS256"
 		case *ecdsa.PublicKey:
 			if k.Curve != elliptic.P256() {
