@@ -19,10 +19,12 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// AdminAuthenticator checks the credential of an admin API call (the string after "Bearer ")
-// and names the actor for the audit log. Errors wrap tenants.ErrUnauthenticated.
+// AdminAuthenticator checks the credential of an admin API call (the string after "Bearer "):
+// the admin token gives an admin actor, a tenant's credential a tenant actor that may only read
+// its tenant and manage its keys. Errors wrap tenants.ErrUnauthenticated. *tenants.Admin
+// implements it.
 type AdminAuthenticator interface {
-	AuthenticateAdmin(ctx context.Context, credential string) (actor string, err error)
+	AuthenticateActor(ctx context.Context, credential string) (tenants.Actor, error)
 }
 
 // maxAdminBody bounds an admin API request body.
@@ -30,19 +32,40 @@ const maxAdminBody = 64 << 10
 
 const actorKey = "usher.admin"
 
-// registerAdmin mounts the admin JSON API under /admin/api/v1.
-func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator) {
+// registerAdmin mounts the admin JSON API under /admin/api/v1: the fleet (workers, pins, queue)
+// for admin actors, and, when ta is set, tenants, keys, tiers and the audit log.
+func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator, ta *tenants.Admin) {
 	g := e.Group("/admin/api/v1", s.adminAuth(auth))
-	g.GET("/workers", s.listWorkers)
-	g.POST("/workers", s.addWorker)
-	g.GET("/workers/:id", s.getWorker)
-	g.DELETE("/workers/:id", s.removeWorker)
-	g.POST("/workers/:id/drain", s.drainWorker)
-	g.POST("/workers/:id/undrain", s.undrainWorker)
-	g.GET("/pins", s.listPins)
-	g.POST("/pins", s.pin)
-	g.DELETE("/pins", s.unpin)
-	g.GET("/queue", s.queueSnapshot)
+	fleet := g.Group("", adminOnly)
+	fleet.GET("/workers", s.listWorkers)
+	fleet.POST("/workers", s.addWorker)
+	fleet.GET("/workers/:id", s.getWorker)
+	fleet.DELETE("/workers/:id", s.removeWorker)
+	fleet.POST("/workers/:id/drain", s.drainWorker)
+	fleet.POST("/workers/:id/undrain", s.undrainWorker)
+	fleet.GET("/pins", s.listPins)
+	fleet.POST("/pins", s.pin)
+	fleet.DELETE("/pins", s.unpin)
+	fleet.GET("/queue", s.queueSnapshot)
+	if ta != nil {
+		registerTenantAdmin(g, ta)
+	}
+}
+
+// adminOnly refuses tenant actors: the fleet is the operator's.
+func adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if !actorOf(c).Admin {
+			return writeError(c, &apiError{Status: http.StatusForbidden, Type: "permission_error",
+				Code: "admin_required", Message: "admin rights required"})
+		}
+		return next(c)
+	}
+}
+
+func actorOf(c echo.Context) tenants.Actor {
+	a, _ := c.Get(actorKey).(tenants.Actor)
+	return a
 }
 
 func (s *Server) adminAuth(auth AdminAuthenticator) echo.MiddlewareFunc {
@@ -53,7 +76,7 @@ func (s *Server) adminAuth(auth AdminAuthenticator) echo.MiddlewareFunc {
 				return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
 					Code: "invalid_admin_token", Message: "missing credential: send 'Authorization: Bearer <admin token>'"})
 			}
-			actor, err := auth.AuthenticateAdmin(c.Request().Context(), cred)
+			actor, err := auth.AuthenticateActor(c.Request().Context(), cred)
 			if err != nil {
 				return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
 					Code: "invalid_admin_token", Message: "invalid admin credential"})
@@ -90,7 +113,9 @@ func decodeAdminBody(c echo.Context, v any) error {
 	return nil
 }
 
-func (s *Server) adminError(c echo.Context, err error) error {
+// adminError answers an admin call's error in OpenAI's shape with the status its cause calls
+// for.
+func adminError(c echo.Context, err error) error {
 	switch {
 	case errors.Is(err, routing.ErrUnknownModel):
 		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Message: err.Error()})
@@ -98,6 +123,14 @@ func (s *Server) adminError(c echo.Context, err error) error {
 		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "worker_not_found", Message: err.Error()})
 	case errors.Is(err, routing.ErrWorkerExists):
 		return writeError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "worker_exists", Message: err.Error()})
+	case errors.Is(err, tenants.ErrForbidden):
+		return writeError(c, &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "forbidden", Message: err.Error()})
+	case errors.Is(err, tenants.ErrNotFound):
+		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: err.Error()})
+	case errors.Is(err, tenants.ErrConflict):
+		return writeError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "conflict", Message: err.Error()})
+	case errors.Is(err, tenants.ErrInvalid):
+		return writeError(c, badRequest("", "%v", err))
 	}
 	var ae *apiError
 	if errors.As(err, &ae) {
@@ -107,9 +140,10 @@ func (s *Server) adminError(c echo.Context, err error) error {
 	return writeError(c, badRequest("", "%v", err))
 }
 
+// audit logs a fleet change (worker and pin changes live in the pool and Redis, not in the SQL
+// audit log of tenants and keys).
 func (s *Server) audit(c echo.Context, action, object string) {
-	actor, _ := c.Get(actorKey).(string)
-	s.log.Info("admin", "actor", actor, "action", action, "object", object,
+	s.log.Info("admin", "actor", actorOf(c).Name, "action", action, "object", object,
 		"id", c.Response().Header().Get(echo.HeaderXRequestID))
 }
 
@@ -122,7 +156,7 @@ func (s *Server) listWorkers(c echo.Context) error {
 func (s *Server) getWorker(c echo.Context) error {
 	w, err := s.pool.Worker(c.Param("id"))
 	if err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	return c.JSON(http.StatusOK, w)
 }
@@ -130,10 +164,10 @@ func (s *Server) getWorker(c echo.Context) error {
 func (s *Server) addWorker(c echo.Context) error {
 	var spec routing.WorkerSpec
 	if err := decodeAdminBody(c, &spec); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	if err := s.pool.Add(spec); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	s.audit(c, "worker.add", spec.ID)
 	s.admission.refresh()
@@ -143,27 +177,39 @@ func (s *Server) addWorker(c echo.Context) error {
 func (s *Server) removeWorker(c echo.Context) error {
 	id := c.Param("id")
 	if err := s.pool.Remove(id); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	s.audit(c, "worker.remove", id)
 	s.admission.refresh()
 	return c.NoContent(http.StatusNoContent)
 }
 
+// drainWorker stops new requests to the worker and takes its pins off it, so each pinned
+// session or key is pinned anew, elsewhere, at its next request; in-flight requests finish.
 func (s *Server) drainWorker(c echo.Context) error {
 	id := c.Param("id")
-	if err := s.pool.Drain(c.Request().Context(), id); err != nil {
-		return s.adminError(c, err)
+	ctx := c.Request().Context()
+	if err := s.pool.Drain(ctx, id); err != nil {
+		return adminError(c, err)
 	}
 	s.audit(c, "worker.drain", id)
 	s.admission.refresh()
+	pins, err := s.pool.Pins(ctx, routing.PinFilter{Worker: id})
+	if err != nil {
+		return adminError(c, fmt.Errorf("worker %s drains, but its pins could not be listed: %w", id, err))
+	}
+	for _, p := range pins {
+		if err := s.pool.Unpin(ctx, p.Model, p.Tenant, p.Key); err != nil {
+			return adminError(c, fmt.Errorf("worker %s drains, but its pins could not all be moved: %w", id, err))
+		}
+	}
 	return s.getWorkerStatus(c, id, http.StatusOK)
 }
 
 func (s *Server) undrainWorker(c echo.Context) error {
 	id := c.Param("id")
 	if err := s.pool.Undrain(c.Request().Context(), id); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	s.audit(c, "worker.undrain", id)
 	s.admission.refresh()
@@ -173,7 +219,7 @@ func (s *Server) undrainWorker(c echo.Context) error {
 func (s *Server) getWorkerStatus(c echo.Context, id string, status int) error {
 	w, err := s.pool.Worker(id)
 	if err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	return c.JSON(status, w)
 }
@@ -192,7 +238,7 @@ func (s *Server) listPins(c echo.Context) error {
 	f := routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")}
 	pins, err := s.pool.Pins(c.Request().Context(), f)
 	if err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	if pins == nil {
 		pins = []routing.Pin{}
@@ -203,17 +249,17 @@ func (s *Server) listPins(c echo.Context) error {
 func (s *Server) pin(c echo.Context) error {
 	var r pinRequest
 	if err := decodeAdminBody(c, &r); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	if r.Model == "" || r.Tenant == "" || r.Key == "" || r.Worker == "" {
-		return s.adminError(c, badRequest("", "model, tenant, key and worker are required"))
+		return adminError(c, badRequest("", "model, tenant, key and worker are required"))
 	}
 	if r.TTLSeconds < 0 {
-		return s.adminError(c, badRequest("ttl_seconds", "ttl_seconds must not be negative"))
+		return adminError(c, badRequest("ttl_seconds", "ttl_seconds must not be negative"))
 	}
 	ttl := time.Duration(r.TTLSeconds) * time.Second
 	if err := s.pool.Pin(c.Request().Context(), r.Model, r.Tenant, r.Key, r.Worker, ttl); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	s.audit(c, "pin.set", r.Model+"/"+r.Tenant+"/"+r.Key+"->"+r.Worker)
 	return c.JSON(http.StatusOK, r)
@@ -222,10 +268,10 @@ func (s *Server) pin(c echo.Context) error {
 func (s *Server) unpin(c echo.Context) error {
 	model, tenant, key := c.QueryParam("model"), c.QueryParam("tenant"), c.QueryParam("key")
 	if model == "" || tenant == "" || key == "" {
-		return s.adminError(c, badRequest("", "query parameters model, tenant and key are required"))
+		return adminError(c, badRequest("", "query parameters model, tenant and key are required"))
 	}
 	if err := s.pool.Unpin(c.Request().Context(), model, tenant, key); err != nil {
-		return s.adminError(c, err)
+		return adminError(c, err)
 	}
 	s.audit(c, "pin.delete", model+"/"+tenant+"/"+key)
 	return c.NoContent(http.StatusNoContent)
@@ -242,7 +288,7 @@ func (s *Server) queueSnapshot(c echo.Context) error {
 	for _, model := range s.pool.Models() {
 		q, err := s.admission.queueFor(model)
 		if err != nil {
-			return s.adminError(c, fmt.Errorf("model %q: %w", model, err))
+			return adminError(c, fmt.Errorf("model %q: %w", model, err))
 		}
 		out = append(out, queueView{Model: model, Snapshot: q.Snapshot()})
 	}

@@ -13,14 +13,17 @@ import (
 
 const adminToken = "admin-secret-token"
 
-// tokenAdmins is an AdminAuthenticator with one token.
+// tokenAdmins is an AdminAuthenticator with the admin token and one tenant credential.
 type tokenAdmins struct{}
 
-func (tokenAdmins) AuthenticateAdmin(_ context.Context, cred string) (string, error) {
-	if cred != adminToken {
-		return "", tenants.ErrUnauthenticated
+func (tokenAdmins) AuthenticateActor(_ context.Context, cred string) (tenants.Actor, error) {
+	switch cred {
+	case adminToken:
+		return tenants.Actor{Name: "admin", Admin: true}, nil
+	case testKey:
+		return tenants.Actor{Name: "tenant:t1/k", TenantID: "t1"}, nil
 	}
-	return "admin:test", nil
+	return tenants.Actor{}, tenants.ErrUnauthenticated
 }
 
 func (g *testGateway) admin(t *testing.T, method, path, token, body string) (*http.Response, map[string]any) {
@@ -123,9 +126,11 @@ func TestAdminRefusesWithoutAValidToken(t *testing.T) {
 	if resp, _ := g.admin(t, "GET", "/workers/w1", adminToken, ""); resp.StatusCode != 200 {
 		t.Fatalf("the worker: got %d, want 200", resp.StatusCode)
 	}
-	// A tenant's API key is not an admin credential.
-	if resp, _ := g.admin(t, "GET", "/workers", testKey, ""); resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("tenant key on the admin API: got %d, want 401", resp.StatusCode)
+	// A tenant may use the admin API for its own objects, never for the fleet.
+	for _, call := range [][2]string{{"GET", "/workers"}, {"POST", "/workers/w1/drain"}, {"GET", "/pins"}, {"GET", "/queue"}} {
+		if resp, _ := g.admin(t, call[0], call[1], testKey, ""); resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("tenant credential on %s %s: got %d, want 403", call[0], call[1], resp.StatusCode)
+		}
 	}
 }
 
@@ -171,6 +176,15 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 	resp, out := g.admin(t, "GET", "/pins?worker=a", adminToken, "")
 	if pins, _ := out["pins"].([]any); resp.StatusCode != 200 || len(pins) != 1 {
 		t.Fatalf("pins of a: got %d %v, want one", resp.StatusCode, out)
+	}
+	if resp, _ := g.admin(t, "POST", "/workers/a/drain", adminToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("drain a: %d", resp.StatusCode)
+	}
+	if _, out := g.admin(t, "GET", "/pins?worker=a", adminToken, ""); len(out["pins"].([]any)) != 0 {
+		t.Fatalf("pins of a after its drain: got %v, want none", out)
+	}
+	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"}); resp.Header.Get(headerWorker) != "b" {
+		t.Fatalf("session of a drained worker went to %q, want b", resp.Header.Get(headerWorker))
 	}
 	if resp, _ := g.admin(t, "DELETE", "/pins?model=m1&tenant=t1&key=sess-1", adminToken, ""); resp.StatusCode != 204 {
 		t.Fatalf("unpin: got %d, want 204", resp.StatusCode)

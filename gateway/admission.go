@@ -178,6 +178,7 @@ func (s *Server) admit(c echo.Context, tier *tenants.Tier, req *inferenceRequest
 		PromptTokens: promptTokens,
 		MaxTokens:    maxOut,
 		Deadline:     tr.deadline,
+		MaxQueued:    int(tier.MaxQueued),
 	})
 	if err != nil {
 		return nil, err

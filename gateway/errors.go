@@ -48,6 +48,9 @@ func toAPIError(err error) *apiError {
 	if qe, ok := queueError(err); ok {
 		return qe
 	}
+	if le, ok := limitsError(err); ok {
+		return le
+	}
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
 		return &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
@@ -55,9 +58,6 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, routing.ErrUnknownModel):
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
 			Code: "model_not_found", Param: "model", Message: err.Error()}
-	case errors.Is(err, errModelNotAllowed):
-		return &apiError{Status: http.StatusForbidden, Type: "permission_error",
-			Code: "model_not_allowed", Param: "model", Message: err.Error()}
 	case errors.Is(err, routing.ErrUnknownWorker):
 		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error",
 			Code: "worker_not_found", Message: err.Error()}

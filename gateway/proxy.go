@@ -16,6 +16,7 @@ import (
 
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
 )
 
 // Headers usher reads from clients and adds to responses.
@@ -29,9 +30,6 @@ const (
 
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
 var errClientGone = errors.New("client closed the request")
-
-// errModelNotAllowed: the tenant's tier does not include the model (403).
-var errModelNotAllowed = errors.New("your tier does not include this model")
 
 // statusClientClosed is what the metrics and the log record for a client that went away.
 const statusClientClosed = 499
@@ -92,12 +90,13 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		return fmt.Errorf("the model %q does not exist: %w", req.Model, routing.ErrUnknownModel)
 	}
 	x.model = req.Model
-	tier := principalOf(c).TierSpec
-	if tier == nil {
-		tier = fallbackTier
+	p := principalOf(c)
+	if p.TierSpec == nil {
+		p.TierSpec = fallbackTier
 	}
+	tier := p.TierSpec
 	if !tier.AllowsModel(req.Model) {
-		return fmt.Errorf("model %q: %w", req.Model, errModelNotAllowed)
+		return fmt.Errorf("model %q: %w", req.Model, tenants.ErrModelNotAllowed)
 	}
 	target := c.Request().Header.Get(headerTarget)
 	if target != "" && !tier.MayTargetWorker {
@@ -114,6 +113,13 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 		expected = int(tier.ExpectedOutputTokens)
 	}
 	maxOut := req.maxOutputTokens(expected)
+	limit, err := s.admitLimits(c, p, tenants.Demand{Model: req.Model, PromptTokens: int64(promptTokens), MaxOutputTokens: int64(maxOut)})
+	if err != nil {
+		return err
+	}
+	if limit != nil {
+		defer func() { limit.Done(int64(x.usage.PromptTokens + x.usage.CompletionTokens)) }()
+	}
 	grant, err := s.admit(c, tier, req, promptTokens, maxOut)
 	if err != nil {
 		return err
@@ -125,7 +131,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 	h := c.Request().Header
 	rr := &routing.Request{
 		Model:        req.Model,
-		Tenant:       principalOf(c).TenantID,
+		Tenant:       p.TenantID,
 		SessionID:    h.Get(headerSessionID),
 		RoutingKey:   h.Get(headerRoutingKey),
 		TargetWorker: target,

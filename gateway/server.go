@@ -35,6 +35,11 @@ type Deps struct {
 	Transport http.RoundTripper
 	// Admins checks admin API credentials; nil leaves the admin API unmounted.
 	Admins AdminAuthenticator
+	// Tenants is the admin service of tenants, keys, tiers and the audit log; nil leaves those
+	// admin routes unmounted.
+	Tenants *tenants.Admin
+	// Limits enforces the tiers' rate, token and concurrency limits; nil enforces none.
+	Limits Limits
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
@@ -52,6 +57,7 @@ type Server struct {
 	log       *slog.Logger
 	now       func() time.Time
 	metrics   *metrics
+	limits    Limits
 	admission *admission
 	echo      *echo.Echo
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
@@ -89,6 +95,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s := &Server{
 		admission: adm,
+		limits:    d.Limits,
 		cfg:       cfg,
 		pool:      d.Pool,
 		auth:      d.Auth,
@@ -111,7 +118,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1.POST("/completions", s.inference(completionEndpoint))
 	v1.GET("/models", s.models)
 	if d.Admins != nil {
-		s.registerAdmin(e, d.Admins)
+		s.registerAdmin(e, d.Admins, d.Tenants)
 	}
 	s.echo = e
 	return s, nil

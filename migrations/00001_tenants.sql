@@ -29,10 +29,12 @@ CREATE TABLE audit_log (
     at_ms      BIGINT NOT NULL,
     actor      TEXT   NOT NULL,
     action     TEXT   NOT NULL,
+    tenant_id  TEXT   NOT NULL,
     object     TEXT   NOT NULL,
     details    TEXT   NOT NULL
 );
 CREATE INDEX audit_log_object ON audit_log (object);
+CREATE INDEX audit_log_tenant_id ON audit_log (tenant_id);
 
 -- One row; every change to tenants or keys increments rev in the same transaction, so replicas
 -- learn of changes by reading one number.

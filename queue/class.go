@@ -15,8 +15,8 @@ const (
 
 const numClasses = 3
 
-// Classes lists every class, highest priority first.
-var Classes = [numClasses]Class{Interactive, Standard, Batch}
+// allClasses lists every class, highest priority first.
+var allClasses = [numClasses]Class{Interactive, Standard, Batch}
 
 var classNames = [numClasses]string{"interactive", "standard", "batch"}
 

@@ -15,8 +15,9 @@ type Config struct {
 	FIFO bool `yaml:"fifo"`
 
 	// InteractiveReserve is the share of capacity, in requests and in tokens, that Standard and
-	// Batch together may never occupy, so an arriving interactive request finds room at once.
-	// In [0, 1); default 0.10.
+	// Batch leave free: they are dispatched only while at least this much stays free after them,
+	// so an arriving interactive request finds room at once. A larger reserve lowers interactive
+	// wait under a batch flood and costs batch throughput. In [0, 1); default 0.10.
 	InteractiveReserve *float64 `yaml:"interactive_reserve"`
 
 	// StandardMinShare and BatchMinShare are the starvation guard: while the class is

@@ -13,9 +13,14 @@
 // # Capacity
 //
 // A request holds one request slot and cost = prompt + max output tokens while in flight. It is
-// released only when both fit in Capacity now. Standard and Batch together never hold more than
-// Capacity minus the interactive reserve, ceil(InteractiveReserve x capacity) in each dimension
-// (at most all but one request slot), so an interactive request finds room at once.
+// released only when both fit in Capacity now.
+//
+// The interactive reserve is ceil(InteractiveReserve x capacity) in each dimension (at most all
+// but one request slot). A Standard or Batch request is released only if at least the reserve
+// stays free after it, so an arriving interactive request finds room at once instead of
+// waiting for a long batch request to end; Interactive may use everything. (The one exception,
+// a dispatch the starvation guard owes, may use room interactive leaves free, but Standard and
+// Batch together still never hold more than capacity minus the reserve.)
 //
 // # Order
 //
@@ -39,7 +44,7 @@
 //
 // The next request is head of line: when it does not fit, nothing behind it in this order is
 // released, except that when a Standard or Batch request is held back only by the reserve,
-// Interactive may still go. This keeps priority and fair share exact and the work conserving:
+// Interactive may still go (lower classes may not). This keeps priority and fair share exact and the work conserving:
 // capacity stays idle only while the request entitled to it waits for room.
 //
 // # Deadlines

@@ -80,3 +80,5 @@ func (r *Rejection) Error() string {
 
 // Unwrap returns the sentinel of the reason, so errors.Is(err, ErrQueueFull) works.
 func (r *Rejection) Unwrap() error { return r.Reason.sentinel() }
+
+var _ error = (*Rejection)(nil)

@@ -149,3 +149,78 @@ func (h ticketHeap) place(e ticketEntry, i int) {
 	h[i] = e
 	e.t.flowIdx = i
 }
+
+// flowHeap orders a class's backlogged flows by virtual token counter, then by stamp (round
+// robin among equal counters). Like ticketHeap it keeps the keys inline and sifts a hole; each
+// flow records its position in idx. A flow's key is read when it is pushed or fixed.
+type flowHeap []flowEntry
+
+type flowEntry struct {
+	virtual float64
+	stamp   uint64
+	f       *flow
+}
+
+func (a *flowEntry) before(b *flowEntry) bool {
+	return a.virtual < b.virtual || a.virtual == b.virtual && a.stamp < b.stamp
+}
+
+func (h flowHeap) len() int { return len(h) }
+
+// peek returns the flow with the least counter; the heap must not be empty.
+func (h flowHeap) peek() *flow { return h[0].f }
+
+func (h *flowHeap) push(f *flow) {
+	*h = append(*h, flowEntry{})
+	h.place(flowEntry{virtual: f.virtual, stamp: f.stamp, f: f}, len(*h)-1)
+}
+
+// remove takes out the flow at position i.
+func (h *flowHeap) remove(i int) {
+	s := *h
+	n := len(s) - 1
+	s[i].f.idx = -1
+	last := s[n]
+	s[n] = flowEntry{}
+	*h = s[:n]
+	if i != n {
+		h.place(last, i)
+	}
+}
+
+// fix re-reads the key of the flow at position i after its counter or stamp changed.
+func (h flowHeap) fix(i int) {
+	f := h[i].f
+	h.place(flowEntry{virtual: f.virtual, stamp: f.stamp, f: f}, i)
+}
+
+// place puts e into the hole at position i and sifts it to where it belongs.
+func (h flowHeap) place(e flowEntry, i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !e.before(&h[p]) {
+			break
+		}
+		h[i] = h[p]
+		h[i].f.idx = i
+		i = p
+	}
+	for n := len(h); ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h[r].before(&h[l]) {
+			m = r
+		}
+		if !h[m].before(&e) {
+			break
+		}
+		h[i] = h[m]
+		h[i].f.idx = i
+		i = m
+	}
+	h[i] = e
+	e.f.idx = i
+}

@@ -29,7 +29,7 @@ func TestInFlightNeverExceedsCapacity(t *testing.T) {
 				switch op := rng.IntN(10); {
 				case op < 5:
 					tk, err := q.Enqueue(queue.Request{
-						Tenant: fmt.Sprint("t", rng.IntN(5)), Class: queue.Classes[rng.IntN(3)],
+						Tenant: fmt.Sprint("t", rng.IntN(5)), Class: queue.Class(rng.IntN(3)),
 						PromptTokens: rng.IntN(400), MaxTokens: rng.IntN(400),
 					})
 					if err == nil {
@@ -80,94 +80,121 @@ func TestInFlightNeverExceedsCapacity(t *testing.T) {
 	}
 }
 
-// TestNoRequestLostOrDispatchedTwice hammers one queue from many goroutines that enqueue,
-// cancel and complete while another changes capacity, then checks that every ticket ended
-// exactly once, as a grant or a cancellation, and nothing is left queued or in flight.
+// TestNoRequestLostOrDispatchedTwice hammers one queue from many goroutines that enqueue (some
+// with deadlines), cancel and complete, while others change capacity, move the clock (firing
+// deadline timers) and take snapshots; then it checks that every ticket ended exactly once (a
+// grant, a cancellation, an expiry or a refusal) and nothing is left queued or in flight.
 func TestNoRequestLostOrDispatchedTwice(t *testing.T) {
-	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 4, Tokens: 2000})
-	const goroutines, perG = 16, 300
-	var grants, cancels, refused atomic.Int64
-	var seen sync.Map
-	stop := make(chan struct{})
-	var capWG sync.WaitGroup
-	capWG.Add(1)
-	go func() {
-		defer capWG.Done()
-		rng := rand.New(rand.NewPCG(7, 7))
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				q.SetCapacity(queue.Capacity{Requests: rng.IntN(6), Tokens: 500 + rng.IntN(2000)})
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	for g := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(g), 3))
-			for i := range perG {
-				tk, err := q.Enqueue(queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)),
-					Class: queue.Classes[rng.IntN(3)], PromptTokens: rng.IntN(200), MaxTokens: rng.IntN(200)})
-				if err != nil {
-					refused.Add(1)
-					continue
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				switch rng.IntN(3) {
-				case 0:
-					cancel()
-				case 1:
-					go cancel()
-				}
-				gr, err := tk.Wait(ctx)
-				cancel()
-				switch {
-				case err == nil:
-					if _, dup := seen.LoadOrStore(tk, i); dup {
-						t.Errorf("ticket granted twice")
+	for _, fifo := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fifo=%v", fifo), func(t *testing.T) {
+			q, clk, _ := newQueue(t, queue.Config{FIFO: fifo}, queue.Capacity{Requests: 4, Tokens: 2000})
+			const goroutines, perG = 16, 400
+			var grants, cancels, expired, refused atomic.Int64
+			var seen sync.Map
+			stop := make(chan struct{})
+			var background sync.WaitGroup
+			background.Go(func() {
+				rng := rand.New(rand.NewPCG(7, 7))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						q.SetCapacity(queue.Capacity{Requests: rng.IntN(6), Tokens: 500 + rng.IntN(2000)})
 					}
-					grants.Add(1)
-					gr.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 10})
-					gr.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 10})
-				case errors.Is(err, context.Canceled):
-					cancels.Add(1)
-				default:
-					t.Errorf("Wait: got %v, want a grant or context.Canceled", err)
 				}
+			})
+			background.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						clk.Advance(time.Millisecond)
+						q.Snapshot()
+					}
+				}
+			})
+			var wg sync.WaitGroup
+			for g := range goroutines {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 3))
+					for i := range perG {
+						r := queue.Request{Tenant: fmt.Sprint("t", rng.IntN(8)), Class: queue.Class(rng.IntN(3)),
+							Weight: float64(1 + rng.IntN(3)), PromptTokens: rng.IntN(200), MaxTokens: rng.IntN(200)}
+						if rng.IntN(3) == 0 {
+							r.Deadline = clk.Now().Add(time.Duration(rng.IntN(50)) * time.Millisecond)
+						}
+						tk, err := q.Enqueue(r)
+						if err != nil {
+							if !errors.Is(err, queue.ErrDeadlineUnreachable) {
+								t.Errorf("Enqueue: got %v, want admitted or deadline_unreachable", err)
+							}
+							refused.Add(1)
+							continue
+						}
+						ctx, cancel := context.WithCancel(context.Background())
+						switch rng.IntN(3) {
+						case 0:
+							cancel()
+						case 1:
+							go cancel()
+						}
+						gr, err := tk.Wait(ctx)
+						cancel()
+						switch {
+						case err == nil:
+							if _, dup := seen.LoadOrStore(tk, i); dup {
+								t.Errorf("ticket granted twice")
+							}
+							grants.Add(1)
+							u := queue.Usage{PromptTokens: r.PromptTokens, CompletionTokens: rng.IntN(r.MaxTokens + 1)}
+							gr.Done(u)
+							gr.Done(u)
+						case errors.Is(err, context.Canceled):
+							cancels.Add(1)
+						case errors.Is(err, queue.ErrDeadlineExceeded):
+							expired.Add(1)
+						default:
+							t.Errorf("Wait: got %v, want a grant, context.Canceled or ErrDeadlineExceeded", err)
+						}
+					}
+				})
 			}
-		}()
-	}
-	// Capacity 0 may hold waiters until the changer runs again; it keeps running until all end.
-	wg.Wait()
-	close(stop)
-	capWG.Wait()
-	if got := grants.Load() + cancels.Load() + refused.Load(); got != goroutines*perG {
-		t.Fatalf("got %d grants + %d cancels + %d refusals = %d, want %d", grants.Load(), cancels.Load(),
-			refused.Load(), got, goroutines*perG)
-	}
-	s := q.Snapshot()
-	if queued(s) != 0 || s.InFlight != (queue.Capacity{}) {
-		t.Fatalf("after the run: %d queued, %+v in flight, want none", queued(s), s.InFlight)
-	}
-	if grants.Load() == 0 {
-		t.Fatalf("got no grants, want some")
+			// Capacity 0 may hold waiters until the changer runs again; it runs until all end.
+			wg.Wait()
+			close(stop)
+			background.Wait()
+			total := grants.Load() + cancels.Load() + expired.Load() + refused.Load()
+			if total != goroutines*perG {
+				t.Fatalf("got %d grants + %d cancels + %d expired + %d refused = %d, want %d", grants.Load(),
+					cancels.Load(), expired.Load(), refused.Load(), total, goroutines*perG)
+			}
+			s := q.Snapshot()
+			if queued(s) != 0 || s.InFlight != (queue.Capacity{}) {
+				t.Fatalf("after the run: %d queued, %+v in flight, want none", queued(s), s.InFlight)
+			}
+			if grants.Load() == 0 || expired.Load() == 0 {
+				t.Fatalf("got %d grants, %d expired, want some of each", grants.Load(), expired.Load())
+			}
+			t.Logf("%d grants, %d cancels, %d expired, %d refused", grants.Load(), cancels.Load(), expired.Load(), refused.Load())
+		})
 	}
 }
 
-// TestLowerClassNeverTakesInteractiveReserve floods Standard and Batch and checks they stop at
-// capacity minus the reserve, and that an interactive request then dispatches at once.
+// TestLowerClassNeverTakesInteractiveReserve floods Standard and Batch and checks they stop
+// where only the reserve is left free, whatever interactive already holds, and that
+// interactive requests then dispatch at once into the reserve.
 func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 	tests := []struct {
 		name         string
 		capacity     queue.Capacity
 		reserve      float64
+		interactive  int // already in flight before the flood
 		cost         int // prompt = max = cost/2
 		wantLowerReq int
 	}{
+		{name: "interactive holds some", capacity: queue.Capacity{Requests: 20}, reserve: 0.10, interactive: 5, cost: 10, wantLowerReq: 13},
 		{name: "requests bind", capacity: queue.Capacity{Requests: 20, Tokens: 100000}, reserve: 0.10, cost: 100, wantLowerReq: 18},
 		{name: "tokens bind", capacity: queue.Capacity{Requests: 100, Tokens: 10000}, reserve: 0.25, cost: 1000, wantLowerReq: 7},
 		{name: "small pool keeps one slot for lower classes", capacity: queue.Capacity{Requests: 1}, reserve: 0.5, cost: 10, wantLowerReq: 1},
@@ -176,6 +203,9 @@ func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			q, _, _ := newQueue(t, queue.Config{InteractiveReserve: new(tt.reserve)}, tt.capacity)
+			for range tt.interactive {
+				granted(t, enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, MaxTokens: tt.cost}))
+			}
 			for i := range 200 {
 				c := queue.Batch
 				if i%2 == 0 {
@@ -187,7 +217,11 @@ func TestLowerClassNeverTakesInteractiveReserve(t *testing.T) {
 			if r, _ := lowerInFlight(s); r != tt.wantLowerReq {
 				t.Fatalf("lower classes hold %d requests, want %d (capacity %+v, reserve %+v)", r, tt.wantLowerReq, s.Capacity, s.Reserve)
 			}
-			if s.Capacity.Requests > 1 {
+			room := s.Reserve.Requests
+			if s.Capacity.Tokens > 0 {
+				room = min(room, s.Reserve.Tokens/tt.cost)
+			}
+			for range room {
 				tk := enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, PromptTokens: tt.cost / 2, MaxTokens: tt.cost / 2})
 				granted(t, tk)
 			}
@@ -461,6 +495,32 @@ func TestCapsRefuseWithQueueFull(t *testing.T) {
 	}
 }
 
+// TestTierCapPerTenant checks a request's own MaxQueued (its tier's cap) applies when lower than
+// the queue-wide cap, and never raises it.
+func TestTierCapPerTenant(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{MaxQueuedPerTenant: 3}, queue.Capacity{})
+	steps := []struct {
+		tenant    string
+		maxQueued int
+		full      bool
+	}{
+		{"a", 1, false},
+		{"a", 1, true}, // the tier allows one
+		{"b", 10, false},
+		{"b", 10, false},
+		{"b", 10, false},
+		{"b", 10, true}, // the queue-wide cap of 3 is lower
+	}
+	for i, st := range steps {
+		_, err := q.Enqueue(queue.Request{Tenant: st.tenant, Class: queue.Standard, MaxTokens: 1, MaxQueued: st.maxQueued})
+		if st.full {
+			rejection(t, err, queue.QueueFull)
+		} else if err != nil {
+			t.Fatalf("step %d: got %v, want admitted", i, err)
+		}
+	}
+}
+
 // TestTooLargeRefused checks a request no pool state could hold is refused, not queued forever.
 func TestTooLargeRefused(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 4, Tokens: 1000})
@@ -480,7 +540,7 @@ func TestCloseEndsAllQueuedWithShutdown(t *testing.T) {
 	first := granted(t, enqueue(t, q, queue.Request{Tenant: "a", MaxTokens: 1}))
 	var tks []*queue.Ticket
 	for i := range 30 {
-		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint(i % 4), Class: queue.Classes[i%3], MaxTokens: 1,
+		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint(i % 4), Class: queue.Class(i % 3), MaxTokens: 1,
 			Deadline: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}))
 	}
 	q.Close()
@@ -626,7 +686,7 @@ func TestFIFOServesInArrivalOrder(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{FIFO: true}, queue.Capacity{})
 	var tks []*queue.Ticket
 	for i := range 30 {
-		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i%4), Class: queue.Classes[2-i%3],
+		tks = append(tks, enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i%4), Class: queue.Class(2 - i%3),
 			PromptTokens: 10 * (i % 7), MaxTokens: 1, Deadline: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Duration(i) * time.Hour)}))
 	}
 	q.SetCapacity(queue.Capacity{Requests: 1})

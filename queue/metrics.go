@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 
 	m := &metrics{reg: reg, served: served,
 		collectors: []prometheus.Collector{depth, wait, dispatched, shed, served}}
-	for _, c := range Classes {
+	for _, c := range allClasses {
 		m.depth[c] = depth.WithLabelValues(c.String())
 		m.wait[c] = wait.WithLabelValues(c.String())
 		m.dispatched[c] = dispatched.WithLabelValues(c.String())

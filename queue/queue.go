@@ -24,6 +24,9 @@ type Request struct {
 	PromptTokens, MaxTokens int
 	// Deadline is when the request is no longer worth dispatching. The zero time means none.
 	Deadline time.Time
+	// MaxQueued caps the requests the tenant may have waiting (its tier's cap); 0 or less
+	// takes Config.MaxQueuedPerTenant. The lower of the two applies.
+	MaxQueued int
 }
 
 // Capacity is what a model's pool can hold in flight at once: the sums over its healthy,
@@ -52,7 +55,8 @@ type Options struct {
 
 // Queue admits and orders the requests of one model and releases each one when the pool can
 // take it now. It is safe for concurrent use; all its state is guarded by one mutex, held for
-// O(log n) work per operation (n queued requests) and never while blocking.
+// O(log n) work per Enqueue, dispatch, Done or cancellation (n queued requests) and never while
+// blocking.
 type Queue struct {
 	cfg   Config // with defaults; never modified
 	clock Clock
@@ -64,8 +68,8 @@ type Queue struct {
 	mu          sync.Mutex
 	closed      bool
 	capacity    Capacity
-	reserveReq  int   // requests Standard and Batch may never occupy
-	reserveTok  int64 // tokens Standard and Batch may never occupy
+	reserveReq  int   // requests Standard and Batch leave free
+	reserveTok  int64 // tokens Standard and Batch leave free
 	classes     [numClasses]classQueue
 	tenants     map[string]*tenant
 	deadlines   heap[*flow] // every backlogged flow, by the deadline of its head
@@ -109,7 +113,7 @@ type flow struct {
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
 // order (for oldest-wait, FIFO mode and Close).
 type classQueue struct {
-	flows          heap[*flow]
+	flows          flowHeap
 	queued         int
 	queuedTokens   int64
 	inflight       int
@@ -149,14 +153,6 @@ func New(cfg Config, opts Options) (*Queue, error) {
 			less:     func(a, b *flow) bool { return a.headDeadline < b.headDeadline },
 			setIndex: func(f *flow, i int) { f.deadlineIdx = i },
 		},
-	}
-	for c := range q.classes {
-		q.classes[c].flows = heap[*flow]{
-			less: func(a, b *flow) bool {
-				return a.virtual < b.virtual || a.virtual == b.virtual && a.stamp < b.stamp
-			},
-			setIndex: func(f *flow, i int) { f.idx = i },
-		}
 	}
 	q.classes[Standard].share = *cfg.StandardMinShare
 	q.classes[Batch].share = *cfg.BatchMinShare
@@ -198,7 +194,11 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		f = q.newFlow(ten, c)
 	}
 	wait, measured := q.estimateWaitLocked(c, f, cost)
-	if ten.queued >= q.cfg.MaxQueuedPerTenant || q.classes[c].queued >= q.cfg.MaxQueuedPerClass {
+	tenantCap := q.cfg.MaxQueuedPerTenant
+	if r.MaxQueued > 0 {
+		tenantCap = min(tenantCap, r.MaxQueued)
+	}
+	if ten.queued >= tenantCap || q.classes[c].queued >= q.cfg.MaxQueuedPerClass {
 		return nil, q.rejectLocked(c, QueueFull, wait)
 	}
 	if !r.Deadline.IsZero() {
@@ -208,8 +208,8 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 		}
 	}
 
-	t := &Ticket{q: q, req: r, cost: cost, deadline: math.MaxInt64, enqueuedAt: now,
-		flow: f, ch: make(chan struct{})}
+	t := &Ticket{q: q, flow: f, ch: make(chan struct{}), cost: cost, weight: r.Weight,
+		deadline: math.MaxInt64, enqueuedAt: now.UnixNano()}
 	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
 	t.grant.t = t
 	if !r.Deadline.IsZero() {
@@ -297,7 +297,7 @@ func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejec
 func (q *Queue) pushLocked(t *Ticket) {
 	q.seq++
 	t.seq = q.seq
-	f, cls := t.flow, &q.classes[t.req.Class]
+	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
 		floor := cls.vtime
 		if cls.flows.len() > 0 {
@@ -327,12 +327,12 @@ func (q *Queue) pushLocked(t *Ticket) {
 	cls.tail = t
 	cls.queued++
 	cls.queuedTokens += t.cost
-	q.m.depth[t.req.Class].Inc()
+	q.m.depth[f.class].Inc()
 }
 
 // removeLocked takes a queued ticket out of every structure it is filed in.
 func (q *Queue) removeLocked(t *Ticket) {
-	f, cls := t.flow, &q.classes[t.req.Class]
+	f, cls := t.flow, &q.classes[t.flow.class]
 	wasHead := t.flowIdx == 0
 	f.items.remove(t.flowIdx)
 	f.queuedTokens -= t.cost
@@ -361,7 +361,7 @@ func (q *Queue) removeLocked(t *Ticket) {
 	if cls.queued == 0 {
 		cls.credit = 0
 	}
-	q.m.depth[t.req.Class].Dec()
+	q.m.depth[f.class].Dec()
 }
 
 // endLocked ends a queued ticket without dispatch: Wait returns err.
@@ -369,16 +369,15 @@ func (q *Queue) endLocked(t *Ticket, err error, why Reason) {
 	q.removeLocked(t)
 	t.state = stateEnded
 	t.err = err
-	q.m.shed[t.req.Class][why].Inc()
+	q.m.shed[t.flow.class][why].Inc()
 	if why == shedDeadlineExceeded {
 		q.expired++
 	}
 	close(t.ch)
 }
 
-// reqLimit and tokLimit are what class c may hold in flight together with the classes it
-// shares a limit with: the whole pool for Interactive (and in FIFO mode), the pool minus the
-// interactive reserve for Standard and Batch together.
+// reqLimit and tokLimit are the part of the pool class c may fill: all of it for Interactive
+// (and in FIFO mode), all but the interactive reserve for Standard and Batch.
 func (q *Queue) reqLimit(c Class) int {
 	if c == Interactive || q.cfg.FIFO {
 		return q.capacity.Requests
@@ -404,7 +403,17 @@ func (q *Queue) fitsPool(t *Ticket) bool {
 		(q.capacity.Tokens == 0 || q.inflightTok+t.cost <= int64(q.capacity.Tokens))
 }
 
-func (q *Queue) fitsOutsideReserve(t *Ticket) bool {
+// leavesReserve reports whether dispatching t leaves at least the interactive reserve free:
+// the rule for an ordinary Standard or Batch dispatch.
+func (q *Queue) leavesReserve(t *Ticket) bool {
+	return q.inflightReq+1 <= q.reqLimit(Standard) &&
+		(q.capacity.Tokens == 0 || q.inflightTok+t.cost <= q.tokLimit(Standard))
+}
+
+// lowerFits reports whether Standard and Batch together stay within capacity minus the
+// reserve after dispatching t: the rule for a dispatch the starvation guard owes, which may use
+// free room that interactive requests left, but never more than lower classes may ever hold.
+func (q *Queue) lowerFits(t *Ticket) bool {
 	return q.lowerReq+1 <= q.reqLimit(Standard) &&
 		(q.capacity.Tokens == 0 || q.lowerTok+t.cost <= q.tokLimit(Standard))
 }
@@ -449,7 +458,7 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 func (q *Queue) nextLocked(nowNano int64) *Ticket {
 	if q.cfg.FIFO {
 		var first *Ticket
-		for _, c := range Classes {
+		for _, c := range allClasses {
 			if t := q.headLocked(c, nowNano); t != nil && (first == nil || t.seq < first.seq) {
 				first = t
 			}
@@ -461,20 +470,21 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 	}
 
 	var order [2 * numClasses]Class
-	n := 0
-	for _, c := range Classes {
+	owed := 0
+	for _, c := range allClasses {
 		if q.classes[c].credit >= 1 && q.classes[c].queued > 0 {
-			order[n] = c
-			n++
+			order[owed] = c
+			owed++
 		}
 	}
-	for _, c := range Classes {
+	n := owed
+	for _, c := range allClasses {
 		order[n] = c
 		n++
 	}
 	var seen [numClasses]bool
 	lowerBlocked := false
-	for _, c := range order[:n] {
+	for i, c := range order[:n] {
 		if seen[c] || c != Interactive && lowerBlocked {
 			continue
 		}
@@ -486,7 +496,7 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 		if !q.fitsPool(t) {
 			return nil
 		}
-		if c != Interactive && !q.fitsOutsideReserve(t) {
+		if c != Interactive && !(i < owed && q.lowerFits(t) || i >= owed && q.leavesReserve(t)) {
 			lowerBlocked = true
 			continue
 		}
@@ -498,7 +508,8 @@ func (q *Queue) nextLocked(nowNano int64) *Ticket {
 // grantLocked dispatches t: charges its flow, moves it from queued to in flight, settles the
 // starvation guard's credits and wakes its Wait. It does not allocate.
 func (q *Queue) grantLocked(t *Ticket, now time.Time) {
-	c, f := t.req.Class, t.flow
+	f := t.flow
+	c := f.class
 	cls := &q.classes[c]
 	if !q.cfg.FIFO {
 		for k := range q.classes {
@@ -530,8 +541,8 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 
 	t.state = stateDispatched
 	t.grant.Class = c
-	t.grant.Waited = now.Sub(t.enqueuedAt)
-	t.grant.dispatchedAt = now
+	t.grant.Waited = max(time.Duration(now.UnixNano()-t.enqueuedAt), 0)
+	t.grant.dispatchedAt = now.UnixNano()
 	q.m.wait[c].Observe(t.grant.Waited.Seconds())
 	q.m.dispatched[c].Inc()
 	close(t.ch)
@@ -543,7 +554,8 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	c, f := t.req.Class, t.flow
+	f := t.flow
+	c := f.class
 	cls := &q.classes[c]
 	q.inflightReq--
 	q.inflightTok -= t.cost
@@ -555,7 +567,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls.inflightTokens -= t.cost
 	f.inflight--
 	if !q.cfg.FIFO {
-		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.req.Weight - t.charge
+		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}
@@ -564,7 +576,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 		f.tenant.served.Add(float64(served))
 	}
 	if measured {
-		d := now.Sub(t.grant.dispatchedAt).Seconds()
+		d := max(time.Duration(now.UnixNano()-t.grant.dispatchedAt), 0).Seconds()
 		if q.serviceTime == 0 {
 			q.serviceTime = d
 		} else {

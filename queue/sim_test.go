@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -63,8 +65,8 @@ func (s *sim) collect() {
 			s.done = append(s.done, j)
 			return true
 		}
-		if j.req.Deadline != (time.Time{}) && now.After(j.req.Deadline) {
-			s.t.Errorf("dispatched at %v after its deadline %v", now, j.req.Deadline)
+		if !j.req.Deadline.IsZero() && !now.Before(j.req.Deadline) {
+			s.t.Errorf("dispatched at %v, at or after its deadline %v", now, j.req.Deadline)
 		}
 		j.dispatched, j.end = now, now.Add(j.service)
 		s.running = append(s.running, j)
@@ -174,7 +176,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 // slot-time interactive left unused that batch used, over the measured window.
 func protection(t *testing.T, cfg queue.Config, batch bool) (waits []time.Duration, batchUse float64) {
 	const slots = 20
-	cfg.MaxQueuedPerTenant = 2000
+	cfg.MaxQueuedPerTenant = 400
 	q, clk, _ := newQueue(t, cfg, queue.Capacity{Requests: slots})
 	s := newSim(t, q, clk)
 	rng := rand.New(rand.NewPCG(11, 13))
@@ -229,10 +231,11 @@ func protection(t *testing.T, cfg queue.Config, batch bool) (waits []time.Durati
 }
 
 // TestSimulationInteractiveProtectedUnderBatchFlood: with a batch tenant offering 3x capacity
-// in requests of 2s, interactive time to first token (queue wait + 100ms of prefill) stays
-// within a fraction of one batch request at p99, batch still uses at least 90% of the capacity
-// interactive leaves, a wider reserve buys interactive a lower p99 at some batch throughput,
-// and a plain FIFO queue shows what happens without all this.
+// in requests of 2s, interactive time to first token (queue wait + 100ms of prefill) with the
+// default reserve matches the no-batch run at p50 and stays within a fraction of one batch
+// request at p99 while batch uses at least 90% of the capacity interactive leaves; a reserve
+// sized to interactive's peaks (35%) brings p99 within 1.5x of the no-batch run at the cost of
+// batch throughput; a plain FIFO queue shows what happens without all this.
 func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 	const prefill = 100 * time.Millisecond
 	ttft := func(waits []time.Duration, p float64) time.Duration { return percentile(waits, p) + prefill }
@@ -245,17 +248,17 @@ func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 		ttft(alone, .5), ttft(alone, .99), ttft(def, .5), ttft(def, .99), 100*defUse,
 		ttft(wide, .5), ttft(wide, .99), 100*wideUse, ttft(fifo, .5), ttft(fifo, .99), 100*fifoUse)
 
-	if got := ttft(def, .99); got > time.Second {
-		t.Errorf("reserve 10%%: interactive p99 TTFT %v, want under 1s (half a batch request)", got)
+	if got := ttft(def, .99); got > 500*time.Millisecond {
+		t.Errorf("reserve 10%%: interactive p99 TTFT %v, want under 500ms (a quarter of a batch request)", got)
 	}
-	if got := ttft(def, .5); got > 2*ttft(alone, .5) {
-		t.Errorf("reserve 10%%: interactive p50 TTFT %v, want within 2x of the no-batch run (%v)", got, ttft(alone, .5))
+	if got, limit := ttft(def, .5), ttft(alone, .5)*3/2; got > limit {
+		t.Errorf("reserve 10%%: interactive p50 TTFT %v, want within 1.5x of the no-batch run (%v)", got, limit)
 	}
 	if defUse < 0.90 {
 		t.Errorf("reserve 10%%: batch used %.1f%% of the capacity interactive left, want at least 90%%", 100*defUse)
 	}
-	if got, than := ttft(wide, .99), ttft(def, .99); got >= than {
-		t.Errorf("reserve 35%%: interactive p99 TTFT %v, want below the 10%% reserve's %v", got, than)
+	if got, limit := ttft(wide, .99), ttft(alone, .99)*3/2; got > limit {
+		t.Errorf("reserve 35%%: interactive p99 TTFT %v, want within 1.5x of the no-batch run (%v)", got, limit)
 	}
 	if got, than := ttft(fifo, .5), 10*ttft(def, .99); got < than {
 		t.Errorf("FIFO interactive p50 TTFT %v, want far worse (>= %v) than the class queue's p99", got, than)
@@ -267,7 +270,7 @@ func TestSimulationInteractiveProtectedUnderBatchFlood(t *testing.T) {
 // fairness index of at least 0.95.
 func TestSimulationJainFairnessOfBackloggedTenants(t *testing.T) {
 	const slots = 16
-	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: slots, Tokens: 16 * 2000})
+	q, clk, _ := newQueue(t, queue.Config{MaxQueuedPerTenant: 200}, queue.Capacity{Requests: slots, Tokens: 16 * 2000})
 	s := newSim(t, q, clk)
 	rng := rand.New(rand.NewPCG(3, 4))
 	tenants := []string{"heavy", "a", "b", "c"}
@@ -310,5 +313,59 @@ func TestSimulationJainFairnessOfBackloggedTenants(t *testing.T) {
 	}
 	if worst < 0.95 {
 		t.Fatalf("worst Jain's index %.4f over 10s windows, want at least 0.95", worst)
+	}
+}
+
+// TestSimulationDeadlineBurst: a burst of four times what the pool can serve before the
+// deadlines, with deadlines from 0.5s to 5s. No request is dispatched after its deadline
+// (the fake fleet checks every dispatch), every request ends one way or another, most of
+// those that cannot make it are refused at arrival (at once: Enqueue never waits) rather
+// than expiring in the queue.
+func TestSimulationDeadlineBurst(t *testing.T) {
+	const slots = 10
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: slots})
+	s := newSim(t, q, clk)
+	rng := rand.New(rand.NewPCG(21, 22))
+	usage := queue.Usage{PromptTokens: 100, CompletionTokens: 100}
+	// Warm the service-time average: one round of 1s requests.
+	for range slots {
+		s.add(queue.Request{Tenant: "warm", MaxTokens: 100}, usage, time.Second)
+	}
+	for range slots {
+		s.step()
+	}
+	const burst = 200 // the pool serves ~10/s, so ~50 in 5s
+	now := clk.Now()
+	var jobs []*job
+	for i := range burst {
+		d := 500*time.Millisecond + time.Duration(rng.IntN(4500))*time.Millisecond
+		jobs = append(jobs, s.add(queue.Request{Tenant: fmt.Sprint("t", i%5), Class: queue.Class(i % 3), MaxTokens: 100,
+			Deadline: now.Add(d)}, usage, time.Duration(800+rng.IntN(400))*time.Millisecond))
+	}
+	for len(s.running) > 0 {
+		s.step()
+	}
+	var served, refused, expired int
+	for _, j := range jobs {
+		switch {
+		case j.g != nil:
+			served++
+		case errors.Is(j.err, queue.ErrDeadlineUnreachable):
+			refused++
+		case errors.Is(j.err, queue.ErrDeadlineExceeded):
+			expired++
+		default:
+			t.Fatalf("job ended with %v, want served, refused or expired", j.err)
+		}
+	}
+	t.Logf("burst of %d: %d served, %d refused at arrival, %d expired in the queue", burst, served, refused, expired)
+	if served+refused+expired != burst || len(s.pending) != 0 {
+		t.Fatalf("%d served + %d refused + %d expired, %d still pending, want %d ended", served, refused, expired, len(s.pending), burst)
+	}
+	if refused < 2*expired {
+		t.Fatalf("%d refused at arrival, %d expired in the queue, want most misses refused at arrival", refused, expired)
+	}
+	if served < 40 {
+		t.Fatalf("%d served, want the pool kept busy until the deadlines (about 50)", served)
 	}
 }

@@ -12,7 +12,7 @@ type Snapshot struct {
 	Capacity Capacity
 	// InFlight is what dispatched, not yet Done requests hold.
 	InFlight Capacity
-	// Reserve is what Standard and Batch together may never occupy.
+	// Reserve is what Standard and Batch leave free for arriving interactive requests.
 	Reserve Capacity
 	// Classes lists every class, highest first.
 	Classes []ClassSnapshot
@@ -66,13 +66,13 @@ func (q *Queue) Snapshot() Snapshot {
 	if q.cfg.FIFO {
 		s.Reserve = Capacity{}
 	}
-	for _, c := range Classes {
+	for _, c := range allClasses {
 		cls := &q.classes[c]
 		cs := ClassSnapshot{Class: c, Queued: cls.queued, QueuedTokens: cls.queuedTokens,
 			InFlight: cls.inflight, InFlightTokens: cls.inflightTokens, Dispatched: cls.dispatched,
 			GuardCredit: cls.credit}
 		if cls.head != nil {
-			cs.OldestWait = now.Sub(cls.head.enqueuedAt)
+			cs.OldestWait = time.Duration(now.UnixNano() - cls.head.enqueuedAt)
 		}
 		s.Classes = append(s.Classes, cs)
 	}

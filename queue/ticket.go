@@ -15,16 +15,19 @@ const (
 )
 
 // Ticket is an admitted request's place in the queue. Exactly one goroutine calls Wait, once.
+//
+// It is kept small and poor in pointers: a backlog of 100,000 of them is what the garbage
+// collector scans.
 type Ticket struct {
 	q          *Queue
-	req        Request // Weight already defaulted
-	cost       int64   // tokens held in flight: prompt + max output
-	charge     float64 // estimated fair-share charge: (prompt + 2 x output) / weight
-	deadline   int64   // unix nanoseconds; math.MaxInt64 when none
-	seq        uint64
-	enqueuedAt time.Time
-	flow       *flow
+	flow       *flow         // its tenant and class
 	ch         chan struct{} // closed when the ticket leaves the queue
+	cost       int64         // tokens held in flight: prompt + max output
+	charge     float64       // estimated fair-share charge: (prompt + 2 x output) / weight
+	weight     float64       // the request's weight, defaulted
+	deadline   int64         // unix nanoseconds; math.MaxInt64 when none
+	seq        uint64
+	enqueuedAt int64 // unix nanoseconds
 	grant      Grant
 
 	// Guarded by q.mu. err is written before ch is closed and read only after.
@@ -91,7 +94,7 @@ type Grant struct {
 	Waited time.Duration
 
 	t            *Ticket
-	dispatchedAt time.Time
+	dispatchedAt int64 // unix nanoseconds
 	done         atomic.Bool
 }
 

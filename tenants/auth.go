@@ -92,11 +92,11 @@ func checkShape(credential string) error {
 	return nil
 }
 
-// sum256 is sha256.Sum256 of s without allocating for credentials of usual length (a conversion
-// to []byte longer than 32 bytes would go to the heap).
+// sum256 is sha256.Sum256 of s without allocating for credentials up to 1 KiB, API keys and
+// usual JWTs (a conversion to []byte longer than 32 bytes would go to the heap).
 func sum256(s string) [sha256.Size]byte {
-	if len(s) <= 256 {
-		var b [256]byte
+	if len(s) <= 1024 {
+		var b [1024]byte
 		n := copy(b[:], s)
 		return sha256.Sum256(b[:n])
 	}

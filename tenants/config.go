@@ -25,6 +25,8 @@ type Config struct {
 	JWT JWTConfig `yaml:"jwt"`
 	// Limits configures how tier limits are enforced.
 	Limits LimitsConfig `yaml:"limits"`
+	// Admin configures the bootstrap admin token.
+	Admin AdminConfig `yaml:"admin"`
 }
 
 // DatabaseConfig names the SQL database of the Store.
@@ -110,6 +112,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.JWT.validate()...)
 	errs = append(errs, c.Limits.validate()...)
+	errs = append(errs, c.Admin.validate()...)
 	tiers := map[string]int{}
 	for i := range c.Tiers {
 		f := fmt.Sprintf("tiers[%d]", i)

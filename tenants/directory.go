@@ -48,18 +48,20 @@ type DirectoryOptions struct {
 // every PollInterval and reloading on announcements over Redis, and writes last-used times in
 // batches. Safe for concurrent use.
 type Directory struct {
-	tiers     map[string]*Tier
-	tierRank  map[string]int // position in Config.Tiers; 0 is the highest tier
-	tierList  []Tier
-	static    map[[sha256.Size]byte]staticKey
-	configIDs map[string]Tenant
-	store     *Store
-	redis     redis.UniversalClient
-	jwt       *JWTVerifier
-	logger    *slog.Logger
-	now       func() time.Time
-	poll      time.Duration
-	flush     time.Duration
+	tiers    map[string]*Tier
+	tierRank map[string]int // position in Config.Tiers; 0 is the highest tier
+	tierList []Tier
+	// defaultTier is the tier of a new tenant that names none.
+	defaultTier string
+	static      map[[sha256.Size]byte]staticKey
+	configIDs   map[string]Tenant
+	store       *Store
+	redis       redis.UniversalClient
+	jwt         *JWTVerifier
+	logger      *slog.Logger
+	now         func() time.Time
+	poll        time.Duration
+	flush       time.Duration
 
 	snap atomic.Pointer[snapshot]
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
@@ -89,7 +91,7 @@ var _ Authenticator = (*Directory)(nil)
 // not nil, loads the store once. Call Run to keep it fresh.
 func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
 	d := &Directory{
-		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers,
+		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers, defaultTier: cfg.DefaultTier,
 		configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
 		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval,
 	}
@@ -174,6 +176,7 @@ var (
 	errExpiredKey      = fmt.Errorf("expired api key: %w", ErrUnauthenticated)
 	errSuspendedTenant = fmt.Errorf("tenant suspended: %w", ErrUnauthenticated)
 	errUnknownTenant   = fmt.Errorf("unknown tenant: %w", ErrUnauthenticated)
+	errUndeclaredTier  = fmt.Errorf("tenant's tier not declared in the config: %w", ErrUnauthenticated)
 )
 
 func (d *Directory) authenticateStoredKey(credential string) (Principal, error) {
@@ -221,7 +224,7 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 	tier, ok := d.tiers[t.Tier]
 	if !ok {
 		// A stored tenant whose tier left the config file: refuse rather than guess limits.
-		return Principal{}, fmt.Errorf("tenant tier not declared: %w", ErrUnauthenticated)
+		return Principal{}, errUndeclaredTier
 	}
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
 }
@@ -320,17 +323,16 @@ func (d *Directory) Reload(ctx context.Context) error {
 }
 
 // Changed makes a change just written to the store effective: this replica reloads at once and
-// the others are told over Redis (when configured). A failure to announce is logged and counted;
-// the others then see the change at their next poll.
-func (d *Directory) Changed(ctx context.Context) error {
-	err := d.Reload(ctx)
+// the others are told over Redis (when configured). Failures are logged and counted, not
+// returned: the change is stored, and every replica sees it at its next poll.
+func (d *Directory) Changed(ctx context.Context) {
+	d.reloadLogged(ctx)
 	if d.redis != nil {
-		if perr := d.redis.Publish(ctx, ChangesChannel, "changed").Err(); perr != nil {
+		if err := d.redis.Publish(ctx, ChangesChannel, "changed").Err(); err != nil {
 			d.publishErrors.Inc()
-			d.logger.Warn("announce tenant change over redis", "err", perr)
+			d.logger.Warn("announce tenant change over redis", "err", err)
 		}
 	}
-	return err
 }
 
 // Run keeps the directory fresh until ctx ends: it polls the store's revision, listens for

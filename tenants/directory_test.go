@@ -3,6 +3,7 @@ package tenants
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"path/filepath"
@@ -103,7 +104,13 @@ func newDirectoryFixture(t testing.TB, s *Store, opts DirectoryOptions) *directo
 }
 
 func TestDirectoryAuthenticate(t *testing.T) {
-	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testDirectoryAuthenticate(t, d.open(t)) })
+	}
+}
+
+func testDirectoryAuthenticate(t *testing.T, s *Store) {
+	f := newDirectoryFixture(t, s, DirectoryOptions{})
 	ctx := context.Background()
 	f.clock.Advance(2 * time.Hour) // past the expiry of the "old" key
 	pro, _ := f.dir.Tier("pro")
@@ -231,9 +238,7 @@ func TestRevocationReachesEveryReplica(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			if err := a.dir.Changed(ctx); err != nil {
-				t.Fatal(err)
-			}
+			a.dir.Changed(ctx)
 			if _, err := a.dir.Authenticate(ctx, a.key); !errors.Is(err, errRevokedKey) {
 				t.Errorf("replica a: got %v, want revoked at once", err)
 			}
@@ -303,5 +308,108 @@ func BenchmarkDirectoryAuthenticateConfigKey(b *testing.B) {
 		if _, err := f.dir.Authenticate(ctx, "sk-config"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestNoSecretInLogsOrErrors drives refusals and store and Redis failures with a logger
+// capturing everything, then looks for any part of a secret in the log and the errors.
+func TestNoSecretInLogsOrErrors(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := newRedisClient(t, srv)
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{Redis: rdb})
+	l := NewLimiter(LimitsConfig{}, LimiterOptions{Redis: rdb, Logger: f.dir.logger})
+	ctx := context.Background()
+	secret := f.key[len(keyPrefix)+keyIDLen+1:]
+	var errs []string
+	for _, cred := range []string{f.key, f.key + "x", f.key[:len(f.key)-1] + "0", f.revoked, f.susKey, f.expired, "sk-config", "sk-configx", " " + f.key} {
+		if p, err := f.dir.Authenticate(ctx, cred); err != nil {
+			errs = append(errs, err.Error())
+		} else if _, err := f.dir.Authenticate(ctx, f.key); err == nil {
+			a, err := l.Admit(ctx, p, Demand{Model: "m"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv.Stop()
+			a.Done(1)
+			if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err != nil {
+				errs = append(errs, err.Error())
+			}
+			srv.Restart()
+		}
+	}
+	f.store.Close()
+	f.dir.FlushLastUsed(ctx)
+	f.dir.Changed(ctx)
+	logs := f.logs.String()
+	if !strings.Contains(logs, "last-used") || !strings.Contains(logs, "redis") {
+		t.Fatalf("logs %q: want the flush failure and the redis fallback logged", logs)
+	}
+	for _, s := range []string{secret[:16], secret[16:32], HashKey(secret)[:16], "sk-config"} {
+		if strings.Contains(logs, s) {
+			t.Errorf("logs contain %q:\n%s", s, logs)
+		}
+		for _, e := range errs {
+			if strings.Contains(e, s) {
+				t.Errorf("error %q contains %q", e, s)
+			}
+		}
+	}
+}
+
+func FuzzParseStoredKey(f *testing.F) {
+	f.Add("usk_0123456789ABC_" + strings.Repeat("z", secretLen))
+	f.Add("usk__")
+	f.Add("usk_" + strings.Repeat("_", storedKeyLen-4))
+	f.Fuzz(func(t *testing.T, s string) {
+		id, secret, ok := parseStoredKey(s)
+		if !ok {
+			return
+		}
+		if keyPrefix+id+"_"+secret != s || len(id) != keyIDLen || len(secret) != secretLen || strings.Contains(id+secret, "_") {
+			t.Fatalf("parseStoredKey(%q) = %q, %q: not a split of the key", s, id, secret)
+		}
+	})
+}
+
+func TestNewKeyString(t *testing.T) {
+	seen := map[string]bool{}
+	for range 100 {
+		id, secret, key, err := newKeyString(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotID, gotSecret, ok := parseStoredKey(key)
+		if !ok || gotID != id || gotSecret != secret {
+			t.Fatalf("key %q: parsed (%q, %q, %v), want (%q, %q, true)", key, gotID, gotSecret, ok, id, secret)
+		}
+		if seen[id] || seen[secret] {
+			t.Fatalf("key %q repeats an id or secret", key)
+		}
+		seen[id], seen[secret] = true, true
+	}
+	// All-ones bytes use the full width: the encoding never needs more digits than reserved.
+	ones := bytes.Repeat([]byte{0xff}, keyIDBytes+secretBytes)
+	if _, _, key, _ := newKeyString(bytes.NewReader(ones)); len(key) != storedKeyLen {
+		t.Errorf("got a key of %d characters, want %d", len(key), storedKeyLen)
+	}
+}
+
+func TestDirectoryWithoutStore(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := NewDirectory(ctx, testConfig(t), nil, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	if p, err := d.Authenticate(ctx, "sk-config"); err != nil || p.TenantID != "cfg" || p.TierSpec == nil {
+		t.Errorf("config key: got %+v, %v; want tenant cfg with its tier", p, err)
+	}
+	if _, err := d.Authenticate(ctx, "usk_0123456789ABC_"+strings.Repeat("z", secretLen)); !errors.Is(err, errUnknownCredential) {
+		t.Errorf("stored key without a store: got %v, want %v", err, errUnknownCredential)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: got %v, want nil", err)
 	}
 }

@@ -1,10 +1,21 @@
 // Package tenants knows who is calling and what they may do: tenants and their SLA tiers, API
-// keys (declared in the config file or kept in the SQL store), JWT verification, rate limits and
-// the audit log.
+// keys (declared in the config file or kept in the SQL store), JWT verification, rate limits,
+// the admin service and the audit log.
 //
-// The gateway calls an Authenticator with the credential from `Authorization: Bearer <credential>`
-// and gets a Principal (tenant and tier) or an error wrapping ErrUnauthenticated. Credentials are
-// secrets: no error, log line or metric label of this package ever contains one.
+// The parts, by file:
+//   - config.go, tier.go: Config (embedded inline in usher's YAML file) and the SLA tiers.
+//   - store.go, key.go: the SQL Store (SQLite or PostgreSQL, goose migrations handed in as an
+//     fs.FS) with tenants, keys `usk_<id>_<secret>` and the audit log.
+//   - directory.go: Directory, the Authenticator the gateway calls. It holds config tenants,
+//     stored tenants and keys in memory (no SQL on the request path) and keeps them fresh.
+//   - jwt.go: JWTVerifier, plugged into the Directory.
+//   - limits.go, limits.lua: Limiter, per-tenant rate, token and concurrency limits, local or
+//     shared through Redis.
+//   - admin.go: Admin, the admin service behind the gateway's /admin/api/v1 handlers.
+//   - static.go: Static, the config-keys-only Authenticator of the first gateway.
 //
-// The package imports no other package of the project; migrations come in as an fs.FS.
+// Credentials are secrets: no error, log line or metric label of this package contains one.
+// Every credential failure wraps ErrUnauthenticated.
+//
+// The package imports no other package of the project.
 package tenants

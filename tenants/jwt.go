@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -95,10 +97,16 @@ func (c JWTConfig) validate() []error {
 	return errs
 }
 
-// JWTVerifier verifies JWTs against the configured keys. Immutable; safe for concurrent use.
+// JWTVerifier verifies JWTs against the configured keys. A verified token is remembered until it
+// expires, so presenting it again costs a hash and a map lookup instead of a signature check.
+// Safe for concurrent use.
 type JWTVerifier struct {
 	parser      *jwt.Parser
 	algorithms  []string
+	now         func() time.Time
+	leeway      time.Duration
+	mu          sync.RWMutex // guards verified
+	verified    map[[sha256.Size]byte]verifiedToken
 	tenantClaim string
 	tierClaim   string
 	// keys by algorithm; a key only ever verifies the algorithm of its own type, so a token
@@ -120,11 +128,17 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 	if now == nil {
 		now = time.Now
 	}
-	v := &JWTVerifier{tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, keys: map[string][]verificationKey{}}
+	v := &JWTVerifier{
+		tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, keys: map[string][]verificationKey{},
+		now: now, leeway: c.Leeway, verified: map[[sha256.Size]byte]verifiedToken{},
+	}
 	add := func(id string, key crypto.PublicKey, field string) error {
 		alg := ""
 		switch k := key.(type) {
 		case *rsa.PublicKey:
+			if k.N.BitLen() < 2048 {
+				return fmt.Errorf("%s: RSA keys must have at least 2048 bits", field)
+			}
 			alg = "RS256"
 		case *ecdsa.PublicKey:
 			if k.Curve != elliptic.P256() {
@@ -304,23 +318,39 @@ func (v *JWTVerifier) keyfunc(t *jwt.Token) (any, error) {
 	return set, nil
 }
 
+// verifiedToken is what a verified token says, kept so the same token presented again skips the
+// signature check. Tenant status and tier are resolved again on every use.
+type verifiedToken struct {
+	tenantID string
+	tier     string // the tier claim; hasTier false when absent
+	hasTier  bool
+	keyID    string
+	until    time.Time // exp plus leeway
+}
+
+// maxVerifiedTokens bounds the cache; when full it is emptied (an attacker can only make
+// verifications slower, never wrong).
+const maxVerifiedTokens = 10_000
+
 // authenticate verifies token and resolves its tenant and tier through d.
 func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error) {
-	claims := jwt.MapClaims{}
-	parsed, err := v.parser.ParseWithClaims(token, claims, v.keyfunc)
-	if err != nil || !parsed.Valid {
-		if parsed != nil {
-			if alg, _ := parsed.Header["alg"].(string); !slices.Contains(v.algorithms, alg) {
-				return Principal{}, errTokenAlgorithm
-			}
+	h := sum256(token)
+	v.mu.RLock()
+	vt, hit := v.verified[h]
+	v.mu.RUnlock()
+	if !hit || !v.now().Before(vt.until) {
+		var err error
+		if vt, err = v.verify(token); err != nil {
+			return Principal{}, err
 		}
-		return Principal{}, jwtRefusal(err)
+		v.mu.Lock()
+		if len(v.verified) >= maxVerifiedTokens {
+			clear(v.verified)
+		}
+		v.verified[h] = vt
+		v.mu.Unlock()
 	}
-	tenantID, _ := claims[v.tenantClaim].(string)
-	if tenantID == "" {
-		return Principal{}, errTokenNoTenant
-	}
-	t, ok := d.Tenant(tenantID)
+	t, ok := d.Tenant(vt.tenantID)
 	if !ok {
 		return Principal{}, errUnknownTenant
 	}
@@ -328,19 +358,46 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 	if err != nil {
 		return Principal{}, err
 	}
-	if raw, present := claims[v.tierClaim]; present {
-		tier, _ := raw.(string)
-		spec, known := d.Tier(tier)
-		if !known || !d.atOrBelow(tier, t.Tier) {
+	if vt.hasTier {
+		spec, known := d.Tier(vt.tier)
+		if !known || !d.atOrBelow(vt.tier, t.Tier) {
 			return Principal{}, errTokenTier
 		}
-		p.Tier, p.TierSpec = tier, spec
+		p.Tier, p.TierSpec = vt.tier, spec
 	}
-	p.KeyID = "jwt"
-	if kid, _ := parsed.Header["kid"].(string); kid != "" && len(kid) <= 64 && idPattern.MatchString(kid) {
-		p.KeyID = "jwt:" + kid
-	}
+	p.KeyID = vt.keyID
 	return p, nil
+}
+
+// verify checks the token's signature and claims.
+func (v *JWTVerifier) verify(token string) (verifiedToken, error) {
+	claims := jwt.MapClaims{}
+	parsed, err := v.parser.ParseWithClaims(token, claims, v.keyfunc)
+	if err != nil || !parsed.Valid {
+		if parsed != nil {
+			if alg, _ := parsed.Header["alg"].(string); !slices.Contains(v.algorithms, alg) {
+				return verifiedToken{}, errTokenAlgorithm
+			}
+		}
+		return verifiedToken{}, jwtRefusal(err)
+	}
+	exp, err := claims.GetExpirationTime()
+	if err != nil || exp == nil {
+		return verifiedToken{}, errTokenClaimGone
+	}
+	vt := verifiedToken{keyID: "jwt", until: exp.Add(v.leeway)}
+	vt.tenantID, _ = claims[v.tenantClaim].(string)
+	if vt.tenantID == "" {
+		return verifiedToken{}, errTokenNoTenant
+	}
+	var raw any
+	if raw, vt.hasTier = claims[v.tierClaim]; vt.hasTier {
+		vt.tier, _ = raw.(string)
+	}
+	if kid, _ := parsed.Header["kid"].(string); kid != "" && idPattern.MatchString(kid) {
+		vt.keyID = "jwt:" + kid
+	}
+	return vt, nil
 }
 
 func jwtRefusal(err error) error {

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,8 +112,11 @@ func jwtFixture(t testing.TB) (*directoryFixture, jwtKeys) {
 func writeJWKS(t testing.TB, path string, ec *ecdsa.PublicKey) {
 	t.Helper()
 	b64 := func(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
-	pad := func(n *big.Int) []byte { b := make([]byte, 32); return n.FillBytes(b) }
-	set := map[string]any{"keys": []map[string]string{{"kty": "EC", "crv": "P-256", "kid": "ec1", "x": b64(pad(ec.X)), "y": b64(pad(ec.Y))}}}
+	raw, err := ec.Bytes() // 0x04 || X || Y
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]any{"keys": []map[string]string{{"kty": "EC", "crv": "P-256", "kid": "ec1", "x": b64(raw[1:33]), "y": b64(raw[33:])}}}
 	b, _ := json.Marshal(set)
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -204,6 +206,39 @@ func TestJWTAuthenticate(t *testing.T) {
 	}
 }
 
+// TestJWTRememberedTokens: a token verified once is still refused once it expires, and its
+// tenant's suspension applies at once.
+func TestJWTRememberedTokens(t *testing.T) {
+	f, _ := jwtFixture(t)
+	ctx := context.Background()
+	a, err := NewAdmin(AdminConfig{}, f.store, f.dir, f.clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := sign(t, jwt.SigningMethodHS256, []byte(testHS256Secret), "", jwt.MapClaims{
+		"sub": "acme", "iss": "https://idp.example", "aud": "usher", "exp": f.clock.Now().Add(time.Minute).Unix(),
+	})
+	if _, err := f.dir.Authenticate(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SuspendTenant(ctx, Actor{Name: "admin", Admin: true}, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, tok); !errors.Is(err, errSuspendedTenant) {
+		t.Errorf("suspended: got %v, want %v", err, errSuspendedTenant)
+	}
+	if err := a.ResumeTenant(ctx, Actor{Name: "admin", Admin: true}, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, tok); err != nil {
+		t.Errorf("resumed: got %v, want accepted", err)
+	}
+	f.clock.Advance(time.Minute)
+	if _, err := f.dir.Authenticate(ctx, tok); !errors.Is(err, errTokenExpired) {
+		t.Errorf("after exp: got %v, want %v", err, errTokenExpired)
+	}
+}
+
 func TestJWTConfusionWhenOnlyRS256IsAllowed(t *testing.T) {
 	k := keys(t)
 	pub := publicPEM(t, &k.rsa.PublicKey)
@@ -245,6 +280,13 @@ func TestJWTConfigValidate(t *testing.T) {
 	if _, err := NewJWTVerifier(JWTConfig{Algorithms: []string{"ES256"}, HS256Secret: testHS256Secret}, nil); err == nil || !strings.Contains(err.Error(), "ES256 is allowed but no ES256 key") {
 		t.Errorf("got %v, want an error about the missing ES256 key", err)
 	}
+	weak, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewJWTVerifier(JWTConfig{Algorithms: []string{"RS256"}, PublicKeys: []JWTKey{{PEM: publicPEM(t, &weak.PublicKey)}}}, nil); err == nil || !strings.Contains(err.Error(), "jwt.public_keys[0]: RSA keys must have at least 2048 bits") {
+		t.Errorf("got %v, want a refusal of the 1024-bit key", err)
+	}
 	if _, err := NewJWTVerifier(JWTConfig{Algorithms: []string{"RS256"}, PublicKeys: []JWTKey{{PEM: "not pem"}}}, nil); err == nil || !strings.Contains(err.Error(), "jwt.public_keys[0]") {
 		t.Errorf("got %v, want an error naming jwt.public_keys[0]", err)
 	}
@@ -262,10 +304,22 @@ func BenchmarkJWTAuthenticate(b *testing.B) {
 		{"ES256", sign(b, jwt.SigningMethodES256, k.ec, "ec1", claims)},
 		{"EdDSA", sign(b, jwt.SigningMethodEdDSA, k.ed, "", claims)},
 	} {
-		b.Run(tt.name, func(b *testing.B) {
+		b.Run(tt.name+"/cached", func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
+				if _, err := f.dir.Authenticate(ctx, tt.token); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tt.name+"/verified", func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				f.dir.jwt.mu.Lock()
+				clear(f.dir.jwt.verified)
+				f.dir.jwt.mu.Unlock()
 				if _, err := f.dir.Authenticate(ctx, tt.token); err != nil {
 					b.Fatal(err)
 				}
@@ -304,4 +358,32 @@ func FuzzDirectoryAuthenticate(f *testing.F) {
 			t.Fatalf("error %q contains the credential", err)
 		}
 	})
+}
+
+func TestParseJWKS(t *testing.T) {
+	k := keys(t)
+	b64 := base64.RawURLEncoding.EncodeToString
+	rsaJWK := `{"kty":"RSA","kid":"r","n":"` + b64(k.rsa.N.Bytes()) + `","e":"AQAB"}`
+	edJWK := `{"kty":"OKP","crv":"Ed25519","kid":"e","x":"` + b64(k.ed.Public().(ed25519.PublicKey)) + `"}`
+	got, err := parseJWKS([]byte(`{"keys":[` + rsaJWK + `,` + edJWK + `]}`))
+	if err != nil || len(got) != 2 {
+		t.Fatalf("got %v, %v; want two keys", got, err)
+	}
+	if pub, ok := got[0].key.(*rsa.PublicKey); !ok || !pub.Equal(&k.rsa.PublicKey) || got[0].id != "r" {
+		t.Errorf("RSA: got %+v, want the test key with kid r", got[0])
+	}
+	if pub, ok := got[1].key.(ed25519.PublicKey); !ok || !pub.Equal(k.ed.Public()) || got[1].id != "e" {
+		t.Errorf("Ed25519: got %+v, want the test key with kid e", got[1])
+	}
+	for _, bad := range []string{
+		`not json`,
+		`{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}`,
+		`{"keys":[{"kty":"RSA","n":"!!","e":"AQAB"}]}`,
+		`{"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]}`,
+		`{"keys":[{"kty":"OKP","crv":"Ed25519","x":"AA"}]}`,
+	} {
+		if _, err := parseJWKS([]byte(bad)); err == nil {
+			t.Errorf("%s: got no error, want a refusal", bad)
+		}
+	}
 }

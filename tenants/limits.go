@@ -216,7 +216,7 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission,
 	if out <= 0 {
 		out = tier.ExpectedOutputTokens
 	}
-	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, reserved: d.PromptTokens + out}
+	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, reserved: max(d.PromptTokens, 0) + out}
 	var err error
 	if l.redis != nil {
 		var handled bool
@@ -375,6 +375,9 @@ func (l *Limiter) admitRedis(ctx context.Context, a *Admission) (handled bool, e
 	defer cancel()
 	res, err := limitsScript.Run(ctx, l.redis, []string{l.cfg.RedisPrefix + a.tenantID},
 		"admit", now.UnixMilli(), t.RequestsPerMinute, t.TokensPerMinute, t.MaxConcurrent, a.reserved, 0).Int64Slice()
+	if err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true, ctx.Err() // the request itself was cancelled; nothing to decide
+	}
 	if err != nil || len(res) != 4 {
 		l.redisFallbacks.Inc()
 		l.logger.Warn("rate limiter: redis failed, deciding locally", "tenant", a.tenantID, "err", err)

@@ -74,12 +74,14 @@ type APIKey struct {
 
 // AuditEntry is one line of the audit log.
 type AuditEntry struct {
-	ID      string    `json:"id"`
-	At      time.Time `json:"at"`
-	Actor   string    `json:"actor"`
-	Action  string    `json:"action"` // for example "tenant.create", "key.revoke"
-	Object  string    `json:"object"` // for example "tenant:acme", "key:AbC123"
-	Details string    `json:"details"`
+	ID     string    `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Action string    `json:"action"` // for example "tenant.create", "key.revoke"
+	Object string    `json:"object"` // for example "tenant:acme", "key:AbC123"
+	// TenantID is the tenant the object belongs to.
+	TenantID string `json:"tenant_id"`
+	Details  string `json:"details"`
 }
 
 // Open connects to the database named by url and returns a Store; it does not migrate (call
@@ -197,7 +199,7 @@ func (s *Store) q(query string) string {
 }
 
 // change runs fn in a transaction that also bumps the revision and writes an audit entry.
-func (s *Store) change(ctx context.Context, actor, action, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
+func (s *Store) change(ctx context.Context, actor, action, tenantID, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
 	now := s.now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -210,13 +212,13 @@ func (s *Store) change(ctx context.Context, actor, action, object string, detail
 	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
 		return fmt.Errorf("bump revision: %w", err)
 	}
-	if err := s.audit(ctx, tx, now, actor, action, object, details); err != nil {
+	if err := s.audit(ctx, tx, now, actor, action, tenantID, object, details); err != nil {
 		return err
 	}
 	return tx.Commit()
 }
 
-func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, action, object string, details any) error {
+func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, action, tenantID, object string, details any) error {
 	d, err := json.Marshal(details)
 	if err != nil {
 		return fmt.Errorf("audit details: %w", err)
@@ -226,8 +228,8 @@ func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, act
 		return fmt.Errorf("audit id: %w", err)
 	}
 	id := fmt.Sprintf("%016x%012x%s", now.UnixMilli(), s.auditSeq.Add(1), hex.EncodeToString(r[:]))
-	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO audit_log (id, at_ms, actor, action, object, details) VALUES (?, ?, ?, ?, ?, ?)`),
-		id, now.UnixMilli(), actor, action, object, string(d))
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO audit_log (id, at_ms, actor, action, tenant_id, object, details) VALUES (?, ?, ?, ?, ?, ?, ?)`),
+		id, now.UnixMilli(), actor, action, tenantID, object, string(d))
 	if err != nil {
 		return fmt.Errorf("write audit log: %w", err)
 	}
@@ -249,7 +251,7 @@ func (s *Store) CreateTenant(ctx context.Context, actor string, t Tenant) (Tenan
 	if t.Status == "" {
 		t.Status = StatusActive
 	}
-	err := s.change(ctx, actor, "tenant.create", "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier, "status": t.Status},
+	err := s.change(ctx, actor, "tenant.create", t.ID, "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier, "status": t.Status},
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
 			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), t.ID).Scan(&n); err != nil {
@@ -271,7 +273,7 @@ func (s *Store) CreateTenant(ctx context.Context, actor string, t Tenant) (Tenan
 
 // UpdateTenant changes the name and tier of tenant t.ID. ErrNotFound when it does not exist.
 func (s *Store) UpdateTenant(ctx context.Context, actor string, t Tenant) error {
-	err := s.change(ctx, actor, "tenant.update", "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier},
+	err := s.change(ctx, actor, "tenant.update", t.ID, "tenant:"+t.ID, map[string]string{"name": t.Name, "tier": t.Tier},
 		func(tx *sql.Tx, now time.Time) error {
 			return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE tenants SET name = ?, tier = ?, updated_at_ms = ? WHERE id = ?`), t.Name, t.Tier, now.UnixMilli(), t.ID))
 		})
@@ -287,7 +289,7 @@ func (s *Store) SetTenantStatus(ctx context.Context, actor, id, status string) e
 	if status == StatusSuspended {
 		action = "tenant.suspend"
 	}
-	err := s.change(ctx, actor, action, "tenant:"+id, nil, func(tx *sql.Tx, now time.Time) error {
+	err := s.change(ctx, actor, action, id, "tenant:"+id, nil, func(tx *sql.Tx, now time.Time) error {
 		return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE tenants SET status = ?, updated_at_ms = ? WHERE id = ?`), status, now.UnixMilli(), id))
 	})
 	if err != nil {
@@ -298,7 +300,7 @@ func (s *Store) SetTenantStatus(ctx context.Context, actor, id, status string) e
 
 // DeleteTenant removes a tenant and its keys. The audit log keeps their history.
 func (s *Store) DeleteTenant(ctx context.Context, actor, id string) error {
-	err := s.change(ctx, actor, "tenant.delete", "tenant:"+id, nil, func(tx *sql.Tx, _ time.Time) error {
+	err := s.change(ctx, actor, "tenant.delete", id, "tenant:"+id, nil, func(tx *sql.Tx, _ time.Time) error {
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM api_keys WHERE tenant_id = ?`), id); err != nil {
 			return err
 		}
@@ -375,7 +377,7 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, exp
 		return APIKey{}, "", err
 	}
 	k := APIKey{ID: id, TenantID: tenantID, Name: name, Expires: expires}
-	err = s.change(ctx, actor, "key.create", "key:"+id, map[string]any{"tenant": tenantID, "name": name, "expires": expires},
+	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, map[string]any{"name": name, "expires": expires},
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
 			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), tenantID).Scan(&n); err != nil {
@@ -398,7 +400,7 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, exp
 // RevokeKey revokes key id of tenant tenantID at once; revoking twice keeps the first time.
 // ErrNotFound when the tenant has no such key.
 func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error {
-	err := s.change(ctx, actor, "key.revoke", "key:"+id, map[string]string{"tenant": tenantID}, func(tx *sql.Tx, now time.Time) error {
+	err := s.change(ctx, actor, "key.revoke", tenantID, "key:"+id, nil, func(tx *sql.Tx, now time.Time) error {
 		return exactlyOne(tx.ExecContext(ctx, s.q(`UPDATE api_keys SET revoked_at_ms = COALESCE(revoked_at_ms, ?) WHERE id = ? AND tenant_id = ?`), now.UnixMilli(), id, tenantID))
 	})
 	if err != nil {
@@ -469,6 +471,8 @@ func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error 
 type AuditQuery struct {
 	Actor  string
 	Object string // exact, for example "tenant:acme"
+	// TenantID selects the entries about one tenant and its keys.
+	TenantID string
 	// Before is the cursor of the next page: the NextBefore of the previous page.
 	Before string
 	// Limit is the page size: default 50, at most 500.
@@ -487,11 +491,15 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		aq.Limit = 50
 	}
 	aq.Limit = min(aq.Limit, 500)
-	query := `SELECT id, at_ms, actor, action, object, details FROM audit_log WHERE 1 = 1`
+	query := `SELECT id, at_ms, actor, action, tenant_id, object, details FROM audit_log WHERE 1 = 1`
 	var args []any
 	if aq.Actor != "" {
 		query += ` AND actor = ?`
 		args = append(args, aq.Actor)
+	}
+	if aq.TenantID != "" {
+		query += ` AND tenant_id = ?`
+		args = append(args, aq.TenantID)
 	}
 	if aq.Object != "" {
 		query += ` AND object = ?`
@@ -512,7 +520,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 	for rows.Next() {
 		var e AuditEntry
 		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.Object, &e.Details); err != nil {
+		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.TenantID, &e.Object, &e.Details); err != nil {
 			return AuditPage{}, fmt.Errorf("query audit log: %w", err)
 		}
 		e.At = time.UnixMilli(at)

@@ -206,6 +206,17 @@ func testStoreTenants(t *testing.T, s *Store) {
 	if got, want := strings.Join(actions, ","), "admin tenant.delete,ops tenant.suspend,admin tenant.update,admin tenant.create"; got != want {
 		t.Errorf("audit: got %s, want %s", got, want)
 	}
+	page, err = s.Audit(ctx, AuditQuery{TenantID: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actions = nil
+	for _, e := range page.Entries {
+		actions = append(actions, e.Action)
+	}
+	if got, want := strings.Join(actions, ","), "tenant.delete,key.create,tenant.suspend,tenant.update,tenant.create"; got != want {
+		t.Errorf("audit of tenant acme: got %s, want %s", got, want)
+	}
 }
 
 func testStoreKeys(t *testing.T, s *Store) {

@@ -108,18 +108,24 @@ func (t *Tier) validate(f string) []error {
 	if t.Weight < 0 {
 		bad("weight", "must be positive")
 	}
-	for name, v := range map[string]int64{
-		"requests_per_minute": t.RequestsPerMinute, "tokens_per_minute": t.TokensPerMinute,
-		"max_concurrent": t.MaxConcurrent, "max_queued": t.MaxQueued,
-		"max_prompt_tokens": t.MaxPromptTokens, "expected_output_tokens": t.ExpectedOutputTokens,
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"requests_per_minute", t.RequestsPerMinute}, {"tokens_per_minute", t.TokensPerMinute},
+		{"max_concurrent", t.MaxConcurrent}, {"max_queued", t.MaxQueued},
+		{"max_prompt_tokens", t.MaxPromptTokens}, {"expected_output_tokens", t.ExpectedOutputTokens},
 	} {
-		if v < 0 {
-			bad(name, "must not be negative (0 means unlimited)")
+		if f.v < 0 {
+			bad(f.name, "must not be negative (0 means unlimited)")
 		}
 	}
-	for name, d := range map[string]time.Duration{"interactive": t.Deadlines.Interactive, "standard": t.Deadlines.Standard, "batch": t.Deadlines.Batch} {
-		if d < 0 {
-			bad("deadlines."+name, "must be positive")
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"interactive", t.Deadlines.Interactive}, {"standard", t.Deadlines.Standard}, {"batch", t.Deadlines.Batch}} {
+		if f.d < 0 {
+			bad("deadlines."+f.name, "must be positive")
 		}
 	}
 	for i, m := range t.Models {

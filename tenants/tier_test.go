@@ -92,7 +92,7 @@ func TestTierClass(t *testing.T) {
 }
 
 func TestExampleTiers(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "deploy", "tiers.example.yaml"))
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "usher.example.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

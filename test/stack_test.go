@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -90,7 +91,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		o.server(&gcfg)
 	}
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg})
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg, Admins: testAdmins{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +99,36 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s
+}
+
+const adminToken = "e2e-admin-token"
+
+// testAdmins accepts adminToken.
+type testAdmins struct{}
+
+func (testAdmins) AuthenticateActor(_ context.Context, cred string) (tenants.Actor, error) {
+	if cred != adminToken {
+		return tenants.Actor{}, tenants.ErrUnauthenticated
+	}
+	return tenants.Actor{Name: "e2e-admin", Admin: true}, nil
+}
+
+// admin calls the admin API and decodes the JSON answer into out (when not nil).
+func (s *stack) admin(t *testing.T, method, path string, out any) int {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url+"/admin/api/v1"+path, nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+	}
+	return resp.StatusCode
 }
 
 // engine returns the engine behind the worker id.

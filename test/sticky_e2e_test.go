@@ -72,7 +72,13 @@ func (r *replica) session(t *testing.T, id string) string {
 	return resp.Header.Get("X-Usher-Worker")
 }
 
-func TestStickySessionsAcrossReplicasWithFailoverAndRedisLoss(t *testing.T) {
+func TestPinnedRoutingAcrossReplicasWithFailoverAndRedisLoss(t *testing.T) {
+	for _, policy := range []string{"sticky_session", "manual"} {
+		t.Run(policy, func(t *testing.T) { testPinnedRouting(t, policy) })
+	}
+}
+
+func testPinnedRouting(t *testing.T, policy string) {
 	rs := redistest.Start(t)
 	var specs []routing.WorkerSpec
 	engines := map[string]*sim.Engine{}
@@ -86,8 +92,8 @@ func TestStickySessionsAcrossReplicasWithFailoverAndRedisLoss(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	a := startReplica(t, specs, "sticky_session", rdb)
-	b := startReplica(t, specs, "sticky_session", rdb)
+	a := startReplica(t, specs, policy, rdb)
+	b := startReplica(t, specs, policy, rdb)
 
 	sessions := make([]string, 12)
 	pinned := map[string]string{}

@@ -40,6 +40,25 @@ func TestLoadConfigFiles(t *testing.T) {
 	}
 }
 
+func TestExampleConfigIsValid(t *testing.T) {
+	lookup := func(k string) (string, bool) {
+		if k == "USHER_ADMIN_TOKEN" {
+			return "an-admin-token-of-24-characters", true
+		}
+		return "", false
+	}
+	cfg, err := loadConfig(filepath.Join("..", "..", "deploy", "usher.example.yaml"), lookup)
+	if err != nil {
+		t.Fatalf("deploy/usher.example.yaml: %v", err)
+	}
+	if got := cfg.Tenants.Admin.Token; got != "an-admin-token-of-24-characters" {
+		t.Errorf("admin.token from USHER_ADMIN_TOKEN: got %q", got)
+	}
+	if got, want := len(cfg.Tenants.Tiers), 4; got != want {
+		t.Errorf("tiers: got %d, want %d", got, want)
+	}
+}
+
 func TestLoadConfigDefaultsAndValues(t *testing.T) {
 	cfg, err := loadConfig(filepath.Join("testdata", "config", "good_full.yaml"), noEnv)
 	if err != nil {

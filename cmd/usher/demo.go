@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -72,21 +73,30 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		})
 	}
 	key := "sk-usher-demo-" + rand.Text()
+	adminToken := "usher-admin-" + rand.Text()
+	dataDir, err := os.MkdirTemp("", "usher-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dataDir)
 	cfg := Config{
 		Server:  gateway.Config{Listen: listen},
 		Routing: routing.Config{Workers: specs, Policy: "least_request"},
 		Tenants: tenants.Config{Tenants: []tenants.TenantSpec{{
 			ID: "demo", Name: "Demo tenant",
 			Keys: []tenants.KeySpec{{Name: "demo", SHA256: tenants.HashKey(key)}},
-		}}},
+		}},
+			Database: tenants.DatabaseConfig{URL: "sqlite:" + filepath.Join(dataDir, "usher.db")},
+			Admin:    tenants.AdminConfig{Token: adminToken},
+		},
 		Log: LogConfig{Level: "info", Format: "text"},
 	}
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	err := serve(ctx, cfg, logger, func(addr net.Addr) {
-		printBanner(out, addr.String(), key, n)
+	err = serve(ctx, cfg, logger, func(addr net.Addr) {
+		printBanner(out, addr.String(), key, adminToken, n)
 	})
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -94,7 +104,7 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	return err
 }
 
-func printBanner(out io.Writer, addr, key string, workers int) {
+func printBanner(out io.Writer, addr, key, adminToken string, workers int) {
 	base := "http://" + addr
 	fmt.Fprintf(out, `
 usher demo: gateway on %[1]s, %[3]d simulated workers serving model %[4]q, tenant "demo".
@@ -106,8 +116,10 @@ OPENAI_API_KEY=%[2]s
 Try a streamed chat completion:
   curl -N %[1]s/v1/chat/completions -H "Authorization: Bearer %[2]s" -H "Content-Type: application/json" -d '{"model":"%[4]s","stream":true,"messages":[{"role":"user","content":"Hello, usher!"}]}'
 
+Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  token: %[5]s
+  curl %[1]s/admin/api/v1/workers -H "Authorization: Bearer %[5]s"
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz
 Ctrl-C stops everything.
 
-`, base, key, workers, demoModel)
+`, base, key, workers, demoModel, adminToken)
 }

@@ -6,6 +6,7 @@
 //	usher demo                  the gateway with three simulated workers and a demo tenant
 //	usher sim --listen ADDR     a simulated OpenAI-compatible inference worker
 //	usher bench --url URL       an open-loop load generator for OpenAI-compatible endpoints
+//	usher migrate up|status     apply or list the tenant database's migrations
 //	usher keyhash               print the SHA-256 of an API key read from stdin (for config files)
 package main
 
@@ -28,6 +29,7 @@ commands:
   demo      run the gateway with three simulated workers and a demo tenant
   sim       run a simulated OpenAI-compatible inference worker
   bench     run an open-loop load test against an OpenAI-compatible endpoint
+  migrate   apply (up) or list (status) the tenant database's migrations
   keyhash   print the SHA-256 of an API key read from stdin
 
 Run 'usher <command> -h' for the flags of a command.
@@ -49,6 +51,8 @@ func main() {
 		code = runSim(args)
 	case "bench":
 		code = runBench(args)
+	case "migrate":
+		code = runMigrate(args, os.Stdout)
 	case "keyhash":
 		code = runKeyhash(args, os.Stdin, os.Stdout)
 	case "-h", "--help", "help":

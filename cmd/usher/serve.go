@@ -50,25 +50,31 @@ func runServe(args []string) int {
 	return exitOK
 }
 
-// serve runs the gateway described by cfg until ctx ends, then shuts down in order:
+// serve runs the gateway described by cfg until ctx ends: it migrates the tenant store, builds
+// the parts and serves; then it shuts down in order:
 //  1. /readyz turns 503 and queued requests leave with 503 and Retry-After (BeginShutdown);
 //  2. the listener closes and in-flight requests run to completion, up to server.shutdown_grace,
 //     after which the remaining connections are closed;
-//  3. the worker pool's health checks and the gateway's capacity refresh stop.
+//  3. the worker pool's health checks, the gateway's capacity refresh and the tenant directory's
+//     refresh stop (the directory writes its last batch of key last-used times), then the
+//     store and Redis close.
 //
 // ready is called with the listening address once requests are accepted.
 func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.Addr)) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	popts := routing.Options{Logger: logger, Registerer: reg}
+	var rdb *redis.Client
 	if cfg.Redis.URL != "" {
 		ropts, err := redis.ParseURL(cfg.Redis.URL)
 		if err != nil {
 			return fmt.Errorf("redis.url: %w", err)
 		}
-		rdb := redis.NewClient(ropts)
+		rdb = redis.NewClient(ropts)
 		defer rdb.Close()
+	}
+	popts := routing.Options{Logger: logger, Registerer: reg}
+	if rdb != nil {
 		store := routing.NewRedisStore(rdb)
 		popts.Pins, popts.Drains = store, store
 	}
@@ -76,12 +82,33 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 	if err != nil {
 		return fmt.Errorf("worker pool: %w", err)
 	}
-	auth, err := tenants.NewStatic(cfg.Tenants.Tenants)
+
+	store, err := openStore(ctx, cfg.Tenants.Database.URL)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	jwt, err := tenants.NewJWTVerifier(cfg.Tenants.JWT, nil)
+	if err != nil {
+		return fmt.Errorf("jwt: %w", err)
+	}
+	dopts := tenants.DirectoryOptions{JWT: jwt, Logger: logger, Registerer: reg}
+	lopts := tenants.LimiterOptions{Logger: logger, Registerer: reg}
+	if rdb != nil {
+		dopts.Redis, lopts.Redis = rdb, rdb
+	}
+	directory, err := tenants.NewDirectory(ctx, cfg.Tenants, store, dopts)
 	if err != nil {
 		return fmt.Errorf("tenants: %w", err)
 	}
+	admin, err := tenants.NewAdmin(cfg.Tenants.Admin, store, directory, nil)
+	if err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
 	gw, err := gateway.New(cfg.Server, gateway.Deps{
-		Pool: pool, Auth: auth, Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
+		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
+		Admins: admin, Tenants: admin,
+		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 	})
 	if err != nil {
 		return err
@@ -102,6 +129,11 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 	var background sync.WaitGroup
 	background.Go(func() { pool.Run(bgCtx) })
 	background.Go(func() { gw.Run(bgCtx) })
+	background.Go(func() {
+		if err := directory.Run(bgCtx); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error("tenant directory stopped", "err", err)
+		}
+	})
 	defer func() {
 		stopBackground()
 		background.Wait()

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/usherllm/usher/migrations"
+	"github.com/usherllm/usher/tenants"
+)
+
+// openStore opens the tenant store at url and brings its schema up to date; serve does this
+// at every start, so `usher migrate up` is only needed to migrate ahead of a rollout.
+func openStore(ctx context.Context, url string) (*tenants.Store, error) {
+	store, err := tenants.Open(ctx, url, migrations.FS)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	if err := store.MigrateUp(ctx); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("database migrations: %w", err)
+	}
+	return store, nil
+}
+
+// runMigrate is `usher migrate up|status --config FILE`.
+func runMigrate(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("usher migrate", flag.ContinueOnError)
+	configPath := fs.String("config", os.Getenv("USHER_CONFIG"), "configuration `file` (YAML); its database.url is migrated")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: usher migrate up|status --config FILE")
+		fs.PrintDefaults()
+	}
+	if len(args) == 0 || (args[0] != "up" && args[0] != "status") {
+		fs.Usage()
+		return exitUsage
+	}
+	verb := args[0]
+	if err := fs.Parse(args[1:]); err != nil {
+		return exitUsage
+	}
+	if *configPath == "" {
+		fmt.Fprintln(os.Stderr, "usher migrate: --config FILE is required")
+		return exitUsage
+	}
+	cfg, err := loadConfig(*configPath, lookupEnv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "usher migrate: config %s:\n%s\n", *configPath, indent(err.Error()))
+		return exitUsage
+	}
+	ctx := context.Background()
+	store, err := tenants.Open(ctx, cfg.Tenants.Database.URL, migrations.FS)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "usher migrate: database: %v\n", err)
+		return exitFailure
+	}
+	defer store.Close()
+	if verb == "up" {
+		if err := store.MigrateUp(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "usher migrate up: %v\n", err)
+			return exitFailure
+		}
+	}
+	if err := store.MigrateStatus(ctx, stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "usher migrate status: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}

@@ -1,0 +1,152 @@
+package gateway
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/tenants"
+)
+
+// registerTenantAdmin mounts tenants, keys, tiers and the audit log on the admin group. The
+// admin service decides what each actor may do (a tenant sees only itself and manages its own
+// keys) and writes every change to the audit log; the handlers only translate HTTP.
+func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
+	h := tenantAdmin{ta}
+	g.GET("/tenants", h.list)
+	g.POST("/tenants", h.create)
+	g.GET("/tenants/:id", h.get)
+	g.PATCH("/tenants/:id", h.update)
+	g.DELETE("/tenants/:id", h.delete)
+	g.POST("/tenants/:id/suspend", h.suspend)
+	g.POST("/tenants/:id/resume", h.resume)
+	g.GET("/tenants/:id/keys", h.keys)
+	g.POST("/tenants/:id/keys", h.createKey)
+	g.DELETE("/tenants/:id/keys/:key", h.revokeKey)
+	g.GET("/tiers", h.tiers)
+	g.GET("/audit", h.audit)
+}
+
+type tenantAdmin struct{ ta *tenants.Admin }
+
+func (h tenantAdmin) list(c echo.Context) error {
+	list, err := h.ta.Tenants(c.Request().Context(), actorOf(c))
+	if err != nil {
+		return adminError(c, err)
+	}
+	if list == nil {
+		list = []tenants.Tenant{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"tenants": list})
+}
+
+func (h tenantAdmin) create(c echo.Context) error {
+	var in tenants.TenantInput
+	if err := decodeAdminBody(c, &in); err != nil {
+		return adminError(c, err)
+	}
+	t, err := h.ta.CreateTenant(c.Request().Context(), actorOf(c), in)
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusCreated, t)
+}
+
+func (h tenantAdmin) get(c echo.Context) error {
+	t, err := h.ta.Tenant(c.Request().Context(), actorOf(c), c.Param("id"))
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, t)
+}
+
+func (h tenantAdmin) update(c echo.Context) error {
+	var up tenants.TenantUpdate
+	if err := decodeAdminBody(c, &up); err != nil {
+		return adminError(c, err)
+	}
+	t, err := h.ta.UpdateTenant(c.Request().Context(), actorOf(c), c.Param("id"), up)
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, t)
+}
+
+func (h tenantAdmin) delete(c echo.Context) error {
+	if err := h.ta.DeleteTenant(c.Request().Context(), actorOf(c), c.Param("id")); err != nil {
+		return adminError(c, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (h tenantAdmin) suspend(c echo.Context) error {
+	if err := h.ta.SuspendTenant(c.Request().Context(), actorOf(c), c.Param("id")); err != nil {
+		return adminError(c, err)
+	}
+	return h.get(c)
+}
+
+func (h tenantAdmin) resume(c echo.Context) error {
+	if err := h.ta.ResumeTenant(c.Request().Context(), actorOf(c), c.Param("id")); err != nil {
+		return adminError(c, err)
+	}
+	return h.get(c)
+}
+
+func (h tenantAdmin) keys(c echo.Context) error {
+	keys, err := h.ta.Keys(c.Request().Context(), actorOf(c), c.Param("id"))
+	if err != nil {
+		return adminError(c, err)
+	}
+	if keys == nil {
+		keys = []tenants.APIKey{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"keys": keys})
+}
+
+// createdKey is the answer to a key creation: the only time the secret is shown.
+type createdKey struct {
+	Key    tenants.APIKey `json:"key"`
+	Secret string         `json:"secret"`
+}
+
+func (h tenantAdmin) createKey(c echo.Context) error {
+	var in tenants.KeyInput
+	if err := decodeAdminBody(c, &in); err != nil {
+		return adminError(c, err)
+	}
+	key, secret, err := h.ta.CreateKey(c.Request().Context(), actorOf(c), c.Param("id"), in)
+	if err != nil {
+		return adminError(c, err)
+	}
+	c.Response().Header().Set("Cache-Control", "no-store")
+	return c.JSON(http.StatusCreated, createdKey{Key: key, Secret: secret})
+}
+
+func (h tenantAdmin) revokeKey(c echo.Context) error {
+	if err := h.ta.RevokeKey(c.Request().Context(), actorOf(c), c.Param("id"), c.Param("key")); err != nil {
+		return adminError(c, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (h tenantAdmin) tiers(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]any{"tiers": h.ta.Tiers(actorOf(c))})
+}
+
+func (h tenantAdmin) audit(c echo.Context) error {
+	q := tenants.AuditQuery{Actor: c.QueryParam("actor"), Object: c.QueryParam("object"), Before: c.QueryParam("before")}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return adminError(c, badRequest("limit", "limit must be a positive integer"))
+		}
+		q.Limit = n
+	}
+	page, err := h.ta.Audit(c.Request().Context(), actorOf(c), q)
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, page)
+}

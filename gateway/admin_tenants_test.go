@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/usherllm/usher/migrations"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+const rootToken = "root-admin-token-of-24-characters-or-more"
+
+// startTenantAdminGateway is a gateway on a real SQLite store with the real admin service.
+func startTenantAdminGateway(t *testing.T) *testGateway {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: rootToken},
+		Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}}}
+	cfg.Database.URL = "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	cfg.SetDefaults()
+	store, err := tenants.Open(ctx, cfg.Database.URL, migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if err := store.MigrateUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := tenants.NewAdmin(cfg.Admin, store, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newFakeWorker(t, nil)
+	return startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+		d.Auth, d.Admins, d.Tenants = dir, admin, admin
+	})
+}
+
+func TestTenantAdminAPI(t *testing.T) {
+	g := startTenantAdminGateway(t)
+	mustStatus := func(want int, method, path, token, body string) map[string]any {
+		t.Helper()
+		resp, out := g.admin(t, method, path, token, body)
+		if resp.StatusCode != want {
+			t.Fatalf("%s %s: got %d, want %d (%v)", method, path, resp.StatusCode, want, out)
+		}
+		return out
+	}
+	mustStatus(201, "POST", "/tenants", rootToken, `{"id":"acme","name":"Acme","tier":"pro"}`)
+	mustStatus(201, "POST", "/tenants", rootToken, `{"id":"globex","name":"Globex'; DROP TABLE tenants; --","tier":"free"}`)
+	mustStatus(409, "POST", "/tenants", rootToken, `{"id":"acme","name":"Again"}`)
+	mustStatus(400, "POST", "/tenants", rootToken, `{"id":"bad id!","name":"x"}`)
+	mustStatus(400, "POST", "/tenants", rootToken, `not json`)
+	mustStatus(400, "POST", "/tenants", rootToken, `{"id":"x","name":"x","color":"red"}`)
+	mustStatus(413, "POST", "/tenants", rootToken, `{"id":"x","name":"`+strings.Repeat("y", maxAdminBody)+`"}`)
+	if got := mustStatus(200, "GET", "/tenants/globex", rootToken, "")["name"]; got != "Globex'; DROP TABLE tenants; --" {
+		t.Fatalf("name with SQL metacharacters: got %q", got)
+	}
+
+	created := mustStatus(201, "POST", "/tenants/acme/keys", rootToken, `{"name":"ci"}`)
+	secret, _ := created["secret"].(string)
+	keyID, _ := created["key"].(map[string]any)["id"].(string)
+	if !strings.HasPrefix(secret, "usk_") {
+		t.Fatalf("created key: %v", created)
+	}
+	// The key works on the data plane, and its list never shows the secret.
+	if resp := g.post(t, "/v1/chat/completions", secret, chatBody, nil); resp.StatusCode != 200 {
+		t.Fatalf("new key on the data plane: %d", resp.StatusCode)
+	}
+	if keys := mustStatus(200, "GET", "/tenants/acme/keys", rootToken, ""); strings.Contains(toJSON(keys), secret[len(secret)-20:]) {
+		t.Fatal("the key list shows the secret")
+	}
+
+	// A tenant acting with its own key: its own objects only, and nothing of the fleet.
+	mustStatus(200, "GET", "/tenants/acme", secret, "")
+	mustStatus(404, "GET", "/tenants/globex", secret, "")
+	mustStatus(404, "GET", "/tenants/globex/keys", secret, "")
+	mustStatus(404, "POST", "/tenants/globex/keys", secret, `{"name":"steal"}`)
+	mustStatus(403, "POST", "/tenants", secret, `{"id":"evil","name":"Evil"}`)
+	mustStatus(403, "POST", "/tenants/acme/suspend", secret, "")
+	mustStatus(403, "GET", "/workers", secret, "")
+	if list := mustStatus(200, "GET", "/tenants", secret, ""); len(list["tenants"].([]any)) != 1 {
+		t.Fatalf("a tenant lists other tenants: %v", list)
+	}
+
+	// Suspend stops the tenant's keys; resume brings them back; revoke ends the key.
+	mustStatus(200, "POST", "/tenants/acme/suspend", rootToken, "")
+	eventually(t, func() bool { return g.post(t, "/v1/chat/completions", secret, chatBody, nil).StatusCode == 401 })
+	mustStatus(200, "POST", "/tenants/acme/resume", rootToken, "")
+	eventually(t, func() bool { return g.post(t, "/v1/chat/completions", secret, chatBody, nil).StatusCode == 200 })
+	mustStatus(204, "DELETE", "/tenants/acme/keys/"+keyID, rootToken, "")
+	eventually(t, func() bool { return g.post(t, "/v1/chat/completions", secret, chatBody, nil).StatusCode == 401 })
+
+	if tiers := mustStatus(200, "GET", "/tiers", rootToken, ""); len(tiers["tiers"].([]any)) != 2 {
+		t.Fatalf("tiers: %v", tiers)
+	}
+	page := mustStatus(200, "GET", "/audit?limit=2", rootToken, "")
+	if entries, _ := page["entries"].([]any); len(entries) != 2 || page["next_before"] == nil {
+		t.Fatalf("audit page of 2 with a cursor: %v", page)
+	}
+	next := mustStatus(200, "GET", "/audit?limit=50&before="+page["next_before"].(string), rootToken, "")
+	if entries, _ := next["entries"].([]any); len(entries) < 4 {
+		t.Fatalf("audit second page: %v", next)
+	}
+	if strings.Contains(toJSON(page)+toJSON(next), secret) {
+		t.Fatal("the audit log shows a key's secret")
+	}
+	mustStatus(400, "GET", "/audit?limit=zero", rootToken, "")
+	mustStatus(204, "DELETE", "/tenants/globex", rootToken, "")
+	mustStatus(404, "GET", "/tenants/globex", rootToken, "")
+}
+
+// eventually polls cond for up to two seconds (the directory's refresh).
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 400; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("condition still false after 2s")
+}

@@ -1,0 +1,298 @@
+package tenants
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const testAdminToken = "adm-0123456789abcdef0123456789"
+
+func newAdminFixture(t *testing.T, cfg AdminConfig) (*Admin, *directoryFixture) {
+	t.Helper()
+	return newAdminFixtureOn(t, openSQLite(t), cfg)
+}
+
+func newAdminFixtureOn(t *testing.T, s *Store, cfg AdminConfig) (*Admin, *directoryFixture) {
+	t.Helper()
+	f := newDirectoryFixture(t, s, DirectoryOptions{})
+	a, err := NewAdmin(cfg, f.store, f.dir, f.clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, f
+}
+
+func TestAdminAuthenticateActor(t *testing.T) {
+	ctx := context.Background()
+	for _, cfg := range []AdminConfig{{Token: testAdminToken}, {TokenSHA256: HashKey(testAdminToken)}} {
+		a, f := newAdminFixture(t, cfg)
+		got, err := a.AuthenticateActor(ctx, testAdminToken)
+		if err != nil || !got.Admin || got.Name != "admin" {
+			t.Errorf("admin token: got %+v, %v; want the admin", got, err)
+		}
+		got, err = a.AuthenticateActor(ctx, f.key)
+		if err != nil || got.Admin || got.TenantID != "acme" || got.Name != "tenant:acme/"+f.keyID {
+			t.Errorf("tenant key: got %+v, %v; want tenant acme", got, err)
+		}
+		for _, bad := range []string{"", testAdminToken + "x", HashKey(testAdminToken), f.revoked} {
+			_, err := a.AuthenticateActor(ctx, bad)
+			if !errors.Is(err, ErrUnauthenticated) {
+				t.Errorf("credential %q: got %v, want ErrUnauthenticated", bad, err)
+			}
+			if bad != "" && strings.Contains(err.Error(), bad) {
+				t.Errorf("error %q contains the credential", err)
+			}
+		}
+	}
+	a, _ := newAdminFixture(t, AdminConfig{})
+	if _, err := a.AuthenticateActor(ctx, testAdminToken); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("no admin token configured: got %v, want ErrUnauthenticated", err)
+	}
+}
+
+func TestAdminTenantLifecycle(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testAdminTenantLifecycle(t, d.open(t)) })
+	}
+}
+
+func testAdminTenantLifecycle(t *testing.T, s *Store) {
+	a, f := newAdminFixtureOn(t, s, AdminConfig{Token: testAdminToken})
+	ctx := context.Background()
+	admin := Actor{Name: "admin", Admin: true}
+	tn, err := a.CreateTenant(ctx, admin, TenantInput{ID: "initech", Name: "Initech"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn.Tier != f.cfg.DefaultTier || tn.Status != StatusActive {
+		t.Errorf("got %+v, want the default tier %q, active", tn, f.cfg.DefaultTier)
+	}
+	k, key, err := a.CreateKey(ctx, admin, "initech", KeyInput{Name: "prod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := f.dir.Authenticate(ctx, key); err != nil || p.TenantID != "initech" || p.KeyID != k.ID {
+		t.Fatalf("new key right after creation: got %+v, %v; want tenant initech", p, err)
+	}
+	keys, err := a.Keys(ctx, admin, "initech")
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("got %v, %v; want one key", keys, err)
+	}
+	js, _ := json.Marshal(keys)
+	if secret := key[len(keyPrefix)+keyIDLen+1:]; strings.Contains(string(js), secret) || strings.Contains(string(js), HashKey(secret)) {
+		t.Errorf("key listing %s contains the secret or its hash", js)
+	}
+	tier := "enterprise"
+	if got, err := a.UpdateTenant(ctx, admin, "initech", TenantUpdate{Tier: &tier}); err != nil || got.Tier != "enterprise" {
+		t.Fatalf("update: got %+v, %v", got, err)
+	}
+	if p, _ := f.dir.Authenticate(ctx, key); p.Tier != "enterprise" {
+		t.Errorf("after tier change: got tier %q, want enterprise at once", p.Tier)
+	}
+	if err := a.SuspendTenant(ctx, admin, "initech"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, key); !errors.Is(err, errSuspendedTenant) {
+		t.Errorf("suspended: got %v, want %v", err, errSuspendedTenant)
+	}
+	if err := a.ResumeTenant(ctx, admin, "initech"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, key); err != nil {
+		t.Errorf("resumed: got %v, want accepted", err)
+	}
+	if err := a.RevokeKey(ctx, admin, "initech", k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.dir.Authenticate(ctx, key); !errors.Is(err, errRevokedKey) {
+		t.Errorf("revoked: got %v, want %v", err, errRevokedKey)
+	}
+	if err := a.DeleteTenant(ctx, admin, "initech"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Tenant(ctx, admin, "initech"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("deleted: got %v, want ErrNotFound", err)
+	}
+	page, err := a.Audit(ctx, admin, AuditQuery{Object: "tenant:initech"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, e := range page.Entries {
+		if e.Actor != "admin" {
+			t.Errorf("entry %+v: got actor %q, want admin", e, e.Actor)
+		}
+		actions = append(actions, e.Action)
+	}
+	if got, want := strings.Join(actions, ","), "tenant.delete,tenant.resume,tenant.suspend,tenant.update,tenant.create"; got != want {
+		t.Errorf("audit: got %s, want %s", got, want)
+	}
+	all, err := a.Tenants(ctx, admin)
+	if err != nil || len(all) != 3 || all[0].ID != "cfg" || !all[0].ReadOnly {
+		t.Errorf("tenants: got %+v, %v; want cfg (read-only), acme, sus", all, err)
+	}
+}
+
+// TestAdminTenantActorIsConfined: a tenant credential reaches only its own tenant and keys.
+func TestAdminTenantActorIsConfined(t *testing.T) {
+	a, f := newAdminFixture(t, AdminConfig{Token: testAdminToken})
+	ctx := context.Background()
+	acme, err := a.AuthenticateActor(ctx, f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreateTenant(ctx, Actor{Name: "admin", Admin: true}, TenantInput{ID: "globex"}); err != nil {
+		t.Fatal(err)
+	}
+	gk, _, err := a.CreateKey(ctx, Actor{Name: "admin", Admin: true}, "globex", KeyInput{Name: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tier := "enterprise"
+	name := "mine now"
+	refusals := []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"read another tenant", func() error { _, err := a.Tenant(ctx, acme, "globex"); return err }, ErrNotFound},
+		{"list another tenant's keys", func() error { _, err := a.Keys(ctx, acme, "globex"); return err }, ErrNotFound},
+		{"create a key for another tenant", func() error { _, _, err := a.CreateKey(ctx, acme, "globex", KeyInput{Name: "x"}); return err }, ErrNotFound},
+		{"revoke another tenant's key", func() error { return a.RevokeKey(ctx, acme, "globex", gk.ID) }, ErrNotFound},
+		{"revoke another tenant's key through its own tenant", func() error { return a.RevokeKey(ctx, acme, "acme", gk.ID) }, ErrNotFound},
+		{"raise its own tier", func() error { _, err := a.UpdateTenant(ctx, acme, "acme", TenantUpdate{Tier: &tier}); return err }, ErrForbidden},
+		{"rename another tenant", func() error { _, err := a.UpdateTenant(ctx, acme, "globex", TenantUpdate{Name: &name}); return err }, ErrForbidden},
+		{"create a tenant", func() error { _, err := a.CreateTenant(ctx, acme, TenantInput{ID: "x"}); return err }, ErrForbidden},
+		{"suspend another tenant", func() error { return a.SuspendTenant(ctx, acme, "globex") }, ErrForbidden},
+		{"delete another tenant", func() error { return a.DeleteTenant(ctx, acme, "globex") }, ErrForbidden},
+		{"read another tenant's audit log", func() error { _, err := a.Audit(ctx, acme, AuditQuery{TenantID: "globex"}); return err }, ErrNotFound},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.do(); !errors.Is(err, tt.want) {
+				t.Errorf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+	t.Run("own objects", func(t *testing.T) {
+		if list, err := a.Tenants(ctx, acme); err != nil || len(list) != 1 || list[0].ID != "acme" {
+			t.Errorf("tenants: got %+v, %v; want only acme", list, err)
+		}
+		k, _, err := a.CreateKey(ctx, acme, "acme", KeyInput{Name: "mine"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.RevokeKey(ctx, acme, "acme", k.ID); err != nil {
+			t.Errorf("revoke own key: %v", err)
+		}
+		page, _ := a.Audit(ctx, Actor{Admin: true}, AuditQuery{Object: "key:" + k.ID})
+		if len(page.Entries) != 2 || page.Entries[0].Actor != acme.Name || page.Entries[0].TenantID != "acme" {
+			t.Errorf("audit: got %+v, want two entries by %q about acme", page.Entries, acme.Name)
+		}
+		own, err := a.Audit(ctx, acme, AuditQuery{})
+		if err != nil || len(own.Entries) == 0 {
+			t.Fatalf("own audit log: got %+v, %v; want entries", own, err)
+		}
+		for _, e := range own.Entries {
+			if e.TenantID != "acme" {
+				t.Errorf("tenant acme's audit log shows %+v", e)
+			}
+		}
+	})
+}
+
+func TestAdminRefusesBadInput(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { testAdminRefusesBadInput(t, d.open(t)) })
+	}
+}
+
+func testAdminRefusesBadInput(t *testing.T, s *Store) {
+	a, f := newAdminFixtureOn(t, s, AdminConfig{Token: testAdminToken})
+	ctx := context.Background()
+	admin := Actor{Name: "admin", Admin: true}
+	badTier := "platinum"
+	refusals := []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"id with a quote", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "a'b"}); return err }, ErrInvalid},
+		{"id too long", func() error {
+			_, err := a.CreateTenant(ctx, admin, TenantInput{ID: strings.Repeat("a", 65)})
+			return err
+		}, ErrInvalid},
+		{"unknown tier", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Tier: "platinum"}); return err }, ErrInvalid},
+		{"name with NUL", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: "a\x00b"}); return err }, ErrInvalid},
+		{"name not UTF-8", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: "\xff"}); return err }, ErrInvalid},
+		{"name too long", func() error {
+			_, err := a.CreateTenant(ctx, admin, TenantInput{ID: "x", Name: strings.Repeat("n", 201)})
+			return err
+		}, ErrInvalid},
+		{"existing id", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "acme"}); return err }, ErrConflict},
+		{"config tenant id", func() error { _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "cfg"}); return err }, ErrReadOnly},
+		{"update config tenant", func() error { _, err := a.UpdateTenant(ctx, admin, "cfg", TenantUpdate{}); return err }, ErrReadOnly},
+		{"suspend config tenant", func() error { return a.SuspendTenant(ctx, admin, "cfg") }, ErrReadOnly},
+		{"key for config tenant", func() error { _, _, err := a.CreateKey(ctx, admin, "cfg", KeyInput{Name: "k"}); return err }, ErrReadOnly},
+		{"update to unknown tier", func() error { _, err := a.UpdateTenant(ctx, admin, "acme", TenantUpdate{Tier: &badTier}); return err }, ErrInvalid},
+		{"update missing tenant", func() error { _, err := a.UpdateTenant(ctx, admin, "nope", TenantUpdate{}); return err }, ErrNotFound},
+		{"key without name", func() error { _, _, err := a.CreateKey(ctx, admin, "acme", KeyInput{}); return err }, ErrInvalid},
+		{"key expiring in the past", func() error {
+			_, _, err := a.CreateKey(ctx, admin, "acme", KeyInput{Name: "k", Expires: f.clock.Now().Add(-time.Second)})
+			return err
+		}, ErrInvalid},
+		{"key for missing tenant", func() error { _, _, err := a.CreateKey(ctx, admin, "nope", KeyInput{Name: "k"}); return err }, ErrNotFound},
+		{"revoke missing key", func() error { return a.RevokeKey(ctx, admin, "acme", "nope") }, ErrNotFound},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.do(); !errors.Is(err, tt.want) {
+				t.Errorf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+	t.Run("metacharacters round-trip", func(t *testing.T) {
+		for i, m := range metacharacters {
+			if strings.ContainsRune(m, 0) {
+				continue
+			}
+			id := "meta" + string(rune('a'+i))
+			if _, err := a.CreateTenant(ctx, admin, TenantInput{ID: id, Name: m}); err != nil {
+				t.Fatalf("%q: %v", m, err)
+			}
+			k, _, err := a.CreateKey(ctx, admin, id, KeyInput{Name: m})
+			if err != nil {
+				t.Fatalf("%q: %v", m, err)
+			}
+			got, _ := a.Tenant(ctx, admin, id)
+			keys, _ := a.Keys(ctx, admin, id)
+			if got.Name != m || len(keys) != 1 || keys[0].Name != m || keys[0].ID != k.ID {
+				t.Errorf("got %q and %+v, want %q", got.Name, keys, m)
+			}
+		}
+	})
+}
+
+func TestAdminConfigValidate(t *testing.T) {
+	tests := []struct {
+		cfg  AdminConfig
+		want string
+	}{
+		{AdminConfig{TokenSHA256: "abc"}, "admin.token_sha256: must be 64 hex characters"},
+		{AdminConfig{Token: "short"}, "admin.token: must be at least 24 characters"},
+		{AdminConfig{Token: testAdminToken, TokenSHA256: HashKey("x")}, "admin.token: set either"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			c := testConfig(t)
+			c.Admin = tt.cfg
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
