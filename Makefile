@@ -33,7 +33,7 @@ bench:
 bench-hop:
 	./test/hopbench/run.sh
 
-# Routing policies side by side on four simulated workers, shared-prefix and Mooncake (about 13
+# Routing policies side by side on four simulated workers, shared-prefix and Mooncake (about 12
 # minutes; POLICIES, WORKLOADS and the scales are environment variables, see the script).
 bench-policies:
 	./test/policybench/run.sh

@@ -9,7 +9,7 @@
 # of the same total size reaches, which each policy's hit rate is reported against.
 #
 # Loopback only, ports chosen by the kernel; every process it starts is stopped on exit. Bounded:
-# each run is capped by RUN_TIMEOUT, about 13 minutes in all with the defaults. JSON reports and
+# each run is capped by RUN_TIMEOUT, about 12 minutes in all with the defaults. JSON reports and
 # logs stay in $OUT.
 #
 #   test/policybench/run.sh                                   # every policy, both workloads
