@@ -28,9 +28,10 @@ lint: lint-deps
 	$(GO) test -count=1 ./test/deploy/
 	./deploy/lint.sh
 
-# What lint needs beyond Go: jq (apt-get when root) and promtool (from Debian's prometheus
-# package, unpacked into .cache/); kubeconform, kustomize and the Kubernetes schemas come
-# through the Go module proxy. See deploy/lint.sh.
+# What lint needs beyond Go: jq and docker-compose (apt-get when root), promtool (from Debian's
+# prometheus package, unpacked into .cache/) and dockerfile-utils (npm, into .cache/);
+# kubeconform, kustomize and the Kubernetes schemas come through the Go module proxy. See
+# deploy/lint.sh.
 lint-deps:
 	@./deploy/lint.sh deps
 

@@ -1,26 +1,35 @@
 #!/bin/sh
 # Checks everything under deploy/ with the tools that read those files (run by `make lint`):
-#   promtool     prometheus.yml (config), alerts.yaml (rules and their unit tests), and every
-#                Grafana dashboard query (grafana/check.sh)
-#   kubeconform  the Kustomize base and the examples against the Kubernetes schemas
-#                (kubernetes/check.sh, offline through the Go module proxy)
-# `deploy/lint.sh deps` fetches what is missing (run by `make lint-deps`): jq with apt-get when
-# root, and promtool, unpacked from Debian's prometheus package into .cache/ (no daemon is
-# installed or started). Both leave alone what is already on PATH.
+#   docker-compose    compose.yaml against the Compose schema (`config -q`; no engine needed)
+#   dockerfile-utils  Dockerfile (the parser and linter of the Dockerfile language server)
+#   promtool          prometheus.yml (config), alerts.yaml (rules and their unit tests), and
+#                     every Grafana dashboard query (grafana/check.sh)
+#   kubeconform       the Kustomize base and the examples against the Kubernetes schemas
+#                     (kubernetes/check.sh, offline through the Go module proxy)
+# `deploy/lint.sh deps` fetches what is missing (run by `make lint-deps`): jq and docker-compose
+# with apt-get when root; promtool, unpacked from Debian's prometheus package into .cache/ (no
+# daemon is installed or started); dockerfile-utils from npm into .cache/. What is already on
+# PATH is left alone.
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-PATH=$root/.cache/promtool/usr/bin:$PATH
+PATH=$root/.cache/promtool/usr/bin:$root/.cache/npm/node_modules/.bin:$PATH
 export PATH
 
 if [ "${1:-}" = deps ]; then
-	if ! command -v jq >/dev/null 2>&1; then
+	missing=
+	command -v jq >/dev/null 2>&1 || missing="$missing jq"
+	command -v docker-compose >/dev/null 2>&1 || missing="$missing docker-compose"
+	if [ -n "$missing" ]; then
 		if [ "$(id -u)" = 0 ]; then
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends jq
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 		else
-			echo "deploy/lint.sh: jq is missing; run: sudo apt-get install jq" >&2
+			echo "deploy/lint.sh: missing:$missing; run: sudo apt-get install$missing" >&2
 			exit 1
 		fi
+	fi
+	if ! command -v dockerfile-utils >/dev/null 2>&1; then
+		npm install --silent --no-audit --no-fund --prefix "$root/.cache/npm" dockerfile-utils@0.16.3 >/dev/null
 	fi
 	if ! command -v promtool >/dev/null 2>&1; then
 		tmp=$(mktemp -d)
@@ -39,6 +48,8 @@ if [ "${1:-}" = deps ]; then
 fi
 
 cd "$root/deploy"
+docker-compose -f compose.yaml config -q && echo "compose.yaml: valid"
+dockerfile-utils lint Dockerfile && echo "Dockerfile: no problems"
 promtool check config prometheus/prometheus.yml
 promtool test rules prometheus/alerts_test.yaml
 grafana/check.sh
