@@ -254,18 +254,18 @@ func TestComposeServicesAndReferences(t *testing.T) {
 		}
 	}
 
-	// Grafana's provisioned data source is the prometheus service, under the uid the dashboard's
-	// data source variable defaults to.
+	// Grafana's provisioned data source is the prometheus service, and the default one, which
+	// is what the dashboard's data source variable picks.
 	var ds struct {
 		Datasources []struct {
-			UID  string `yaml:"uid"`
-			Type string `yaml:"type"`
-			URL  string `yaml:"url"`
+			Type      string `yaml:"type"`
+			URL       string `yaml:"url"`
+			IsDefault bool   `yaml:"isDefault"`
 		} `yaml:"datasources"`
 	}
 	readYAML(t, "deploy/grafana/provisioning/datasources/prometheus.yaml", &ds)
-	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" {
-		t.Fatalf("grafana data sources: got %+v, want one of type prometheus", ds.Datasources)
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" || !ds.Datasources[0].IsDefault {
+		t.Fatalf("grafana data sources: got %+v, want one, of type prometheus, the default", ds.Datasources)
 	}
 	if host, _ := hostPort(t, ds.Datasources[0].URL); host != "prometheus" {
 		t.Errorf("grafana data source url host %q, want the prometheus service", host)
