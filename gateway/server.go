@@ -60,6 +60,7 @@ type Server struct {
 	limits    Limits
 	admission *admission
 	echo      *echo.Echo
+	traffic   *traffic
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -103,6 +104,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log:       d.Logger,
 		now:       d.Now,
 		metrics:   m,
+		traffic:   &traffic{now: d.Now},
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
