@@ -5,10 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -169,7 +167,7 @@ func (s *Server) audit(c echo.Context, action, object string) {
 
 func (s *Server) listWorkers(c echo.Context) error {
 	workers := s.pool.Workers()
-	sort.Slice(workers, func(i, j int) bool { return workers[i].ID < workers[j].ID })
+	sortWorkers(workers)
 	return c.JSON(http.StatusOK, map[string]any{"workers": workers})
 }
 
@@ -289,13 +287,9 @@ type queueView struct {
 }
 
 func (s *Server) queueSnapshot(c echo.Context) error {
-	var out []queueView
-	for _, model := range s.pool.Models() {
-		q, err := s.admission.queueFor(model)
-		if err != nil {
-			return adminError(c, fmt.Errorf("model %q: %w", model, err))
-		}
-		out = append(out, queueView{Model: model, Snapshot: q.Snapshot()})
+	out, err := s.queueViews()
+	if err != nil {
+		return adminError(c, err)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": out})
 }

@@ -3,11 +3,14 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
 )
 
 // The fleet's admin actions. The JSON API and the console both call them, so the console can do
@@ -128,4 +131,37 @@ func (s *Server) movePinsAction(c echo.Context, r movePinsRequest) (int, error) 
 	}
 	s.audit(c, "pin.move", fmt.Sprintf("%s->%s (%d)", r.From, r.To, len(pins)))
 	return len(pins), nil
+}
+
+// queueViews snapshots every model's queue.
+func (s *Server) queueViews() ([]queueView, error) {
+	out := []queueView{}
+	for _, model := range s.pool.Models() {
+		q, err := s.admission.queueFor(model)
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", model, err)
+		}
+		out = append(out, queueView{Model: model, Snapshot: q.Snapshot()})
+	}
+	return out, nil
+}
+
+// sortWorkers orders workers by ID.
+func sortWorkers(ws []routing.WorkerStatus) {
+	sort.Slice(ws, func(i, j int) bool { return ws[i].ID < ws[j].ID })
+}
+
+// searchTenants keeps the tenants whose id or name contains q, ignoring case; q empty keeps all.
+func searchTenants(list []tenants.Tenant, q string) []tenants.Tenant {
+	q = strings.ToLower(strings.TrimSpace(q))
+	if q == "" {
+		return list
+	}
+	var out []tenants.Tenant
+	for _, t := range list {
+		if strings.Contains(strings.ToLower(t.ID), q) || strings.Contains(strings.ToLower(t.Name), q) {
+			out = append(out, t)
+		}
+	}
+	return out
 }

@@ -121,6 +121,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1.GET("/models", s.models)
 	if d.Admins != nil {
 		s.registerAdmin(e, d.Admins, d.Tenants)
+		if err := s.registerConsole(e, d.Admins, d.Tenants); err != nil {
+			return nil, err
+		}
 	}
 	s.echo = e
 	return s, nil
