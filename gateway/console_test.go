@@ -496,8 +496,27 @@ func TestAdminPinsMoveAndOverview(t *testing.T) {
 	if _, out := g.admin(t, "GET", "/tenants?q=ACM", rootToken, ""); len(out["tenants"].([]any)) != 1 {
 		t.Fatalf("tenant search: got %v, want acme", out["tenants"])
 	}
+	_, created := g.admin(t, "POST", "/tenants/acme/keys", rootToken, `{"name":"load"}`)
+	secret, _ := created["secret"].(string)
+	for range 3 {
+		if resp := g.post(t, "/v1/chat/completions", secret, chatBody, nil); resp.StatusCode != 200 {
+			t.Fatalf("chat: got %d, want 200", resp.StatusCode)
+		}
+	}
 	_, out := g.admin(t, "GET", "/overview", rootToken, "")
-	if out["worker_count"] != float64(2) || len(out["classes"].([]any)) != 3 {
+	classes, _ := out["classes"].([]any)
+	if out["worker_count"] != float64(2) || len(classes) != 3 {
 		t.Fatalf("overview: got %v", out)
+	}
+	var requests float64
+	for _, c := range classes {
+		cl := c.(map[string]any)
+		requests += cl["requests"].(float64)
+		if cl["requests"].(float64) > 0 && cl["ttft_p50_seconds"].(float64) <= 0 {
+			t.Errorf("class %v: requests without a TTFT: %v", cl["class"], cl)
+		}
+	}
+	if requests != 3 {
+		t.Errorf("overview requests over the classes: got %v, want 3", requests)
 	}
 }
