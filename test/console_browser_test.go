@@ -33,7 +33,8 @@ const (
 )
 
 // consoleStack is a gateway with the real admin service (SQLite in a temporary directory) in
-// front of two simulated workers, sim-0 and sim-1; the model pins sessions (sticky_session).
+// front of two simulated workers, sim-0 (real time: about 12 ms a token) and sim-1 (20 times
+// faster); the model pins sessions (sticky_session).
 func startConsoleStack(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -44,6 +45,9 @@ func startConsoleStack(t *testing.T) string {
 		cfg := sim.DefaultConfig()
 		cfg.Model = model
 		cfg.TimeScale = 0.05
+		if i == 0 {
+			cfg.TimeScale = 1
+		}
 		_, srv := simtest.Start(t, cfg)
 		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprintf("sim-%d", i), URL: srv.URL, Models: []string{model}})
 	}
@@ -186,6 +190,44 @@ func send(base, key, session string) (int, string, error) {
 	return resp.StatusCode, resp.Header.Get("X-Usher-Worker"), nil
 }
 
+// longStream pins a session to sim-0 with the admin API, starts a 150-token stream of it and
+// returns once the first token arrived; the channel reports how the stream ended.
+func longStream(t *testing.T, base, key string) <-chan error {
+	t.Helper()
+	pin := `{"model":"` + model + `","tenant":"acme","key":"long","worker":"sim-0"}`
+	if resp, out := call(t, http.MethodPost, base+"/admin/api/v1/pins", consoleAdminToken, pin); resp.StatusCode != http.StatusOK {
+		t.Fatalf("pin the long session: %d %v", resp.StatusCode, out)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("a long story", 150, true)))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("X-Session-ID", "long")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := resp.Header.Get("X-Usher-Worker"); resp.StatusCode != http.StatusOK || w != "sim-0" {
+		resp.Body.Close()
+		t.Fatalf("long stream: got %d from %q, want 200 from sim-0", resp.StatusCode, w)
+	}
+	events := newSSEReader(resp.Body)
+	if _, ok := events.next(); !ok {
+		t.Fatal("long stream: no first event")
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer resp.Body.Close()
+		last := ""
+		for e, ok := events.next(); ok; e, ok = events.next() {
+			last = e
+		}
+		if last != "[DONE]" {
+			done <- fmt.Errorf("ended with %q, want [DONE]", last)
+		}
+		close(done)
+	}()
+	return done
+}
+
 func TestConsoleInABrowser(t *testing.T) {
 	start := time.Now()
 	base := startConsoleStack(t)
@@ -237,11 +279,19 @@ func TestConsoleInABrowser(t *testing.T) {
 			})
 		}
 		defer func() { stopLoad(); load.Wait() }()
+		// A long stream on sim-0 keeps it draining for a while.
+		long := longStream(t, base, secret)
 		do(t, ctx, "workers page", chromedp.Navigate(base+"/admin/workers"), chromedp.WaitVisible(chromedp.CSS("#drain-sim-0")))
 		screenshot(t, ctx, "02-workers")
-		do(t, ctx, "drain sim-0 and watch it reach drained",
+		do(t, ctx, "drain sim-0",
 			chromedp.Click(chromedp.CSS("#drain-sim-0")), chromedp.WaitVisible(chromedp.CSS("#flash")),
+			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="draining"]`)))
+		screenshot(t, ctx, "02-workers-draining")
+		do(t, ctx, "watch sim-0 reach drained as the page refreshes itself",
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="drained"]`)))
+		if err := <-long; err != nil {
+			t.Fatalf("the stream in flight on sim-0 during the drain: %v", err)
+		}
 		mu.Lock()
 		before := served["sim-1"]
 		mu.Unlock()
