@@ -57,6 +57,12 @@ func (s *Server) registerConsole(e *echo.Echo, auth AdminAuthenticator, ta *tena
 			return float64(a) / float64(b)
 		},
 		"join": func(s []string) string { return strings.Join(s, ", ") },
+		"dur": func(d time.Duration) string {
+			if d < 10*time.Second {
+				return d.Round(time.Millisecond).String()
+			}
+			return d.Round(time.Second).String()
+		},
 		"when": func(t time.Time) string {
 			if t.IsZero() {
 				return "–"
