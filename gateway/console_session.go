@@ -30,6 +30,11 @@ type SessionKeyer interface {
 	SessionKey() []byte
 }
 
+var (
+	_ SessionKeyer       = (*tenants.Admin)(nil)
+	_ AdminAuthenticator = (*tenants.Admin)(nil)
+)
+
 const (
 	sessionCookie   = "usher_console"
 	signinCookie    = "usher_console_signin"

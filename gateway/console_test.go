@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -518,5 +519,28 @@ func TestAdminPinsMoveAndOverview(t *testing.T) {
 	}
 	if requests != 3 {
 		t.Errorf("overview requests over the classes: got %v, want 3", requests)
+	}
+}
+
+func TestConsoleAuditIsPaged(t *testing.T) {
+	g := startConsoleGateway(t)
+	for i := range 55 {
+		if resp, _ := g.admin(t, "POST", "/tenants", rootToken, `{"id":"t`+strconv.Itoa(i)+`"}`); resp.StatusCode != 201 {
+			t.Fatalf("create t%d: %d", i, resp.StatusCode)
+		}
+	}
+	b := newBrowser(t, g.url)
+	b.signIn(viewerToken)
+	_, first := b.do("GET", "/admin/audit", nil)
+	older := regexp.MustCompile(`href="([^"]+)" id="older"`).FindStringSubmatch(first)
+	if older == nil || strings.Count(first, "tenant.create") != 50 {
+		t.Fatalf("first page: got %d entries and link %v, want 50 and a link to older ones", strings.Count(first, "tenant.create"), older)
+	}
+	resp, second := b.do("GET", strings.ReplaceAll(older[1], "&amp;", "&"), nil)
+	if resp.StatusCode != 200 || strings.Count(second, "tenant.create") != 5 || strings.Contains(second, `id="older"`) {
+		t.Fatalf("second page: got %d with %d entries, want 200 with the 5 oldest and no further link", resp.StatusCode, strings.Count(second, "tenant.create"))
+	}
+	if !strings.Contains(second, "tenant:t0") || strings.Contains(second, "tenant:t54") {
+		t.Error("second page: want the oldest entries only")
 	}
 }
