@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"regexp"
@@ -542,5 +544,34 @@ func TestConsoleAuditIsPaged(t *testing.T) {
 	}
 	if !strings.Contains(second, "tenant:t0") || strings.Contains(second, "tenant:t54") {
 		t.Error("second page: want the oldest entries only")
+	}
+}
+
+func TestConsoleCookieSecureOverTLS(t *testing.T) {
+	tests := []struct {
+		name   string
+		tls    bool
+		proto  string
+		secure bool
+	}{
+		{"plain", false, "", false},
+		{"direct TLS", true, "", true},
+		{"proxy says https", false, "https", true},
+		{"proxy says http", false, "http", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/admin/signin", nil)
+			if tt.tls {
+				r.TLS = &tls.ConnectionState{}
+			}
+			if tt.proto != "" {
+				r.Header.Set("X-Forwarded-Proto", tt.proto)
+			}
+			ck := consoleCookie(r, sessionCookie, "v", sessionLifetime)
+			if ck.Secure != tt.secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode {
+				t.Errorf("got Secure=%v HttpOnly=%v SameSite=%v, want Secure=%v, HttpOnly, Strict", ck.Secure, ck.HttpOnly, ck.SameSite, tt.secure)
+			}
+		})
 	}
 }
