@@ -5,12 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strings"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -32,10 +29,11 @@ const maxAdminBody = 64 << 10
 
 const actorKey = "usher.admin"
 
-// registerAdmin mounts the admin JSON API under /admin/api/v1: the fleet (workers, pins, queue)
-// for admin actors, and, when ta is set, tenants, keys, tiers and the audit log.
+// registerAdmin mounts the admin JSON API under /admin/api/v1: the fleet (workers, pins, queue,
+// overview) for the admin and the viewer, and, when ta is set, tenants, keys, tiers and the audit
+// log. The viewer may only read (GET); its changes are refused with 403.
 func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator, ta *tenants.Admin) {
-	g := e.Group("/admin/api/v1", s.adminAuth(auth))
+	g := e.Group("/admin/api/v1", s.adminAuth(auth), readOnlyGuard)
 	fleet := g.Group("", adminOnly)
 	fleet.GET("/workers", s.listWorkers)
 	fleet.POST("/workers", s.addWorker)
@@ -46,22 +44,38 @@ func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator, ta *tenant
 	fleet.GET("/pins", s.listPins)
 	fleet.POST("/pins", s.pin)
 	fleet.DELETE("/pins", s.unpin)
+	fleet.POST("/pins/move", s.movePins)
 	fleet.GET("/queue", s.queueSnapshot)
+	fleet.GET("/overview", s.overviewAPI)
 	if ta != nil {
 		registerTenantAdmin(g, ta)
 	}
 }
 
-// adminOnly refuses tenant actors: the fleet is the operator's.
+// adminOnly refuses tenant actors: the fleet is the operator's (the viewer reads it).
 func adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if !actorOf(c).Admin {
+		if a := actorOf(c); !a.Admin && !a.Viewer {
 			return writeError(c, &apiError{Status: http.StatusForbidden, Type: "permission_error",
 				Code: "admin_required", Message: "admin rights required"})
 		}
 		return next(c)
 	}
 }
+
+// readOnlyGuard refuses every change by a read-only actor, whatever the route.
+func readOnlyGuard(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if m := c.Request().Method; actorOf(c).ReadOnly() && m != http.MethodGet && m != http.MethodHead {
+			return writeError(c, errReadOnlyActor)
+		}
+		return next(c)
+	}
+}
+
+// errReadOnlyActor is the answer to a change asked by the viewer.
+var errReadOnlyActor = &apiError{Status: http.StatusForbidden, Type: "permission_error",
+	Code: "read_only", Message: "the viewer may read but not change anything"}
 
 func actorOf(c echo.Context) tenants.Actor {
 	a, _ := c.Get(actorKey).(tenants.Actor)
@@ -115,29 +129,33 @@ func decodeAdminBody(c echo.Context, v any) error {
 
 // adminError answers an admin call's error in OpenAI's shape with the status its cause calls
 // for.
-func adminError(c echo.Context, err error) error {
+func adminError(c echo.Context, err error) error { return writeError(c, adminAPIError(err)) }
+
+// adminAPIError maps an admin action's error to its answer; the console shows the same status
+// and message.
+func adminAPIError(err error) *apiError {
 	switch {
 	case errors.Is(err, routing.ErrUnknownModel):
-		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Message: err.Error()})
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Message: err.Error()}
 	case errors.Is(err, routing.ErrUnknownWorker):
-		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "worker_not_found", Message: err.Error()})
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "worker_not_found", Message: err.Error()}
 	case errors.Is(err, routing.ErrWorkerExists):
-		return writeError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "worker_exists", Message: err.Error()})
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "worker_exists", Message: err.Error()}
 	case errors.Is(err, tenants.ErrForbidden):
-		return writeError(c, &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "forbidden", Message: err.Error()})
+		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "forbidden", Message: err.Error()}
 	case errors.Is(err, tenants.ErrNotFound):
-		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: err.Error()})
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: err.Error()}
 	case errors.Is(err, tenants.ErrConflict):
-		return writeError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "conflict", Message: err.Error()})
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "conflict", Message: err.Error()}
 	case errors.Is(err, tenants.ErrInvalid):
-		return writeError(c, badRequest("", "%v", err))
+		return badRequest("", "%v", err)
 	}
 	var ae *apiError
 	if errors.As(err, &ae) {
-		return writeError(c, ae)
+		return ae
 	}
 	// Validation errors of the domain packages name the field and the problem.
-	return writeError(c, badRequest("", "%v", err))
+	return badRequest("", "%v", err)
 }
 
 // audit logs a fleet change (worker and pin changes live in the pool and Redis, not in the SQL
@@ -149,7 +167,7 @@ func (s *Server) audit(c echo.Context, action, object string) {
 
 func (s *Server) listWorkers(c echo.Context) error {
 	workers := s.pool.Workers()
-	sort.Slice(workers, func(i, j int) bool { return workers[i].ID < workers[j].ID })
+	sortWorkers(workers)
 	return c.JSON(http.StatusOK, map[string]any{"workers": workers})
 }
 
@@ -166,21 +184,16 @@ func (s *Server) addWorker(c echo.Context) error {
 	if err := decodeAdminBody(c, &spec); err != nil {
 		return adminError(c, err)
 	}
-	if err := s.pool.Add(spec); err != nil {
+	if err := s.addWorkerAction(c, spec); err != nil {
 		return adminError(c, err)
 	}
-	s.audit(c, "worker.add", spec.ID)
-	s.admission.refresh()
 	return s.getWorkerStatus(c, spec.ID, http.StatusCreated)
 }
 
 func (s *Server) removeWorker(c echo.Context) error {
-	id := c.Param("id")
-	if err := s.pool.Remove(id); err != nil {
+	if err := s.removeWorkerAction(c, c.Param("id")); err != nil {
 		return adminError(c, err)
 	}
-	s.audit(c, "worker.remove", id)
-	s.admission.refresh()
 	return c.NoContent(http.StatusNoContent)
 }
 
@@ -188,31 +201,17 @@ func (s *Server) removeWorker(c echo.Context) error {
 // session or key is pinned anew, elsewhere, at its next request; in-flight requests finish.
 func (s *Server) drainWorker(c echo.Context) error {
 	id := c.Param("id")
-	ctx := c.Request().Context()
-	if err := s.pool.Drain(ctx, id); err != nil {
+	if err := s.drainWorkerAction(c, id); err != nil {
 		return adminError(c, err)
-	}
-	s.audit(c, "worker.drain", id)
-	s.admission.refresh()
-	pins, err := s.pool.Pins(ctx, routing.PinFilter{Worker: id})
-	if err != nil {
-		return adminError(c, fmt.Errorf("worker %s drains, but its pins could not be listed: %w", id, err))
-	}
-	for _, p := range pins {
-		if err := s.pool.Unpin(ctx, p.Model, p.Tenant, p.Key); err != nil {
-			return adminError(c, fmt.Errorf("worker %s drains, but its pins could not all be moved: %w", id, err))
-		}
 	}
 	return s.getWorkerStatus(c, id, http.StatusOK)
 }
 
 func (s *Server) undrainWorker(c echo.Context) error {
 	id := c.Param("id")
-	if err := s.pool.Undrain(c.Request().Context(), id); err != nil {
+	if err := s.undrainWorkerAction(c, id); err != nil {
 		return adminError(c, err)
 	}
-	s.audit(c, "worker.undrain", id)
-	s.admission.refresh()
 	return s.getWorkerStatus(c, id, http.StatusOK)
 }
 
@@ -236,12 +235,9 @@ type pinRequest struct {
 
 func (s *Server) listPins(c echo.Context) error {
 	f := routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")}
-	pins, err := s.pool.Pins(c.Request().Context(), f)
+	pins, err := s.findPins(c.Request().Context(), f, c.QueryParam("key"))
 	if err != nil {
 		return adminError(c, err)
-	}
-	if pins == nil {
-		pins = []routing.Pin{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"pins": pins})
 }
@@ -251,30 +247,37 @@ func (s *Server) pin(c echo.Context) error {
 	if err := decodeAdminBody(c, &r); err != nil {
 		return adminError(c, err)
 	}
-	if r.Model == "" || r.Tenant == "" || r.Key == "" || r.Worker == "" {
-		return adminError(c, badRequest("", "model, tenant, key and worker are required"))
-	}
-	if r.TTLSeconds < 0 {
-		return adminError(c, badRequest("ttl_seconds", "ttl_seconds must not be negative"))
-	}
-	ttl := time.Duration(r.TTLSeconds) * time.Second
-	if err := s.pool.Pin(c.Request().Context(), r.Model, r.Tenant, r.Key, r.Worker, ttl); err != nil {
+	if err := s.pinAction(c, r); err != nil {
 		return adminError(c, err)
 	}
-	s.audit(c, "pin.set", r.Model+"/"+r.Tenant+"/"+r.Key+"->"+r.Worker)
 	return c.JSON(http.StatusOK, r)
 }
 
 func (s *Server) unpin(c echo.Context) error {
-	model, tenant, key := c.QueryParam("model"), c.QueryParam("tenant"), c.QueryParam("key")
-	if model == "" || tenant == "" || key == "" {
-		return adminError(c, badRequest("", "query parameters model, tenant and key are required"))
-	}
-	if err := s.pool.Unpin(c.Request().Context(), model, tenant, key); err != nil {
+	if err := s.unpinAction(c, c.QueryParam("model"), c.QueryParam("tenant"), c.QueryParam("key")); err != nil {
 		return adminError(c, err)
 	}
-	s.audit(c, "pin.delete", model+"/"+tenant+"/"+key)
 	return c.NoContent(http.StatusNoContent)
+}
+
+// movePinsRequest moves every pin of worker From to worker To.
+type movePinsRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	// TTLSeconds is the moved pins' TTL; 0 takes each model's default.
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+func (s *Server) movePins(c echo.Context) error {
+	var r movePinsRequest
+	if err := decodeAdminBody(c, &r); err != nil {
+		return adminError(c, err)
+	}
+	n, err := s.movePinsAction(c, r)
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"moved": n})
 }
 
 // queueView is one model's queue in the admin API.
@@ -284,13 +287,9 @@ type queueView struct {
 }
 
 func (s *Server) queueSnapshot(c echo.Context) error {
-	var out []queueView
-	for _, model := range s.pool.Models() {
-		q, err := s.admission.queueFor(model)
-		if err != nil {
-			return adminError(c, fmt.Errorf("model %q: %w", model, err))
-		}
-		out = append(out, queueView{Model: model, Snapshot: q.Snapshot()})
+	out, err := s.queueViews()
+	if err != nil {
+		return adminError(c, err)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": out})
 }

@@ -35,6 +35,7 @@ func (h tenantAdmin) list(c echo.Context) error {
 	if err != nil {
 		return adminError(c, err)
 	}
+	list = searchTenants(list, c.QueryParam("q"))
 	if list == nil {
 		list = []tenants.Tenant{}
 	}

@@ -155,14 +155,16 @@ type ticketRequest struct {
 	deadline time.Time
 }
 
-// admit queues the request and waits until it may be sent now. The caller must call
-// Grant.Done exactly once when the request has ended.
-func (s *Server) admit(c echo.Context, tier *tenants.Tier, req *inferenceRequest, promptTokens, maxOut int) (*queue.Grant, error) {
+// admit queues the request and waits until it may be sent now; it records the request's class
+// in x. The caller must call Grant.Done exactly once when the request has ended.
+func (s *Server) admit(c echo.Context, tier *tenants.Tier, req *inferenceRequest, promptTokens, maxOut int, x *exchange) (*queue.Grant, error) {
 	h := c.Request().Header
 	tr, err := s.classAndDeadline(tier, h, req.ServiceTier)
 	if err != nil {
 		return nil, err
 	}
+	x.class, _ = queue.ParseClass(tr.class)
+	x.classed = true
 	if !s.admission.hasCapacity(req.Model) {
 		return nil, fmt.Errorf("model %q: %w", req.Model, routing.ErrNoWorker)
 	}
@@ -170,10 +172,9 @@ func (s *Server) admit(c echo.Context, tier *tenants.Tier, req *inferenceRequest
 	if err != nil {
 		return nil, err
 	}
-	class, _ := queue.ParseClass(tr.class)
 	ticket, err := q.Enqueue(queue.Request{
 		Tenant:       principalOf(c).TenantID,
-		Class:        class,
+		Class:        x.class,
 		Weight:       tier.Weight,
 		PromptTokens: promptTokens,
 		MaxTokens:    maxOut,

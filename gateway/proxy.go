@@ -51,6 +51,9 @@ func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 			err = writeError(c, err)
 		}
 		s.metrics.requests.WithLabelValues(x.model, strconv.Itoa(status)).Inc()
+		if x.classed {
+			s.traffic.observe(x.class, status, x.ttft)
+		}
 		if x.model != "" {
 			s.metrics.duration.WithLabelValues(x.model).Observe(s.now().Sub(start).Seconds())
 		}
@@ -75,6 +78,8 @@ type exchange struct {
 	attempts int
 	usage    usage
 	class    queue.Class
+	classed  bool          // class is resolved: the request reached admission
+	ttft     time.Duration // time to the first byte sent; 0 if none was
 }
 
 func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error {
@@ -120,7 +125,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 	if limit != nil {
 		defer func() { limit.Done(int64(x.usage.PromptTokens + x.usage.CompletionTokens)) }()
 	}
-	grant, err := s.admit(c, tier, req, promptTokens, maxOut)
+	grant, err := s.admit(c, tier, req, promptTokens, maxOut, x)
 	if err != nil {
 		return err
 	}
@@ -278,7 +283,8 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 	if ct == "" {
 		ct = echo.MIMEApplicationJSON
 	}
-	s.metrics.ttft.WithLabelValues(req.Model).Observe(s.now().Sub(x.start).Seconds())
+	x.ttft = s.now().Sub(x.start)
+	s.metrics.ttft.WithLabelValues(req.Model).Observe(x.ttft.Seconds())
 	var out routing.Outcome
 	if u, ok := parseUsage(data); ok && resp.StatusCode == http.StatusOK {
 		out = s.account(req.Model, u, x)
@@ -333,7 +339,8 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 				w.Flush()
 				if first {
 					first = false
-					s.metrics.ttft.WithLabelValues(req.Model).Observe(s.now().Sub(x.start).Seconds())
+					x.ttft = s.now().Sub(x.start)
+					s.metrics.ttft.WithLabelValues(req.Model).Observe(x.ttft.Seconds())
 				}
 			}
 		}

@@ -60,6 +60,7 @@ type Server struct {
 	limits    Limits
 	admission *admission
 	echo      *echo.Echo
+	traffic   *traffic
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -103,6 +104,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		log:       d.Logger,
 		now:       d.Now,
 		metrics:   m,
+		traffic:   &traffic{now: d.Now},
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -119,6 +121,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1.GET("/models", s.models)
 	if d.Admins != nil {
 		s.registerAdmin(e, d.Admins, d.Tenants)
+		if err := s.registerConsole(e, d.Admins, d.Tenants); err != nil {
+			return nil, err
+		}
 	}
 	s.echo = e
 	return s, nil

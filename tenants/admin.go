@@ -12,28 +12,71 @@ import (
 	"unicode/utf8"
 )
 
-// AdminConfig configures the bootstrap admin token (`admin:` in the file). Set one of the two;
-// with neither, only tenants (acting on their own objects) can use the admin service.
+// AdminConfig configures the bootstrap admin token and the read-only viewer token (`admin:` in
+// the file). Set at most one of each pair; with no admin token, only tenants (acting on their own
+// objects) and the viewer can use the admin service.
 type AdminConfig struct {
 	// TokenSHA256 is the hex SHA-256 of the admin token (`usher keyhash` prints it).
 	TokenSHA256 string `yaml:"token_sha256"`
 	// Token is the admin token itself, for example from the environment (USHER_ADMIN_TOKEN). It
 	// is hashed by NewAdmin and not kept.
 	Token string `yaml:"token"`
+	// ViewerTokenSHA256 is the hex SHA-256 of the viewer token: it reads everything the admin
+	// reads and changes nothing.
+	ViewerTokenSHA256 string `yaml:"viewer_token_sha256"`
+	// ViewerToken is the viewer token itself; hashed by NewAdmin and not kept.
+	ViewerToken string `yaml:"viewer_token"`
 }
 
 func (c AdminConfig) validate() []error {
-	var errs []error
-	if c.TokenSHA256 != "" && !isHexHash(c.TokenSHA256) {
-		errs = append(errs, errors.New("admin.token_sha256: must be 64 hex characters"))
-	}
-	if c.TokenSHA256 != "" && c.Token != "" {
-		errs = append(errs, errors.New("admin.token: set either admin.token or admin.token_sha256, not both"))
-	}
-	if c.Token != "" && len(c.Token) < 24 {
-		errs = append(errs, errors.New("admin.token: must be at least 24 characters"))
+	errs := validateTokenPair("admin.token", c.Token, c.TokenSHA256)
+	errs = append(errs, validateTokenPair("admin.viewer_token", c.ViewerToken, c.ViewerTokenSHA256)...)
+	if c.Token != "" && c.Token == c.ViewerToken || c.TokenSHA256 != "" && strings.EqualFold(c.TokenSHA256, c.ViewerTokenSHA256) {
+		errs = append(errs, errors.New("admin.viewer_token: must differ from the admin token"))
 	}
 	return errs
+}
+
+// validateTokenPair checks a token given either in clear (field) or as its hex SHA-256
+// (field+"_sha256").
+func validateTokenPair(field, token, hash string) []error {
+	var errs []error
+	if hash != "" && !isHexHash(hash) {
+		errs = append(errs, fmt.Errorf("%s_sha256: must be 64 hex characters", field))
+	}
+	if hash != "" && token != "" {
+		errs = append(errs, fmt.Errorf("%s: set either %s or %s_sha256, not both", field, field, field))
+	}
+	if token != "" && len(token) < 24 {
+		errs = append(errs, fmt.Errorf("%s: must be at least 24 characters", field))
+	}
+	return errs
+}
+
+// tokenHash is the SHA-256 of a configured token, from the token or from its hex hash.
+type tokenHash struct {
+	sum [sha256.Size]byte
+	set bool
+}
+
+func newTokenHash(field, token, hexHash string) (tokenHash, error) {
+	switch {
+	case token != "":
+		return tokenHash{sum: sha256.Sum256([]byte(token)), set: true}, nil
+	case hexHash != "":
+		var h tokenHash
+		if _, err := hex.Decode(h.sum[:], []byte(hexHash)); err != nil {
+			return tokenHash{}, fmt.Errorf("%s_sha256: must be 64 hex characters", field)
+		}
+		h.set = true
+		return h, nil
+	}
+	return tokenHash{}, nil
+}
+
+// matches compares in constant time.
+func (t tokenHash) matches(h [sha256.Size]byte) bool {
+	return t.set && subtle.ConstantTimeCompare(h[:], t.sum[:]) == 1
 }
 
 // Refusals of the admin service the gateway maps to HTTP: ErrForbidden 403, ErrInvalid 400,
@@ -44,26 +87,31 @@ var (
 	ErrReadOnly  = fmt.Errorf("declared in the config file, read-only: %w", ErrConflict)
 )
 
-// Actor is who performs an admin action: the admin (token) or a tenant acting on its own objects
-// with one of its credentials.
+// Actor is who performs an admin action: the admin (token), the viewer (read-only token) or a
+// tenant acting on its own objects with one of its credentials.
 type Actor struct {
-	// Name is what the audit log records: "admin", or "tenant:<id>/<key id>".
+	// Name is what the audit log records: "admin", "viewer", or "tenant:<id>/<key id>".
 	Name string
 	// Admin actors may do everything; tenant actors only read their tenant and manage its keys.
-	Admin    bool
+	Admin bool
+	// Viewer actors read everything the admin reads and change nothing (ErrForbidden).
+	Viewer   bool
 	TenantID string
 }
+
+// ReadOnly reports whether the actor may not change anything.
+func (a Actor) ReadOnly() bool { return a.Viewer && !a.Admin }
 
 // Admin is the admin service: tenants CRUD, suspend and resume, keys, tiers and the audit log.
 // Every change is written to the audit log with its actor, in the same transaction, and made
 // effective on every replica through Directory.Changed. The gateway's HTTP handlers call it.
 // Safe for concurrent use.
 type Admin struct {
-	store     *Store
-	dir       *Directory
-	tokenHash [sha256.Size]byte
-	hasToken  bool
-	now       func() time.Time
+	store  *Store
+	dir    *Directory
+	token  tokenHash
+	viewer tokenHash
+	now    func() time.Time
 }
 
 // NewAdmin returns the admin service over store and dir; cfg must have passed validation. now
@@ -76,28 +124,44 @@ func NewAdmin(cfg AdminConfig, store *Store, dir *Directory, now func() time.Tim
 	if a.now == nil {
 		a.now = time.Now
 	}
-	switch {
-	case cfg.Token != "":
-		a.tokenHash, a.hasToken = sha256.Sum256([]byte(cfg.Token)), true
-	case cfg.TokenSHA256 != "":
-		if _, err := hex.Decode(a.tokenHash[:], []byte(cfg.TokenSHA256)); err != nil {
-			return nil, errors.New("admin.token_sha256: must be 64 hex characters")
-		}
-		a.hasToken = true
+	var err error
+	if a.token, err = newTokenHash("admin.token", cfg.Token, cfg.TokenSHA256); err != nil {
+		return nil, err
+	}
+	if a.viewer, err = newTokenHash("admin.viewer_token", cfg.ViewerToken, cfg.ViewerTokenSHA256); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
 
-// AuthenticateActor returns the actor of credential: the admin for the admin token (constant-
-// time comparison of hashes), else the tenant of a valid tenant credential. Failures wrap
-// ErrUnauthenticated and never contain the credential.
+// SessionKey is a secret derived from the configured admin and viewer token hashes, for signing
+// console sessions: every replica with the same tokens derives the same key, and changing a
+// token invalidates every session signed before. Nil when neither token is configured.
+func (a *Admin) SessionKey() []byte {
+	if !a.token.set && !a.viewer.set {
+		return nil
+	}
+	h := sha256.New()
+	h.Write([]byte("usher console session key v1\x00"))
+	h.Write(a.token.sum[:])
+	h.Write(a.viewer.sum[:])
+	return h.Sum(nil)
+}
+
+// AuthenticateActor returns the actor of credential: the admin for the admin token, the viewer
+// for the viewer token (constant-time comparisons of hashes), else the tenant of a valid tenant
+// credential. Failures wrap ErrUnauthenticated and never contain the credential.
 func (a *Admin) AuthenticateActor(ctx context.Context, credential string) (Actor, error) {
 	if err := checkShape(credential); err != nil {
 		return Actor{}, err
 	}
 	h := sum256(credential)
-	if a.hasToken && subtle.ConstantTimeCompare(h[:], a.tokenHash[:]) == 1 {
+	isAdmin, isViewer := a.token.matches(h), a.viewer.matches(h)
+	switch {
+	case isAdmin:
 		return Actor{Name: "admin", Admin: true}, nil
+	case isViewer:
+		return Actor{Name: "viewer", Viewer: true}, nil
 	}
 	p, err := a.dir.Authenticate(ctx, credential)
 	if err != nil {
@@ -113,14 +177,29 @@ func requireAdmin(actor Actor) error {
 	return nil
 }
 
-// requireTenant allows the admin and the tenant id itself. Another tenant gets ErrNotFound, so
-// it cannot even learn whether the object exists.
+// requireTenant allows changes by the admin and the tenant id itself. The viewer gets
+// ErrForbidden; another tenant gets ErrNotFound, so it cannot even learn whether the object
+// exists.
 func requireTenant(actor Actor, id string) error {
-	if actor.Admin || actor.TenantID == id {
+	switch {
+	case actor.Admin || actor.TenantID == id && id != "":
 		return nil
+	case actor.Viewer:
+		return fmt.Errorf("the viewer is read-only: %w", ErrForbidden)
 	}
 	return fmt.Errorf("tenant %q: %w", id, ErrNotFound)
 }
+
+// requireTenantRead allows reads by the admin, the viewer and the tenant id itself.
+func requireTenantRead(actor Actor, id string) error {
+	if actor.Viewer {
+		return nil
+	}
+	return requireTenant(actor, id)
+}
+
+// readsAll reports whether the actor reads every tenant (the admin and the viewer).
+func readsAll(actor Actor) bool { return actor.Admin || actor.Viewer }
 
 func invalid(field, format string, args ...any) error {
 	return fmt.Errorf("%s: %s: %w", field, fmt.Sprintf(format, args...), ErrInvalid)
@@ -147,10 +226,10 @@ type TenantUpdate struct {
 	Tier *string `json:"tier"`
 }
 
-// Tenants lists every tenant (the config file's first, then the store's) for the admin, and
-// only its own for a tenant.
+// Tenants lists every tenant (the config file's first, then the store's) for the admin and the
+// viewer, and only its own for a tenant.
 func (a *Admin) Tenants(ctx context.Context, actor Actor) ([]Tenant, error) {
-	if !actor.Admin {
+	if !readsAll(actor) {
 		t, err := a.Tenant(ctx, actor, actor.TenantID)
 		if err != nil {
 			return nil, err
@@ -164,9 +243,9 @@ func (a *Admin) Tenants(ctx context.Context, actor Actor) ([]Tenant, error) {
 	return append(a.dir.ConfigTenants(), stored...), nil
 }
 
-// Tenant returns one tenant.
+// Tenant returns one tenant (the admin, the viewer, or that tenant itself).
 func (a *Admin) Tenant(ctx context.Context, actor Actor, id string) (Tenant, error) {
-	if err := requireTenant(actor, id); err != nil {
+	if err := requireTenantRead(actor, id); err != nil {
 		return Tenant{}, err
 	}
 	if a.dir.IsConfigTenant(id) {
@@ -308,9 +387,10 @@ func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in 
 	return k, key, nil
 }
 
-// Keys lists a tenant's keys without their secrets (the admin, or that tenant itself).
+// Keys lists a tenant's keys without their secrets (the admin, the viewer, or that tenant
+// itself).
 func (a *Admin) Keys(ctx context.Context, actor Actor, tenantID string) ([]APIKey, error) {
-	if err := requireTenant(actor, tenantID); err != nil {
+	if err := requireTenantRead(actor, tenantID); err != nil {
 		return nil, err
 	}
 	if a.dir.IsConfigTenant(tenantID) {
@@ -341,10 +421,10 @@ func (a *Admin) RevokeKey(ctx context.Context, actor Actor, tenantID, keyID stri
 // Tiers lists the declared tiers, highest first (any actor).
 func (a *Admin) Tiers(Actor) []Tier { return a.dir.Tiers() }
 
-// Audit returns a page of the audit log, newest first: everything for the admin, the entries
-// about its own tenant and keys for a tenant.
+// Audit returns a page of the audit log, newest first: everything for the admin and the viewer,
+// the entries about its own tenant and keys for a tenant.
 func (a *Admin) Audit(ctx context.Context, actor Actor, q AuditQuery) (AuditPage, error) {
-	if !actor.Admin {
+	if !readsAll(actor) {
 		if q.TenantID != "" && q.TenantID != actor.TenantID {
 			return AuditPage{}, fmt.Errorf("tenant %q: %w", q.TenantID, ErrNotFound)
 		}

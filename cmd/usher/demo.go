@@ -116,6 +116,7 @@ OPENAI_API_KEY=%[2]s
 Try a streamed chat completion:
   curl -N %[1]s/v1/chat/completions -H "Authorization: Bearer %[2]s" -H "Content-Type: application/json" -d '{"model":"%[4]s","stream":true,"messages":[{"role":"user","content":"Hello, usher!"}]}'
 
+Console: %[1]s/admin/  (sign in with the admin token)
 Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  token: %[5]s
   curl %[1]s/admin/api/v1/workers -H "Authorization: Bearer %[5]s"
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz

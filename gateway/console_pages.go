@@ -1,0 +1,286 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// The console's pages and actions. Each reads with, or acts through, the same methods as the
+// admin JSON API's handlers.
+
+func (con *console) overviewPage(c echo.Context) error {
+	o, err := con.s.overview()
+	if err != nil {
+		return con.fail(c, "/admin/", err)
+	}
+	return con.page(c, "overview", o)
+}
+
+func (con *console) overviewLive(c echo.Context) error {
+	o, err := con.s.overview()
+	if err != nil {
+		return err
+	}
+	return con.render(c, http.StatusOK, "overview", "overview-live", o)
+}
+
+// workersView is the Workers page: the workers and how many pins each holds.
+type workersView struct {
+	Workers []routing.WorkerStatus
+	Pinned  map[string]int
+}
+
+func (con *console) workersView(c echo.Context) (workersView, error) {
+	v := workersView{Workers: con.s.pool.Workers(), Pinned: map[string]int{}}
+	pins, err := con.s.findPins(c.Request().Context(), routing.PinFilter{}, "")
+	if err != nil {
+		return v, err
+	}
+	for _, p := range pins {
+		v.Pinned[p.Worker]++
+	}
+	sortWorkers(v.Workers)
+	return v, nil
+}
+
+func (con *console) workersPage(c echo.Context) error {
+	v, err := con.workersView(c)
+	if err != nil {
+		return con.fail(c, "/admin/", err)
+	}
+	return con.page(c, "workers", v)
+}
+
+func (con *console) workersLive(c echo.Context) error {
+	v, err := con.workersView(c)
+	if err != nil {
+		return err
+	}
+	return con.render(c, http.StatusOK, "workers", "workers-live", con.pageData(c, "workers", v))
+}
+
+// sessionsView is the Sessions page: the pins a search finds, and the choices of its forms.
+type sessionsView struct {
+	Filter  routing.PinFilter
+	Key     string
+	Pins    []routing.Pin
+	Workers []string
+	Models  []string
+}
+
+func (con *console) sessionsPage(c echo.Context) error {
+	v := sessionsView{
+		Filter: routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")},
+		Key:    c.QueryParam("key"),
+		Models: con.s.pool.Models(),
+	}
+	ws := con.s.pool.Workers()
+	sortWorkers(ws)
+	for _, w := range ws {
+		v.Workers = append(v.Workers, w.ID)
+	}
+	pins, err := con.s.findPins(c.Request().Context(), v.Filter, v.Key)
+	if err != nil {
+		return con.fail(c, "/admin/", err)
+	}
+	v.Pins = pins
+	return con.page(c, "sessions", v)
+}
+
+func (con *console) queuePage(c echo.Context) error {
+	qs, err := con.s.queueViews()
+	if err != nil {
+		return con.fail(c, "/admin/", err)
+	}
+	return con.page(c, "queue", qs)
+}
+
+// tenantsView is the Tenants page.
+type tenantsView struct {
+	Query   string
+	Tenants []tenants.Tenant
+	Tiers   []tenants.Tier
+}
+
+func (con *console) tenantsPage(c echo.Context) error {
+	actor := actorOf(c)
+	list, err := con.ta.Tenants(c.Request().Context(), actor)
+	if err != nil {
+		return con.fail(c, "/admin/", err)
+	}
+	q := c.QueryParam("q")
+	return con.page(c, "tenants", tenantsView{Query: q, Tenants: searchTenants(list, q), Tiers: con.ta.Tiers(actor)})
+}
+
+// tenantView is one tenant's page; Secret is set only right after a key was created.
+type tenantView struct {
+	Tenant tenants.Tenant
+	Keys   []tenants.APIKey
+	Secret string
+}
+
+func (con *console) tenantView(c echo.Context, id string) (tenantView, error) {
+	ctx, actor := c.Request().Context(), actorOf(c)
+	t, err := con.ta.Tenant(ctx, actor, id)
+	if err != nil {
+		return tenantView{}, err
+	}
+	keys, err := con.ta.Keys(ctx, actor, id)
+	return tenantView{Tenant: t, Keys: keys}, err
+}
+
+func (con *console) tenantPage(c echo.Context) error {
+	v, err := con.tenantView(c, c.Param("id"))
+	if err != nil {
+		return con.fail(c, "/admin/tenants", err)
+	}
+	return con.page(c, "tenant", v)
+}
+
+// auditView is the Audit page.
+type auditView struct {
+	Query tenants.AuditQuery
+	Page  tenants.AuditPage
+}
+
+func (con *console) auditPage(c echo.Context) error {
+	q := tenants.AuditQuery{Actor: c.QueryParam("actor"), Object: c.QueryParam("object"), Before: c.QueryParam("before"), Limit: 50}
+	page, err := con.ta.Audit(c.Request().Context(), actorOf(c), q)
+	if err != nil {
+		return con.fail(c, "/admin/audit", err)
+	}
+	return con.page(c, "audit", auditView{Query: q, Page: page})
+}
+
+func (con *console) addWorker(c echo.Context) (string, string, error) {
+	spec := routing.WorkerSpec{ID: strings.TrimSpace(c.FormValue("id")), URL: strings.TrimSpace(c.FormValue("url"))}
+	for _, m := range strings.Split(c.FormValue("models"), ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			spec.Models = append(spec.Models, m)
+		}
+	}
+	n, err := formInt(c, "max_concurrency")
+	if err != nil {
+		return "", "", err
+	}
+	spec.MaxConcurrency = int(n)
+	if err := con.s.addWorkerAction(c, spec); err != nil {
+		return "", "", err
+	}
+	return "Worker " + spec.ID + " added.", "", nil
+}
+
+func (con *console) drain(c echo.Context) (string, string, error) {
+	id := c.Param("id")
+	return "Worker " + id + " drains; its pins move at their next request.", "", con.s.drainWorkerAction(c, id)
+}
+
+func (con *console) undrain(c echo.Context) (string, string, error) {
+	id := c.Param("id")
+	return "Worker " + id + " takes requests again.", "", con.s.undrainWorkerAction(c, id)
+}
+
+func (con *console) remove(c echo.Context) (string, string, error) {
+	id := c.Param("id")
+	return "Worker " + id + " removed.", "", con.s.removeWorkerAction(c, id)
+}
+
+func (con *console) pin(c echo.Context) (string, string, error) {
+	ttl, err := formInt(c, "ttl_seconds")
+	if err != nil {
+		return "", "", err
+	}
+	r := pinRequest{Model: c.FormValue("model"), Tenant: strings.TrimSpace(c.FormValue("tenant")),
+		Key: strings.TrimSpace(c.FormValue("key")), Worker: c.FormValue("worker"), TTLSeconds: ttl}
+	if err := con.s.pinAction(c, r); err != nil {
+		return "", "", err
+	}
+	return fmt.Sprintf("Session %s of %s pinned to %s.", r.Key, r.Tenant, r.Worker), "", nil
+}
+
+func (con *console) unpin(c echo.Context) (string, string, error) {
+	key := c.FormValue("key")
+	return "Session " + key + " unpinned.", "", con.s.unpinAction(c, c.FormValue("model"), c.FormValue("tenant"), key)
+}
+
+func (con *console) movePins(c echo.Context) (string, string, error) {
+	ttl, err := formInt(c, "ttl_seconds")
+	if err != nil {
+		return "", "", err
+	}
+	r := movePinsRequest{From: c.FormValue("from"), To: c.FormValue("to"), TTLSeconds: ttl}
+	n, err := con.s.movePinsAction(c, r)
+	return fmt.Sprintf("%d pins moved from %s to %s.", n, r.From, r.To), "", err
+}
+
+func (con *console) createTenant(c echo.Context) (string, string, error) {
+	in := tenants.TenantInput{ID: strings.TrimSpace(c.FormValue("id")), Name: strings.TrimSpace(c.FormValue("name")), Tier: c.FormValue("tier")}
+	t, err := con.ta.CreateTenant(c.Request().Context(), actorOf(c), in)
+	if err != nil {
+		return "", "", err
+	}
+	return "Tenant " + t.ID + " created.", "/admin/tenants/" + t.ID, nil
+}
+
+func (con *console) suspend(c echo.Context) (string, string, error) {
+	id := c.Param("id")
+	return "Tenant " + id + " suspended.", "", con.ta.SuspendTenant(c.Request().Context(), actorOf(c), id)
+}
+
+func (con *console) resume(c echo.Context) (string, string, error) {
+	id := c.Param("id")
+	return "Tenant " + id + " resumed.", "", con.ta.ResumeTenant(c.Request().Context(), actorOf(c), id)
+}
+
+func (con *console) revokeKey(c echo.Context) (string, string, error) {
+	id, key := c.Param("id"), c.Param("key")
+	return "Key " + key + " revoked.", "/admin/tenants/" + id, con.ta.RevokeKey(c.Request().Context(), actorOf(c), id, key)
+}
+
+// createKey answers with the tenant's page showing the new secret, once: it is in no URL,
+// no cookie and no cache.
+func (con *console) createKey(c echo.Context) error {
+	id := c.Param("id")
+	back := "/admin/tenants/" + id
+	in := tenants.KeyInput{Name: strings.TrimSpace(c.FormValue("name"))}
+	if d := c.FormValue("expires"); d != "" {
+		t, err := time.Parse(time.DateOnly, d)
+		if err != nil {
+			return con.fail(c, back, badRequest("expires", "expires must be a date YYYY-MM-DD"))
+		}
+		in.Expires = t
+	}
+	key, secret, err := con.ta.CreateKey(c.Request().Context(), actorOf(c), id, in)
+	if err != nil {
+		return con.fail(c, back, err)
+	}
+	v, err := con.tenantView(c, id)
+	if err != nil {
+		return con.fail(c, back, err)
+	}
+	v.Secret = secret
+	pd := con.pageData(c, "tenants", v)
+	pd.Flash = "Key " + key.ID + " created."
+	return con.render(c, http.StatusCreated, "tenant", "", pd)
+}
+
+// formInt reads an optional non-negative integer field; empty is 0.
+func formInt(c echo.Context, field string) (int64, error) {
+	v := strings.TrimSpace(c.FormValue(field))
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, badRequest(field, "%s must be a non-negative integer", field)
+	}
+	return n, nil
+}
