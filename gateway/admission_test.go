@@ -199,42 +199,59 @@ func waitQueued(t *testing.T, g *testGateway, n int) {
 	}
 }
 
-func TestShutdownAnswersQueuedRequestsWith503(t *testing.T) {
+func TestShutdownSettlesThenAnswersQueuedRequestsWith503(t *testing.T) {
 	g, w := startHeldGateway(t, queue.Config{})
 	occupy(t, g, w)
 	type result struct {
 		status     int
 		retryAfter string
 	}
-	done := make(chan result, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			done <- result{}
-			return
-		}
-		resp.Body.Close()
-		done <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
-	}()
-	waitQueued(t, g, 1)
-	g.srv.BeginShutdown()
-	select {
-	case r := <-done:
-		if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
-			t.Fatalf("got %d with Retry-After %q, want 503 with one", r.status, r.retryAfter)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the queued request was not answered at shutdown")
+	send := func() <-chan result {
+		done := make(chan result, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- result{}
+				return
+			}
+			resp.Body.Close()
+			done <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
+		}()
+		return done
 	}
+	queuedBefore := send()
+	waitQueued(t, g, 1)
+
+	// Settle: not ready, but requests are still admitted and wait their turn.
+	g.srv.BeginShutdown()
 	resp, err := http.Get(g.url + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("readyz while shutting down: got %d, want 503", resp.StatusCode)
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Fatalf("readyz while settling: got %d, connection close %v; want 503, true", resp.StatusCode, resp.Close)
+	}
+	queuedDuring := send()
+	waitQueued(t, g, 2)
+	select {
+	case r := <-queuedBefore:
+		t.Fatalf("a queued request was answered %d during the settle time, want it still queued", r.status)
+	default:
+	}
+
+	g.srv.StopAdmitting()
+	for name, done := range map[string]<-chan result{"queued before shutdown": queuedBefore, "queued while settling": queuedDuring, "sent after": send()} {
+		select {
+		case r := <-done:
+			if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
+				t.Fatalf("%s: got %d with Retry-After %q, want 503 with one", name, r.status, r.retryAfter)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: not answered once admission stopped", name)
+		}
 	}
 }
 

@@ -359,7 +359,8 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have
 // stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
 // has background work (see policyRunner), that work; with a DrainStore, following the drain state
-// other replicas set. Workers added later get theirs at once.
+// other replicas set; the removal of retired workers (Retire). Workers added later get theirs at
+// once.
 // Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
@@ -377,6 +378,7 @@ func (p *Pool) Run(ctx context.Context) {
 	if p.drains != nil {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
+	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
 	p.mu.Unlock()
 
 	<-ctx.Done()
