@@ -85,7 +85,7 @@ func post(client *http.Client, url, key string) (*http.Response, string, error) 
 }
 
 // serveConfig is a minimal `usher serve` configuration: the workers at urls, one tenant with
-// apiKey in the tier e2e (interactive, so the queue's interactive reserve does not hold back
+// apiKey in the tier e2e (urls[i] is the worker sim-i; "" skips it) (interactive, so the queue's interactive reserve does not hold back
 // capacity; tierFields adds to it), SQLite in dir, and the extra YAML of the caller (top-level
 // sections) appended.
 func serveConfig(listen, dir string, urls []string, server, tierFields, extra string) string {
@@ -93,6 +93,9 @@ func serveConfig(listen, dir string, urls []string, server, tierFields, extra st
 	fmt.Fprintf(&b, "server:\n  listen: %s\n%s", listen, server)
 	b.WriteString("routing:\n  health: {interval: 200ms, timeout: 100ms}\n  workers:\n")
 	for i, u := range urls {
+		if u == "" {
+			continue
+		}
 		fmt.Fprintf(&b, "    - {id: sim-%d, url: %q, models: [%s], max_concurrency: 1}\n", i, u, model)
 	}
 	fmt.Fprintf(&b, "tiers:\n  - {name: e2e, default_class: interactive%s}\n", tierFields)
