@@ -17,7 +17,9 @@ const DefaultDiscoveryInterval = 10 * time.Second
 
 // DiscoveryConfig finds workers by DNS: every address the name resolves to is one worker at
 // Scheme://address:Port serving Models. Meant for a Kubernetes headless Service, whose name
-// resolves to the addresses of its ready pods. One entry of `routing.discovery`.
+// resolves to the addresses of its ready pods. One entry of `routing.discovery`. A discovered
+// worker removed through the admin API stays out until its address vanishes from the name and
+// comes back; to take one out of rotation for a while, drain it.
 type DiscoveryConfig struct {
 	// Name is the DNS name to resolve, e.g. vllm.inference.svc.cluster.local.
 	Name string `yaml:"name"`
@@ -65,12 +67,13 @@ func (dc DiscoveryConfig) validate(prefix string) []error {
 	if dc.Interval <= 0 {
 		bad("interval", "must be positive, got %s", dc.Interval)
 	}
-	// The specs of the workers found must be valid; one stands for all.
-	for _, err := range validateWorker(prefix, dc.spec("192.0.2.1")) {
-		if !strings.Contains(err.Error(), ".id:") && !strings.Contains(err.Error(), ".url:") {
-			errs = append(errs, err)
-		}
+	if !workerIDPattern.MatchString(dc.idPrefix() + "0") {
+		bad("name", "its first label must be letters, digits, '-' or '_' to name workers, got %q", dc.Name)
 	}
+	// Models and caps as every worker found will have them, under a name and URL known good.
+	spec := dc.spec("192.0.2.1")
+	spec.ID, spec.URL = "x", "http://192.0.2.1"
+	errs = append(errs, validateWorker(prefix, spec)...)
 	return errs
 }
 

@@ -158,7 +158,9 @@ func TestDiscoveryConfigValidate(t *testing.T) {
 		{"url as name", []DiscoveryConfig{{Name: "http://x", Port: 1, Models: []string{"m"}}}, "routing.discovery[0].name"},
 		{"bad port", []DiscoveryConfig{{Name: "x", Port: 70000, Models: []string{"m"}}}, "routing.discovery[0].port"},
 		{"bad scheme", []DiscoveryConfig{{Name: "x", Port: 1, Scheme: "ftp", Models: []string{"m"}}}, "routing.discovery[0].scheme"},
-		{"no models", []DiscoveryConfig{{Name: "x", Port: 1}}, "routing.discovery[0].models"},
+		{"no models", []DiscoveryConfig{{Name: "x", Port: 1}}, "routing.discovery[0].models: a worker must serve at least one model"},
+		{"negative cap", []DiscoveryConfig{{Name: "x", Port: 1, Models: []string{"m"}, MaxConcurrency: -1}}, "routing.discovery[0].max_concurrency"},
+		{"label unfit for an ID", []DiscoveryConfig{{Name: "*.svc", Port: 1, Models: []string{"m"}}}, "routing.discovery[0].name: its first label"},
 		{"negative interval", []DiscoveryConfig{{Name: "x", Port: 1, Models: []string{"m"}, Interval: -time.Second}}, "routing.discovery[0].interval"},
 		{"clashing IDs", []DiscoveryConfig{ok, {Name: "vllm.other.svc", Port: 8000, Models: []string{"n"}}}, "routing.discovery[1].name: the first label and port (vllm-8000)"},
 	}

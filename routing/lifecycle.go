@@ -211,7 +211,8 @@ const RetireSweep = 100 * time.Millisecond
 func (p *Pool) removeRetired(context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, w := range slices.Clone(p.workers) {
+	// removeLocked replaces p.workers with a new slice: the one ranged over stays as it was.
+	for _, w := range p.workers {
 		if w.retiring.Load() && w.InFlight() == 0 {
 			if err := p.removeLocked(w.spec.ID); err != nil {
 				p.logger.Error("retired worker not removed", "worker", w.spec.ID, "err", err)
