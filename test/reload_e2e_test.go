@@ -2,7 +2,10 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -74,4 +77,24 @@ func TestSIGHUPReloadsTiersAndWorkersWithoutDroppingRequests(t *testing.T) {
 	if code := p.exitCode(10 * time.Second); code != 0 {
 		t.Fatalf("exit code: got %d, want 0", code)
 	}
+}
+
+func TestWorkersFoundByDNS(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.1
+	_, srv := simtest.Start(t, cfg)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	dir := t.TempDir()
+	p := startServe(t, "usher", func(listen string) string {
+		// No static worker: localhost resolves to the simulated worker's loopback address
+		// (and to ::1 on some machines, where nothing listens: that worker fails its health
+		// checks and takes no requests).
+		discovery := fmt.Sprintf("routing:\n  discovery:\n    - {name: localhost, port: %s, models: [%s], interval: 200ms}\n", port, model)
+		return strings.Replace(serveConfig(listen, dir, nil, "  shutdown_settle: 100ms\n", "", ""), "routing:\n", discovery, 1)
+	})
+	want := "localhost-" + port + "-127.0.0.1"
+	eventually(t, 5*time.Second, "a request served by the worker found by DNS", func() bool {
+		resp, _, err := post(freshClient(), p.url, apiKey)
+		return err == nil && resp.StatusCode == http.StatusOK && resp.Header.Get("X-Usher-Worker") == want
+	})
 }
