@@ -163,3 +163,19 @@ func TestSIGTERMSettlesFinishesStreamsAndExitsZero(t *testing.T) {
 	}
 	t.Logf("stopped %v after SIGTERM (settle %v)", time.Since(term).Round(time.Millisecond), settle)
 }
+
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model = model
+	_, srv := simtest.Start(t, cfg)
+	dir := t.TempDir()
+	p := startServe(t, "usher", func(listen string) string {
+		return serveConfig(listen, dir, []string{srv.URL}, "  shutdown_settle: 1m\n", "", "")
+	})
+	p.signal(syscall.SIGTERM)
+	p.waitLog("shutting down: not ready", 5*time.Second)
+	p.signal(syscall.SIGINT)
+	if code := p.exitCode(5 * time.Second); code == 0 {
+		t.Fatalf("exit code after a second signal: got 0, want the signal's")
+	}
+}

@@ -41,6 +41,8 @@ func runServe(args []string) int {
 	logger := newLogger(cfg.Log, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// After the first signal the default handling comes back: a second one stops at once.
+	context.AfterFunc(ctx, stop)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
