@@ -278,3 +278,26 @@ func TestPriorityHandedDownOnlyToWorkersThatScheduleByIt(t *testing.T) {
 		}
 	}
 }
+
+func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
+	worker := func(state routing.WorkerState, model string, others int64) routing.WorkerStatus {
+		return routing.WorkerStatus{State: state, Models: []string{model}, MaxConcurrency: 8, MaxTokensInFlight: 1000, OthersInFlight: others}
+	}
+	tests := []struct {
+		name    string
+		workers []routing.WorkerStatus
+		want    queue.Capacity
+	}{
+		{"alone", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 0), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 16, Tokens: 2000}},
+		{"others hold some", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 3), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 13, Tokens: 2000}},
+		{"others fill one: a slot stays", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 20), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 9, Tokens: 2000}},
+		{"unhealthy, draining and other models count nothing", []routing.WorkerStatus{worker(routing.StateUnhealthy, "m", 0), worker(routing.StateDraining, "m", 0), worker(routing.StateHealthy, "n", 0)}, queue.Capacity{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := capacityOf(tt.workers, "m"); got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

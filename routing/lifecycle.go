@@ -36,6 +36,9 @@ type WorkerStatus struct {
 	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
 	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
 	Load LoadReport `json:"load"`
+	// OthersInFlight estimates the requests on the worker this gateway did not send, e.g. other
+	// replicas' (see Worker.OthersInFlight); 0 without a fresh reading.
+	OthersInFlight int64 `json:"others_in_flight"`
 	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
@@ -80,8 +83,10 @@ func (p *Pool) Workers() []WorkerStatus {
 	workers := p.workers
 	p.mu.Unlock()
 	out := make([]WorkerStatus, len(workers))
+	now := p.now()
 	for i, w := range workers {
 		out[i] = w.status()
+		out[i].OthersInFlight = w.OthersInFlight(now, p.cfg.Scrape.MaxAge)
 	}
 	return out
 }
@@ -92,7 +97,9 @@ func (p *Pool) Worker(id string) (WorkerStatus, error) {
 	if err != nil {
 		return WorkerStatus{}, err
 	}
-	return w.status(), nil
+	st := w.status()
+	st.OthersInFlight = w.OthersInFlight(p.now(), p.cfg.Scrape.MaxAge)
+	return st, nil
 }
 
 // Add puts a new worker in the pool. It takes requests at once (like a worker of the config, it
