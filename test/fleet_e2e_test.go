@@ -21,6 +21,7 @@ import (
 	"github.com/usherllm/usher/tenants"
 	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
+	"github.com/usherllm/usher/test/sim/simtest"
 )
 
 const postgresDSNEnv = "USHER_TEST_POSTGRES_DSN"
@@ -410,4 +411,56 @@ func errClass(err error) string {
 		}
 	}
 	return s
+}
+
+func TestReplicasLeaveAWorkerTheOthersFill(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 1
+	_, worker := simtest.Start(t, cfg)
+	config := func(dir string) func(listen string) string {
+		return func(listen string) string {
+			c := serveConfig(listen, dir, []string{worker.URL}, "  shutdown_settle: 100ms\n", "", "admin: {token: "+e2eAdminToken+"}\n")
+			c = strings.Replace(c, "max_concurrency: 1", "max_concurrency: 4", 1)
+			return strings.Replace(c, "routing:\n", "routing:\n  scrape: {interval: 100ms}\n", 1)
+		}
+	}
+	a := startServe(t, "replica-a", config(t.TempDir()))
+	b := startServe(t, "replica-b", config(t.TempDir()))
+	capacity := func(r *serveProcess) (requests, others int) {
+		var list struct {
+			Queues []struct{ Capacity struct{ Requests int } }
+		}
+		req, _ := http.NewRequest(http.MethodGet, r.url+"/admin/api/v1/queue", nil)
+		req.Header.Set("Authorization", "Bearer "+e2eAdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_ = json.NewDecoder(resp.Body).Decode(&list)
+		queues := list.Queues
+		_, w := fleetCall(t, "GET", r.url+"/admin/api/v1/workers/sim-0", e2eAdminToken, "", nil)
+		o, _ := w["others_in_flight"].(float64)
+		if len(queues) == 0 {
+			return -1, int(o)
+		}
+		return queues[0].Capacity.Requests, int(o)
+	}
+	eventually(t, 5*time.Second, "replica-b's queue holds the worker's 4 slots", func() bool { n, _ := capacity(b); return n == 4 })
+
+	// replica-a fills the worker: replica-b's queue keeps one slot.
+	var streams []<-chan streamResult
+	for range 4 {
+		streams = append(streams, startStream(t, &http.Client{}, a.url, apiKey, 150))
+	}
+	eventually(t, 2*time.Second, "replica-b sees the worker full", func() bool { n, o := capacity(b); return n == 1 && o == 4 })
+	if n, o := capacity(a); n != 4 || o != 0 {
+		t.Fatalf("replica-a: capacity %d with %d others' requests, want 4 and 0: its own requests are not others'", n, o)
+	}
+	for _, s := range streams {
+		if r := <-s; r.err != nil || !r.done {
+			t.Fatalf("stream on replica-a: %+v", r)
+		}
+	}
+	eventually(t, 2*time.Second, "replica-b gets the slots back", func() bool { n, _ := capacity(b); return n == 4 })
 }
