@@ -51,6 +51,9 @@ func (r *reloader) apply(next Config) {
 	r.running.Tenants.Tiers, r.running.Tenants.DefaultTier = next.Tenants.Tiers, next.Tenants.DefaultTier
 	var added, replaced, retired int
 	old := r.running.Routing.Workers
+	// applied becomes the static workers in effect: a worker the pool refused keeps its old
+	// declaration (or stays undeclared), so the next reload tries again.
+	var applied []routing.WorkerSpec
 	for _, spec := range next.Routing.Workers {
 		i := slices.IndexFunc(old, func(o routing.WorkerSpec) bool { return o.ID == spec.ID })
 		switch {
@@ -67,24 +70,36 @@ func (r *reloader) apply(next Config) {
 			}
 			added++
 		case !reflect.DeepEqual(old[i], spec):
-			if err := r.pool.Replace(spec); err != nil {
+			err := r.pool.Replace(spec)
+			if errors.Is(err, routing.ErrUnknownWorker) {
+				// Removed through the admin API since: the file declares it.
+				err = r.pool.Add(spec)
+			}
+			if err != nil {
 				r.logger.Error("config reload: worker not replaced", "worker", spec.ID, "err", err)
+				applied = append(applied, old[i])
 				continue
 			}
 			replaced++
 		}
+		applied = append(applied, spec)
 	}
 	for _, spec := range old {
 		if slices.ContainsFunc(next.Routing.Workers, func(n routing.WorkerSpec) bool { return n.ID == spec.ID }) {
 			continue
 		}
-		if err := r.pool.Retire(spec.ID); err != nil && !errors.Is(err, routing.ErrUnknownWorker) {
+		err := r.pool.Retire(spec.ID)
+		switch {
+		case errors.Is(err, routing.ErrUnknownWorker):
+			// Already gone (removed through the admin API).
+		case err != nil:
 			r.logger.Error("config reload: worker not retired", "worker", spec.ID, "err", err)
-			continue
+			applied = append(applied, spec)
+		default:
+			retired++
 		}
-		retired++
 	}
-	r.running.Routing.Workers = next.Routing.Workers
+	r.running.Routing.Workers = applied
 	if stale := restartNeeded(r.running, next); len(stale) > 0 {
 		r.logger.Warn("config reload: these settings changed but take effect only at restart", "sections", stale)
 	}

@@ -21,6 +21,9 @@ type fakePool struct {
 }
 
 func (p *fakePool) Add(s routing.WorkerSpec) error {
+	if s.URL == "http://refused" {
+		return errors.New("worker.url: refused")
+	}
 	if _, ok := p.specs[s.ID]; ok {
 		return fmt.Errorf("worker %q: %w", s.ID, routing.ErrWorkerExists)
 	}
@@ -83,6 +86,9 @@ func TestReloaderApply(t *testing.T) {
 			nil, 1, "config reload refused"},
 		{"removed then declared again", []Config{cfgWith([]string{"pro"}, w("a", "http://a")), start},
 			[]string{"retire b", "replace b"}, 1, "workers_added=1"},
+		{"a worker refused is tried again at the next reload", []Config{cfgWith([]string{"pro"}, w("a", "http://a"), w("b", "http://b"), w("c", "http://refused")),
+			cfgWith([]string{"pro"}, w("a", "http://a"), w("b", "http://b"), w("c", "http://c"))},
+			[]string{"add c"}, 1, `worker not added" worker=c`},
 		{"other sections wait for a restart", []Config{func() Config { c := start; c.Server.Listen = "x:1"; return c }()},
 			nil, 1, "sections=[server]"},
 	}
