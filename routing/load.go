@@ -68,9 +68,10 @@ func (w *Worker) ReportedQueue(now time.Time, maxAge time.Duration) int64 {
 // OthersInFlight estimates the requests on the worker that this gateway did not send (other
 // replicas' or other clients'): its reported running + waiting minus this gateway's in-flight
 // count, both taken at the last scrape, never below 0. A reading older than maxAge, or none,
-// gives 0: the worker is then judged by the gateway's own counts. The estimate errs low, since
-// a request this gateway has sent counts here before the worker reports it. Costs two atomic
-// loads.
+// gives 0: the worker is then judged by the gateway's own counts. Requests starting or ending
+// around the scrape make the estimate a little off either way (one sent but not yet seen by the
+// worker lowers it; one the worker still counts after the gateway released it raises it). Costs
+// two atomic loads.
 func (w *Worker) OthersInFlight(now time.Time, maxAge time.Duration) int64 {
 	at := w.load.at.Load()
 	if at == 0 || now.UnixNano()-at > int64(maxAge) {
