@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint bench bench-hop clean
+.PHONY: build run test test-deps lint lint-deps bench bench-hop bench-policies clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/usher
@@ -21,10 +21,19 @@ test: test-deps
 test-deps:
 	@./test/deps.sh
 
-lint:
+lint: lint-deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+	$(GO) test -count=1 ./test/deploy/
+	./deploy/lint.sh
+
+# What lint needs beyond Go: jq and docker-compose (apt-get when root), promtool (from Debian's
+# prometheus package, unpacked into .cache/) and dockerfile-utils (npm, into .cache/);
+# kubeconform, kustomize and the Kubernetes schemas come through the Go module proxy. See
+# deploy/lint.sh.
+lint-deps:
+	@./deploy/lint.sh deps
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
@@ -32,6 +41,11 @@ bench:
 # The gateway hop against nginx on loopback (installs nginx and wrk when root); see the script.
 bench-hop:
 	./test/hopbench/run.sh
+
+# Routing policies side by side on four simulated workers, shared-prefix and Mooncake (about 12
+# minutes; POLICIES, WORKLOADS and the scales are environment variables, see the script).
+bench-policies:
+	./test/policybench/run.sh
 
 clean:
 	rm -rf bin artifacts

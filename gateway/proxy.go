@@ -341,11 +341,13 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 			continue
 		}
 		w.Flush()
+		if done {
+			// [DONE] went out: the answer is complete, whether the worker then closes the stream
+			// or the client hangs up first.
+			return out, nil
+		}
 		if c.Request().Context().Err() != nil {
 			return out, errClientGone
-		}
-		if errors.Is(err, io.EOF) && done {
-			return out, nil
 		}
 		// The stream broke before [DONE]: the status is sent already, so tell the client in
 		// the stream itself, as OpenAI does.

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -36,6 +37,8 @@ type fakeWorker struct {
 	// client goes away); started counts requests that reached the wait.
 	hold    chan struct{}
 	started atomic.Int64
+	// linger keeps a stream open after [DONE] until the client goes away.
+	linger bool
 
 	mu       sync.Mutex // guards lastBody
 	lastBody map[string]any
@@ -94,6 +97,10 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(rw, "data: {\"choices\":[],\"usage\":%s}\n\n", usageJSON)
 	}
 	fmt.Fprint(rw, "data: [DONE]\n\n")
+	if w.linger {
+		flusher.Flush()
+		<-r.Context().Done()
+	}
 }
 
 func (w *fakeWorker) body() map[string]any {
@@ -285,6 +292,51 @@ func TestStreamRemovesTheUsageChunkTheClientDidNotAskFor(t *testing.T) {
 	if got := tokensServed(t, g, "cached"); got != 2 {
 		t.Errorf("usher_tokens_total{kind=cached}: got %v, want 2", got)
 	}
+}
+
+func TestClientClosingAfterDoneIsASuccess(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.linger = true })
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && sc.Text() != "data: [DONE]" {
+	}
+	resp.Body.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for requestsWithStatus(t, g, "200") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("usher_requests_total: 200 counted %v, 499 counted %v; want one 200",
+				requestsWithStatus(t, g, "200"), requestsWithStatus(t, g, "499"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := requestsWithStatus(t, g, "499"); n != 0 {
+		t.Fatalf("a complete stream was counted as a client close (%v)", n)
+	}
+}
+
+// requestsWithStatus reads usher_requests_total for the test model and status.
+func requestsWithStatus(t *testing.T, g *testGateway, status string) float64 {
+	t.Helper()
+	families, err := g.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "usher_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["model"] == testModel && labels["status"] == status {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 func TestStreamKeepsTheUsageChunkTheClientAskedFor(t *testing.T) {

@@ -173,7 +173,7 @@ func buildReport(cfg Config, results []result, elapsed time.Duration) *Report {
 	for _, c := range sortedClasses(classes) {
 		rep.Classes = append(rep.Classes, stats(c, filter(results, func(r *result) bool { return classOf(r) == c }), elapsed))
 	}
-	rep.Workers, rep.WorkerLoadRatio = workerLoads(results)
+	rep.Workers, rep.WorkerLoadRatio = workerLoads(results, len(cfg.Scrape))
 	rep.Fairness = fairness(cfg, results, elapsed)
 	return rep
 }
@@ -275,7 +275,10 @@ func stats(name string, results []result, elapsed time.Duration) Stats {
 	return s
 }
 
-func workerLoads(results []result) ([]WorkerLoad, float64) {
+// workerLoads counts requests per worker (X-Usher-Worker) and the max/mean ratio over the
+// fleet: the workers seen, or fleet (the scraped workers) when more, so a worker that got
+// nothing counts as a load of 0 rather than being left out of the mean.
+func workerLoads(results []result, fleet int) ([]WorkerLoad, float64) {
 	counts := map[string]int{}
 	for i := range results {
 		if w := results[i].worker; w != "" {
@@ -293,7 +296,7 @@ func workerLoads(results []result) ([]WorkerLoad, float64) {
 		most = max(most, n)
 	}
 	slices.SortFunc(loads, func(a, b WorkerLoad) int { return cmp.Compare(a.Worker, b.Worker) })
-	return loads, float64(most) / (float64(total) / float64(len(counts)))
+	return loads, float64(most) / (float64(total) / float64(max(len(counts), fleet)))
 }
 
 func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
