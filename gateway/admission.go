@@ -137,12 +137,17 @@ func (a *admission) close() {
 	}
 }
 
-// capacityOf sums the concurrency and token budgets of model's healthy workers.
+// capacityOf sums what model's healthy workers can take from this gateway: each worker's
+// concurrency less the requests other replicas have on it as its /metrics last reported
+// (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
+// healthy worker and a worker the others fill makes requests wait here, in order, instead of in
+// the worker's own queue. Token budgets are not reduced: they bound what one request may hold,
+// and a fleet-wide reading must not turn a request away as too large.
 func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
 	var c queue.Capacity
 	for _, w := range workers {
 		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
-			c.Requests += int(w.MaxConcurrency)
+			c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))
 			c.Tokens += int(w.MaxTokensInFlight)
 		}
 	}

@@ -199,42 +199,59 @@ func waitQueued(t *testing.T, g *testGateway, n int) {
 	}
 }
 
-func TestShutdownAnswersQueuedRequestsWith503(t *testing.T) {
+func TestShutdownSettlesThenAnswersQueuedRequestsWith503(t *testing.T) {
 	g, w := startHeldGateway(t, queue.Config{})
 	occupy(t, g, w)
 	type result struct {
 		status     int
 		retryAfter string
 	}
-	done := make(chan result, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			done <- result{}
-			return
-		}
-		resp.Body.Close()
-		done <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
-	}()
-	waitQueued(t, g, 1)
-	g.srv.BeginShutdown()
-	select {
-	case r := <-done:
-		if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
-			t.Fatalf("got %d with Retry-After %q, want 503 with one", r.status, r.retryAfter)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the queued request was not answered at shutdown")
+	send := func() <-chan result {
+		done := make(chan result, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- result{}
+				return
+			}
+			resp.Body.Close()
+			done <- result{resp.StatusCode, resp.Header.Get("Retry-After")}
+		}()
+		return done
 	}
+	queuedBefore := send()
+	waitQueued(t, g, 1)
+
+	// Settle: not ready, but requests are still admitted and wait their turn.
+	g.srv.BeginShutdown()
 	resp, err := http.Get(g.url + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("readyz while shutting down: got %d, want 503", resp.StatusCode)
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Fatalf("readyz while settling: got %d, connection close %v; want 503, true", resp.StatusCode, resp.Close)
+	}
+	queuedDuring := send()
+	waitQueued(t, g, 2)
+	select {
+	case r := <-queuedBefore:
+		t.Fatalf("a queued request was answered %d during the settle time, want it still queued", r.status)
+	default:
+	}
+
+	g.srv.StopAdmitting()
+	for name, done := range map[string]<-chan result{"queued before shutdown": queuedBefore, "queued while settling": queuedDuring, "sent after": send()} {
+		select {
+		case r := <-done:
+			if r.status != http.StatusServiceUnavailable || r.retryAfter == "" {
+				t.Fatalf("%s: got %d with Retry-After %q, want 503 with one", name, r.status, r.retryAfter)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: not answered once admission stopped", name)
+		}
 	}
 }
 
@@ -259,5 +276,28 @@ func TestPriorityHandedDownOnlyToWorkersThatScheduleByIt(t *testing.T) {
 		if got := tc.w.body()["priority"]; got != tc.want {
 			t.Fatalf("%s: priority sent: got %v, want %v", tc.spec.ID, got, tc.want)
 		}
+	}
+}
+
+func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
+	worker := func(state routing.WorkerState, model string, others int64) routing.WorkerStatus {
+		return routing.WorkerStatus{State: state, Models: []string{model}, MaxConcurrency: 8, MaxTokensInFlight: 1000, OthersInFlight: others}
+	}
+	tests := []struct {
+		name    string
+		workers []routing.WorkerStatus
+		want    queue.Capacity
+	}{
+		{"alone", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 0), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 16, Tokens: 2000}},
+		{"others hold some", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 3), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 13, Tokens: 2000}},
+		{"others fill one: a slot stays", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 20), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 9, Tokens: 2000}},
+		{"unhealthy, draining and other models count nothing", []routing.WorkerStatus{worker(routing.StateUnhealthy, "m", 0), worker(routing.StateDraining, "m", 0), worker(routing.StateHealthy, "n", 0)}, queue.Capacity{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := capacityOf(tt.workers, "m"); got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+		})
 	}
 }

@@ -34,7 +34,12 @@ type Config struct {
 	// DefaultMaxTokens is the expected output length of a request that does not set max_tokens,
 	// used for token accounting until the real usage is known. Default 256.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
-	// ShutdownGrace bounds how long in-flight requests may run after shutdown begins. Default 30s.
+	// ShutdownSettle is how long a stopping gateway keeps accepting and serving new requests
+	// after /readyz turned 503, so that load balancers and Kubernetes endpoints stop sending
+	// to it before it stops listening. Default 5s.
+	ShutdownSettle time.Duration `yaml:"shutdown_settle"`
+	// ShutdownGrace bounds how long in-flight requests may run once the settle time is over and
+	// the listener closed; a stop takes at most ShutdownSettle + ShutdownGrace. Default 30s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 }
 
@@ -50,6 +55,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.UpstreamHeaderTimeout, 10*time.Minute)
 	setDefault(&c.MaxAttempts, 3)
 	setDefault(&c.DefaultMaxTokens, 256)
+	setDefault(&c.ShutdownSettle, 5*time.Second)
 	setDefault(&c.ShutdownGrace, 30*time.Second)
 }
 
@@ -79,6 +85,7 @@ func (c Config) Validate() error {
 		{"server.upstream_header_timeout", c.UpstreamHeaderTimeout > 0},
 		{"server.max_attempts", c.MaxAttempts > 0},
 		{"server.default_max_tokens", c.DefaultMaxTokens > 0},
+		{"server.shutdown_settle", c.ShutdownSettle > 0},
 		{"server.shutdown_grace", c.ShutdownGrace > 0},
 	}
 	for _, p := range positive {

@@ -130,7 +130,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 }
 
 // ServeHTTP serves every route of usher.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.stopping.Load() {
+		// net/http closes the connection after this response.
+		w.Header().Set("Connection", "close")
+	}
+	s.echo.ServeHTTP(w, r)
+}
 
 // Run keeps the admission queues' capacity in step with the workers' health until ctx ends.
 // Requests are served without it, but capacity then stays as it was at New.
@@ -139,10 +145,18 @@ func (s *Server) Run(ctx context.Context) { s.admission.run(ctx, capacityRefresh
 // capacityRefresh is how often queue capacities follow the workers' health and drain state.
 const capacityRefresh = 100 * time.Millisecond
 
-// BeginShutdown marks the server as stopping: /readyz answers 503 so load balancers stop
-// sending new requests, queued requests leave with 503 and a Retry-After, and requests already
-// sent to a worker carry on.
-func (s *Server) BeginShutdown() {
+// BeginShutdown starts the first phase of a graceful stop, the settle time: /readyz answers
+// 503 so load balancers stop sending new requests, while requests that still arrive are
+// admitted, queued and served as usual; every response carries `Connection: close` so clients
+// reconnect, through the load balancer, to a replica that is not stopping. Call StopAdmitting
+// when the settle time is over. Safe for concurrent use; later calls do nothing more.
+func (s *Server) BeginShutdown() { s.stopping.Store(true) }
+
+// StopAdmitting starts the second phase of a graceful stop: requests still waiting in the
+// admission queues leave with 503 `shutting_down` and a Retry-After, and requests arriving from
+// then on get the same answer at once; requests already sent to a worker carry on to their end.
+// It implies BeginShutdown. Safe for concurrent use; later calls do nothing more.
+func (s *Server) StopAdmitting() {
 	s.stopping.Store(true)
 	s.admission.close()
 }

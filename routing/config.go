@@ -137,6 +137,8 @@ type BreakerConfig struct {
 type Config struct {
 	// Workers are the workers known at start; more can be added at run time.
 	Workers []WorkerSpec `yaml:"workers"`
+	// Discovery finds more workers by DNS, re-resolved on an interval (see DiscoveryConfig).
+	Discovery []DiscoveryConfig `yaml:"discovery"`
 	// Policy is the policy of every model without its own; default "least_request".
 	Policy string `yaml:"policy"`
 	// Models holds per-model policy and parameters, keyed by model name.
@@ -161,6 +163,10 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	if c.Policy == "" {
 		c.Policy = DefaultPolicy
+	}
+	c.Discovery = slices.Clone(c.Discovery)
+	for i := range c.Discovery {
+		c.Discovery[i].setDefaults()
 	}
 	// A clone, so the caller's map is never written.
 	c.Models = maps.Clone(c.Models)
@@ -223,6 +229,7 @@ func (c Config) Validate() error {
 		}
 		seen[w.ID] = i
 	}
+	errs = append(errs, validateDiscovery(c.Discovery)...)
 	names := make([]string, 0, len(c.Models))
 	for name := range c.Models {
 		names = append(names, name)

@@ -11,9 +11,13 @@
 //
 //   - config.go: Config and its defaults and validation; each policy's parameters live beside it.
 //   - pool.go, worker.go: the pool, its snapshot, Pick and Lease; the worker's counters and states.
-//   - lifecycle.go: Add, Remove, Drain, Undrain and worker status for the admin API.
+//   - lifecycle.go: Add, Remove, Replace, Retire, Drain, Undrain and worker status for the admin
+//     API and config reloads.
+//   - discovery.go: workers found by DNS (a headless Service), added and retired as their
+//     addresses come and go.
 //   - health.go, breaker.go, load.go: active health checks, the circuit breaker, and the load the
-//     workers report on /metrics (vLLM, SGLang, llama.cpp names).
+//     workers report on /metrics (vLLM, SGLang, llama.cpp names), including the load other
+//     gateway replicas put on them.
 //   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
 //   - round_robin.go, random.go, least_request.go, power_of_two.go: load-only policies.
 //   - ring.go, consistent_hash.go, prefix_hash.go: hash rings with bounded load.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // ErrWorkerExists: Add was given an ID the pool already has (HTTP 409). The other lifecycle
@@ -35,6 +36,9 @@ type WorkerStatus struct {
 	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
 	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
 	Load LoadReport `json:"load"`
+	// OthersInFlight estimates the requests on the worker this gateway did not send, e.g. other
+	// replicas' (see Worker.OthersInFlight); 0 without a fresh reading.
+	OthersInFlight int64 `json:"others_in_flight"`
 	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
@@ -79,8 +83,10 @@ func (p *Pool) Workers() []WorkerStatus {
 	workers := p.workers
 	p.mu.Unlock()
 	out := make([]WorkerStatus, len(workers))
+	now := p.now()
 	for i, w := range workers {
 		out[i] = w.status()
+		out[i].OthersInFlight = w.OthersInFlight(now, p.cfg.Scrape.MaxAge)
 	}
 	return out
 }
@@ -91,7 +97,9 @@ func (p *Pool) Worker(id string) (WorkerStatus, error) {
 	if err != nil {
 		return WorkerStatus{}, err
 	}
-	return w.status(), nil
+	st := w.status()
+	st.OthersInFlight = w.OthersInFlight(p.now(), p.cfg.Scrape.MaxAge)
+	return st, nil
 }
 
 // Add puts a new worker in the pool. It takes requests at once (like a worker of the config, it
@@ -127,6 +135,11 @@ func (p *Pool) Add(spec WorkerSpec) error {
 func (p *Pool) Remove(id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.removeLocked(id)
+}
+
+// removeLocked is Remove with p.mu held.
+func (p *Pool) removeLocked(id string) error {
 	i := p.indexOf(id)
 	if i < 0 {
 		return fmt.Errorf("worker %q: %w", id, ErrUnknownWorker)
@@ -142,6 +155,77 @@ func (p *Pool) Remove(id string) error {
 	p.metrics.forget(id)
 	p.logger.Info("worker removed", "worker", id)
 	return nil
+}
+
+// Replace swaps the worker spec.ID for one built from spec (a new URL, models or caps), as a
+// config reload does for a static worker whose declaration changed. New requests go to the new
+// worker at once; leases on the old one stay valid and finish there, so until they end the
+// worker's caps are briefly exceeded by their number. The drain state carries over; health
+// starts afresh (counting as healthy until the first check). Errors name the field
+// ("worker.url: ...") or wrap ErrUnknownWorker.
+func (p *Pool) Replace(spec WorkerSpec) error {
+	if errs := validateWorker("worker", spec); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	w, err := newWorker(spec, p.cfg, p.now)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.indexOf(spec.ID)
+	if i < 0 {
+		return fmt.Errorf("worker %q: %w", spec.ID, ErrUnknownWorker)
+	}
+	old := p.workers[i]
+	w.draining.Store(old.draining.Load())
+	prev := p.workers
+	p.workers = slices.Clone(p.workers)
+	p.workers[i] = w
+	if err := p.publish(); err != nil {
+		p.workers = prev
+		return err
+	}
+	if old.stop != nil {
+		old.stop()
+	}
+	p.startWorker(w)
+	p.logger.Info("worker replaced", "worker", spec.ID, "url", spec.URL, "models", spec.Models, "old_in_flight", old.InFlight())
+	return nil
+}
+
+// Retire takes the worker id out of the pool gracefully: it takes no new requests from now on
+// (on this replica only; sessions pinned to it move), requests in flight finish, and Run removes
+// it once nothing is in flight (within RetireSweep). Retiring a retiring worker does nothing.
+// Unlike Drain it is not shared with other replicas: each replica retires the workers its own
+// configuration or discovery dropped.
+func (p *Pool) Retire(id string) error {
+	w, err := p.find(id)
+	if err != nil {
+		return err
+	}
+	if !w.retiring.Swap(true) {
+		p.logger.Info("worker retiring", "worker", id, "in_flight", w.InFlight())
+	}
+	return nil
+}
+
+// RetireSweep is how often Run removes the retiring workers that have nothing in flight.
+const RetireSweep = 100 * time.Millisecond
+
+// removeRetired removes every retiring worker with nothing in flight. Run calls it every
+// RetireSweep.
+func (p *Pool) removeRetired(context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// removeLocked replaces p.workers with a new slice: the one ranged over stays as it was.
+	for _, w := range p.workers {
+		if w.retiring.Load() && w.InFlight() == 0 {
+			if err := p.removeLocked(w.spec.ID); err != nil {
+				p.logger.Error("retired worker not removed", "worker", w.spec.ID, "err", err)
+			}
+		}
+	}
 }
 
 // DrainStore shares which workers are draining among gateway replicas, so a drain ordered on one

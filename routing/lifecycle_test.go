@@ -255,3 +255,91 @@ func TestDrainSharedThroughRedis(t *testing.T) {
 		t.Errorf("after a failed sync: got %s, want healthy", got)
 	}
 }
+
+func TestRetireRemovesOnceEmpty(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(2, "m")})
+	held, err := p.Pick(context.Background(), &Request{Model: "m", TargetWorker: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Retire("w1"); err != nil {
+		t.Fatalf("Retire: %v", err)
+	}
+	if got := pickIDs(t, p, "m", 4); got["w0"] != 4 {
+		t.Fatalf("picks while w1 retires: got %v, want w0 4 times", got)
+	}
+	p.removeRetired(context.Background())
+	if st, err := p.Worker("w1"); err != nil || st.State != StateDraining {
+		t.Fatalf("w1 with a request in flight: got %v, %v; want still there, draining", st.State, err)
+	}
+	held.Release(Outcome{})
+	p.removeRetired(context.Background())
+	if _, err := p.Worker("w1"); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("w1 after its last request: got %v, want ErrUnknownWorker", err)
+	}
+	if err := p.Retire("w1"); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("Retire of a removed worker: got %v, want ErrUnknownWorker", err)
+	}
+}
+
+func TestRetiringIgnoresSharedUndrain(t *testing.T) {
+	rs := redistest.Start(t)
+	store := NewRedisStore(newRedisClient(t, rs))
+	p, err := NewPool(Config{Workers: testWorkers(1, "m")}, Options{Drains: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Retire("w0"); err != nil {
+		t.Fatal(err)
+	}
+	p.syncDrains(context.Background())
+	if st, _ := p.Worker("w0"); st.State != StateDrained {
+		t.Fatalf("retiring worker after a drain sync that lists it not: got %s, want drained", st.State)
+	}
+}
+
+func TestReplaceKeepsLeasesAndDrainState(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(2, "m")})
+	old, err := p.Pick(context.Background(), &Request{Model: "m", TargetWorker: "w0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Drain(context.Background(), "w1"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		spec    WorkerSpec
+		wantErr error
+		wantMsg string
+	}{
+		{"new url and model", WorkerSpec{ID: "w0", URL: "http://127.0.0.1:9", Models: []string{"m", "n"}, MaxConcurrency: 7}, nil, ""},
+		{"drained worker", WorkerSpec{ID: "w1", URL: "http://127.0.0.1:10", Models: []string{"m"}}, nil, ""},
+		{"unknown", WorkerSpec{ID: "zz", URL: "http://127.0.0.1:9", Models: []string{"m"}}, ErrUnknownWorker, ""},
+		{"bad url", WorkerSpec{ID: "w0", URL: "ftp://x", Models: []string{"m"}}, nil, "worker.url"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := p.Replace(tt.spec)
+			switch {
+			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+				t.Fatalf("got %v, want %v", err, tt.wantErr)
+			case tt.wantMsg != "" && (err == nil || !strings.Contains(err.Error(), tt.wantMsg)):
+				t.Fatalf("got %v, want an error naming %s", err, tt.wantMsg)
+			case tt.wantErr == nil && tt.wantMsg == "" && err != nil:
+				t.Fatalf("got %v, want nil", err)
+			}
+		})
+	}
+	w0, _ := p.Worker("w0")
+	if w0.URL != "http://127.0.0.1:9" || w0.MaxConcurrency != 7 || w0.InFlight != 0 || !p.Serves("n") {
+		t.Fatalf("w0 after Replace: got %+v, want the new spec with nothing in flight", w0)
+	}
+	if w1, _ := p.Worker("w1"); w1.State != StateDrained || w1.URL != "http://127.0.0.1:10" {
+		t.Fatalf("w1 after Replace: got %s at %s, want drained at the new URL", w1.State, w1.URL)
+	}
+	old.Release(Outcome{})
+	if old.Worker.InFlight() != 0 {
+		t.Fatalf("old lease released: in flight %d, want 0", old.Worker.InFlight())
+	}
+}

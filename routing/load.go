@@ -28,6 +28,9 @@ type loadSignal struct {
 	waiting atomic.Int64
 	kvUsage atomic.Uint64 // math.Float64bits
 	at      atomic.Int64  // unix nanoseconds; 0: no reading yet
+	// others is running + waiting minus this gateway's in-flight count at the same scrape: the
+	// requests other gateway replicas (or other clients) have on the worker.
+	others atomic.Int64
 }
 
 func (s *loadSignal) store(r LoadReport) {
@@ -60,6 +63,21 @@ func (w *Worker) ReportedQueue(now time.Time, maxAge time.Duration) int64 {
 		return w.maxConc
 	}
 	return w.load.waiting.Load()
+}
+
+// OthersInFlight estimates the requests on the worker that this gateway did not send (other
+// replicas' or other clients'): its reported running + waiting minus this gateway's in-flight
+// count, both taken at the last scrape, never below 0. A reading older than maxAge, or none,
+// gives 0: the worker is then judged by the gateway's own counts. Requests starting or ending
+// around the scrape make the estimate a little off either way (one sent but not yet seen by the
+// worker lowers it; one the worker still counts after the gateway released it raises it). Costs
+// two atomic loads.
+func (w *Worker) OthersInFlight(now time.Time, maxAge time.Duration) int64 {
+	at := w.load.at.Load()
+	if at == 0 || now.UnixNano()-at > int64(maxAge) {
+		return 0
+	}
+	return w.load.others.Load()
 }
 
 // Metric names the workers' engines use for their load, by engine.
@@ -167,5 +185,6 @@ func (p *Pool) scrape(ctx context.Context, w *Worker) error {
 	}
 	rep.At = p.now()
 	w.load.store(rep)
+	w.load.others.Store(max(0, rep.Running+rep.Waiting-w.InFlight()))
 	return nil
 }

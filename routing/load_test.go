@@ -163,3 +163,56 @@ func TestCachedTokensCounted(t *testing.T) {
 		t.Errorf("usher_routing_cached_tokens_total{worker=w0,policy=random}: got %v, want 180", got)
 	}
 }
+
+func TestOthersInFlight(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(vllmMetrics)) // 10 running, 4 waiting
+	}))
+	defer srv.Close()
+	clock := newFakeClock()
+	specs := []WorkerSpec{{ID: "a", URL: srv.URL, Models: []string{"m"}, MaxConcurrency: 50}}
+	p, err := NewPool(Config{Workers: specs, Scrape: ScrapeConfig{Interval: time.Second, MaxAge: 3 * time.Second}}, Options{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := modelWorkers(t, p, "m")[0]
+	tests := []struct {
+		name    string
+		own     int // this gateway's requests in flight at the scrape
+		advance time.Duration
+		want    int64
+	}{
+		{"never scraped", -1, 0, 0},
+		{"alone", 14, 0, 0},
+		{"more own than reported (not arrived yet)", 20, 0, 0},
+		{"others hold the rest", 4, 0, 10},
+		{"stale reading", 4, 3*time.Second + time.Millisecond, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var leases []*Lease
+			for range max(tt.own, 0) {
+				l, err := p.Pick(context.Background(), &Request{Model: "m"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				leases = append(leases, l)
+			}
+			if tt.own >= 0 {
+				if err := p.scrape(context.Background(), w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, l := range leases {
+				l.Release(Outcome{})
+			}
+			clock.Advance(tt.advance)
+			if got := w.OthersInFlight(clock.Now(), p.cfg.Scrape.MaxAge); got != tt.want {
+				t.Fatalf("OthersInFlight: got %d, want %d", got, tt.want)
+			}
+			if st, _ := p.Worker("a"); st.OthersInFlight != tt.want {
+				t.Fatalf("WorkerStatus.OthersInFlight: got %d, want %d", st.OthersInFlight, tt.want)
+			}
+		})
+	}
+}

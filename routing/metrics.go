@@ -20,6 +20,8 @@ type poolMetrics struct {
 	// pinErrors counts failed pin-store calls by model and operation (get, claim, list); a failed
 	// get routes the request by consistent hashing instead.
 	pinErrors *prometheus.CounterVec
+	// discoveryErrors counts failed DNS resolutions of Config.Discovery by name.
+	discoveryErrors *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -57,12 +59,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_pin_errors_total",
 			Help: "Failed pin-store calls by model and operation; a failed get routes by consistent hashing on the same key.",
 		}, []string{"model", "op"}),
+		discoveryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_discovery_errors_total",
+			Help: "Failed DNS resolutions of routing.discovery names; the workers found before stay.",
+		}, []string{"name"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

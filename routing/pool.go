@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -41,6 +42,8 @@ type Options struct {
 	Pins PinStore
 	// Drains shares drain state among gateway replicas (a RedisStore); nil keeps it local.
 	Drains DrainStore
+	// Resolver resolves the names of Config.Discovery; default net.DefaultResolver.
+	Resolver Resolver
 }
 
 // Request is what a policy knows about the request it routes. Pick does not modify it.
@@ -129,14 +132,15 @@ type snapshot struct {
 
 // Pool is the set of workers and the per-model policies. All methods are safe for concurrent use.
 type Pool struct {
-	cfg     Config
-	logger  *slog.Logger
-	client  *http.Client
-	now     func() time.Time
-	rand    randSource
-	pins    PinStore
-	drains  DrainStore // nil: drain state is local
-	metrics *poolMetrics
+	cfg      Config
+	logger   *slog.Logger
+	client   *http.Client
+	now      func() time.Time
+	rand     randSource
+	pins     PinStore
+	drains   DrainStore // nil: drain state is local
+	resolver Resolver
+	metrics  *poolMetrics
 
 	snap atomic.Pointer[snapshot]
 
@@ -181,6 +185,10 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
 	p.drains = opts.Drains
+	p.resolver = opts.Resolver
+	if p.resolver == nil {
+		p.resolver = net.DefaultResolver
+	}
 	p.pins = opts.Pins
 	if p.pins == nil {
 		p.pins = NewMemoryPinStore(p.now)
@@ -359,7 +367,8 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have
 // stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
 // has background work (see policyRunner), that work; with a DrainStore, following the drain state
-// other replicas set. Workers added later get theirs at once.
+// other replicas set; the removal of retired workers (Retire); per Config.Discovery entry, its DNS
+// resolution. Workers added later get theirs at once.
 // Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
@@ -377,6 +386,8 @@ func (p *Pool) Run(ctx context.Context) {
 	if p.drains != nil {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
+	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
+	p.startDiscovery(ctx)
 	p.mu.Unlock()
 
 	<-ctx.Done()

@@ -34,8 +34,11 @@ type Worker struct {
 	inFlightTokens atomic.Int64
 	health         atomic.Int32 // a healthState
 	draining       atomic.Bool
-	breaker        breaker
-	load           loadSignal
+	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the
+	// shared drain state says; the pool removes it once nothing is in flight.
+	retiring atomic.Bool
+	breaker  breaker
+	load     loadSignal
 
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
@@ -94,8 +97,9 @@ func (w *Worker) InFlightTokens() int64 { return w.inFlightTokens.Load() }
 // checked counts as healthy).
 func (w *Worker) Healthy() bool { return healthState(w.health.Load()) != healthDown }
 
-// Draining reports whether the worker takes no new requests while its in-flight ones finish.
-func (w *Worker) Draining() bool { return w.draining.Load() }
+// Draining reports whether the worker takes no new requests while its in-flight ones finish:
+// drained by an operator (on any replica) or retiring from the pool.
+func (w *Worker) Draining() bool { return w.draining.Load() || w.retiring.Load() }
 
 // CircuitOpen reports whether the worker's circuit breaker refuses requests now (open, or
 // half-open with its probe in flight).

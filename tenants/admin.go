@@ -270,7 +270,7 @@ func (a *Admin) CreateTenant(ctx context.Context, actor Actor, in TenantInput) (
 		return Tenant{}, err
 	}
 	if in.Tier == "" {
-		in.Tier = a.dir.defaultTier
+		in.Tier = a.dir.DefaultTier()
 	}
 	if _, ok := a.dir.Tier(in.Tier); !ok {
 		return Tenant{}, invalid("tier", "names no declared tier")

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -48,26 +49,61 @@ type DirectoryOptions struct {
 // every PollInterval and reloading on announcements over Redis, and writes last-used times in
 // batches. Safe for concurrent use.
 type Directory struct {
-	tiers    map[string]*Tier
-	tierRank map[string]int // position in Config.Tiers; 0 is the highest tier
-	tierList []Tier
-	// defaultTier is the tier of a new tenant that names none.
-	defaultTier string
-	static      map[[sha256.Size]byte]staticKey
-	configIDs   map[string]Tenant
-	store       *Store
-	redis       redis.UniversalClient
-	jwt         *JWTVerifier
-	logger      *slog.Logger
-	now         func() time.Time
-	poll        time.Duration
-	flush       time.Duration
+	// tiers is replaced as a whole by SetTiers; readers load it once per call.
+	tiers atomic.Pointer[tierSet]
+	// specs are the config file's tenants and their keys; never modified.
+	specs     []TenantSpec
+	configIDs map[string]Tenant
+	store     *Store
+	redis     redis.UniversalClient
+	jwt       *JWTVerifier
+	logger    *slog.Logger
+	now       func() time.Time
+	poll      time.Duration
+	flush     time.Duration
 
 	snap atomic.Pointer[snapshot]
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
 	reloadMu sync.Mutex
 
 	reloads, reloadErrors, flushErrors, publishErrors prometheus.Counter
+}
+
+// tierSet is the declared tiers and the config keys whose principals point at them; immutable.
+type tierSet struct {
+	byName map[string]*Tier
+	rank   map[string]int // position in Config.Tiers; 0 is the highest tier
+	list   []Tier
+	// defaultTier is the tier of a new tenant that names none.
+	defaultTier string
+	static      map[[sha256.Size]byte]staticKey
+}
+
+// newTierSet builds the tiers and points the config keys of specs at them. Every tier a spec
+// names must be declared.
+func newTierSet(tiers []Tier, defaultTier string, specs []TenantSpec) (*tierSet, error) {
+	ts := &tierSet{byName: map[string]*Tier{}, rank: map[string]int{}, list: slices.Clone(tiers), defaultTier: defaultTier}
+	for i := range ts.list {
+		ts.byName[ts.list[i].Name] = &ts.list[i]
+		ts.rank[ts.list[i].Name] = i
+	}
+	if _, ok := ts.byName[defaultTier]; !ok {
+		return nil, fmt.Errorf("default_tier: names no tier in tiers: %q", defaultTier)
+	}
+	static, err := NewStatic(specs)
+	if err != nil {
+		return nil, err
+	}
+	ts.static = static.byHash
+	for h, k := range ts.static {
+		tier, ok := ts.byName[k.principal.Tier]
+		if !ok {
+			return nil, fmt.Errorf("tenant %q: tier %q is not declared", k.principal.TenantID, k.principal.Tier)
+		}
+		k.principal.TierSpec = tier
+		ts.static[h] = k
+	}
+	return ts, nil
 }
 
 // snapshot is one immutable load of the store; only keyEntry's atomics change after it is built.
@@ -91,8 +127,7 @@ var _ Authenticator = (*Directory)(nil)
 // not nil, loads the store once. Call Run to keep it fresh.
 func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
 	d := &Directory{
-		tiers: map[string]*Tier{}, tierRank: map[string]int{}, tierList: cfg.Tiers, defaultTier: cfg.DefaultTier,
-		configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
+		specs: cfg.Tenants, configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
 		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval,
 	}
 	if d.logger == nil {
@@ -107,23 +142,11 @@ func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryO
 	if d.flush <= 0 {
 		d.flush = 10 * time.Second
 	}
-	for i := range cfg.Tiers {
-		d.tiers[cfg.Tiers[i].Name] = &cfg.Tiers[i]
-		d.tierRank[cfg.Tiers[i].Name] = i
-	}
-	static, err := NewStatic(cfg.Tenants)
+	ts, err := newTierSet(cfg.Tiers, cfg.DefaultTier, cfg.Tenants)
 	if err != nil {
 		return nil, err
 	}
-	d.static = static.byHash
-	for h, k := range d.static {
-		tier, ok := d.tiers[k.principal.Tier]
-		if !ok {
-			return nil, fmt.Errorf("tenant %q: tier %q is not declared", k.principal.TenantID, k.principal.Tier)
-		}
-		k.principal.TierSpec = tier
-		d.static[h] = k
-	}
+	d.tiers.Store(ts)
 	for _, t := range cfg.Tenants {
 		d.configIDs[t.ID] = Tenant{ID: t.ID, Name: t.Name, Tier: t.Tier, Status: StatusActive, ReadOnly: true}
 	}
@@ -164,7 +187,7 @@ func (d *Directory) Authenticate(ctx context.Context, credential string) (Princi
 		return d.jwt.authenticate(credential, d)
 	}
 	h := sum256(credential)
-	k, ok := d.static[h]
+	k, ok := d.tiers.Load().static[h]
 	if !ok || subtle.ConstantTimeCompare(h[:], k.hash[:]) != 1 {
 		return Principal{}, errUnknownCredential
 	}
@@ -221,7 +244,7 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 	if t.Status != StatusActive {
 		return Principal{}, errSuspendedTenant
 	}
-	tier, ok := d.tiers[t.Tier]
+	tier, ok := d.tiers.Load().byName[t.Tier]
 	if !ok {
 		// A stored tenant whose tier left the config file: refuse rather than guess limits.
 		return Principal{}, errUndeclaredTier
@@ -256,17 +279,37 @@ func (d *Directory) ConfigTenants() []Tenant {
 
 // Tier returns the tier named name; shared, never modified.
 func (d *Directory) Tier(name string) (*Tier, bool) {
-	t, ok := d.tiers[name]
+	t, ok := d.tiers.Load().byName[name]
 	return t, ok
 }
 
-// Tiers returns the declared tiers, highest first.
-func (d *Directory) Tiers() []Tier { return d.tierList }
+// Tiers returns the declared tiers, highest first; shared, never modified.
+func (d *Directory) Tiers() []Tier { return d.tiers.Load().list }
+
+// DefaultTier is the tier of a new tenant that names none.
+func (d *Directory) DefaultTier() string { return d.tiers.Load().defaultTier }
+
+// SetTiers replaces the declared tiers and the default tier, as a config reload does: requests
+// authenticated from then on carry the new tiers (rates, classes, weights, deadlines, models);
+// requests already admitted keep the tier they started with. tiers must have passed
+// Config.Validate (after SetDefaults). The change is refused, and the old tiers stay, when a
+// tenant of the config file or defaultTier names a tier no longer declared. Stored tenants whose
+// tier disappears are refused at authentication until it is declared again. Safe for concurrent
+// use with Authenticate.
+func (d *Directory) SetTiers(tiers []Tier, defaultTier string) error {
+	ts, err := newTierSet(tiers, defaultTier, d.specs)
+	if err != nil {
+		return err
+	}
+	d.tiers.Store(ts)
+	return nil
+}
 
 // atOrBelow reports whether tier lower may stand in for tier upper: the same or listed after it.
 func (d *Directory) atOrBelow(lower, upper string) bool {
-	l, ok1 := d.tierRank[lower]
-	u, ok2 := d.tierRank[upper]
+	ts := d.tiers.Load()
+	l, ok1 := ts.rank[lower]
+	u, ok2 := ts.rank[upper]
 	return ok1 && ok2 && l >= u
 }
 

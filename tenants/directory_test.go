@@ -413,3 +413,77 @@ func TestDirectoryWithoutStore(t *testing.T) {
 		t.Errorf("Run: got %v, want nil", err)
 	}
 }
+
+func TestDirectorySetTiers(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewDirectory(ctx, testConfig(t), nil, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		tiers       []Tier
+		defaultTier string
+		wantErr     string
+		wantRPM     int64 // of the config tenant's tier after the call
+	}{
+		{"raise pro's rate", []Tier{{Name: "pro", RequestsPerMinute: 60}, {Name: "free"}}, "free", "", 60},
+		{"tier of a config tenant gone", []Tier{{Name: "free"}}, "free", `tenant "cfg": tier "pro" is not declared`, 60},
+		{"default tier undeclared", []Tier{{Name: "pro"}}, "free", "default_tier", 60},
+		{"back to unlimited", []Tier{{Name: "enterprise"}, {Name: "pro"}}, "pro", "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := range tt.tiers {
+				tt.tiers[i].setDefaults()
+			}
+			err := d.SetTiers(tt.tiers, tt.defaultTier)
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
+				t.Fatalf("SetTiers: got %v, want error containing %q", err, tt.wantErr)
+			}
+			p, err := d.Authenticate(ctx, "sk-config")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.TierSpec == nil || p.TierSpec.Name != "pro" || p.TierSpec.RequestsPerMinute != tt.wantRPM {
+				t.Fatalf("config tenant's tier: got %+v, want pro with %d requests a minute", p.TierSpec, tt.wantRPM)
+			}
+			if got, _ := d.Tier("pro"); got != p.TierSpec {
+				t.Fatalf("Tier(pro): got %p, want the principal's %p", got, p.TierSpec)
+			}
+		})
+	}
+	if got := d.DefaultTier(); got != "pro" {
+		t.Fatalf("DefaultTier: got %q, want pro", got)
+	}
+	if _, ok := d.Tier("free"); ok {
+		t.Fatal("tier free still declared after the last SetTiers")
+	}
+}
+
+func TestDirectorySetTiersWhileAuthenticating(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d, err := NewDirectory(ctx, testConfig(t), nil, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if p, err := d.Authenticate(ctx, "sk-config"); err != nil || p.TierSpec == nil {
+				t.Errorf("Authenticate during SetTiers: got %+v, %v", p, err)
+				return
+			}
+		}
+	})
+	for i := range 200 {
+		tiers := []Tier{{Name: "pro", RequestsPerMinute: int64(i + 1)}}
+		tiers[0].setDefaults()
+		if err := d.SetTiers(tiers, "pro"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	wg.Wait()
+}

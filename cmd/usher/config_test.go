@@ -23,6 +23,7 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_key_hash.yaml", "tenants[0].keys[0].sha256"},
 		{"bad_duration.yaml", "line 2: cannot unmarshal !!str `soon` into time.Duration"},
 		{"bad_log_level.yaml", "log.level"},
+		{"bad_discovery.yaml", "routing.discovery[0].port"},
 		{"does_not_exist.yaml", "no such file"},
 	}
 	for _, tt := range tests {
@@ -98,6 +99,8 @@ func TestEnvironmentOverrides(t *testing.T) {
 		{"server.listen", cfg.Server.Listen, "127.0.0.1:7777"},
 		{"server.max_attempts", cfg.Server.MaxAttempts, 5},
 		{"server.shutdown_grace", cfg.Server.ShutdownGrace, 3 * time.Second},
+		{"server.shutdown_settle", cfg.Server.ShutdownSettle, 2 * time.Second},
+		{"routing.discovery[0].interval", cfg.Routing.Discovery[0].Interval, 15 * time.Second},
 		{"routing.policy", cfg.Routing.Policy, "random"},
 		{"log.level", cfg.Log.Level, "warn"},
 	}

@@ -80,7 +80,8 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	}
 	defer os.RemoveAll(dataDir)
 	cfg := Config{
-		Server:  gateway.Config{Listen: listen},
+		// No load balancer to wait for: Ctrl-C stops the demo at once.
+		Server:  gateway.Config{Listen: listen, ShutdownSettle: time.Millisecond},
 		Routing: routing.Config{Workers: specs, Policy: "least_request"},
 		Tenants: tenants.Config{Tenants: []tenants.TenantSpec{{
 			ID: "demo", Name: "Demo tenant",
@@ -95,9 +96,9 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	err = serve(ctx, cfg, logger, func(addr net.Addr) {
+	err = serve(ctx, cfg, logger, serveHooks{ready: func(addr net.Addr) {
 		printBanner(out, addr.String(), key, adminToken, n)
-	})
+	}})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

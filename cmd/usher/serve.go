@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -40,8 +41,17 @@ func runServe(args []string) int {
 	logger := newLogger(cfg.Log, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = serve(ctx, cfg, logger, func(addr net.Addr) {
-		logger.Info("usher is serving", "addr", addr.String(), "models", len(cfg.Routing.Workers))
+	// After the first signal the default handling comes back: a second one stops at once.
+	context.AfterFunc(ctx, stop)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	err = serve(ctx, cfg, logger, serveHooks{
+		ready: func(addr net.Addr) {
+			logger.Info("usher is serving", "addr", addr.String(), "models", len(cfg.Routing.Workers))
+		},
+		reload: hup,
+		load:   func() (Config, error) { return loadConfig(*configPath, lookupEnv) },
 	})
 	if err != nil {
 		logger.Error("usher stopped", "err", err)
@@ -50,17 +60,28 @@ func runServe(args []string) int {
 	return exitOK
 }
 
+// serveHooks are the outside events serve answers besides the end of its ctx.
+type serveHooks struct {
+	// ready is called with the listening address once requests are accepted.
+	ready func(net.Addr)
+	// reload delivers requests to re-read the configuration (SIGHUP), read with load; nil: none.
+	reload <-chan os.Signal
+	load   func() (Config, error)
+}
+
 // serve runs the gateway described by cfg until ctx ends: it migrates the tenant store, builds
-// the parts and serves; then it shuts down in order:
-//  1. /readyz turns 503 and queued requests leave with 503 and Retry-After (BeginShutdown);
-//  2. the listener closes and in-flight requests run to completion, up to server.shutdown_grace,
+// the parts and serves, applying a new configuration on every hooks.reload (see reloader). When
+// ctx ends it shuts down in order:
+//  1. settle: /readyz turns 503 (BeginShutdown) while requests are still accepted, admitted and
+//     served for server.shutdown_settle, so load balancers stop sending here first; requests
+//     queued now keep their place and are served if capacity frees in time;
+//  2. requests still queued and any that still arrive get 503 with Retry-After (StopAdmitting),
+//     the listener closes and in-flight requests run to completion, up to server.shutdown_grace,
 //     after which the remaining connections are closed;
-//  3. the worker pool's health checks, the gateway's capacity refresh and the tenant directory's
-//     refresh stop (the directory writes its last batch of key last-used times), then the
-//     store and Redis close.
-//
-// ready is called with the listening address once requests are accepted.
-func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.Addr)) error {
+//  3. the worker pool's health checks, discovery and retirements, the gateway's capacity refresh
+//     and the tenant directory's refresh stop (the directory writes its last batch of key
+//     last-used times), then the store and Redis close.
+func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHooks) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -141,15 +162,35 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, ready func(net.
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	ready(ln.Addr())
+	hooks.ready(ln.Addr())
 
+	reload := &reloader{running: cfg, pool: pool, tiers: directory, logger: logger}
+	for ctx.Err() == nil {
+		select {
+		case err := <-serveErr:
+			return err
+		case <-hooks.reload:
+			next, err := hooks.load()
+			if err != nil {
+				logger.Error("config reload refused, the running configuration stays", "err", err)
+				continue
+			}
+			reload.apply(next)
+		case <-ctx.Done():
+		}
+	}
+	logger.Info("shutting down: not ready, still serving while load balancers settle",
+		"settle", cfg.Server.ShutdownSettle, "grace", cfg.Server.ShutdownGrace)
+	gw.BeginShutdown()
+	settle := time.NewTimer(cfg.Server.ShutdownSettle)
 	select {
 	case err := <-serveErr:
+		settle.Stop()
 		return err
-	case <-ctx.Done():
+	case <-settle.C:
 	}
-	logger.Info("shutting down", "grace", cfg.Server.ShutdownGrace)
-	gw.BeginShutdown()
+	logger.Info("shutting down: no new requests, in-flight ones finish")
+	gw.StopAdmitting()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
