@@ -180,7 +180,7 @@ func (con *console) addWorker(c echo.Context) (string, string, error) {
 
 func (con *console) drain(c echo.Context) (string, string, error) {
 	id := c.Param("id")
-	return "Worker " + id + " drains; its pins move at their next request.", "", con.s.drainWorkerAction(c, id)
+	return "Worker " + id + " drains; its pins are released and each session is pinned elsewhere at its next request.", "", con.s.drainWorkerAction(c, id)
 }
 
 func (con *console) undrain(c echo.Context) (string, string, error) {
