@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint bench bench-hop clean
+.PHONY: build run test test-deps lint bench bench-hop bench-queue clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/usher
@@ -32,6 +32,11 @@ bench:
 # The gateway hop against nginx on loopback (installs nginx and wrk when root); see the script.
 bench-hop:
 	./test/hopbench/run.sh
+
+# Issue 4's queueing scenarios (protection, fairness, deadlines) with usher bench against the
+# gateway and two simulated workers on loopback, about 8 minutes; see the script for its knobs.
+bench-queue:
+	./test/queuebench/run.sh
 
 clean:
 	rm -rf bin artifacts
