@@ -17,6 +17,9 @@
 #      the gateway's access log (the bench report keeps no latency of failed requests) and from
 #      curl probes with a deadline too short to make.
 #
+# Lengths are spread (SPREAD) by default: with fixed lengths, requests dispatched together end
+# together, and the pool frees its slots in waves, which a fixed-length run mistakes for queueing.
+#
 #   test/queuebench/run.sh                     # everything, defaults below
 #   SCENARIOS="1" DURATION=30 test/queuebench/run.sh
 #
@@ -28,6 +31,7 @@ TIME_SCALE=${TIME_SCALE:-1}        # usher sim --time-scale
 SEQS=${SEQS:-8}                    # per worker: sim --max-num-seqs = the gateway's max_concurrency
 IN=${IN:-256}                      # prompt tokens (words) per request
 OUT=${OUT:-64}                     # max_tokens per request (the sim always generates all)
+SPREAD=${SPREAD:-0.5}              # lengths uniform in IN, OUT x (1 ± SPREAD); 0: fixed lengths
 CAP_DURATION=${CAP_DURATION:-20}   # seconds of arrivals of the capacity run
 DURATION=${DURATION:-60}           # seconds of arrivals of each protection run
 FAIR_DURATION=${FAIR_DURATION:-60} # seconds of arrivals of the fairness run
@@ -50,7 +54,7 @@ done
 
 go build -o bin/usher ./cmd/usher
 mkdir -p "$OUT_DIR"
-echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
+echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED; $(nproc) cores"
 tmp=$(mktemp -d)
@@ -126,7 +130,7 @@ run_bench() {
   local name=$1; shift
   echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   bin/usher bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
-    --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
+    --random-spread "$SPREAD" --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
 }
 
@@ -151,7 +155,7 @@ C=$(steady "$OUT_DIR/capacity.json" "$WINDOW" "$CAP_DURATION" cap)
 PER_REQ=$(jget "$OUT_DIR/capacity.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')
 R=$(calc "$C / $PER_REQ" 2)
 echo
-echo "== capacity: 2 workers x max_concurrency $SEQS, sim time-scale $TIME_SCALE, $IN prompt + $OUT output tokens"
+echo "== capacity: 2 workers x max_concurrency $SEQS, sim time-scale $TIME_SCALE, $IN prompt + $OUT output tokens (± $SPREAD)"
 echo "   saturating run: C = $(f1 "$C") tokens/s (prompt + output) = R = $R req/s at $(f1 "$PER_REQ") tokens/request;"
 echo "   TTFT p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.ttft_ms.p50)") ms, E2E p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.e2e_ms.p50)") ms, queue p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.queue_ms.p50)") ms"
 
@@ -204,13 +208,13 @@ if [[ " $SCENARIOS " == *" 2 "* ]]; then
   start_gateway fairness false
   run_bench fairness --tenant "f1=$(key f1)::standard:$HR" --tenant "f2=$(key f2)::standard:$SR" \
     --tenant "f3=$(key f3)::standard:$SR" --tenant "f4=$(key f4)::standard:$SR" \
-    --duration "${FAIR_DURATION}s" --window "${FAIR_WINDOW}s" --random-spread 0.5
+    --duration "${FAIR_DURATION}s" --window "${FAIR_WINDOW}s"
   stop_gateway
   rep="$OUT_DIR/fairness.json"
   n=$((FAIR_DURATION / FAIR_WINDOW))
   echo
   echo "== 2. fairness: four standard tenants of one tier (weight 1), f1 at $HR req/s (4 R), f2..f4 at $SR req/s (0.4 R)"
-  echo "   each; lengths uniform in ±50%; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window"
+  echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window"
   jq -r --argjson n "$n" '
     (["window"] + [range(0; $n) | "\(. * '"$FAIR_WINDOW"')s"]) as $head
     | ($head | @tsv),
