@@ -48,7 +48,7 @@ SCENARIOS=${SCENARIOS:-"1 2 3"}
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
-for tool in jq curl awk; do
+for tool in jq curl awk column; do
   command -v "$tool" >/dev/null 2>&1 || { echo "queuebench needs $tool" >&2; exit 1; }
 done
 
