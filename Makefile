@@ -34,7 +34,7 @@ bench-hop:
 	./test/hopbench/run.sh
 
 # Issue 4's queueing scenarios (protection, fairness, deadlines) with usher bench against the
-# gateway and two simulated workers on loopback, about 8 minutes; see the script for its knobs.
+# gateway and two simulated workers on loopback, about 6 minutes; see the script for its knobs.
 bench-queue:
 	./test/queuebench/run.sh
 

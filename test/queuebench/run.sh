@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 4's queueing scenarios end to end: usher bench against usher serve in front of two
 # simulated workers (usher sim), all on loopback. Every run gets a fresh gateway; the workers
-# stay up. Bounded: with the defaults about 8 minutes of runs; each bench has a duration and a
+# stay up. Bounded: with the defaults about 6 minutes of runs; each bench has a duration and a
 # drain bound, and every process started here is stopped on exit.
 #
 #   0. Capacity: one interactive tenant keeps the pool saturated (bench --max-inflight caps what is
