@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint lint-deps bench bench-hop bench-policies clean
+.PHONY: build run test test-deps lint lint-deps bench bench-hop bench-policies bench-queue clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/usher
@@ -46,6 +46,11 @@ bench-hop:
 # minutes; POLICIES, WORKLOADS and the scales are environment variables, see the script).
 bench-policies:
 	./test/policybench/run.sh
+
+# Issue 4's queueing scenarios (protection, fairness, deadlines) with usher bench against the
+# gateway and two simulated workers on loopback, about 6 minutes; see the script for its knobs.
+bench-queue:
+	./test/queuebench/run.sh
 
 clean:
 	rm -rf bin artifacts

@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Issue 4's queueing scenarios end to end: usher bench against usher serve in front of two
+# simulated workers (usher sim), all on loopback. Every run gets a fresh gateway; the workers
+# stay up. Bounded: with the defaults about 6 minutes of runs; each bench has a duration and a
+# drain bound, and every process started here is stopped on exit.
+#
+#   0. Capacity: one interactive tenant keeps the pool saturated (bench --max-inflight caps what is
+#      outstanding); its tokens/s in the steady windows is the capacity C and C over the tokens of
+#      one request the capacity R in requests/s. Interactive, since standard and batch may never
+#      take the interactive reserve.
+#   1. Protection: 3 interactive tenants at 0.1 R each, one batch tenant at 3 R; (a) no batch,
+#      (b) with batch (priority queue), (c) with batch and queue.fifo: true.
+#   2. Fairness: four standard tenants, f1 sending 10x the others, all above their fair share;
+#      tokens served per tenant per window and Jain's index.
+#   3. Deadlines: a burst of 2 R from four standard tenants with different X-Usher-Deadline-Ms,
+#      after a short warm-up so the queue has measured the service time; refusal latencies from
+#      the gateway's access log (the bench report keeps no latency of failed requests) and from
+#      curl probes with a deadline too short to make.
+#
+# Lengths are spread (SPREAD) by default: with fixed lengths, requests dispatched together end
+# together, and the pool frees its slots in waves, which a fixed-length run mistakes for queueing.
+#
+#   test/queuebench/run.sh                     # everything, defaults below
+#   SCENARIOS="1" DURATION=30 test/queuebench/run.sh
+#
+# Reports (bench JSON and tables, gateway logs) go to $OUT_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+TIME_SCALE=${TIME_SCALE:-1}        # usher sim --time-scale
+SEQS=${SEQS:-8}                    # per worker: sim --max-num-seqs = the gateway's max_concurrency
+IN=${IN:-256}                      # prompt tokens (words) per request
+OUT=${OUT:-64}                     # max_tokens per request (the sim always generates all)
+SPREAD=${SPREAD:-0.5}              # lengths uniform in IN, OUT x (1 ± SPREAD); 0: fixed lengths
+CAP_DURATION=${CAP_DURATION:-20}   # seconds of arrivals of the capacity run
+DURATION=${DURATION:-60}           # seconds of arrivals of each protection run
+FAIR_DURATION=${FAIR_DURATION:-60} # seconds of arrivals of the fairness run
+DL_DURATION=${DL_DURATION:-20}     # seconds of the deadline burst
+WINDOW=${WINDOW:-5}                # seconds: throughput windows of scenarios 0 and 1
+FAIR_WINDOW=${FAIR_WINDOW:-10}     # seconds: fairness windows
+QUEUE_CAP=${QUEUE_CAP:-64}         # queue.max_queued_per_tenant
+RESERVE=${RESERVE:-}               # queue.interactive_reserve (empty: the default, 0.10)
+DEADLINES=${DEADLINES:-"1000 2000 4000 8000"} # X-Usher-Deadline-Ms of tenants d1..d4
+PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl probes
+DRAIN=${DRAIN:-20s}                # bench --drain
+SEED=${SEED:-1}
+SCENARIOS=${SCENARIOS:-"1 2 3"}
+OUT_DIR=${OUT_DIR:-artifacts/queuebench}
+MODEL=demo-7b
+
+for tool in jq curl awk column; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "queuebench needs $tool" >&2; exit 1; }
+done
+
+go build -o bin/usher ./cmd/usher
+mkdir -p "$OUT_DIR"
+echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
+  "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
+  "RESERVE=${RESERVE:-default} DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED; $(nproc) cores"
+tmp=$(mktemp -d)
+pids=()
+gw_pid=
+cleanup() {
+  for p in "${pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# addr_from LOG PATTERN: waits up to 10 s for the listening address in a log line.
+addr_from() {
+  local a
+  for _ in $(seq 100); do
+    a=$(grep -m1 "$2" "$1" 2>/dev/null | grep -oE '127\.0\.0\.1:[0-9]+' | head -1 || true)
+    if [ -n "$a" ]; then echo "$a"; return; fi
+    sleep 0.1
+  done
+  echo "no address in $1:" >&2; cat "$1" >&2; exit 1
+}
+
+sims=()
+for i in 1 2; do
+  bin/usher sim --listen 127.0.0.1:0 --max-num-seqs "$SEQS" --time-scale "$TIME_SCALE" --seed "$i" >"$tmp/sim-$i.log" 2>&1 &
+  pids+=($!)
+  sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
+done
+
+key() { echo "sk-queuebench-$1"; }
+tenant_yaml() {
+  local t
+  for t in cap i1 i2 i3 bulk f1 f2 f3 f4 d1 d2 d3 d4 warm probe; do
+    echo "  - id: $t"
+    echo "    keys: [{name: $t, sha256: $(printf %s "$(key "$t")" | sha256sum | cut -d' ' -f1)}]"
+  done
+}
+
+# start_gateway NAME FIFO: a fresh gateway with an empty queue; sets GW (host:port).
+start_gateway() {
+  stop_gateway
+  {
+    echo "server: {listen: \"127.0.0.1:0\"}"
+    echo "routing:"
+    echo "  policy: least_request"
+    echo "  health: {interval: 1s}"
+    echo "  workers:"
+    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL], max_concurrency: $SEQS}"
+    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL], max_concurrency: $SEQS}"
+    echo "queue:"
+    echo "  fifo: $2"
+    echo "  max_queued_per_tenant: $QUEUE_CAP"
+    if [ -n "$RESERVE" ]; then echo "  interactive_reserve: $RESERVE"; fi
+    echo "tenants:"
+    tenant_yaml
+    echo "log: {level: info, format: json}"
+  } >"$OUT_DIR/$1.yaml"
+  bin/usher serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  gw_pid=$!
+  GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
+  for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fs -o /dev/null "http://$GW/v1/chat/completions" -H "Authorization: Bearer $(key warm)" \
+    -d "{\"model\":\"$MODEL\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"ready\"}]}" ||
+    { echo "gateway $1 does not serve" >&2; cat "$OUT_DIR/$1.gateway.log" >&2; exit 1; }
+}
+stop_gateway() {
+  if [ -n "$gw_pid" ]; then kill "$gw_pid" 2>/dev/null || true; wait "$gw_pid" 2>/dev/null || true; gw_pid=; fi
+}
+
+# run_bench NAME ARGS...: one bench run against the current gateway; report in NAME.json.
+run_bench() {
+  local name=$1; shift
+  echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  bin/usher bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
+    --random-spread "$SPREAD" --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
+    { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
+}
+
+# steady REPORT WINDOW DURATION TENANTS...: mean tokens/s (prompt + output) of the tenants over
+# the windows that lie wholly inside the arrivals, the first one (warm-up) left out.
+steady() {
+  local rep=$1 win=$2 dur=$3; shift 3
+  jq -r --argjson w "$win" --argjson n "$((dur / win))" --args '
+    [$ARGS.positional[] as $t | .fairness.tokens[$t] // [] | .[1:$n]] | transpose
+    | map(add) as $per | if ($per | length) == 0 then 0 else ($per | add) / ($per | length) / $w end
+  ' "$@" <"$rep"
+}
+jget() { jq -r "$2" "$1"; }
+f1() { awk -v x="$1" 'BEGIN { printf "%.1f", x }'; }
+calc() { awk "BEGIN { printf \"%.${2:-3}f\", $1 }"; }
+
+# --- 0: capacity --------------------------------------------------------------------------------
+start_gateway capacity false
+run_bench capacity --tenant "cap=$(key cap)::interactive" --rate 200 --max-inflight $((SEQS * 6)) \
+  --duration "${CAP_DURATION}s" --window "${WINDOW}s"
+C=$(steady "$OUT_DIR/capacity.json" "$WINDOW" "$CAP_DURATION" cap)
+PER_REQ=$(jget "$OUT_DIR/capacity.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')
+R=$(calc "$C / $PER_REQ" 2)
+echo
+echo "== capacity: 2 workers x max_concurrency $SEQS, sim time-scale $TIME_SCALE, $IN prompt + $OUT output tokens (± $SPREAD)"
+echo "   saturating run: C = $(f1 "$C") tokens/s (prompt + output) = R = $R req/s at $(f1 "$PER_REQ") tokens/request;"
+echo "   TTFT p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.ttft_ms.p50)") ms, E2E p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.e2e_ms.p50)") ms, queue p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.queue_ms.p50)") ms"
+
+# --- 1: protection -----------------------------------------------------------------------------
+if [[ " $SCENARIOS " == *" 1 "* ]]; then
+  IR=$(calc "$R * 0.1" 3)
+  BR=$(calc "$R * 3" 3)
+  inter=(--tenant "i1=$(key i1)::interactive:$IR" --tenant "i2=$(key i2)::interactive:$IR" --tenant "i3=$(key i3)::interactive:$IR")
+  batch=(--tenant "bulk=$(key bulk)::batch:$BR")
+  common=(--duration "${DURATION}s" --window "${WINDOW}s")
+  start_gateway protect-a false
+  run_bench protect-a "${inter[@]}" "${common[@]}"
+  start_gateway protect-b false
+  run_bench protect-b "${inter[@]}" "${batch[@]}" "${common[@]}"
+  start_gateway protect-c true
+  run_bench protect-c "${inter[@]}" "${batch[@]}" "${common[@]}"
+  stop_gateway
+
+  echo
+  echo "== 1. protection: interactive i1..i3 at $IR req/s each (0.1 R each, 0.3 R in all), batch 'bulk' at $BR req/s (3 R);"
+  echo "   ${DURATION}s of arrivals; throughput in tokens/s over the ${WINDOW}s windows inside the arrivals but the first;"
+  echo "   queue.max_queued_per_tenant $QUEUE_CAP, interactive_reserve ${RESERVE:-0.10 (default)}; C = $(f1 "$C") tokens/s"
+  a_p99=$(jget "$OUT_DIR/protect-a.json" '.classes[] | select(.name=="interactive") | .ttft_ms.p99')
+  printf "%-22s %9s %9s %9s %8s %10s %10s %10s %10s %11s %9s\n" run "TTFT p50" "p99" "p99/(a)" "int ok" "int fail" "int tok/s" "unused" "batch t/s" "batch/unus" "batch 429"
+  for run in a b c; do
+    rep="$OUT_DIR/protect-$run.json"
+    label=$(case $run in a) echo "(a) no batch";; b) echo "(b) batch, priority";; c) echo "(c) batch, fifo";; esac)
+    p50=$(jget "$rep" '.classes[] | select(.name=="interactive") | .ttft_ms.p50')
+    p99=$(jget "$rep" '.classes[] | select(.name=="interactive") | .ttft_ms.p99')
+    iok=$(jget "$rep" '[.tenants[] | select(.name|startswith("i")) | .ok] | add')
+    ifail=$(jget "$rep" '[.tenants[] | select(.name|startswith("i")) | .failed + .dropped] | add')
+    it=$(steady "$rep" "$WINDOW" "$DURATION" i1 i2 i3)
+    bt=$(steady "$rep" "$WINDOW" "$DURATION" bulk)
+    unused=$(calc "$C - $it" 1)
+    b429=$(jget "$rep" '[.tenants[] | select(.name=="bulk") | .failures[]? | select(.status==429) | .count] | add // 0')
+    ratio="-"; [ "$run" = a ] || ratio=$(calc "$bt / $unused" 2)
+    printf "%-22s %9.1f %9.1f %9s %8s %10s %10.1f %10.1f %10.1f %11s %9s\n" "$label" "$p50" "$p99" "$(calc "$p99 / $a_p99" 2)" \
+      "$iok" "$ifail" "$it" "$unused" "$bt" "$ratio" "$b429"
+  done
+  echo "   (TTFT in ms, of the interactive class; unused = C - interactive tokens/s; goals: (b) p99/(a) <= 1.5, (b) batch/unused >= 0.90)"
+  for run in a b c; do
+    echo "   interactive queue ms ($run): $(jget "$OUT_DIR/protect-$run.json" '.classes[] | select(.name=="interactive") | .queue_ms | "p50 \(.p50) p99 \(.p99) max \(.max)"')"
+  done
+fi
+
+# --- 2: fairness -------------------------------------------------------------------------------
+if [[ " $SCENARIOS " == *" 2 "* ]]; then
+  SR=$(calc "$R * 0.4" 3)
+  HR=$(calc "$R * 4" 3)
+  start_gateway fairness false
+  run_bench fairness --tenant "f1=$(key f1)::standard:$HR" --tenant "f2=$(key f2)::standard:$SR" \
+    --tenant "f3=$(key f3)::standard:$SR" --tenant "f4=$(key f4)::standard:$SR" \
+    --duration "${FAIR_DURATION}s" --window "${FAIR_WINDOW}s"
+  stop_gateway
+  rep="$OUT_DIR/fairness.json"
+  n=$((FAIR_DURATION / FAIR_WINDOW))
+  echo
+  echo "== 2. fairness: four standard tenants of one tier (weight 1), f1 at $HR req/s (4 R), f2..f4 at $SR req/s (0.4 R)"
+  echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window"
+  jq -r --argjson n "$n" '
+    (["window"] + [range(0; $n) | "\(. * '"$FAIR_WINDOW"')s"]) as $head
+    | ($head | @tsv),
+      (.fairness.tokens | to_entries[] | [.key] + [.value[0:$n][] | floor | tostring] | @tsv),
+      (["Jain"] + [.fairness.jain[0:$n][] | . * 1000 | round / 1000 | tostring] | @tsv)
+  ' "$rep" | column -t
+  echo "   Jain over the windows inside the arrivals: mean $(jq -r --argjson n "$n" '.fairness.jain[0:$n] | add / length | . * 1000 | round / 1000' "$rep"), min $(jq -r --argjson n "$n" '.fairness.jain[0:$n] | min | . * 1000 | round / 1000' "$rep")"
+  echo "   bench's own: $(grep '^fairness' "$OUT_DIR/fairness.txt")"
+  echo "   per tenant: $(jq -r '[.tenants[] | "\(.name) ok \(.ok) 429 \([.failures[]? | select(.status==429) | .count] | add // 0) out tok/s \(.output_tokens_per_second | . * 10 | round / 10)"] | join("; ")' "$rep")"
+  echo "   (goal: Jain >= 0.95)"
+fi
+
+# --- 3: deadlines ------------------------------------------------------------------------------
+if [[ " $SCENARIOS " == *" 3 "* ]]; then
+  DR=$(calc "$R * 0.5" 3)
+  read -r -a dl <<<"$DEADLINES"
+  start_gateway deadlines false
+  run_bench deadlines-warm --tenant "warm=$(key warm)::interactive" --rate "$R" --requests $((SEQS * 4))
+  probes="$OUT_DIR/deadlines-probes.txt"
+  : >"$probes"
+  (
+    for _ in $(seq $((DL_DURATION * 4))); do
+      curl -s -o /dev/null --max-time 30 -w '%{http_code} %{time_total}\n' "http://$GW/v1/chat/completions" \
+        -H "Authorization: Bearer $(key probe)" -H 'X-Usher-Priority: standard' -H "X-Usher-Deadline-Ms: $PROBE_DEADLINE" \
+        -d "{\"model\":\"$MODEL\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"probe\"}]}" >>"$probes" || true
+      sleep 0.25
+    done
+  ) &
+  probe_pid=$!
+  pids+=($probe_pid)
+  run_bench deadlines --tenant "d1=$(key d1)::standard:$DR:${dl[0]}" --tenant "d2=$(key d2)::standard:$DR:${dl[1]}" \
+    --tenant "d3=$(key d3)::standard:$DR:${dl[2]}" --tenant "d4=$(key d4)::standard:$DR:${dl[3]}" \
+    --duration "${DL_DURATION}s" --window "${WINDOW}s"
+  wait "$probe_pid" || true
+  stop_gateway
+  rep="$OUT_DIR/deadlines.json"
+  echo
+  echo "== 3. deadlines: d1..d4 at $DR req/s each (2 R in all) for ${DL_DURATION}s, standard class, deadlines ${DEADLINES} ms;"
+  echo "   after a warm-up of $((SEQS * 4)) requests. 'dispatch max' is the longest X-Usher-Queue-Ms of a dispatched request;"
+  echo "   'late done' is bench's count of OK requests that ended after their deadline"
+  printf "%-7s %8s %6s %6s %8s %9s %9s %6s %12s %9s %9s %10s\n" tenant deadline sent ok "dl_unre" "q_full" "504 dl_ex" other "dispatch max" "TTFT p99" "E2E p99" "late done"
+  for i in 0 1 2 3; do
+    t="d$((i + 1))"
+    jq -r --arg t "$t" --argjson d "${dl[$i]}" '.tenants[] | select(.name==$t) |
+      def n(s; c): [.failures[]? | select(.status==s and .code==c) | .count] | add // 0;
+      [$t, $d, .sent, .ok, n(429; "deadline_unreachable"), n(429; "queue_full"), n(504; "deadline_exceeded"),
+       (.failed - n(429; "deadline_unreachable") - n(429; "queue_full") - n(504; "deadline_exceeded")),
+       .queue_ms.max, (.ttft_ms.p99 | floor), (.e2e_ms.p99 | floor), .deadline_misses] | @tsv' "$rep" |
+      awk -F'\t' '{ printf "%-7s %8s %6s %6s %8s %9s %9s %6s %12s %9s %9s %10s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 }'
+  done
+  echo "   dispatched after their deadline (X-Usher-Queue-Ms > deadline): $(jq -r --args '[.tenants as $ts | range(0; 4) as $i | $ts[] | select(.name == "d\($i + 1)") | select(.queue_ms.max > ($ARGS.positional[$i] | tonumber))] | length' --args "${dl[@]}" <"$rep") tenants with any"
+  # The gateway's access log: ms from arrival to the answer, for every refusal.
+  jq -rs '
+    def pct(p): if length == 0 then "-" else .[((length - 1) * p / 100 | floor)] end;
+    [.[] | select(.msg == "request" and .status == 429 and (.tenant | test("^d[1-4]$|^probe$")))] as $r
+    | ($r | map(.ms) | sort) as $ms
+    | "   refusals (429) at the gateway, from its access log (whole ms): \($ms | length); ms p50 \($ms | pct(50)), p99 \($ms | pct(99)), max \($ms | pct(100)); over 5 ms: \($ms | map(select(. > 5)) | length)",
+      "   504 deadline_exceeded in the log: \([.[] | select(.msg == "request" and .status == 504)] | length)"
+  ' "$OUT_DIR/deadlines.gateway.log"
+  ok=$(awk '$1 == 200' "$probes" | wc -l)
+  awk '$1 == 429 { printf "%.3f\n", $2 * 1000 }' "$probes" | sort -n | awk -v ok="$ok" -v d="$PROBE_DEADLINE" '
+    { t[++n] = $1; if ($1 > 5) over++ }
+    END { printf "   curl probes (deadline %s ms, time_total from send): %d refused, %d served; refusal ms p50 %.2f, max %.2f; over 5 ms: %d\n",
+      d, n, ok, n ? t[int((n + 1) / 2)] : 0, n ? t[n] : 0, over }'
+  echo "   (goals: none served after its deadline; every refusal within 5 ms of arrival)"
+fi
+echo
+echo "reports: $OUT_DIR"
