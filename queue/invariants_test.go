@@ -464,6 +464,28 @@ func TestUnreachableDeadlineRefusedAtArrival(t *testing.T) {
 	}
 }
 
+// TestDeadlineEstimateCountsOtherTenantsTurns checks that a request deep in its tenant's queue
+// is refused at arrival when the fair share will serve the other backlogged tenants' turns first,
+// even while those tenants have only a little queued right now (they keep sending): admitted, it
+// would wait its whole deadline for a 504.
+func TestDeadlineEstimateCountsOtherTenantsTurns(t *testing.T) {
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 1})
+	measure(t, q, clk, time.Second)
+	granted(t, enqueue(t, q, queue.Request{Tenant: "running", Class: queue.Standard, MaxTokens: 1}))
+	for _, tenant := range []string{"b", "c"} {
+		enqueue(t, q, queue.Request{Tenant: tenant, Class: queue.Standard, MaxTokens: 1})
+	}
+	for range 3 {
+		enqueue(t, q, queue.Request{Tenant: "d", Class: queue.Standard, MaxTokens: 1})
+	}
+	// d's fourth request waits for its three, and for b and c to be served as often: about
+	// 3 + 2 x 4 = 11 rounds of 1s, not the 5 requests queued now.
+	_, err := q.Enqueue(queue.Request{Tenant: "d", Class: queue.Standard, MaxTokens: 1, Deadline: clk.Now().Add(6 * time.Second)})
+	rejection(t, err, queue.DeadlineUnreachable)
+	// A new tenant goes first by the fair share: its wait is one turn of each backlogged flow.
+	enqueue(t, q, queue.Request{Tenant: "e", Class: queue.Standard, MaxTokens: 1, Deadline: clk.Now().Add(6 * time.Second)})
+}
+
 // TestCapsRefuseWithQueueFull checks the per-tenant and per-class caps.
 func TestCapsRefuseWithQueueFull(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{MaxQueuedPerTenant: 2, MaxQueuedPerClass: 3}, queue.Capacity{})

@@ -614,8 +614,13 @@ func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Dura
 		if f.idx >= 0 {
 			others--
 		}
-		reqs += own + min(int64(cls.queued)-own, others*(own+1))
-		toks += ownTok + min(cls.queuedTokens-ownTok, others*(ownTok+cost))
+		// Under the fair share every other backlogged tenant is served about as much as this one
+		// before its turn comes, whatever it has queued right now: tenants that keep sending
+		// take their turns ahead of a request deep in its own tenant's queue. Counting only what
+		// the others have queued now under-estimates the wait, and a request admitted on such
+		// an estimate waits its whole deadline for a 504.
+		reqs += own + others*(own+1)
+		toks += ownTok + others*(ownTok+cost)
 	}
 	rounds := float64(reqs) / float64(capReq)
 	if q.capacity.Tokens > 0 && capTok > 0 {
