@@ -21,7 +21,9 @@
 // not fit waits, and so do those behind it. The queue is FCFS, or by vLLM's request field
 // "priority" (lower first) under the priority policy. When a running sequence needs a block and
 // none is free, the last admitted (or the lowest-priority) running sequence is preempted: its
-// blocks are freed and it waits to be recomputed.
+// blocks are freed and it waits to be recomputed. Under the priority policy a waiting sequence
+// of higher priority also takes the batch slot of the lowest-priority running one when the batch
+// is full, as vLLM's priority scheduling preempts.
 //
 // The KV cache is a pool of BlockSize-token blocks. A full block is identified by a chained
 // hash over its parent block's hash and its own tokens, so equal hashes mean equal prefixes. On

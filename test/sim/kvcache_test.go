@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,6 +161,32 @@ func BenchmarkDecodeStep(b *testing.B) {
 				for len(s.running)+s.waiting.Len() < seqs {
 					add()
 				}
+			}
+		})
+	}
+}
+
+func TestPriorityPreemptsLowerPriorityForABatchSlot(t *testing.T) {
+	for _, tt := range []struct {
+		policy          string
+		wantPreemptions int64
+	}{{PolicyPriority, 1}, {PolicyFCFS, 0}} {
+		t.Run(tt.policy, func(t *testing.T) {
+			s, c := testScheduler(Config{MaxNumSeqs: 2, SchedulingPolicy: tt.policy})
+			batch := []*sequence{newSequence(1, tokenize("a b c"), 50, 2), newSequence(2, tokenize("d e f"), 50, 2)}
+			for _, q := range batch {
+				s.add(q)
+			}
+			s.apply(s.schedule())
+			urgent := newSequence(3, tokenize("g h i"), 50, 0)
+			s.add(urgent)
+			s.apply(s.schedule())
+			running := slices.Contains(s.running, urgent)
+			if got := c.preemptions.Load(); got != tt.wantPreemptions {
+				t.Fatalf("preemptions: got %d, want %d", got, tt.wantPreemptions)
+			}
+			if running != (tt.wantPreemptions == 1) || len(s.running) != 2 {
+				t.Fatalf("urgent running: %v with %d running, want %v with 2", running, len(s.running), tt.wantPreemptions == 1)
 			}
 		})
 	}

@@ -343,6 +343,23 @@ func (s *scheduler) preempt(q *sequence) {
 	s.stats.preemptions.Add(1)
 }
 
+// preemptForPriority gives the batch slot of the lowest-priority running sequence to a waiting
+// one of higher priority (lower value) when the batch is full, as vLLM's priority scheduling
+// preempts: the victim goes back to waiting and recomputes its KV when admitted again. Under
+// FCFS it does nothing.
+func (s *scheduler) preemptForPriority() {
+	if !s.waiting.byPriority {
+		return
+	}
+	for len(s.running) >= s.cfg.MaxNumSeqs && s.waiting.Len() > 0 && len(s.running) > 0 {
+		v := s.victim()
+		if s.waiting.seqs[0].priority >= v.priority {
+			return
+		}
+		s.preempt(v)
+	}
+}
+
 // schedule plans the next step, as vLLM's V1 scheduler does: running sequences first (each
 // decoding one takes one token of the budget, a prefilling one a chunk), preempting when the
 // KV cache is full; then, if nothing was preempted, waiting sequences in queue order while a
@@ -352,6 +369,7 @@ func (s *scheduler) schedule() *stepPlan {
 	p.seqs, p.n, p.cost = p.seqs[:0], p.n[:0], 0
 	budget := s.cfg.MaxNumBatchedTokens
 	preempted := false
+	s.preemptForPriority()
 
 	for i := 0; i < len(s.running) && budget > 0; i++ {
 		q := s.running[i]
