@@ -40,6 +40,11 @@ WINDOW=${WINDOW:-5}                # seconds: throughput windows of scenarios 0 
 FAIR_WINDOW=${FAIR_WINDOW:-10}     # seconds: fairness windows
 QUEUE_CAP=${QUEUE_CAP:-64}         # queue.max_queued_per_tenant
 RESERVE=${RESERVE:-}               # queue.interactive_reserve (empty: the default, 0.10)
+HANDOFF=${HANDOFF:-0}              # 1: sims schedule by priority, the gateway hands the class down
+                                   #    (priority_handoff) and admits OVERCOMMIT x SEQS per worker,
+                                   #    so an interactive request takes a batch request's slot
+                                   #    in the worker at once instead of waiting for one to end
+OVERCOMMIT=${OVERCOMMIT:-2}        # with HANDOFF=1: gateway max_concurrency = OVERCOMMIT x SEQS
 DEADLINES=${DEADLINES:-"1000 2000 4000 8000"} # X-Usher-Deadline-Ms of tenants d1..d4
 PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl probes
 DRAIN=${DRAIN:-20s}                # bench --drain
@@ -56,7 +61,7 @@ go build -o bin/usher ./cmd/usher
 mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
-  "RESERVE=${RESERVE:-default} DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED; $(nproc) cores"
+  "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
 gw_pid=
@@ -78,9 +83,12 @@ addr_from() {
   echo "no address in $1:" >&2; cat "$1" >&2; exit 1
 }
 
+sim_policy=fcfs; worker_conc=$SEQS; handoff=false
+if [ "$HANDOFF" = 1 ]; then sim_policy=priority; worker_conc=$((OVERCOMMIT * SEQS)); handoff=true; fi
 sims=()
 for i in 1 2; do
-  bin/usher sim --listen 127.0.0.1:0 --max-num-seqs "$SEQS" --time-scale "$TIME_SCALE" --seed "$i" >"$tmp/sim-$i.log" 2>&1 &
+  bin/usher sim --listen 127.0.0.1:0 --max-num-seqs "$SEQS" --time-scale "$TIME_SCALE" --seed "$i" \
+    --scheduling-policy "$sim_policy" >"$tmp/sim-$i.log" 2>&1 &
   pids+=($!)
   sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
 done
@@ -103,8 +111,8 @@ start_gateway() {
     echo "  policy: least_request"
     echo "  health: {interval: 1s}"
     echo "  workers:"
-    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL], max_concurrency: $SEQS}"
-    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL], max_concurrency: $SEQS}"
+    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
+    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
     echo "queue:"
     echo "  fifo: $2"
     echo "  max_queued_per_tenant: $QUEUE_CAP"
