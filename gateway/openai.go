@@ -220,20 +220,25 @@ func (u usage) cachedTokens() int {
 	return u.PromptTokensDetails.CachedTokens
 }
 
-var usageKey = []byte(`"usage":{`)
+var usageKey = []byte(`"usage"`)
 
-// parseUsage reads the usage object of a response or stream chunk, if it has one.
+// parseUsage reads the usage object of a response or stream chunk, if it has one. It decodes only
+// that object: the last "usage" key of the payload (a key, since a quote inside a JSON string is
+// always escaped), so a long answer is not decoded twice.
 func parseUsage(payload []byte) (usage, bool) {
-	if !bytes.Contains(payload, usageKey) {
+	i := bytes.LastIndex(payload, usageKey)
+	if i < 0 {
 		return usage{}, false
 	}
-	var v struct {
-		Usage *usage `json:"usage"`
-	}
-	if err := json.Unmarshal(payload, &v); err != nil || v.Usage == nil {
+	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
 	}
-	return *v.Usage, true
+	var u *usage
+	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil || u == nil {
+		return usage{}, false
+	}
+	return *u, true
 }
 
 // isUsageOnlyChunk reports whether a stream chunk is the usage chunk that include_usage adds:

@@ -127,6 +127,10 @@ func TestParseUsage(t *testing.T) {
 		{"null usage", `{"choices":[{"delta":{"content":"a"}}],"usage":null}`, usage{}, false, false},
 		{"no usage", `{"choices":[{"delta":{"content":"usage"}}]}`, usage{}, false, false},
 		{"broken", `{"usage":{`, usage{}, false, false},
+		{"spaced key", `{"choices":[{"text":"x"}], "usage" : {"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}`,
+			usage{PromptTokens: 2, CompletionTokens: 1, TotalTokens: 3}, true, false},
+		{"usage in the content, then the real one", `{"choices":[{"message":{"content":"my \"usage\": {\"prompt_tokens\": 99} is"}}],"usage":{"prompt_tokens":4,"completion_tokens":5,"total_tokens":9}}`,
+			usage{PromptTokens: 4, CompletionTokens: 5, TotalTokens: 9}, true, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
