@@ -158,11 +158,19 @@ func adminAPIError(err error) *apiError {
 	return badRequest("", "%v", err)
 }
 
-// audit logs a fleet change (worker and pin changes live in the pool and Redis, not in the SQL
-// audit log of tenants and keys).
+// audit records a fleet change (a worker or pin change, which lives in the pool and Redis) in the
+// process log and, when the tenant admin service is wired, in the SQL audit log beside the
+// tenant and key changes.
 func (s *Server) audit(c echo.Context, action, object string) {
 	s.log.Info("admin", "actor", actorOf(c).Name, "action", action, "object", object,
 		"id", c.Response().Header().Get(echo.HeaderXRequestID))
+	if s.tenantAdmin == nil {
+		return
+	}
+	// The change is made; an audit write that fails is logged, never undoes it.
+	if err := s.tenantAdmin.Record(c.Request().Context(), actorOf(c), action, object, nil); err != nil {
+		s.log.Error("audit log write failed", "action", action, "object", object, "err", err)
+	}
 }
 
 func (s *Server) listWorkers(c echo.Context) error {

@@ -130,3 +130,20 @@ func eventually(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition still false after 2s")
 }
+
+func TestFleetChangesReachTheAuditLog(t *testing.T) {
+	g := startTenantAdminGateway(t)
+	if resp, out := g.admin(t, "POST", "/workers/w1/drain", rootToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("drain: %d %v", resp.StatusCode, out)
+	}
+	if resp, out := g.admin(t, "POST", "/workers/w1/undrain", rootToken, ""); resp.StatusCode != 200 {
+		t.Fatalf("undrain: %d %v", resp.StatusCode, out)
+	}
+	_, page := g.admin(t, "GET", "/audit?limit=10", rootToken, "")
+	got := toJSON(page)
+	for _, want := range []string{"worker.drain", "worker.undrain"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("audit log has no %s: %s", want, got)
+		}
+	}
+}

@@ -50,17 +50,19 @@ type Deps struct {
 // Server is usher's HTTP surface. It is safe for concurrent use; its zero value is not usable,
 // build it with New.
 type Server struct {
-	cfg       Config
-	pool      *routing.Pool
-	auth      tenants.Authenticator
-	client    *http.Client
-	log       *slog.Logger
-	now       func() time.Time
-	metrics   *metrics
-	limits    Limits
-	admission *admission
-	echo      *echo.Echo
-	traffic   *traffic
+	cfg     Config
+	pool    *routing.Pool
+	auth    tenants.Authenticator
+	client  *http.Client
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *metrics
+	limits  Limits
+	// tenantAdmin, when set, also records fleet changes (workers, pins) in the audit log.
+	tenantAdmin *tenants.Admin
+	admission   *admission
+	echo        *echo.Echo
+	traffic     *traffic
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -95,16 +97,17 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		admission: adm,
-		limits:    d.Limits,
-		cfg:       cfg,
-		pool:      d.Pool,
-		auth:      d.Auth,
-		client:    &http.Client{Transport: d.Transport},
-		log:       d.Logger,
-		now:       d.Now,
-		metrics:   m,
-		traffic:   &traffic{now: d.Now},
+		admission:   adm,
+		limits:      d.Limits,
+		tenantAdmin: d.Tenants,
+		cfg:         cfg,
+		pool:        d.Pool,
+		auth:        d.Auth,
+		client:      &http.Client{Transport: d.Transport},
+		log:         d.Logger,
+		now:         d.Now,
+		metrics:     m,
+		traffic:     &traffic{now: d.Now},
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

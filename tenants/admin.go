@@ -421,6 +421,15 @@ func (a *Admin) RevokeKey(ctx context.Context, actor Actor, tenantID, keyID stri
 // Tiers lists the declared tiers, highest first (any actor).
 func (a *Admin) Tiers(Actor) []Tier { return a.dir.Tiers() }
 
+// Record writes actor's action on a fleet object (a worker, a pin) to the audit log; only
+// an admin acts on the fleet.
+func (a *Admin) Record(ctx context.Context, actor Actor, action, object string, details any) error {
+	if err := requireAdmin(actor); err != nil {
+		return err
+	}
+	return a.store.Record(ctx, actor.Name, action, object, details)
+}
+
 // Audit returns a page of the audit log, newest first: everything for the admin and the viewer,
 // the entries about its own tenant and keys for a tenant.
 func (a *Admin) Audit(ctx context.Context, actor Actor, q AuditQuery) (AuditPage, error) {

@@ -218,6 +218,20 @@ func (s *Store) change(ctx context.Context, actor, action, tenantID, object stri
 	return tx.Commit()
 }
 
+// Record writes an audit entry for a change made outside the store (a worker drained, a pin
+// set): the audit log then tells every operator action, not only those on tenants and keys.
+func (s *Store) Record(ctx context.Context, actor, action, object string, details any) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := s.audit(ctx, tx, s.now(), actor, action, "", object, details); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, action, tenantID, object string, details any) error {
 	d, err := json.Marshal(details)
 	if err != nil {
