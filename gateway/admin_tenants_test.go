@@ -1,52 +1,15 @@
 package gateway
 
 import (
-	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/usherllm/usher/migrations"
-	"github.com/usherllm/usher/routing"
-	"github.com/usherllm/usher/tenants"
 )
 
 const rootToken = "root-admin-token-of-24-characters-or-more"
 
-// startTenantAdminGateway is a gateway on a real SQLite store with the real admin service.
-func startTenantAdminGateway(t *testing.T) *testGateway {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: rootToken},
-		Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}}}
-	cfg.Database.URL = "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
-	cfg.SetDefaults()
-	store, err := tenants.Open(ctx, cfg.Database.URL, migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if err := store.MigrateUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := tenants.NewAdmin(cfg.Admin, store, dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newFakeWorker(t, nil)
-	return startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
-		d.Auth, d.Admins, d.Tenants = dir, admin, admin
-	})
-}
-
 func TestTenantAdminAPI(t *testing.T) {
-	g := startTenantAdminGateway(t)
+	g := startTenantsGateway(t)
 	mustStatus := func(want int, method, path, token, body string) map[string]any {
 		t.Helper()
 		resp, out := g.admin(t, method, path, token, body)
@@ -132,7 +95,7 @@ func eventually(t *testing.T, cond func() bool) {
 }
 
 func TestFleetChangesReachTheAuditLog(t *testing.T) {
-	g := startTenantAdminGateway(t)
+	g := startTenantsGateway(t)
 	if resp, out := g.admin(t, "POST", "/workers/w1/drain", rootToken, ""); resp.StatusCode != 200 {
 		t.Fatalf("drain: %d %v", resp.StatusCode, out)
 	}

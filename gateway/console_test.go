@@ -22,9 +22,9 @@ import (
 
 const viewerToken = "viewer-token-of-24-characters-or-more"
 
-// startConsoleGateway is a gateway with the real admin service (SQLite) with an admin and a
-// viewer token, in front of two fake workers w1 and w2.
-func startConsoleGateway(t *testing.T) *testGateway {
+// startTenantsGateway is a gateway with the real tenant directory and admin service (SQLite),
+// an admin and a viewer token, in front of two fake workers w1 and w2.
+func startTenantsGateway(t *testing.T) *testGateway {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -150,7 +150,7 @@ func consoleFixture(t *testing.T, g *testGateway) string {
 }
 
 func TestConsoleRequiresSession(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	b := newBrowser(t, g.url)
 	for _, path := range consoleGets {
 		t.Run("GET "+path, func(t *testing.T) {
@@ -194,7 +194,7 @@ func TestConsoleRequiresSession(t *testing.T) {
 }
 
 func TestConsoleSignIn(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	consoleFixture(t, g)
 	_, out := g.admin(t, "POST", "/tenants/acme/keys", rootToken, `{"name":"tenant-cred"}`)
 	tenantKey, _ := out["secret"].(string)
@@ -236,7 +236,7 @@ func TestConsoleSignIn(t *testing.T) {
 }
 
 func TestConsoleSessionCookieFlags(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	for _, tt := range []struct {
 		name   string
 		proto  string
@@ -276,7 +276,7 @@ func TestConsoleSessionCookieFlags(t *testing.T) {
 }
 
 func TestConsoleCSRF(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	keyID := consoleFixture(t, g)
 	b := newBrowser(t, g.url)
 	b.signIn(rootToken)
@@ -309,7 +309,7 @@ func TestConsoleCSRF(t *testing.T) {
 }
 
 func TestConsoleAdminActions(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	keyID := consoleFixture(t, g)
 	b := newBrowser(t, g.url)
 	csrf := b.signIn(rootToken)
@@ -353,7 +353,7 @@ func TestConsoleAdminActions(t *testing.T) {
 }
 
 func TestConsoleViewerChangesNothing(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	keyID := consoleFixture(t, g)
 	b := newBrowser(t, g.url)
 	csrf := b.signIn(viewerToken)
@@ -406,7 +406,7 @@ func TestConsoleViewerChangesNothing(t *testing.T) {
 }
 
 func TestConsoleEscapesNamesAndKeys(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	const evil = `<script>alert(1)</script>`
 	const evilKey = `"><img src=x onerror=alert(2)>`
 	if resp, out := g.admin(t, "POST", "/tenants", rootToken, `{"id":"evil","name":"`+strings.ReplaceAll(evil, `/`, `\/`)+`","tier":"pro"}`); resp.StatusCode != 201 {
@@ -481,7 +481,7 @@ func mustDecode(t *testing.T, s string) string {
 }
 
 func TestAdminPinsMoveAndOverview(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	consoleFixture(t, g)
 	g.admin(t, "POST", "/pins", rootToken, `{"model":"`+testModel+`","tenant":"acme","key":"s1","worker":"w1"}`)
 	if _, out := g.admin(t, "GET", "/pins?key=s1", rootToken, ""); len(out["pins"].([]any)) != 1 {
@@ -525,7 +525,7 @@ func TestAdminPinsMoveAndOverview(t *testing.T) {
 }
 
 func TestConsoleAuditIsPaged(t *testing.T) {
-	g := startConsoleGateway(t)
+	g := startTenantsGateway(t)
 	for i := range 55 {
 		if resp, _ := g.admin(t, "POST", "/tenants", rootToken, `{"id":"t`+strconv.Itoa(i)+`"}`); resp.StatusCode != 201 {
 			t.Fatalf("create t%d: %d", i, resp.StatusCode)
