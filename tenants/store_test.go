@@ -3,8 +3,6 @@ package tenants
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -14,10 +12,9 @@ import (
 	"time"
 
 	"io/fs"
-)
 
-// postgresDSNEnv names the PostgreSQL the tests use; .ci/run sets it, and CI fails without it.
-const postgresDSNEnv = "USHER_TEST_POSTGRES_DSN"
+	"github.com/usherllm/usher/test/pgtest"
+)
 
 // openSQLite returns a migrated store in a fresh SQLite file.
 func openSQLite(t testing.TB) *Store {
@@ -37,38 +34,7 @@ func openSQLite(t testing.TB) *Store {
 // USHER_TEST_POSTGRES_DSN; the schema is dropped when the test ends.
 func openPostgres(t testing.TB) *Store {
 	t.Helper()
-	dsn := os.Getenv(postgresDSNEnv)
-	if dsn == "" {
-		const hint = "%s is not set; set it to a PostgreSQL DSN, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-		if os.Getenv("CI") == "true" {
-			t.Fatalf(hint, postgresDSNEnv)
-		}
-		t.Skipf(hint+" (skipped outside CI; .ci/run sets it)", postgresDSNEnv)
-	}
-	admin, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatalf("open %s: %v", postgresDSNEnv, err)
-	}
-	defer admin.Close()
-	var b [6]byte
-	rand.Read(b[:])
-	schema := fmt.Sprintf("usher_test_%x", b)
-	if _, err := admin.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("pgx", dsn)
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
-	})
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	s, err := Open(context.Background(), dsn+sep+"search_path="+schema, migrationsFS)
+	s, err := Open(context.Background(), pgtest.URL(t), migrationsFS)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

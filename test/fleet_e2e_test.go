@@ -2,15 +2,12 @@ package test
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,48 +19,9 @@ import (
 	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
 	"github.com/usherllm/usher/test/sim/simtest"
+
+	"github.com/usherllm/usher/test/pgtest"
 )
-
-const postgresDSNEnv = "USHER_TEST_POSTGRES_DSN"
-
-// postgresURL returns a database URL for a fresh schema of the PostgreSQL at
-// USHER_TEST_POSTGRES_DSN, dropped when the test ends. Without the variable the test fails in
-// CI and is skipped elsewhere, as the tenants package's PostgreSQL tests are.
-func postgresURL(t *testing.T) string {
-	t.Helper()
-	dsn := os.Getenv(postgresDSNEnv)
-	if dsn == "" {
-		const hint = "%s is not set; set it to a PostgreSQL DSN, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-		if os.Getenv("CI") == "true" {
-			t.Fatalf(hint, postgresDSNEnv)
-		}
-		t.Skipf(hint+" (skipped outside CI; .ci/run sets it)", postgresDSNEnv)
-	}
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatalf("open %s: %v", postgresDSNEnv, err)
-	}
-	defer db.Close()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	schema := fmt.Sprintf("usher_fleet_%x", b)
-	if _, err := db.Exec(`CREATE SCHEMA ` + schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		db, err := sql.Open("pgx", dsn)
-		if err != nil {
-			return
-		}
-		defer db.Close()
-		_, _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`)
-	})
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + "search_path=" + schema
-}
 
 // Keys of the config tenants of the fleet test.
 const (
@@ -137,7 +95,7 @@ func fleetCall(t *testing.T, method, url, token, body string, header map[string]
 }
 
 func TestFleetOfThreeReplicas(t *testing.T) {
-	dbURL := postgresURL(t)
+	dbURL := pgtest.URL(t)
 	rs := redistest.Start(t)
 	reqs := &requestLog{seen: map[string]int{}}
 	var workers []string
