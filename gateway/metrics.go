@@ -8,7 +8,7 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec   // model, status
 	duration *prometheus.HistogramVec // model
-	ttft     *prometheus.HistogramVec // model
+	ttft     *prometheus.HistogramVec // model, class
 	tokens   *prometheus.CounterVec   // model, kind (prompt, completion, cached)
 	retries  *prometheus.CounterVec   // model
 }
@@ -25,7 +25,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: latencyBuckets}, []string{"model"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "usher_time_to_first_token_seconds", Help: "Time from arrival to the first byte of the answer sent to the client.",
-			Buckets: latencyBuckets}, []string{"model"}),
+			Buckets: latencyBuckets}, []string{"model", "class"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_tokens_total", Help: "Tokens served as reported by workers, by kind (prompt, completion, cached)."},
 			[]string{"model", "kind"}),

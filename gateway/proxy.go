@@ -284,7 +284,7 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 		ct = echo.MIMEApplicationJSON
 	}
 	x.ttft = s.now().Sub(x.start)
-	s.metrics.ttft.WithLabelValues(req.Model).Observe(x.ttft.Seconds())
+	s.metrics.ttft.WithLabelValues(req.Model, x.class.String()).Observe(x.ttft.Seconds())
 	var out routing.Outcome
 	if u, ok := parseUsage(data); ok && resp.StatusCode == http.StatusOK {
 		out = s.account(req.Model, u, x)
@@ -340,7 +340,7 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 				if first {
 					first = false
 					x.ttft = s.now().Sub(x.start)
-					s.metrics.ttft.WithLabelValues(req.Model).Observe(x.ttft.Seconds())
+					s.metrics.ttft.WithLabelValues(req.Model, x.class.String()).Observe(x.ttft.Seconds())
 				}
 			}
 		}
