@@ -102,7 +102,7 @@ form food keep children feet land side without boy once animals life enough took
 four head above kind began almost live page got earth need far hand high year mother light
 parts country father let night following picture being study second eyes soon times story
 boys since white days ever paper hard near sentence better best across during today others
-however sure means knew its try told young miles sun ways thing whole hear example heard
+however sure means knew try told young miles sun ways thing whole hear example heard
 several change answer room sea against top turned learn point city play toward five using
 himself usually`)
 
