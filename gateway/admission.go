@@ -67,13 +67,18 @@ func (a *admission) queueFor(model string) (*queue.Queue, error) {
 	if q, ok := a.queues[model]; ok {
 		return q, nil
 	}
+	return a.addQueueLocked(model, a.pool.Workers())
+}
+
+// addQueueLocked creates the queue of model with the capacity of workers. a.mu must be held.
+func (a *admission) addQueueLocked(model string, workers []routing.WorkerStatus) (*queue.Queue, error) {
 	opts := a.opts
 	opts.Model = model
 	q, err := queue.New(a.cfg, opts)
 	if err != nil {
 		return nil, err
 	}
-	a.caps[model] = capacityOf(a.pool.Workers(), model)
+	a.caps[model] = capacityOf(workers, model)
 	q.SetCapacity(a.caps[model])
 	a.queues[model] = q
 	return q, nil
@@ -97,11 +102,8 @@ func (a *admission) refresh() {
 		if _, ok := a.queues[model]; ok || a.closed {
 			continue
 		}
-		opts := a.opts
-		opts.Model = model
-		if q, err := queue.New(a.cfg, opts); err == nil {
-			a.queues[model] = q
-			a.caps[model] = queue.Capacity{Requests: -1} // set below
+		if _, err := a.addQueueLocked(model, workers); err != nil {
+			a.opts.Logger.Error("queue not created", "model", model, "err", err)
 		}
 	}
 	for model, q := range a.queues {

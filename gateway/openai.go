@@ -174,10 +174,6 @@ func (r *inferenceRequest) forUpstream(body []byte) ([]byte, error) {
 	if !r.Stream || r.clientWantsUsage {
 		return body, nil
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, err
-	}
 	so := map[string]json.RawMessage{}
 	if len(r.StreamOptions) > 0 && !isNull(r.StreamOptions) {
 		if err := json.Unmarshal(r.StreamOptions, &so); err != nil {
@@ -189,8 +185,7 @@ func (r *inferenceRequest) forUpstream(body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	fields["stream_options"] = raw
-	return json.Marshal(fields)
+	return withField(body, "stream_options", string(raw))
 }
 
 // withField returns the JSON object body with field set to the raw JSON value.

@@ -237,11 +237,14 @@ func (s *Server) bodyFor(w *routing.Worker, body []byte, class queue.Class) []by
 // that goes away cancels it at once.
 func (s *Server) send(ctx context.Context, w *routing.Worker, ep endpoint, body []byte, in http.Header) (*http.Response, error) {
 	u := *w.URL()
-	u.Path = singleJoin(u.Path, ep.path)
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	u.Path, u.RawPath = singleJoin(u.Path, ep.path), ""
+	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
+	// than formatting and parsing it again for every request.
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
+	out.URL, out.Host = &u, u.Host
 	out.Header.Set("Content-Type", "application/json")
 	out.Header.Set(echo.HeaderXRequestID, in.Get(echo.HeaderXRequestID))
 	if a := in.Get("Accept"); a != "" {

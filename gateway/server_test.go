@@ -233,22 +233,32 @@ func TestNonStreamingAnswerAndHeaders(t *testing.T) {
 // tokensServed reads usher_tokens_total for the test model and kind from the registry.
 func tokensServed(t *testing.T, g *testGateway, kind string) float64 {
 	t.Helper()
+	return counterValue(t, g, "usher_tokens_total", map[string]string{"model": testModel, "kind": kind})
+}
+
+// counterValue reads the counter name whose labels include want, or 0 when there is none.
+func counterValue(t *testing.T, g *testGateway, name string, want map[string]string) float64 {
+	t.Helper()
 	families, err := g.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "usher_tokens_total" {
+		if f.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range f.GetMetric() {
 			labels := map[string]string{}
 			for _, lp := range m.GetLabel() {
 				labels[lp.GetName()] = lp.GetValue()
 			}
-			if labels["model"] == testModel && labels["kind"] == kind {
-				return m.GetCounter().GetValue()
+			for k, v := range want {
+				if labels[k] != v {
+					continue metrics
+				}
 			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0
@@ -318,25 +328,7 @@ func TestClientClosingAfterDoneIsASuccess(t *testing.T) {
 // requestsWithStatus reads usher_requests_total for the test model and status.
 func requestsWithStatus(t *testing.T, g *testGateway, status string) float64 {
 	t.Helper()
-	families, err := g.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != "usher_requests_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				labels[lp.GetName()] = lp.GetValue()
-			}
-			if labels["model"] == testModel && labels["status"] == status {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return counterValue(t, g, "usher_requests_total", map[string]string{"model": testModel, "status": status})
 }
 
 func TestStreamKeepsTheUsageChunkTheClientAskedFor(t *testing.T) {
