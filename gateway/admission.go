@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -216,11 +215,11 @@ func (s *Server) classAndDeadline(tier *tenants.Tier, h http.Header, serviceTier
 		requested = tenants.ClassInteractive
 	case "", "auto", "default":
 	default:
-		return ticketRequest{}, badRequest("service_tier", "'service_tier' must be one of auto, default, flex, priority")
+		return ticketRequest{}, BadRequest("service_tier", "'service_tier' must be one of auto, default, flex, priority")
 	}
 	if p := h.Get(headerPriority); p != "" {
 		if _, err := queue.ParseClass(p); err != nil {
-			return ticketRequest{}, badRequest("", "%s must be one of interactive, standard, batch", headerPriority)
+			return ticketRequest{}, BadRequest("", "%s must be one of interactive, standard, batch", headerPriority)
 		}
 		requested = p
 	}
@@ -229,7 +228,7 @@ func (s *Server) classAndDeadline(tier *tenants.Tier, h http.Header, serviceTier
 	if v := h.Get(headerDeadlineMs); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 || time.Duration(ms)*time.Millisecond > maxDeadline {
-			return ticketRequest{}, badRequest("", "%s must be a positive number of milliseconds up to %d", headerDeadlineMs, maxDeadline.Milliseconds())
+			return ticketRequest{}, BadRequest("", "%s must be a positive number of milliseconds up to %d", headerDeadlineMs, maxDeadline.Milliseconds())
 		}
 		budget = time.Duration(ms) * time.Millisecond
 	}
@@ -237,34 +236,4 @@ func (s *Server) classAndDeadline(tier *tenants.Tier, h http.Header, serviceTier
 		tr.deadline = s.now().Add(budget)
 	}
 	return tr, nil
-}
-
-// queueError maps the queue's refusals; it is part of toAPIError.
-func queueError(err error) (*apiError, bool) {
-	var rej *queue.Rejection
-	retry := time.Duration(0)
-	if errors.As(err, &rej) {
-		retry = rej.RetryAfter
-	}
-	switch {
-	case errors.Is(err, queue.ErrQueueFull):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full",
-			Message: "the queue for this tenant or class is full; retry later", RetryAfter: retry}, true
-	case errors.Is(err, queue.ErrDeadlineUnreachable):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "deadline_unreachable",
-			Message: "the request cannot be served within its deadline given the work queued ahead", RetryAfter: retry}, true
-	case errors.Is(err, queue.ErrDeadlineExceeded):
-		return &apiError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "deadline_exceeded",
-			Message: "the request's deadline passed while it waited in the queue"}, true
-	case errors.Is(err, queue.ErrTooLarge):
-		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "request_too_large",
-			Message: "the request needs more tokens in flight than the model's workers can hold"}, true
-	case errors.Is(err, queue.ErrShutdown):
-		if retry == 0 {
-			retry = time.Second
-		}
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
-			Message: "the gateway is shutting down; retry", RetryAfter: retry}, true
-	}
-	return nil, false
 }

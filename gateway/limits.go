@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"net/http"
 
 	"github.com/labstack/echo/v4"
 
@@ -35,21 +34,4 @@ func (s *Server) admitLimits(c echo.Context, p tenants.Principal, d tenants.Dema
 	}
 	adm.Quota.Apply(c.Response().Header())
 	return adm, nil
-}
-
-// limitsError maps the limiter's refusals; it is part of toAPIError.
-func limitsError(err error) (*apiError, bool) {
-	var le *tenants.LimitError
-	switch {
-	case errors.As(err, &le):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
-			Message: "rate limit reached for " + string(le.Limit) + "; retry later", RetryAfter: le.RetryAfter}, true
-	case errors.Is(err, tenants.ErrModelNotAllowed):
-		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "model_not_allowed",
-			Param: "model", Message: "your tier does not include this model"}, true
-	case errors.Is(err, tenants.ErrPromptTooLong):
-		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "context_length_exceeded",
-			Param: "messages", Message: "the prompt is longer than your tier allows"}, true
-	}
-	return nil, false
 }

@@ -44,17 +44,17 @@ type chatMessage struct {
 func parseInferenceRequest(body []byte, ep endpoint) (*inferenceRequest, error) {
 	var r inferenceRequest
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, badRequest("", "request body is empty; expected a JSON object")
+		return nil, BadRequest("", "request body is empty; expected a JSON object")
 	}
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, badRequest("", "request body is not valid JSON: %v", err)
+		return nil, BadRequest("", "request body is not valid JSON: %v", err)
 	}
 	if r.Model == "" {
-		return nil, badRequest("model", "missing required parameter: 'model'")
+		return nil, BadRequest("model", "missing required parameter: 'model'")
 	}
 	for name, v := range map[string]*int{"max_tokens": r.MaxTokens, "max_completion_tokens": r.MaxCompletionTokens} {
 		if v != nil && *v < 0 {
-			return nil, badRequest(name, "'%s' must be a non-negative integer", name)
+			return nil, BadRequest(name, "'%s' must be a non-negative integer", name)
 		}
 	}
 	if len(r.StreamOptions) > 0 && !isNull(r.StreamOptions) {
@@ -62,7 +62,7 @@ func parseInferenceRequest(body []byte, ep endpoint) (*inferenceRequest, error) 
 			IncludeUsage bool `json:"include_usage"`
 		}
 		if err := json.Unmarshal(r.StreamOptions, &so); err != nil {
-			return nil, badRequest("stream_options", "'stream_options' must be an object")
+			return nil, BadRequest("stream_options", "'stream_options' must be an object")
 		}
 		r.clientWantsUsage = so.IncludeUsage
 	}
@@ -84,17 +84,17 @@ func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw),
 // prompt cache sees: a later turn of a conversation extends the earlier turn's text.
 func chatPrompt(msgs []chatMessage) (string, error) {
 	if len(msgs) == 0 {
-		return "", badRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
+		return "", BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	var b strings.Builder
 	for i, m := range msgs {
 		if m.Role == "" {
-			return "", badRequest("messages", "messages[%d].role is required", i)
+			return "", BadRequest("messages", "messages[%d].role is required", i)
 		}
 		b.WriteString(m.Role)
 		b.WriteByte(' ')
 		if err := appendContent(&b, m.Content); err != nil {
-			return "", badRequest("messages", "messages[%d].content: %v", i, err)
+			return "", BadRequest("messages", "messages[%d].content: %v", i, err)
 		}
 		b.WriteByte('\n')
 	}
@@ -131,7 +131,7 @@ func appendContent(b *strings.Builder, raw json.RawMessage) error {
 // which the first is routed on.
 func completionPrompt(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || isNull(raw) {
-		return "", badRequest("prompt", "missing required parameter: 'prompt'")
+		return "", BadRequest("prompt", "missing required parameter: 'prompt'")
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
@@ -145,7 +145,7 @@ func completionPrompt(raw json.RawMessage) (string, error) {
 	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
 		return "", nil
 	}
-	return "", badRequest("prompt", "'prompt' must be a string or a non-empty array of strings")
+	return "", BadRequest("prompt", "'prompt' must be a string or a non-empty array of strings")
 }
 
 type errorString string

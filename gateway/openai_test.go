@@ -48,9 +48,9 @@ func TestParseInferenceRequest(t *testing.T) {
 				}
 				return
 			}
-			var ae *apiError
+			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
-				t.Fatalf("got %v, want a 400 apiError", err)
+				t.Fatalf("got %v, want a 400 APIError", err)
 			}
 			if ae.Param != tt.wantParam {
 				t.Fatalf("param: got %q, want %q", ae.Param, tt.wantParam)
@@ -204,7 +204,7 @@ func FuzzParseInferenceRequest(f *testing.F) {
 		}
 		r, err := parseInferenceRequest(body, ep)
 		if err != nil {
-			var ae *apiError
+			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
 				t.Fatalf("got %v, want a 400", err)
 			}

@@ -47,8 +47,8 @@ func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 			status = statusClientClosed
 			err = nil
 		case err != nil:
-			status = toAPIError(err).Status
-			err = writeError(c, err)
+			status = ErrorFor(err).Status
+			err = WriteError(c, err)
 		}
 		s.metrics.requests.WithLabelValues(x.model, strconv.Itoa(status)).Inc()
 		if x.classed {
@@ -105,12 +105,11 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 	}
 	target := c.Request().Header.Get(headerTarget)
 	if target != "" && !tier.MayTargetWorker {
-		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "target_worker_not_allowed",
-			Message: fmt.Sprintf("your tier may not choose a worker with %s", headerTarget)}
+		return errTargetNotAllowed
 	}
 	upstream, err := req.forUpstream(body)
 	if err != nil {
-		return badRequest("", "request body cannot be forwarded: %v", err)
+		return BadRequest("", "request body cannot be forwarded: %v", err)
 	}
 	promptTokens := estimateTokens(req.prompt)
 	expected := s.cfg.DefaultMaxTokens
@@ -151,7 +150,7 @@ func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error 
 func (s *Server) readBody(c echo.Context) ([]byte, error) {
 	r := c.Request()
 	if r.ContentLength > s.cfg.MaxBodyBytes {
-		return nil, tooLarge(s.cfg.MaxBodyBytes)
+		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
 	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
@@ -159,18 +158,13 @@ func (s *Server) readBody(c echo.Context) ([]byte, error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return nil, tooLarge(s.cfg.MaxBodyBytes)
+		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	case r.Context().Err() != nil:
 		return nil, errClientGone
 	case err != nil:
-		return nil, badRequest("", "reading the request body: %v", err)
+		return nil, BadRequest("", "reading the request body: %v", err)
 	}
 	return body, nil
-}
-
-func tooLarge(limit int64) *apiError {
-	return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-		Code: "request_too_large", Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
 }
 
 // forward sends the request to a worker, trying another one while nothing has reached the
@@ -184,6 +178,9 @@ func (s *Server) forward(c echo.Context, ep endpoint, req *inferenceRequest, rr 
 		if err != nil {
 			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
 				break
+			}
+			if errors.Is(err, routing.ErrUnknownWorker) {
+				return fmt.Errorf("%s %q: %w", headerTarget, rr.TargetWorker, errUnknownTarget)
 			}
 			return err
 		}
@@ -215,8 +212,7 @@ func (s *Server) forward(c echo.Context, ep endpoint, req *inferenceRequest, rr 
 		lease.Release(outcome)
 		return err
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
-		Message: fmt.Sprintf("no worker could serve the request after %d attempts: %v", x.attempts, lastErr)}
+	return fmt.Errorf("%w after %d attempts: %v", errUpstream, x.attempts, lastErr)
 }
 
 // bodyFor returns the body for worker w: for a worker that schedules by priority (vLLM's
@@ -275,12 +271,10 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 		if c.Request().Context().Err() != nil {
 			return routing.Outcome{}, errClientGone
 		}
-		return routing.Outcome{Failed: true}, &apiError{Status: http.StatusBadGateway, Type: "server_error",
-			Code: "upstream_error", Message: fmt.Sprintf("reading the answer of worker %s: %v", lease.Worker.ID(), err)}
+		return routing.Outcome{Failed: true}, fmt.Errorf("%w: reading the answer of worker %s: %v", errUpstreamAnswer, lease.Worker.ID(), err)
 	}
 	if int64(len(data)) > s.cfg.MaxResponseBytes {
-		return routing.Outcome{}, &apiError{Status: http.StatusBadGateway, Type: "server_error",
-			Code: "upstream_error", Message: fmt.Sprintf("worker answer exceeds %d bytes", s.cfg.MaxResponseBytes)}
+		return routing.Outcome{}, fmt.Errorf("%w: it exceeds %d bytes", errUpstreamAnswer, s.cfg.MaxResponseBytes)
 	}
 	ct := resp.Header.Get("Content-Type")
 	if ct == "" {

@@ -200,13 +200,13 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
 		if !ok {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
-			return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+			return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
 				Code: "invalid_api_key", Message: "missing credential: send 'Authorization: Bearer <API key>'"})
 		}
 		p, err := s.auth.Authenticate(c.Request().Context(), cred)
 		if err != nil {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
-			return writeError(c, err)
+			return WriteError(c, err)
 		}
 		c.Set(principalKey, p)
 		return next(c)
