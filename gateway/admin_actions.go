@@ -21,7 +21,7 @@ func (s *Server) addWorkerAction(c echo.Context, spec routing.WorkerSpec) error 
 		return err
 	}
 	s.audit(c, "worker.add", spec.ID)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -30,7 +30,7 @@ func (s *Server) removeWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.remove", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -42,7 +42,7 @@ func (s *Server) drainWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.drain", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	pins, err := s.pool.Pins(ctx, routing.PinFilter{Worker: id})
 	if err != nil {
 		return fmt.Errorf("worker %s drains, but its pins could not be listed: %w", id, err)
@@ -60,7 +60,7 @@ func (s *Server) undrainWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.undrain", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -137,7 +137,7 @@ func (s *Server) movePinsAction(c echo.Context, r movePinsRequest) (int, error) 
 func (s *Server) queueViews() ([]queueView, error) {
 	out := []queueView{}
 	for _, model := range s.pool.Models() {
-		q, err := s.admission.queueFor(model)
+		q, err := s.dispatcher.queueFor(model)
 		if err != nil {
 			return nil, fmt.Errorf("model %q: %w", model, err)
 		}

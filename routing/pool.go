@@ -371,6 +371,25 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	}
 }
 
+// CouldWait reports whether a request Pick refused with ErrNoWorker may get a worker by waiting
+// for a slot: a worker it may use (its TargetWorker, else any of its model's not in Exclude)
+// takes requests (healthy, not draining, circuit closed) and is only at its limit now. Costs a
+// few atomic loads per worker of the model.
+func (p *Pool) CouldWait(r *Request) bool {
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return false
+	}
+	takes := func(w *Worker) bool {
+		return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
+	}
+	if r.TargetWorker != "" {
+		w := ms.byID[r.TargetWorker]
+		return w != nil && takes(w)
+	}
+	return slices.ContainsFunc(ms.workers, takes)
+}
+
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens, probe: probe}
