@@ -100,7 +100,7 @@ type tenant struct {
 type flow struct {
 	tenant       *tenant
 	class        Class
-	virtual      float64 // weighted tokens charged so far (the VTC counter)
+	fairShare    float64 // weighted tokens charged so far: the fair-share (virtual token) counter
 	stamp        uint64  // when it last entered or was charged: equal counters go round-robin
 	items        ticketHeap
 	idx          int   // position in its class's flow heap; -1 when it has nothing queued
@@ -120,7 +120,7 @@ type classQueue struct {
 	inflightTokens int64
 	share          float64 // starvation guard: minimum share of dispatches while backlogged
 	credit         float64 // dispatches owed by the guard; reset when the class drains
-	vtime          float64 // counter of the flow served last: the floor for returning flows
+	fairShareFloor float64 // counter of the flow served last: the floor for returning flows
 	head, tail     *Ticket
 	dispatched     int64
 }
@@ -299,11 +299,11 @@ func (q *Queue) pushLocked(t *Ticket) {
 	t.seq = q.seq
 	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
-		floor := cls.vtime
+		floor := cls.fairShareFloor
 		if cls.flows.len() > 0 {
-			floor = cls.flows.peek().virtual
+			floor = cls.flows.peek().fairShare
 		}
-		f.virtual = max(f.virtual, floor)
+		f.fairShare = max(f.fairShare, floor)
 		f.stamp = q.seq
 		cls.flows.push(f)
 	}
@@ -519,8 +519,8 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 			}
 		}
 		cls.credit = max(cls.credit-1, 0)
-		cls.vtime = max(cls.vtime, f.virtual)
-		f.virtual += t.charge
+		cls.fairShareFloor = max(cls.fairShareFloor, f.fairShare)
+		f.fairShare += t.charge
 		q.seq++
 		f.stamp = q.seq
 	}
@@ -567,7 +567,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls.inflightTokens -= t.cost
 	f.inflight--
 	if !q.cfg.FIFO {
-		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
+		f.fairShare += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}
