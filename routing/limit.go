@@ -34,7 +34,9 @@ const (
 //  1. An engine that reports its slots (GET PropsPath answering `total_slots`, as llama.cpp's
 //     server does) gets exactly that many: more would only queue inside the engine.
 //  2. Otherwise, when the engine reports requests waiting inside it, the limit drops at once to
-//     the requests it reports running (at least one less than before): what it really runs.
+//     the requests it reports running (at least one less than before): what it really runs. That
+//     count is then a cap the limit does not probe above for CapHold, so a fixed-slot engine that
+//     does not report its slots is not pushed into queueing again at every scrape.
 //  3. When its KV cache is at least KVHigh full, the limit drops by one; between KVHold and
 //     KVHigh it holds.
 //  4. When the time to first token of its streamed answers (a moving average) exceeds
@@ -55,6 +57,9 @@ type ConcurrencyConfig struct {
 	// drops. Defaults 0.9 and 0.97.
 	KVHold float64 `yaml:"kv_hold"`
 	KVHigh float64 `yaml:"kv_high"`
+	// CapHold is how long the running count at which the engine last queued caps the limit.
+	// Default 60s.
+	CapHold time.Duration `yaml:"cap_hold"`
 }
 
 // Defaults of ConcurrencyConfig.
@@ -64,6 +69,7 @@ const (
 	DefaultTTFTTolerance      = 2.0
 	DefaultKVHold             = 0.9
 	DefaultKVHigh             = 0.97
+	DefaultCapHold            = time.Minute
 )
 
 func (c *ConcurrencyConfig) setDefaults() {
@@ -72,6 +78,7 @@ func (c *ConcurrencyConfig) setDefaults() {
 	setDefaultValue(&c.TTFTTolerance, DefaultTTFTTolerance)
 	setDefaultValue(&c.KVHold, DefaultKVHold)
 	setDefaultValue(&c.KVHigh, DefaultKVHigh)
+	setDefaultValue(&c.CapHold, DefaultCapHold)
 }
 
 func setDefaultValue[T comparable](field *T, value T) {
@@ -91,6 +98,9 @@ func (c ConcurrencyConfig) validate() []error {
 	}
 	if !(c.KVHold > 0 && c.KVHold <= c.KVHigh && c.KVHigh <= 1) {
 		errs = append(errs, fmt.Errorf("routing.concurrency: want 0 < kv_hold <= kv_high <= 1, got %v and %v", c.KVHold, c.KVHigh))
+	}
+	if c.CapHold < 0 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.cap_hold: must not be negative, got %v", c.CapHold))
 	}
 	if c.PropsPath == "" || c.PropsPath[0] != '/' {
 		errs = append(errs, fmt.Errorf("routing.concurrency.props_path: must start with '/', got %q", c.PropsPath))
@@ -123,6 +133,8 @@ type learner struct {
 	baseline  float64 // lowest ttft seen, drifting up; 0: none yet
 	samples   int
 	probedAt  time.Time // last /props request
+	cap       int64     // the running count when the engine last queued; 0: none
+	capUntil  time.Time // when cap stops holding
 }
 
 func newLearner(cfg ConcurrencyConfig, ceiling int64) *learner {
@@ -150,6 +162,7 @@ func (l *learner) observeTTFT(d time.Duration) {
 
 // loadSignals is what one scrape tells the learner.
 type loadSignals struct {
+	now              time.Time
 	fresh            bool // the engine answered this scrape with known load metrics
 	running, waiting int64
 	kvUsage          float64
@@ -174,6 +187,7 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 	switch {
 	case sig.fresh && sig.waiting > 0:
 		next = min(limit-1, sig.running)
+		l.cap, l.capUntil = max(1, next), sig.now.Add(l.cfg.CapHold)
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHigh:
 		next = limit - 1
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHold:
@@ -188,6 +202,9 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 	}
 	if next < limit {
 		l.slowStart = false
+	}
+	if next > limit && l.cap > 0 && sig.now.Before(l.capUntil) {
+		next = max(limit, l.cap)
 	}
 	return max(1, min(next, l.ceiling))
 }
@@ -261,7 +278,7 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 			l.setSlots(n)
 		}
 	}
-	sig := loadSignals{fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
+	sig := loadSignals{now: p.now(), fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
 	if fresh {
 		r := w.Load()
 		sig.running, sig.waiting, sig.kvUsage = r.Running, r.Waiting, r.KVUsage

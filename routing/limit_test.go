@@ -68,8 +68,28 @@ func TestLearnerDropEndsSlowStart(t *testing.T) {
 	if limit != 12 {
 		t.Fatalf("after the engine queued: limit %d, want 12", limit)
 	}
-	if got := l.step(limit, loadSignals{fresh: true, running: 12, inFlight: 12}); got != 13 {
+	later := time.Unix(0, 0).Add(2 * DefaultCapHold) // past the cap the queueing set
+	if got := l.step(limit, loadSignals{now: later, fresh: true, running: 12, inFlight: 12}); got != 13 {
 		t.Errorf("after a drop: limit %d, want 13 (additive, not doubling)", got)
+	}
+}
+
+func TestLearnerHoldsTheCapWhereTheEngineQueued(t *testing.T) {
+	l := testLearner(256)
+	now := time.Unix(1000, 0)
+	limit := l.step(8, loadSignals{now: now, fresh: true, running: 6, waiting: 2, inFlight: 8})
+	if limit != 6 {
+		t.Fatalf("engine queueing at 6 running: limit %d, want 6", limit)
+	}
+	for i := range 10 {
+		now = now.Add(2 * time.Second)
+		if limit = l.step(limit, loadSignals{now: now, fresh: true, running: 6, inFlight: 6}); limit != 6 {
+			t.Fatalf("scrape %d after the cut: limit %d, want it held at 6", i, limit)
+		}
+	}
+	now = now.Add(DefaultCapHold)
+	if limit = l.step(limit, loadSignals{now: now, fresh: true, running: 6, inFlight: 6}); limit != 7 {
+		t.Errorf("after the hold: limit %d, want 7 (probing again)", limit)
 	}
 }
 
