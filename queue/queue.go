@@ -291,12 +291,14 @@ func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejec
 	return &Rejection{Reason: r, RetryAfter: retryAfter}
 }
 
-// pushLocked files a new ticket: in its flow (lifting a returning flow's counter to the
+// pushLocked files a new (or requeued) ticket: in its flow (lifting a returning flow's counter to the
 // least of the backlogged ones, so idling earns no credit), its class's arrival list and the
 // deadline heap.
 func (q *Queue) pushLocked(t *Ticket) {
 	q.seq++
-	t.seq = q.seq
+	if t.seq == 0 { // a requeued ticket keeps its arrival number
+		t.seq = q.seq
+	}
 	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
 		floor := cls.fairShareFloor
@@ -540,6 +542,7 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 	f.inflight++
 
 	t.state = stateDispatched
+	t.grant.done.Store(false) // a requeued request's grant is live again
 	t.grant.Class = c
 	t.grant.Waited = max(time.Duration(now.UnixNano()-t.enqueuedAt), 0)
 	t.grant.dispatchedAt = now.UnixNano()
@@ -548,12 +551,32 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 	close(t.ch)
 }
 
-// release ends a dispatched request: frees its capacity, corrects its flow's counter from the
-// estimate to the real usage and, when measured, feeds the service-time average.
-func (q *Queue) release(t *Ticket, u Usage, measured bool) {
+// requeue puts a dispatched request back: frees its capacity, refunds its whole charge, and files
+// it again under its old arrival number, so it is the next of its flow among equal deadlines.
+func (q *Queue) requeue(t *Ticket) {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	f := t.flow
+	c := f.class
+	cls := &q.classes[c]
+	q.uncountLocked(t)
+	if !q.cfg.FIFO {
+		f.fairShare -= t.charge
+		if f.idx >= 0 {
+			cls.flows.fix(f.idx)
+		}
+	}
+	q.m.requeued[c].Inc()
+	t.state = stateQueued
+	t.ch = make(chan struct{})
+	q.pushLocked(t)
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}
+
+// uncountLocked takes a dispatched request out of the in-flight counts.
+func (q *Queue) uncountLocked(t *Ticket) {
 	f := t.flow
 	c := f.class
 	cls := &q.classes[c]
@@ -566,6 +589,17 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls.inflight--
 	cls.inflightTokens -= t.cost
 	f.inflight--
+}
+
+// release ends a dispatched request: frees its capacity, corrects its flow's counter from the
+// estimate to the real usage and, when measured, feeds the service-time average.
+func (q *Queue) release(t *Ticket, u Usage, measured bool) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	f := t.flow
+	cls := &q.classes[f.class]
+	q.uncountLocked(t)
 	if !q.cfg.FIFO {
 		f.fairShare += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
 		if f.idx >= 0 {
