@@ -61,6 +61,7 @@ type Server struct {
 	// tenantAdmin, when set, also records fleet changes (workers, pins) in the audit log.
 	tenantAdmin *tenants.Admin
 	dispatcher  *dispatcher
+	preemption  preemption
 	echo        *echo.Echo
 	traffic     *traffic
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
