@@ -81,9 +81,12 @@ func TestServeRefusesBadConfigWithExitCode2(t *testing.T) {
 
 // demoProcess is `usher demo` running on a free port.
 type demoProcess struct {
-	cmd     *exec.Cmd
-	baseURL string
-	key     string
+	cmd      *exec.Cmd
+	baseURL  string // from the banner's export lines
+	key      string
+	batchKey string
+	exports  string // the banner's export lines, as printed
+	banner   string
 }
 
 func startDemo(t *testing.T) *demoProcess {
@@ -108,14 +111,25 @@ func startDemo(t *testing.T) *demoProcess {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	found := make(chan struct{})
 	go func() {
+		var banner, exports strings.Builder
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			line := sc.Text()
-			if v, ok := strings.CutPrefix(line, "OPENAI_BASE_URL="); ok {
-				d.baseURL = v
+			banner.WriteString(line + "\n")
+			if v, ok := strings.CutPrefix(line, "export "); ok {
+				exports.WriteString(line + "\n")
+				name, value, _ := strings.Cut(v, "=")
+				switch name {
+				case "OPENAI_BASE_URL":
+					d.baseURL = value
+				case "OPENAI_API_KEY":
+					d.key = value
+				case "USHER_BATCH_KEY":
+					d.batchKey = value
+				}
 			}
-			if v, ok := strings.CutPrefix(line, "OPENAI_API_KEY="); ok {
-				d.key = v
+			if line == "Ctrl-C stops everything." {
+				d.banner, d.exports = banner.String(), exports.String()
 				close(found)
 			}
 		}
@@ -123,12 +137,103 @@ func startDemo(t *testing.T) *demoProcess {
 	select {
 	case <-found:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the demo printed no OPENAI_API_KEY line within 30s")
+		t.Fatal("the demo printed no whole banner within 30s")
 	}
 	if d.baseURL != "http://"+addr+"/v1" {
-		t.Fatalf("OPENAI_BASE_URL: got %q, want http://%s/v1", d.baseURL, addr)
+		t.Fatalf("export OPENAI_BASE_URL: got %q, want http://%s/v1; banner:\n%s", d.baseURL, addr, d.banner)
+	}
+	if d.key == "" || d.batchKey == "" {
+		t.Fatalf("no export line for OPENAI_API_KEY or USHER_BATCH_KEY in the banner:\n%s", d.banner)
 	}
 	return d
+}
+
+// chat sends a small non-streamed chat completion to the demo with the given key and headers and
+// returns the response headers; it fails t unless the answer is 200.
+func (d *demoProcess) chat(t *testing.T, key string, header map[string]string) http.Header {
+	t.Helper()
+	body := `{"model":"demo-7b","max_tokens":3,"messages":[{"role":"user","content":"Hello, usher!"}]}`
+	req, _ := http.NewRequest(http.MethodPost, d.baseURL+"/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, data)
+	}
+	return resp.Header
+}
+
+// TestDemoShowsHeadlineFeatures checks that the demo, with no flags, shows what its banner says:
+// tiers with limits (x-ratelimit-* headers), an interactive and a batch key, and sessions pinned
+// by sticky_session over cache_aware.
+func TestDemoShowsHeadlineFeatures(t *testing.T) {
+	d := startDemo(t)
+	for _, want := range []string{
+		"export OPENAI_API_KEY=sk-usher-demo-",
+		"export USHER_BATCH_KEY=sk-usher-batch-",
+		`interactive key $OPENAI_API_KEY: tenant "demo", tier "interactive", class interactive, 600 requests/min`,
+		`batch key $USHER_BATCH_KEY: tenant "demo-batch", tier "batch", class batch`,
+		"x-ratelimit-limit|remaining|reset-requests|tokens",
+		"sticky_session over cache_aware",
+		"admin token: usher-admin-",
+	} {
+		if !strings.Contains(d.banner, want) {
+			t.Errorf("the banner does not say %q:\n%s", want, d.banner)
+		}
+	}
+
+	tests := []struct {
+		name, key, wantClass, wantLimit string
+	}{
+		{"interactive key", d.key, "interactive", "600"},
+		{"batch key", d.batchKey, "batch", "600"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := d.chat(t, tt.key, nil)
+			if got := h.Get("X-Usher-Class"); got != tt.wantClass {
+				t.Errorf("X-Usher-Class: got %q, want %q", got, tt.wantClass)
+			}
+			if got := h.Get("X-Ratelimit-Limit-Requests"); got != tt.wantLimit {
+				t.Errorf("x-ratelimit-limit-requests: got %q, want %q", got, tt.wantLimit)
+			}
+			if h.Get("X-Ratelimit-Remaining-Tokens") == "" {
+				t.Error("no x-ratelimit-remaining-tokens header")
+			}
+		})
+	}
+
+	t.Run("session", func(t *testing.T) {
+		session := map[string]string{"X-Session-ID": "demo-session"}
+		first := d.chat(t, d.key, session)
+		if got := first.Get("X-Usher-Route"); got != "assigned" {
+			t.Errorf("first request of a session: X-Usher-Route %q, want assigned", got)
+		}
+		for range 3 {
+			h := d.chat(t, d.key, session)
+			if got := h.Get("X-Usher-Route"); got != "sticky" {
+				t.Errorf("later request of the session: X-Usher-Route %q, want sticky", got)
+			}
+			if got, want := h.Get("X-Usher-Worker"), first.Get("X-Usher-Worker"); got != want {
+				t.Errorf("later request of the session: worker %q, want the session's %q", got, want)
+			}
+		}
+	})
+
+	t.Run("no session", func(t *testing.T) {
+		h := d.chat(t, d.key, nil)
+		if got := h.Get("X-Usher-Route"); !strings.HasPrefix(got, "cache_") && got != "load_fallback" {
+			t.Errorf("X-Usher-Route without a session: got %q, want a cache_aware route", got)
+		}
+	})
 }
 
 func TestDemoStreamsAChatCompletionAndStopsCleanly(t *testing.T) {

@@ -72,32 +72,23 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 			ID: fmt.Sprintf("sim-%d", i), URL: "http://" + ln.Addr().String(), Models: []string{demoModel},
 		})
 	}
-	key := "sk-usher-demo-" + rand.Text()
-	adminToken := "usher-admin-" + rand.Text()
+	keys := demoKeys{
+		Interactive: "sk-usher-demo-" + rand.Text(),
+		Batch:       "sk-usher-batch-" + rand.Text(),
+		Admin:       "usher-admin-" + rand.Text(),
+	}
 	dataDir, err := os.MkdirTemp("", "usher-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dataDir)
-	cfg := Config{
-		// No load balancer to wait for: Ctrl-C stops the demo at once.
-		Server:  gateway.Config{Listen: listen, ShutdownSettle: time.Millisecond},
-		Routing: routing.Config{Workers: specs, Policy: "least_request"},
-		Tenants: tenants.Config{Tenants: []tenants.TenantSpec{{
-			ID: "demo", Name: "Demo tenant",
-			Keys: []tenants.KeySpec{{Name: "demo", SHA256: tenants.HashKey(key)}},
-		}},
-			Database: tenants.DatabaseConfig{URL: "sqlite:" + filepath.Join(dataDir, "usher.db")},
-			Admin:    tenants.AdminConfig{Token: adminToken},
-		},
-		Log: LogConfig{Level: "info", Format: "text"},
-	}
+	cfg := demoConfig(listen, specs, keys, "sqlite:"+filepath.Join(dataDir, "usher.db"))
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	err = serve(ctx, cfg, logger, serveHooks{ready: func(addr net.Addr) {
-		printBanner(out, addr.String(), key, adminToken, n)
+		printBanner(out, addr.String(), keys, n)
 	}})
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -105,23 +96,88 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	return err
 }
 
-func printBanner(out io.Writer, addr, key, adminToken string, workers int) {
+// demoKeys are the secrets of one demo run, drawn at random at every start.
+type demoKeys struct {
+	Interactive string // tenant demo, tier interactive
+	Batch       string // tenant demo-batch, tier batch
+	Admin       string // the admin API and the console
+}
+
+// The demo's tiers: both have limits, so every answer carries the x-ratelimit-* headers.
+var (
+	demoInteractiveTier = tenants.Tier{
+		Name: "interactive", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
+		Weight: 4, RequestsPerMinute: 600, TokensPerMinute: 200_000, MaxConcurrent: 32,
+	}
+	demoBatchTier = tenants.Tier{
+		Name: "batch", HighestClass: tenants.ClassBatch, DefaultClass: tenants.ClassBatch,
+		Weight: 1, RequestsPerMinute: 600, TokensPerMinute: 1_000_000, MaxConcurrent: 64,
+	}
+)
+
+// demoConfig is the demo's whole configuration: every headline feature on with no flags. Two
+// tenants in two tiers with limits (an interactive and a batch key), and demoModel routed by
+// sticky_session over cache_aware: requests with an X-Session-ID stay on their session's
+// worker, the others and new sessions go where their prompt prefix is cached.
+func demoConfig(listen string, workers []routing.WorkerSpec, keys demoKeys, databaseURL string) Config {
+	return Config{
+		// No load balancer to wait for: Ctrl-C stops the demo at once.
+		Server: gateway.Config{Listen: listen, ShutdownSettle: time.Millisecond},
+		Routing: routing.Config{Workers: workers, Models: map[string]routing.ModelConfig{
+			demoModel: {Policy: "sticky_session", StickySession: routing.StickySessionConfig{Fallback: "cache_aware"}},
+		}},
+		Tenants: tenants.Config{
+			Tiers:       []tenants.Tier{demoInteractiveTier, demoBatchTier},
+			DefaultTier: demoInteractiveTier.Name,
+			Tenants: []tenants.TenantSpec{
+				{ID: "demo", Name: "Demo tenant (interactive)", Tier: demoInteractiveTier.Name,
+					Keys: []tenants.KeySpec{{Name: "interactive", SHA256: tenants.HashKey(keys.Interactive)}}},
+				{ID: "demo-batch", Name: "Demo tenant (batch)", Tier: demoBatchTier.Name,
+					Keys: []tenants.KeySpec{{Name: "batch", SHA256: tenants.HashKey(keys.Batch)}}},
+			},
+			Database: tenants.DatabaseConfig{URL: databaseURL},
+			Admin:    tenants.AdminConfig{Token: keys.Admin},
+		},
+		Log: LogConfig{Level: "info", Format: "text"},
+	}
+}
+
+// printBanner tells what the demo runs and how to try it. Its export lines paste into a shell
+// as they are; TestDemoBanner (test/binary_test.go) reads them.
+func printBanner(out io.Writer, addr string, keys demoKeys, workers int) {
 	base := "http://" + addr
+	it, bt := demoInteractiveTier, demoBatchTier
+	chat := func(key, session string) string {
+		return fmt.Sprintf(`curl -sN -D - %s/v1/chat/completions -H "Authorization: Bearer %s" -H "X-Session-ID: %s" `+
+			`-H "Content-Type: application/json" -d '{"model":"%s","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"Hello, usher!"}]}'`,
+			base, key, session, demoModel)
+	}
 	fmt.Fprintf(out, `
-usher demo: gateway on %[1]s, %[3]d simulated workers serving model %[4]q, tenant "demo".
+usher demo: gateway on %[1]s, %[2]d simulated workers serving model %[3]q.
 
-Export these for any OpenAI client:
-OPENAI_BASE_URL=%[1]s/v1
-OPENAI_API_KEY=%[2]s
+Paste these into a shell for any OpenAI client (the interactive key), and the batch key:
+export OPENAI_BASE_URL=%[1]s/v1
+export OPENAI_API_KEY=%[4]s
+export USHER_BATCH_KEY=%[5]s
 
-Try a streamed chat completion:
-  curl -N %[1]s/v1/chat/completions -H "Authorization: Bearer %[2]s" -H "Content-Type: application/json" -d '{"model":"%[4]s","stream":true,"messages":[{"role":"user","content":"Hello, usher!"}]}'
+Keys (each answer carries x-ratelimit-limit|remaining|reset-requests|tokens headers):
+  interactive key $OPENAI_API_KEY: tenant "demo", tier %[6]q, class interactive, %[7]d requests/min, %[8]d tokens/min
+  batch key $USHER_BATCH_KEY: tenant "demo-batch", tier %[9]q, class batch (yields to interactive), %[10]d requests/min, %[11]d tokens/min
+Routing of %[3]s: sticky_session over cache_aware: an X-Session-ID stays on its worker (X-Usher-Route: sticky),
+  new sessions and requests without one go to the worker holding their prompt prefix (cache_hit, cache_miss, ...).
+
+Stream a chat completion with its headers (X-Usher-Worker, X-Usher-Route, X-Usher-Class, x-ratelimit-*), run it twice:
+  %[12]s
+The same as batch:
+  %[13]s
 
 Console: %[1]s/admin/  (sign in with the admin token)
-Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  token: %[5]s
-  curl %[1]s/admin/api/v1/workers -H "Authorization: Bearer %[5]s"
+Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  admin token: %[14]s
+  curl -s %[1]s/admin/api/v1/pins -H "Authorization: Bearer %[14]s"
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz
 Ctrl-C stops everything.
 
-`, base, key, workers, demoModel, adminToken)
+`, base, workers, demoModel, keys.Interactive, keys.Batch,
+		it.Name, it.RequestsPerMinute, it.TokensPerMinute, bt.Name, bt.RequestsPerMinute, bt.TokensPerMinute,
+		chat(keys.Interactive, "my-chat"), chat(keys.Batch, "my-batch-job"), keys.Admin)
 }
