@@ -311,3 +311,63 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		t.Fatalf("models: got %v, want [demo-7b]", got.Models)
 	}
 }
+
+// TestREADMENodeSnippet runs the README's Node.js quick start as a user would: the banner's
+// export lines pasted into sh, then `node index.mjs` in a folder made by `npm init -y` (no
+// "type": "module"), with the openai package of test/openai-js.
+func TestREADMENodeSnippet(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found: run `make test-deps` (it installs Node.js and the openai package)")
+	}
+	modules, err := filepath.Abs("openai-js/node_modules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(modules, "openai")); err != nil {
+		t.Fatal("the openai npm package is missing: run `make test-deps` (npm ci in test/openai-js)")
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const open, end = "cat > index.mjs <<'EOF'\n", "\nEOF\nnode index.mjs\n"
+	_, rest, ok := strings.Cut(string(readme), open)
+	snippet, _, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		t.Fatalf("README.md has no block from %q to %q", open, end)
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"index.mjs":    snippet + "\n",
+		"package.json": `{"name": "usher-js", "version": "1.0.0", "main": "index.js", "license": "ISC"}` + "\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+
+	d := startDemo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "-c", d.exports+node+" index.mjs\n")
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OPENAI_") && !strings.HasPrefix(kv, "USHER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the README's snippet: %v\n%s", err, stderr.String())
+	}
+	if len(strings.Fields(string(out))) < 2 || !strings.HasSuffix(string(out), "\n") {
+		t.Fatalf("the README's snippet printed %q, want a streamed answer and a newline", out)
+	}
+}
