@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -369,5 +370,56 @@ func TestREADMENodeSnippet(t *testing.T) {
 	}
 	if len(strings.Fields(string(out))) < 2 || !strings.HasSuffix(string(out), "\n") {
 		t.Fatalf("the README's snippet printed %q, want a streamed answer and a newline", out)
+	}
+}
+
+// TestEveryCommandHasHelp runs each command of the real binary with -h and --help: the usage,
+// naming the command, and exit code 0.
+func TestEveryCommandHasHelp(t *testing.T) {
+	bin := usherBinary(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-h"}, "usage: usher <command>"},
+		{[]string{"help"}, "usage: usher <command>"},
+		{[]string{"serve"}, "usage: usher serve"},
+		{[]string{"demo"}, "usage: usher demo"},
+		{[]string{"sim"}, "usage: usher sim"},
+		{[]string{"bench"}, "usage: usher bench"},
+		{[]string{"migrate"}, "usage: usher migrate"},
+		{[]string{"migrate", "up"}, "usage: usher migrate"},
+		{[]string{"keyhash"}, "usher keyhash"},
+		{[]string{"version"}, "usage: usher version"},
+	}
+	for _, tt := range tests {
+		for _, flag := range []string{"-h", "--help"} {
+			args := append(slices.Clone(tt.args), flag)
+			if tt.args[0] == "-h" || tt.args[0] == "help" {
+				if flag == "--help" {
+					continue
+				}
+				args = tt.args
+			}
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				out, err := exec.Command(bin, args...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("got %v, want exit code 0; output:\n%s", err, out)
+				}
+				if !strings.Contains(string(out), tt.want) {
+					t.Fatalf("output does not contain %q:\n%s", tt.want, out)
+				}
+			})
+		}
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	out, err := exec.Command(usherBinary(t), "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line := strings.TrimSpace(string(out)); !strings.HasPrefix(line, "usher ") || !strings.Contains(line, "go1.") || strings.Contains(line, "\n") {
+		t.Fatalf("usher version: got %q, want one line: usher VERSION (..., goX.Y)", out)
 	}
 }

@@ -30,7 +30,15 @@ func runDemo(args []string) int {
 	workers := fs.Int("workers", 3, "number of simulated workers")
 	timeScale := fs.Float64("time-scale", 1, "simulated workers' time scale (0.1 = ten times faster)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: usher demo [flags]\n\nRun the gateway with simulated workers and two demo tenants; the banner says how to try it.")
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "usher demo: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
 	if *workers < 1 {

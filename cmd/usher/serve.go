@@ -26,7 +26,15 @@ import (
 func runServe(args []string) int {
 	fs := flag.NewFlagSet("usher serve", flag.ContinueOnError)
 	configPath := fs.String("config", os.Getenv("USHER_CONFIG"), "configuration `file` (YAML); also $USHER_CONFIG")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: usher serve --config FILE\n\nRun the gateway (see deploy/usher.example.yaml).")
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "usher serve: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
 	if *configPath == "" {
