@@ -54,7 +54,7 @@ func TestServeRefusesBadConfigWithExitCode2(t *testing.T) {
 		name, yaml, want string
 	}{
 		{"syntax", "server: [", "parse:"},
-		{"unknown key", "server:\n  lisen: x\n", "field lisen not found"},
+		{"unknown key", "server:\n  lisen: x\n", "server.lisen: unknown key (line 2)"},
 		{"bad listen", "server:\n  listen: nope\n", "server.listen"},
 		{"no workers url", "routing:\n  workers:\n    - id: w1\n      url: \"ftp://x\"\n      models: [m]\n", "routing.workers[0].url"},
 		{"bad key hash", "tenants:\n  - id: a\n    keys: [{name: k, sha256: xyz}]\n", "tenants[0].keys[0].sha256"},
