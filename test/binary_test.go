@@ -423,3 +423,38 @@ func TestVersionCommand(t *testing.T) {
 		t.Fatalf("usher version: got %q, want one line: usher VERSION (..., goX.Y)", out)
 	}
 }
+
+// TestServeStartupLog: `usher serve` warns, naming the fix, when no one can use the console, and
+// its start-up line counts models and workers apart.
+func TestServeStartupLog(t *testing.T) {
+	tests := []struct {
+		name, admin string
+		warn        bool
+	}{
+		{"no admin section", "", true},
+		{"a viewer token only", "admin: {viewer_token: a-viewer-token-of-24-characters}\n", true},
+		{"an admin token", "admin: {token: an-admin-token-of-24-characters}\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := startServe(t, tt.name, func(listen string) string {
+				return "server:\n  listen: " + listen + "\n" +
+					"routing:\n  workers:\n" +
+					"    - {id: w1, url: \"http://127.0.0.1:9\", models: [m]}\n" +
+					"    - {id: w2, url: \"http://127.0.0.1:9\", models: [m]}\n" +
+					"database:\n  url: sqlite:" + filepath.Join(dir, "usher.db") + "\n" + tt.admin
+			})
+			p.waitLog("usher is serving", 20*time.Second)
+			log := p.log.String()
+			warned := strings.Contains(log, `level=WARN msg="NO ADMIN TOKEN: nobody can sign into the console`) &&
+				strings.Contains(log, "set admin.token (or USHER_ADMIN_TOKEN")
+			if warned != tt.warn {
+				t.Errorf("warned about the admin token: %v, want %v; log:\n%s", warned, tt.warn, log)
+			}
+			if !strings.Contains(log, "models=1 workers=2") {
+				t.Errorf("the start-up line does not say models=1 workers=2:\n%s", log)
+			}
+		})
+	}
+}

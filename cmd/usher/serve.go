@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -47,6 +48,9 @@ func runServe(args []string) int {
 		return exitUsage
 	}
 	logger := newLogger(cfg.Log, os.Stderr)
+	if msg, ok := noAdminTokenWarning(cfg.Tenants.Admin); ok {
+		logger.Warn(msg)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// After the first signal the default handling comes back: a second one stops at once.
@@ -56,7 +60,8 @@ func runServe(args []string) int {
 	defer signal.Stop(hup)
 	err = serve(ctx, cfg, logger, serveHooks{
 		ready: func(addr net.Addr) {
-			logger.Info("usher is serving", "addr", addr.String(), "models", len(cfg.Routing.Workers))
+			logger.Info("usher is serving", "addr", addr.String(), "models", len(configuredModels(cfg.Routing)),
+				"workers", len(cfg.Routing.Workers), "discovery", len(cfg.Routing.Discovery))
 		},
 		reload: hup,
 		load:   func() (Config, error) { return loadConfig(*configPath, lookupEnv) },
@@ -209,6 +214,30 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		return err
 	}
 	return nil
+}
+
+// noAdminTokenWarning is the warning serve logs when the file sets no admin token: the gateway
+// works, but nobody can sign into the console or manage workers, tenants and keys.
+func noAdminTokenWarning(c tenants.AdminConfig) (string, bool) {
+	if c.Token != "" || c.TokenSHA256 != "" {
+		return "", false
+	}
+	return "NO ADMIN TOKEN: nobody can sign into the console (/admin/) or use the operator admin API; " +
+		"set admin.token (or USHER_ADMIN_TOKEN, at least 24 characters, e.g. $(head -c 24 /dev/urandom | base64)) " +
+		"or admin.token_sha256, and restart", true
+}
+
+// configuredModels are the models the file's workers and discovery entries serve, sorted.
+func configuredModels(c routing.Config) []string {
+	var models []string
+	for _, w := range c.Workers {
+		models = append(models, w.Models...)
+	}
+	for _, d := range c.Discovery {
+		models = append(models, d.Models...)
+	}
+	slices.Sort(models)
+	return slices.Compact(models)
 }
 
 func indent(s string) string {
