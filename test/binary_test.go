@@ -180,7 +180,7 @@ func TestDemoShowsHeadlineFeatures(t *testing.T) {
 	for _, want := range []string{
 		"export OPENAI_API_KEY=sk-usher-demo-",
 		"export USHER_BATCH_KEY=sk-usher-batch-",
-		`interactive key $OPENAI_API_KEY: tenant "demo", tier "interactive", class interactive, 600 requests/min`,
+		`interactive key $OPENAI_API_KEY: tenant "demo", tier "interactive", class interactive, 1200 requests/min`,
 		`batch key $USHER_BATCH_KEY: tenant "demo-batch", tier "batch", class batch`,
 		"x-ratelimit-limit|remaining|reset-requests|tokens",
 		"sticky_session over cache_aware",
@@ -194,8 +194,8 @@ func TestDemoShowsHeadlineFeatures(t *testing.T) {
 	tests := []struct {
 		name, key, wantClass, wantLimit string
 	}{
-		{"interactive key", d.key, "interactive", "600"},
-		{"batch key", d.batchKey, "batch", "600"},
+		{"interactive key", d.key, "interactive", "1200"},
+		{"batch key", d.batchKey, "batch", "3000"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,6 +64,8 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		scfg := sim.DefaultConfig()
 		scfg.Model = demoModel
 		scfg.TimeScale = timeScale
+		// Interactive before batch inside the worker too: the gateway hands the class down.
+		scfg.SchedulingPolicy = sim.PolicyPriority
 		engine, err := sim.New(scfg, sim.Options{Logger: logger.With("sim", i)})
 		if err != nil {
 			return err
@@ -78,6 +80,7 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		defer srv.Close()
 		specs = append(specs, routing.WorkerSpec{
 			ID: fmt.Sprintf("sim-%d", i), URL: "http://" + ln.Addr().String(), Models: []string{demoModel},
+			PriorityHandoff: true,
 		})
 	}
 	keys := demoKeys{
@@ -111,15 +114,16 @@ type demoKeys struct {
 	Admin       string // the admin API and the console
 }
 
-// The demo's tiers: both have limits, so every answer carries the x-ratelimit-* headers.
+// The demo's tiers: both have limits, so every answer carries the x-ratelimit-* headers. They
+// leave room for the README's `usher bench` example (a Mooncake excerpt ten times faster).
 var (
 	demoInteractiveTier = tenants.Tier{
 		Name: "interactive", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
-		Weight: 4, RequestsPerMinute: 600, TokensPerMinute: 200_000, MaxConcurrent: 32,
+		Weight: 4, RequestsPerMinute: 1200, TokensPerMinute: 1_000_000, MaxConcurrent: 64,
 	}
 	demoBatchTier = tenants.Tier{
 		Name: "batch", HighestClass: tenants.ClassBatch, DefaultClass: tenants.ClassBatch,
-		Weight: 1, RequestsPerMinute: 600, TokensPerMinute: 1_000_000, MaxConcurrent: 64,
+		Weight: 1, RequestsPerMinute: 3000, TokensPerMinute: 4_000_000, MaxConcurrent: 256,
 	}
 )
 
