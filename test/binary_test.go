@@ -314,8 +314,8 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 }
 
 // TestREADMENodeSnippet runs the README's Node.js quick start as a user would: the banner's
-// export lines pasted into sh, then `node index.mjs` in a folder made by `npm init -y` (no
-// "type": "module"), with the openai package of test/openai-js.
+// export lines pasted into sh, then `node index.mjs` in a folder as `npm init -y` leaves it
+// ("type": "commonjs" since npm 11), with the openai package of test/openai-js.
 func TestREADMENodeSnippet(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -341,7 +341,7 @@ func TestREADMENodeSnippet(t *testing.T) {
 	dir := t.TempDir()
 	files := map[string]string{
 		"index.mjs":    snippet + "\n",
-		"package.json": `{"name": "usher-js", "version": "1.0.0", "main": "index.js", "license": "ISC"}` + "\n",
+		"package.json": `{"name": "usher", "version": "1.0.0", "main": "index.js", "license": "ISC", "type": "commonjs"}` + "\n",
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
