@@ -447,7 +447,7 @@ func TestServeStartupLog(t *testing.T) {
 			})
 			p.waitLog("usher is serving", 20*time.Second)
 			log := p.log.String()
-			warned := strings.Contains(log, `level=WARN msg="NO ADMIN TOKEN: nobody can sign into the console`) &&
+			warned := strings.Contains(log, `level=WARN msg="NO ADMIN TOKEN: no operator can sign into the console`) &&
 				strings.Contains(log, "set admin.token (or USHER_ADMIN_TOKEN")
 			if warned != tt.warn {
 				t.Errorf("warned about the admin token: %v, want %v; log:\n%s", warned, tt.warn, log)

@@ -55,8 +55,8 @@ func runDemo(args []string) int {
 	return exitOK
 }
 
-// demo runs n simulated workers on free loopback ports and a gateway in front of them with one
-// demo tenant, prints the banner to out, and runs until ctx ends. Shutdown order: the gateway
+// demo runs n simulated workers on free loopback ports (scheduling by priority) and a gateway in
+// front of them configured by demoConfig, prints the banner to out, and runs until ctx ends. Shutdown order: the gateway
 // first (it drains in-flight requests), then the workers.
 func demo(ctx context.Context, listen string, n int, timeScale float64, logger *slog.Logger, out io.Writer) error {
 	var specs []routing.WorkerSpec

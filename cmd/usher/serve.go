@@ -217,12 +217,12 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 }
 
 // noAdminTokenWarning is the warning serve logs when the file sets no admin token: the gateway
-// works, but nobody can sign into the console or manage workers, tenants and keys.
+// works, but no operator can sign into the console or manage workers, tenants and keys.
 func noAdminTokenWarning(c tenants.AdminConfig) (string, bool) {
 	if c.Token != "" || c.TokenSHA256 != "" {
 		return "", false
 	}
-	return "NO ADMIN TOKEN: nobody can sign into the console (/admin/) or use the operator admin API; " +
+	return "NO ADMIN TOKEN: no operator can sign into the console (/admin/) or use the admin API (tenants reach only their own objects); " +
 		"set admin.token (or USHER_ADMIN_TOKEN, at least 24 characters, e.g. $(head -c 24 /dev/urandom | base64)) " +
 		"or admin.token_sha256, and restart", true
 }
