@@ -3,6 +3,7 @@ package bench_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -334,7 +335,7 @@ func TestRunReplaysMooncakeTrace(t *testing.T) {
 // BenchmarkOpenRealTraces loads the whole Mooncake and Azure traces and builds every prompt, at
 // token scale 8. The files are not in the repository: it reads them from $USHER_TRACES_DIR, or
 // else from ../shared/traces beside the project's main checkout, and skips, saying where it
-// looked, when they are absent (in a user's clone).
+// looked on stderr, when they are absent (in a user's clone).
 func BenchmarkOpenRealTraces(b *testing.B) {
 	dir := fullTraces(b)
 	tests := []struct {
@@ -375,8 +376,11 @@ func fullTraces(b *testing.B) string {
 		dir = filepath.Join(filepath.Dir(filepath.Dir(strings.TrimSpace(string(out)))), "shared", "traces")
 	}
 	if _, err := os.Stat(dir); err != nil {
-		b.Skipf("full traces absent (%v): they are not in the repository; set USHER_TRACES_DIR to a folder "+
-			"holding mooncake_conversation.jsonl and azure_conv_2023.csv (sources in testdata/README.md)", err)
+		// On stderr too: go test shows a skipped benchmark's log only with -v.
+		msg := fmt.Sprintf("%s skipped: full traces absent (%v): they are not in the repository; set USHER_TRACES_DIR "+
+			"to a folder holding mooncake_conversation.jsonl and azure_conv_2023.csv (sources in testdata/README.md)", b.Name(), err)
+		fmt.Fprintln(os.Stderr, msg)
+		b.Skip(msg)
 	}
 	return dir
 }
