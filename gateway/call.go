@@ -61,6 +61,7 @@ type call struct {
 	attempts int
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
+	atWorker time.Duration // time from sending to a worker to the end of its answer, all attempts
 }
 
 func newCall(ep endpoint, start time.Time) *call {

@@ -282,3 +282,32 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
+
+// usher publishes its own added latency: one observation per answered request, well under the
+// request's whole time (the worker's and the queue's time are not in it).
+func TestOverheadHistogramExcludesTheWorker(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w")}, nil)
+	for range 3 {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	families, err := g.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "usher_gateway_overhead_seconds" {
+			h := f.GetMetric()[0].GetHistogram()
+			if h.GetSampleCount() != 3 {
+				t.Fatalf("%d observations, want 3", h.GetSampleCount())
+			}
+			if h.GetSampleSum() <= 0 || h.GetSampleSum() > 1 {
+				t.Fatalf("sum %v s, want a positive time under 1 s", h.GetSampleSum())
+			}
+			return
+		}
+	}
+	t.Fatal("no usher_gateway_overhead_seconds")
+}

@@ -13,6 +13,9 @@ type metrics struct {
 	retries  *prometheus.CounterVec   // model
 	// preempted counts attempts cancelled for an interactive request, by model and class.
 	preempted *prometheus.CounterVec
+	// overhead is the time a call spent in usher itself: its whole time less its wait in the
+	// queue and its time at the workers.
+	overhead prometheus.Histogram
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -38,7 +41,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "usher_preempted_total", Help: "Standard and batch requests whose attempt was cancelled (before their answer began) for an interactive request, and requeued."},
 			[]string{"model", "class"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted} {
+	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "usher_gateway_overhead_seconds",
+		Help:    "Time an inference request spent in usher itself: from arrival to its answer's end, less its wait in the queue and its time at the workers (from sending to the answer's last byte).",
+		Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}})
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -54,6 +54,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
 	sent := s.now()
+	defer func() { cl.atWorker += s.now().Sub(sent) }()
 	resp, reused, err := s.send(ctx, w, cl, c.Request().Header)
 	if err != nil && preempted() {
 		lease.Release(routing.Outcome{})

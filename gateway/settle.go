@@ -36,7 +36,11 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		s.traffic.observe(cl.class, status, cl.ttft)
 	}
 	if cl.model != "" {
-		s.metrics.duration.WithLabelValues(cl.model).Observe(s.now().Sub(cl.start).Seconds())
+		total := s.now().Sub(cl.start)
+		s.metrics.duration.WithLabelValues(cl.model).Observe(total.Seconds())
+		if cl.attempts > 0 {
+			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
+		}
 	}
 	if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
 		return err
