@@ -311,3 +311,37 @@ func TestOverheadHistogramExcludesTheWorker(t *testing.T) {
 	}
 	t.Fatal("no usher_gateway_overhead_seconds")
 }
+
+// A batch stream whose worker answered its headers but no event yet (the engine is prefilling
+// the prompt) is still preemptible: nothing has reached its client.
+func TestBatchStreamPreemptedBeforeItsFirstEvent(t *testing.T) {
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold, w.headersFirst = hold, true })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 1
+	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}}
+	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	batch := make(chan *http.Response, 1)
+	go func() { batch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"}) }()
+	waitFor(t, "the worker holds the batch stream", func() bool { return w.started.Load() == 1 })
+	inter := make(chan *http.Response, 1)
+	go func() {
+		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	}()
+	waitFor(t, "the interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
+	close(hold)
+	if resp := <-inter; resp.StatusCode != http.StatusOK {
+		t.Fatalf("interactive: %d", resp.StatusCode)
+	}
+	resp := <-batch
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("batch stream: %d", resp.StatusCode)
+	}
+	if events := readEvents(t, resp.Body); len(events) == 0 || events[len(events)-1] != "[DONE]" || strings.Contains(strings.Join(events, ""), `"error"`) {
+		t.Fatalf("batch stream events %q, want a whole answer", events)
+	}
+	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 1 {
+		t.Errorf("usher_preempted_total %v, want 1", got)
+	}
+}

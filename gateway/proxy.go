@@ -82,21 +82,15 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	h.Set(headerRoute, string(lease.Route))
 	var out routing.Outcome
 	if cl.stream && resp.StatusCode == http.StatusOK {
-		if !begin() {
-			resp.Body.Close()
-			lease.Release(routing.Outcome{})
-			return false, errPreempted
-		}
-		out, err = s.relayStream(c, cl, resp, sent)
+		out, err = s.relayStream(c, cl, resp, sent, begin)
 	} else {
 		out, err = s.relayAnswer(c, cl, resp, begin)
-		if err != nil && preempted() {
-			resp.Body.Close()
-			lease.Release(routing.Outcome{})
-			return false, errPreempted
-		}
 	}
 	resp.Body.Close()
+	if err != nil && !c.Response().Committed && preempted() {
+		lease.Release(routing.Outcome{})
+		return false, errPreempted
+	}
 	lease.Release(out)
 	return false, err
 }
@@ -183,15 +177,27 @@ func (s *Server) firstByte(cl *call) {
 // it arrives. The usage chunk the gateway asked for on the client's behalf is read and dropped.
 // When the stream ends without usage (the client left, the worker cut it), the answer's events
 // are counted instead (see estimatedUsage). sent is when the request went to the worker: the
-// worker's time to first event feeds its learned limit.
-func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time) (routing.Outcome, error) {
+// worker's time to first event feeds its learned limit. The client's response begins with the
+// worker's first bytes (begin is called then), so until the engine has prefilled the prompt the
+// call may still be preempted.
+func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool) (routing.Outcome, error) {
 	w := c.Response()
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	w.Flush()
+	started := false
+	start := func() bool {
+		if started {
+			return true
+		}
+		if !begin() {
+			return false
+		}
+		started = true
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		w.WriteHeader(http.StatusOK)
+		return true
+	}
 
 	var out routing.Outcome
 	gotUsage, events := false, 0
@@ -231,6 +237,9 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 					events++
 				}
 			}
+			if !start() {
+				return out, errPreempted
+			}
 			if _, werr := w.Write(line); werr != nil {
 				return finish(errClientGone)
 			}
@@ -244,6 +253,14 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		}
 		if err == nil {
 			continue
+		}
+		if !started {
+			if c.Request().Context().Err() != nil {
+				return out, errClientGone
+			}
+			if !start() {
+				return out, errPreempted
+			}
 		}
 		w.Flush()
 		if done {

@@ -39,6 +39,9 @@ type fakeWorker struct {
 	started atomic.Int64
 	// linger keeps a stream open after [DONE] until the client goes away.
 	linger bool
+	// headersFirst sends a stream's headers before the hold, as an engine does that answers at
+	// once and then prefills the prompt.
+	headersFirst bool
 
 	mu       sync.Mutex // guards lastBody
 	lastBody map[string]any
@@ -66,6 +69,11 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	w.mu.Lock()
 	w.lastBody = body
 	w.mu.Unlock()
+	if stream, _ := body["stream"].(bool); stream && w.headersFirst {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(http.StatusOK)
+		rw.(http.Flusher).Flush()
+	}
 	if w.hold != nil {
 		w.started.Add(1)
 		select {
