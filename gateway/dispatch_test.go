@@ -323,7 +323,9 @@ func TestBatchStreamPreemptedBeforeItsFirstEvent(t *testing.T) {
 		Weight: 1, Models: []string{"*"}}
 	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
 	batch := make(chan *http.Response, 1)
-	go func() { batch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"}) }()
+	go func() {
+		batch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"})
+	}()
 	waitFor(t, "the worker holds the batch stream", func() bool { return w.started.Load() == 1 })
 	inter := make(chan *http.Response, 1)
 	go func() {
