@@ -18,6 +18,8 @@ func FuzzCompletionBody(f *testing.F) {
 		`{"messages":`,
 		`[]`,
 		`{"prompt":null}`,
+		`{"prompt":"a b","max_tokens":9223372036854775807}`,
+		`{"prompt":"a b","max_completion_tokens":-9223372036854775808}`,
 	} {
 		f.Add("/v1/chat/completions", seed)
 		f.Add("/v1/completions", seed)

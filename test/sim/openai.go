@@ -250,19 +250,31 @@ func (e *Engine) parseCompletion(w http.ResponseWriter, r *http.Request, kind en
 	return req, prompt, maxTokens, true
 }
 
-// checkLength refuses, as vLLM does, requests that cannot fit the context or the KV cache.
+// checkLength refuses, as the engine it stands for does, requests that cannot fit the context
+// or the KV cache. maxTokens is the client's number, anything an int holds: it is compared with
+// what the context leaves, never added to the prompt in int (promptLen is bounded by the body
+// size and the limits by the config, so limit-promptLen cannot overflow).
 func (e *Engine) checkLength(promptLen, maxTokens int) string {
+	requested := func() uint64 { return uint64(promptLen) + uint64(maxTokens) } // both >= 0: exact
 	switch {
 	case promptLen == 0:
 		return "the prompt is empty"
 	case maxTokens < 1:
-		return "max_tokens must be at least 1"
-	case promptLen+maxTokens > e.cfg.MaxModelLen:
+		return fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens)
+	case e.cfg.Mode == ModeSlots && promptLen >= e.cfg.slotTokens():
+		return fmt.Sprintf("request (%d tokens) exceeds the available context size (%d tokens), try increasing it",
+			promptLen, e.cfg.slotTokens())
+	case e.cfg.Mode == ModeSlots && maxTokens > e.cfg.slotTokens()-promptLen:
+		// llama-server would stop generating when the slot's context is full; the sim refuses,
+		// so no request asks for more than it can get.
+		return fmt.Sprintf("the request needs %d tokens (%d in the prompt, %d in the completion), more than the slot's context of %d tokens",
+			requested(), promptLen, maxTokens, e.cfg.slotTokens())
+	case maxTokens > e.cfg.MaxModelLen-promptLen:
 		return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
-			e.cfg.MaxModelLen, promptLen+maxTokens, promptLen, maxTokens)
-	case promptLen+maxTokens > e.kvTokens:
+			e.cfg.MaxModelLen, requested(), promptLen, maxTokens)
+	case maxTokens > e.cfg.requestTokens()-promptLen:
 		return fmt.Sprintf("the request needs %d tokens of KV cache, more than the engine's %d",
-			promptLen+maxTokens, e.kvTokens)
+			requested(), e.cfg.requestTokens())
 	}
 	return ""
 }

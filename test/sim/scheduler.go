@@ -129,7 +129,9 @@ type counters struct {
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
 	prefixQueries, prefixHits, preemptions, evictions         atomic.Int64
 	running, waiting                                          atomic.Int64
-	kvUsageBits                                               atomic.Uint64
+	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
+	steps, stepSeqs atomic.Int64
+	kvUsageBits     atomic.Uint64
 }
 
 func (c *counters) kvUsage() float64 { return math.Float64frombits(c.kvUsageBits.Load()) }
@@ -202,7 +204,7 @@ func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now f
 		cfg:     cfg,
 		latency: latency,
 		now:     now,
-		pool:    newBlockPool(cfg.KVCacheTokens/cfg.BlockSize, cfg.BlockSize),
+		pool:    newBlockPool(cfg.numBlocks(), cfg.BlockSize),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
 		stats:   stats,
 	}
@@ -351,7 +353,7 @@ func (s *scheduler) preemptForPriority() {
 	if !s.waiting.byPriority {
 		return
 	}
-	for len(s.running) >= s.cfg.MaxNumSeqs && s.waiting.Len() > 0 && len(s.running) > 0 {
+	for len(s.running) >= s.cfg.batchSeqs() && s.waiting.Len() > 0 && len(s.running) > 0 {
 		v := s.victim()
 		if s.waiting.seqs[0].priority >= v.priority {
 			return
@@ -400,7 +402,7 @@ func (s *scheduler) schedule() *stepPlan {
 		budget -= n
 	}
 
-	for !preempted && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs && s.waiting.Len() > 0 {
+	for !preempted && budget > 0 && len(s.running) < s.cfg.batchSeqs() && s.waiting.Len() > 0 {
 		q := s.waiting.seqs[0]
 		usable := (len(q.tokens) - 1) / s.cfg.BlockSize
 		s.ensureHashes(q, usable)
@@ -465,6 +467,8 @@ func (s *scheduler) costOf(p *stepPlan) {
 // tokens are all computed samples one token, and sequences that reached max_tokens finish. A
 // sequence cancelled while the step ran is skipped.
 func (s *scheduler) apply(p *stepPlan) {
+	s.stats.steps.Add(1)
+	s.stats.stepSeqs.Add(int64(len(p.seqs)))
 	for i, q := range p.seqs {
 		n := p.n[i]
 		if n == 0 || q.state != stateRunning {
