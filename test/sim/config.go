@@ -75,6 +75,11 @@ type Config struct {
 	SchedulingPolicy string
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int64
+	// CloseAfterStream makes the engine close the connection after each complete streamed
+	// answer, while the answer announced keep-alive, as llama-server does (issue 14): a client
+	// that pools the connection finds it closed when it sends its next request on it. Off by
+	// default in both modes, so a test opts in to the quirk it is about.
+	CloseAfterStream bool
 	// Seed seeds the fault dice, so a run's injected faults are repeatable.
 	Seed uint64
 	// Faults are the faults injected from the start; Engine.SetFaults changes them later.
@@ -209,6 +214,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.TimeScale, "time-scale", d.TimeScale, "multiplier on every engine duration (0.01 runs 100x faster)")
 	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority (lower request priority value first)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "maximum request body size")
+	fs.BoolVar(&c.CloseAfterStream, "close-after-stream", d.CloseAfterStream, "close the connection after each streamed answer although it announced keep-alive, as llama-server does")
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the fault dice")
 	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", d.Faults.ErrorRate, "fault: fraction of requests answered 500")
 	fs.Float64Var(&c.Faults.HangRate, "hang-rate", d.Faults.HangRate, "fault: fraction of requests never answered")

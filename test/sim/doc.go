@@ -29,6 +29,9 @@
 //     cache is the shared block cache of ModeKV (llama-server keeps one prompt per slot and
 //     picks the slot that shares the longest prefix), and a request whose max_tokens does not
 //     fit the slot is refused (llama-server would stop generating when the slot is full).
+//     Config.CloseAfterStream (--close-after-stream, off by default) adds llama-server's
+//     connection quirk: the connection is closed after each complete streamed answer although
+//     the answer announced keep-alive.
 //
 // The scheduler, the cost of a step and the HTTP surface below are common to both modes.
 //

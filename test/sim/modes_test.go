@@ -1,10 +1,14 @@
 package sim
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -265,5 +269,43 @@ func TestKVModeHTTPSurface(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("/props in kv mode: got %d, want 404 as vLLM", resp.StatusCode)
+	}
+}
+
+func TestCloseAfterStream(t *testing.T) {
+	for _, quirk := range []bool{false, true} {
+		t.Run(fmt.Sprint("close-after-stream=", quirk), func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.Mode, cfg.CloseAfterStream = ModeSlots, quirk
+			_, srv := startEngine(t, cfg)
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			body := `{"prompt":"a b","max_tokens":3,"stream":true}`
+			fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			r := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := io.ReadAll(resp.Body)
+			if err != nil || !strings.HasSuffix(string(data), "data: [DONE]\n\n") {
+				t.Fatalf("stream: got %q, %v, want a complete answer", data, err)
+			}
+			if resp.Close {
+				t.Errorf("the answer announced Connection: close, want keep-alive (the quirk is closing anyway)")
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			_, err = r.ReadByte()
+			closed := errors.Is(err, io.EOF)
+			if !closed && !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read after the answer: %v", err)
+			}
+			if closed != quirk {
+				t.Errorf("connection closed after the stream: got %v, want %v", closed, quirk)
+			}
+		})
 	}
 }
