@@ -25,9 +25,11 @@
 //     llamacpp:prompt_tokens_total (computed, cache hits excluded),
 //     llamacpp:prompt_tokens_cached_total, llamacpp:tokens_predicted_total,
 //     llamacpp:n_decode_total and llamacpp:n_busy_slots_per_decode; no vLLM name, so a router
-//     that sums every engine's names counts each request once. Where the sim differs: its prefix
-//     cache is the shared block cache of ModeKV (llama-server keeps one prompt per slot and
-//     picks the slot that shares the longest prefix), and a request whose max_tokens does not
+//     that sums every engine's names counts each request once. The prompt cache is
+//     llama-server's: each slot keeps what its last request computed, a request takes the idle
+//     slot sharing the longest prefix with it if that is more than half the slot's tokens
+//     (--slot-prompt-similarity 0.5), else the least recently used idle slot, and reuses the
+//     shared prefix token for token. Where the sim differs: a request whose max_tokens does not
 //     fit the slot is refused (llama-server would stop generating when the slot is full).
 //     Config.CloseAfterStream (--close-after-stream, off by default) adds llama-server's
 //     connection quirk: the connection is closed after each complete streamed answer although
@@ -44,27 +46,27 @@
 // filler words drawn from a generator seeded by the prompt: the same prompt always gets the
 // same answer, and finish_reason is "length".
 //
-// The engine follows vLLM's V1 scheduler (ModeSlots is the same loop with a fixed batch of
-// slots, FCFS, and a KV cache sized so the slots never run out). A request becomes a sequence whose tokens are the
-// prompt and what it has generated; each engine step computes some tokens of some sequences
+// The engine follows vLLM's V1 scheduler (ModeSlots is the same loop with a fixed batch of slots,
+// FCFS, and a KV cache sized so the slots never run out). A request becomes a sequence whose tokens
+// are the prompt and what it has generated; each engine step computes some tokens of some sequences
 // and every sequence whose tokens are then all computed samples one more. Each step takes the
-// running sequences first, one token each when decoding or a chunk when prefilling, within a
-// budget of MaxNumBatchedTokens tokens, then admits waiting sequences in queue order while the
-// batch has fewer than MaxNumSeqs, budget is left and their KV blocks fit; a sequence that does
-// not fit waits, and so do those behind it. The queue is FCFS, or by vLLM's request field
-// "priority" (lower first) under the priority policy. When a running sequence needs a block and
-// none is free, the last admitted (or the lowest-priority) running sequence is preempted: its
-// blocks are freed and it waits to be recomputed. Under the priority policy a waiting sequence
-// of higher priority also takes the batch slot of the lowest-priority running one when the batch
-// is full, as vLLM's priority scheduling preempts.
+// running sequences first, one token each when decoding or a chunk when prefilling, within a budget
+// of MaxNumBatchedTokens tokens, then admits waiting sequences in queue order while the batch has
+// fewer than MaxNumSeqs, budget is left and their KV blocks fit; a sequence that does not fit
+// waits, and so do those behind it. The queue is FCFS, or by vLLM's request field "priority" (lower
+// first) under the priority policy. When a running sequence needs a block and none is free, the
+// last admitted (or the lowest-priority) running sequence is preempted: its blocks are freed and it
+// waits to be recomputed. Under the priority policy a waiting sequence of higher priority also
+// takes the batch slot of the lowest-priority running one when the batch is full, as vLLM's
+// priority scheduling preempts.
 //
-// The KV cache is a pool of BlockSize-token blocks. A full block is identified by a chained
-// hash over its parent block's hash and its own tokens, so equal hashes mean equal prefixes. On
-// admission the longest run of the prompt's leading blocks found in the cache is reused (at
-// most all but the prompt's last token, which must be computed to sample from, as in vLLM);
-// those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
-// cached until reused: the free queue evicts least recently freed first, and a finished
-// sequence frees its blocks last block first, so a prefix's tail goes before its head.
+// In ModeKV the KV cache is a pool of BlockSize-token blocks. A full block is identified by a
+// chained hash over its parent block's hash and its own tokens, so equal hashes mean equal
+// prefixes. On admission the longest run of the prompt's leading blocks found in the cache is
+// reused (at most all but the prompt's last token, which must be computed to sample from, as in
+// vLLM); those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
+// cached until reused: the free queue evicts least recently freed first, and a finished sequence
+// frees its blocks last block first, so a prefix's tail goes before its head.
 //
 // A step costs
 //

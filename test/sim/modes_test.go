@@ -309,3 +309,80 @@ func TestCloseAfterStream(t *testing.T) {
 		})
 	}
 }
+
+func TestSlotsModeKeepsOnePromptPerSlot(t *testing.T) {
+	prompt := map[string][]uint64{}
+	for _, tag := range []string{"a", "b", "c"} {
+		prompt[tag] = tokenize(words(tag, 40))
+	}
+	tests := []struct {
+		name  string
+		slots int
+		order []string
+		want  []int // cached tokens of each request, run one after another
+	}{
+		// One slot keeps only the last request: a is gone once b ran (a shared block cache
+		// would still hold it).
+		{"one slot", 1, []string{"a", "b", "a"}, []int{0, 0, 0}},
+		// Two slots: a comes back to the slot that kept it and reuses all but its last token.
+		{"two slots", 2, []string{"a", "b", "a"}, []int{0, 0, 39}},
+		// c shares nothing, so it takes the least recently used slot, a's; a then finds
+		// neither slot similar and takes the least recently used one, b's.
+		{"least recently used", 2, []string{"a", "b", "c", "a"}, []int{0, 0, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _ := testScheduler(Config{Mode: ModeSlots, Slots: tt.slots, KVCacheTokens: tt.slots * 256})
+			var got []int
+			for i, tag := range tt.order {
+				q := newSequence(uint64(i+1), prompt[tag], 4, 0)
+				s.add(q)
+				stepUntil(t, s, func() bool { return q.state == stateDone })
+				got = append(got, q.out.cached)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("cached tokens of %v: got %v, want %v", tt.order, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSlotsModeReusesAConversationWholly(t *testing.T) {
+	// The next turn of a chat starts with the previous prompt and reply: its slot kept all of
+	// it, not only the full blocks a block cache would keep.
+	s, _ := testScheduler(Config{Mode: ModeSlots, Slots: 2, KVCacheTokens: 2 * 256})
+	turn1 := newSequence(1, tokenize(words("q", 42)), 20, 0)
+	s.add(turn1)
+	stepUntil(t, s, func() bool { return turn1.state == stateDone })
+	next := append(slices.Clone(turn1.tokens), tokenize("and then")...)
+	turn2 := newSequence(2, next, 2, 0)
+	s.add(turn2)
+	stepUntil(t, s, func() bool { return turn2.state == stateDone })
+	// 42 prompt tokens and 19 of the 20 output tokens were computed (the last is sampled, not
+	// computed).
+	if got, want := turn2.out.cached, 61; got != want {
+		t.Errorf("second turn cached: got %d, want %d", got, want)
+	}
+}
+
+func TestSlotsModeFreesSlotsOfCancelledAndFailedRequests(t *testing.T) {
+	s, c := testScheduler(Config{Mode: ModeSlots, Slots: 1, KVCacheTokens: 256})
+	q := newSequence(1, tokenize("a b c"), 50, 0)
+	s.add(q)
+	s.apply(s.schedule())
+	s.cancel(q)
+	s.failAll(errDead) // nothing running: a no-op
+	r := newSequence(2, tokenize("d e f"), 2, 0)
+	s.add(r)
+	stepUntil(t, s, func() bool { return r.state == stateDone })
+	u := newSequence(3, tokenize("g h i"), 50, 0)
+	s.add(u)
+	s.apply(s.schedule())
+	s.failAll(errDead) // the engine died with u running; a revived engine has its slot back
+	w := newSequence(4, tokenize("j k l"), 2, 0)
+	s.add(w)
+	stepUntil(t, s, func() bool { return w.state == stateDone })
+	if got := c.completed.Load(); got != 2 {
+		t.Errorf("completed: got %d, want 2", got)
+	}
+}
