@@ -20,7 +20,8 @@
 //     llama-server's message. The busy slots still share each step (llama-server decodes every
 //     busy slot in one call) under a budget of MaxNumBatchedTokens, llama-server's --batch-size
 //     (2048 by default). GET /props answers total_slots and default_generation_settings.n_ctx
-//     as llama-server does, /health answers {"status":"ok"}, and /metrics has llama-server's
+//     as llama-server does, GET /slots each slot's id, id_task, n_ctx and is_processing,
+//     /health answers {"status":"ok"}, and /metrics has llama-server's
 //     names: llamacpp:requests_processing, llamacpp:requests_deferred,
 //     llamacpp:prompt_tokens_total (computed, cache hits excluded),
 //     llamacpp:prompt_tokens_cached_total, llamacpp:tokens_predicted_total,

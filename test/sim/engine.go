@@ -331,7 +331,7 @@ func (e *Engine) isDeadNow() bool {
 }
 
 // ServeHTTP is the engine's whole HTTP surface: the OpenAI endpoints, /health, /metrics and,
-// in ModeSlots, /props.
+// in ModeSlots, /props and /slots.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.isDeadNow() {
 		panic(http.ErrAbortHandler)
@@ -347,12 +347,17 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.onlyMethod(w, r, http.MethodGet, func() { e.serveHealth(w) })
 	case "/metrics":
 		e.onlyMethod(w, r, http.MethodGet, func() { e.metrics.ServeHTTP(w, r) })
-	case "/props":
+	case "/props", "/slots":
 		if e.cfg.Mode != ModeSlots {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no route for /props (a kv-mode engine stands for vLLM, which has none)")
+			writeError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+				"no route for "+r.URL.Path+" (a kv-mode engine stands for vLLM, which has none)")
 			return
 		}
-		e.onlyMethod(w, r, http.MethodGet, func() { e.serveProps(w) })
+		serve := e.serveProps
+		if r.URL.Path == "/slots" {
+			serve = e.serveSlots
+		}
+		e.onlyMethod(w, r, http.MethodGet, func() { serve(w) })
 	default:
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no route for "+r.URL.Path)
 	}

@@ -221,6 +221,14 @@ func TestSlotsModeHTTPSurface(t *testing.T) {
 		})
 	}
 	waitFor(t, "2 processing and 1 deferred", func() bool { s := e.Stats(); return s.Running == 2 && s.Waiting == 1 })
+	slotsResp, err := srv.Client().Get(srv.URL + "/slots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := decodeJSON[[]slotState](t, slotsResp)
+	if len(slots) != 2 || !slots[0].IsProcessing || !slots[1].IsProcessing || slots[0].IDTask < 1 || slots[0].NCtx != 1024 {
+		t.Errorf("/slots: got %+v, want 2 slots of 1024 tokens, both processing a task", slots)
+	}
 	for sample, want := range map[string]string{
 		"llamacpp:requests_processing": "2",
 		"llamacpp:requests_deferred":   "1",

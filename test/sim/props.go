@@ -51,3 +51,28 @@ func (e *Engine) serveProps(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	_ = json.NewEncoder(w).Encode(p)
 }
+
+// slotState is one element of llama-server's GET /slots answer, the fields a router reads.
+type slotState struct {
+	ID           int   `json:"id"`
+	IDTask       int64 `json:"id_task"` // -1 when idle
+	NCtx         int   `json:"n_ctx"`
+	IsProcessing bool  `json:"is_processing"`
+	// NCached is how many tokens the slot keeps for the next request (its prompt cache).
+	NCached int `json:"n_prompt_tokens_cache"`
+}
+
+// serveSlots answers GET /slots as llama-server does (ModeSlots only).
+func (e *Engine) serveSlots(w http.ResponseWriter) {
+	e.mu.Lock()
+	states := make([]slotState, len(e.sched.slots.slots))
+	for i, sl := range e.sched.slots.slots {
+		states[i] = slotState{ID: i, IDTask: -1, NCtx: e.cfg.slotTokens(), IsProcessing: sl.busy, NCached: len(sl.tokens)}
+		if sl.busy {
+			states[i].IDTask = int64(sl.task)
+		}
+	}
+	e.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	_ = json.NewEncoder(w).Encode(states)
+}

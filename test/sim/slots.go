@@ -20,6 +20,7 @@ type slot struct {
 	tokens   []uint64 // what the slot's last request computed; shared with that done sequence
 	lastUsed uint64
 	busy     bool
+	task     uint64 // the running request's arrival number while busy
 }
 
 func newSlotCache(n int) *slotCache { return &slotCache{slots: make([]slot, n)} }
@@ -55,7 +56,7 @@ func (c *slotCache) pick(q *sequence) (idx, reuse int) {
 
 // assign gives slot idx to q until vacate.
 func (c *slotCache) assign(q *sequence, idx int) {
-	c.slots[idx].busy = true
+	c.slots[idx].busy, c.slots[idx].task = true, q.arrival
 	q.slot = idx
 }
 
@@ -66,7 +67,7 @@ func (c *slotCache) vacate(q *sequence) {
 	}
 	c.clock++
 	sl := &c.slots[q.slot]
-	sl.tokens, sl.lastUsed, sl.busy = q.tokens[:q.computed], c.clock, false
+	sl.tokens, sl.lastUsed, sl.busy, sl.task = q.tokens[:q.computed], c.clock, false, 0
 	q.slot = -1
 }
 
