@@ -78,8 +78,14 @@ func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(n
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	c := engine.Config()
-	log.Info("usher sim serving", "addr", ln.Addr().String(), "model", c.Model, "max_num_seqs", c.MaxNumSeqs,
-		"kv_cache_tokens", c.KVCacheTokens, "time_scale", c.TimeScale)
+	attrs := []any{"addr", ln.Addr().String(), "model", c.Model, "mode", c.Mode}
+	if c.Mode == sim.ModeSlots {
+		attrs = append(attrs, "slots", c.Slots)
+	} else {
+		attrs = append(attrs, "max_num_seqs", c.MaxNumSeqs)
+	}
+	attrs = append(attrs, "max_num_batched_tokens", c.MaxNumBatchedTokens, "kv_cache_tokens", c.KVCacheTokens, "time_scale", c.TimeScale)
+	log.Info("usher sim serving", attrs...)
 	if ready != nil {
 		ready(ln.Addr())
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -40,6 +41,8 @@ func TestSimBadFlags(t *testing.T) {
 		{"bad value", []string{"--max-num-seqs=many"}, "invalid value \"many\" for flag -max-num-seqs"},
 		{"invalid config", []string{"--error-rate=2"}, "sim.faults.error_rate: must be in [0, 1], got 2"},
 		{"bad policy", []string{"--scheduling-policy=lifo"}, "sim.scheduling_policy"},
+		{"bad mode", []string{"--mode=paged"}, "sim.mode"},
+		{"slots with priority", []string{"--mode=slots", "--scheduling-policy=priority"}, "sim.scheduling_policy"},
 		{"stray argument", []string{"extra"}, `unexpected argument "extra"`},
 	}
 	for _, tt := range tests {
@@ -101,6 +104,24 @@ func TestSimServesAndStops(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("usher sim did not stop")
+	}
+}
+
+func TestSimSlotsModeServesProps(t *testing.T) {
+	url, _ := startSim(t, t.Context(), "--time-scale=0.01", "--mode=slots", "--slots=3", "--kv-cache-tokens=3072")
+	resp, err := http.Get(url + "/props")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var props struct {
+		TotalSlots int `json:"total_slots"`
+		Settings   struct {
+			NCtx int `json:"n_ctx"`
+		} `json:"default_generation_settings"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&props); err != nil || props.TotalSlots != 3 || props.Settings.NCtx != 1024 {
+		t.Errorf("/props: got %+v (%v), want total_slots 3 and n_ctx 1024", props, err)
 	}
 }
 

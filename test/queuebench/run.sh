@@ -16,12 +16,24 @@
 #      after a short warm-up so the queue has measured the service time; refusal latencies from
 #      the gateway's access log (the bench report keeps no latency of failed requests) and from
 #      curl probes with a deadline too short to make.
+#   4. Engine modes (issue 14's goals): the gateway's DEFAULT config (no max_concurrency, no
+#      priority hand-down, default queue) in front of two sims in each of MODES: "slots" (fixed
+#      slots, as llama-server: M_SLOTS per worker) and "kv" (continuous batching bounded by the KV
+#      cache, as vLLM: KV_SEQS sequences, KV_TOKENS of KV cache and KV_BATCHED tokens per step
+#      per worker); and for each, each of BATCHES: "decode" (batch requests shaped like the
+#      interactive ones: IN prompt, OUT output tokens) and "prefill" (P_IN-token prompts,
+#      P_OUT output tokens, a code-completion service). Per case: capacity runs (saturating, one
+#      per request shape) give C_i and C_b in tokens/s and R_i, R_b in req/s; then (a)
+#      interactive i1..i3 at 0.1 R_i each alone and (b) the same beside batch at 3 R_b, sent by a
+#      second bench process with its own lengths. Printed: interactive TTFT p50/p99, p99 over
+#      (a)'s, and batch's share of what interactive leaves: (batch t/s / C_b) / (1 - int t/s / C_i).
 #
 # Lengths are spread (SPREAD) by default: with fixed lengths, requests dispatched together end
 # together, and the pool frees its slots in waves, which a fixed-length run mistakes for queueing.
 #
-#   test/queuebench/run.sh                     # everything, defaults below
+#   test/queuebench/run.sh                     # scenarios 1-3, defaults below
 #   SCENARIOS="1" DURATION=30 test/queuebench/run.sh
+#   SCENARIOS="4" MODES=slots BATCHES=prefill test/queuebench/run.sh
 #
 # Reports (bench JSON and tables, gateway logs) go to $OUT_DIR.
 set -euo pipefail
@@ -50,6 +62,19 @@ PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl 
 DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
+# Scenario 4 (engine modes); its runs are M_CAP_DURATION + 2 x M_DURATION seconds of arrivals a
+# case, one more M_CAP_DURATION for a prefill batch: about 12 minutes for the 4 cases.
+MODES=${MODES:-"slots kv"}         # sim --mode of the scenario-4 cases
+BATCHES=${BATCHES:-"decode prefill"} # batch shapes of the scenario-4 cases
+M_SLOTS=${M_SLOTS:-4}              # slots mode: sim --slots per worker
+KV_SEQS=${KV_SEQS:-256}            # kv mode: sim --max-num-seqs per worker
+KV_TOKENS=${KV_TOKENS:-4096}       # kv mode: sim --kv-cache-tokens per worker (binds before KV_SEQS)
+KV_BATCHED=${KV_BATCHED:-2048}     # kv mode: sim --max-num-batched-tokens per worker
+P_IN=${P_IN:-520}                  # prefill batch: prompt tokens
+P_OUT=${P_OUT:-7}                  # prefill batch: max_tokens
+M_DURATION=${M_DURATION:-30}       # seconds of arrivals of each scenario-4 protection run
+M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 capacity run
+M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -61,12 +86,15 @@ go build -o bin/usher ./cmd/usher
 mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
-  "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED; $(nproc) cores"
+  "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
+  "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
 gw_pid=
+sim_pids=()
 cleanup() {
-  for p in "${pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${sim_pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
@@ -83,15 +111,26 @@ addr_from() {
   echo "no address in $1:" >&2; cat "$1" >&2; exit 1
 }
 
+wants() { [[ " $SCENARIOS " == *" $1 "* ]]; }
+
+# start_sims ARGS...: two fresh simulated workers with usher sim ARGS; sets sims (host:port each).
+sims=()
+start_sims() {
+  stop_sims
+  sims=()
+  for i in 1 2; do
+    bin/usher sim --listen 127.0.0.1:0 --time-scale "$TIME_SCALE" --seed "$i" "$@" >"$tmp/sim-$i.log" 2>&1 &
+    sim_pids+=($!)
+    sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
+  done
+}
+stop_sims() {
+  for p in "${sim_pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  sim_pids=()
+}
+
 sim_policy=fcfs; worker_conc=$SEQS; handoff=false
 if [ "$HANDOFF" = 1 ]; then sim_policy=priority; worker_conc=$((OVERCOMMIT * SEQS)); handoff=true; fi
-sims=()
-for i in 1 2; do
-  bin/usher sim --listen 127.0.0.1:0 --max-num-seqs "$SEQS" --time-scale "$TIME_SCALE" --seed "$i" \
-    --scheduling-policy "$sim_policy" >"$tmp/sim-$i.log" 2>&1 &
-  pids+=($!)
-  sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
-done
 
 key() { echo "sk-queuebench-$1"; }
 tenant_yaml() {
@@ -121,6 +160,28 @@ start_gateway() {
     tenant_yaml
     echo "log: {level: info, format: json}"
   } >"$OUT_DIR/$1.yaml"
+  launch_gateway "$1"
+}
+# start_default_gateway NAME: a fresh gateway with the default config: workers with no
+# max_concurrency and no priority_handoff, no queue section. Only the health interval is set,
+# so the workers are in service within a second of start.
+start_default_gateway() {
+  stop_gateway
+  {
+    echo "server: {listen: \"127.0.0.1:0\"}"
+    echo "routing:"
+    echo "  health: {interval: 1s}"
+    echo "  workers:"
+    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL]}"
+    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL]}"
+    echo "tenants:"
+    tenant_yaml
+    echo "log: {level: info, format: json}"
+  } >"$OUT_DIR/$1.yaml"
+  launch_gateway "$1"
+}
+# launch_gateway NAME: serves NAME.yaml; sets GW (host:port) once it answers a completion.
+launch_gateway() {
   bin/usher serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pid=$!
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
@@ -155,20 +216,23 @@ jget() { jq -r "$2" "$1"; }
 f1() { awk -v x="$1" 'BEGIN { printf "%.1f", x }'; }
 calc() { awk "BEGIN { printf \"%.${2:-3}f\", $1 }"; }
 
-# --- 0: capacity --------------------------------------------------------------------------------
-start_gateway capacity false
-run_bench capacity --tenant "cap=$(key cap)::interactive" --rate 200 --max-inflight $((SEQS * 6)) \
-  --duration "${CAP_DURATION}s" --window "${WINDOW}s"
-C=$(steady "$OUT_DIR/capacity.json" "$WINDOW" "$CAP_DURATION" cap)
-PER_REQ=$(jget "$OUT_DIR/capacity.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')
-R=$(calc "$C / $PER_REQ" 2)
-echo
-echo "== capacity: 2 workers x max_concurrency $SEQS, sim time-scale $TIME_SCALE, $IN prompt + $OUT output tokens (± $SPREAD)"
-echo "   saturating run: C = $(f1 "$C") tokens/s (prompt + output) = R = $R req/s at $(f1 "$PER_REQ") tokens/request;"
-echo "   TTFT p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.ttft_ms.p50)") ms, E2E p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.e2e_ms.p50)") ms, queue p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.queue_ms.p50)") ms"
+# --- 0: capacity (for scenarios 1-3) -----------------------------------------------------------
+if wants 1 || wants 2 || wants 3; then
+  start_sims --max-num-seqs "$SEQS" --scheduling-policy "$sim_policy"
+  start_gateway capacity false
+  run_bench capacity --tenant "cap=$(key cap)::interactive" --rate 200 --max-inflight $((SEQS * 6)) \
+    --duration "${CAP_DURATION}s" --window "${WINDOW}s"
+  C=$(steady "$OUT_DIR/capacity.json" "$WINDOW" "$CAP_DURATION" cap)
+  PER_REQ=$(jget "$OUT_DIR/capacity.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')
+  R=$(calc "$C / $PER_REQ" 2)
+  echo
+  echo "== capacity: 2 workers x max_concurrency $SEQS, sim time-scale $TIME_SCALE, $IN prompt + $OUT output tokens (± $SPREAD)"
+  echo "   saturating run: C = $(f1 "$C") tokens/s (prompt + output) = R = $R req/s at $(f1 "$PER_REQ") tokens/request;"
+  echo "   TTFT p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.ttft_ms.p50)") ms, E2E p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.e2e_ms.p50)") ms, queue p50 $(f1 "$(jget "$OUT_DIR/capacity.json" .overall.queue_ms.p50)") ms"
+fi
 
 # --- 1: protection -----------------------------------------------------------------------------
-if [[ " $SCENARIOS " == *" 1 "* ]]; then
+if wants 1; then
   IR=$(calc "$R * 0.1" 3)
   BR=$(calc "$R * 3" 3)
   inter=(--tenant "i1=$(key i1)::interactive:$IR" --tenant "i2=$(key i2)::interactive:$IR" --tenant "i3=$(key i3)::interactive:$IR")
@@ -210,7 +274,7 @@ if [[ " $SCENARIOS " == *" 1 "* ]]; then
 fi
 
 # --- 2: fairness -------------------------------------------------------------------------------
-if [[ " $SCENARIOS " == *" 2 "* ]]; then
+if wants 2; then
   SR=$(calc "$R * 0.4" 3)
   HR=$(calc "$R * 4" 3)
   start_gateway fairness false
@@ -236,7 +300,7 @@ if [[ " $SCENARIOS " == *" 2 "* ]]; then
 fi
 
 # --- 3: deadlines ------------------------------------------------------------------------------
-if [[ " $SCENARIOS " == *" 3 "* ]]; then
+if wants 3; then
   DR=$(calc "$R * 0.5" 3)
   read -r -a dl <<<"$DEADLINES"
   start_gateway deadlines false
@@ -288,6 +352,96 @@ if [[ " $SCENARIOS " == *" 3 "* ]]; then
     END { printf "   curl probes (deadline %s ms, time_total from send): %d refused, %d served; refusal ms p50 %.2f, max %.2f; over 5 ms: %d\n",
       d, n, ok, n ? t[int((n + 1) / 2)] : 0, n ? t[n] : 0, over }'
   echo "   (goals: none served after its deadline; every refusal within 5 ms of arrival)"
+fi
+# --- 4: engine modes (issue 14) ---------------------------------------------------------------
+# cap_run NAME IN OUT: a saturating run of one interactive tenant with IN/OUT lengths on the
+# current (default-config) gateway; sets CAP_C (tokens/s, prompt + output) and CAP_R (req/s).
+cap_run() {
+  run_bench "$1" --tenant "cap=$(key cap)::interactive" --rate 400 --max-inflight "$M_INFLIGHT" \
+    --random-input-len "$2" --random-output-len "$3" --duration "${M_CAP_DURATION}s" --window "${WINDOW}s"
+  CAP_C=$(steady "$OUT_DIR/$1.json" "$WINDOW" "$M_CAP_DURATION" cap)
+  CAP_R=$(calc "$CAP_C / $(jget "$OUT_DIR/$1.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')" 3)
+}
+# engine_signals NAME DELAY: after DELAY seconds, the load metrics of both workers, for the report.
+engine_signals() {
+  sleep "$2"
+  for a in "${sims[@]}"; do
+    curl -s "http://$a/metrics" | grep -E '^(vllm:num_requests_(running|waiting)|vllm:kv_cache_usage_perc|llamacpp:requests_(processing|deferred))' |
+      sed -E 's/\{[^}]*\}//; s/^(vllm|llamacpp)://' | awk '{ printf "%s=%g ", $1, $2 }'
+    echo
+  done >"$OUT_DIR/$1.signals.txt"
+}
+if wants 4; then
+  m4="$OUT_DIR/modes.txt"
+  : >"$m4"
+  : >"$OUT_DIR/modes-signals.txt"
+  ip() { jget "$1" ".classes[] | select(.name==\"interactive\") | .ttft_ms.$2"; }
+  for mode in $MODES; do
+    case $mode in
+      slots) start_sims --mode slots --slots "$M_SLOTS"; shape="$M_SLOTS slots per worker (llama-server)" ;;
+      kv)
+        start_sims --mode kv --max-num-seqs "$KV_SEQS" --kv-cache-tokens "$KV_TOKENS" --max-num-batched-tokens "$KV_BATCHED"
+        shape="max_num_seqs $KV_SEQS, $KV_TOKENS KV tokens, $KV_BATCHED tokens a step per worker (vLLM)" ;;
+      *) echo "queuebench: unknown mode $mode (want slots or kv)" >&2; exit 1 ;;
+    esac
+    # The /props a router reads in slots mode, shown as the sim serves it.
+    props=$(curl -sf "http://${sims[0]}/props" | jq -c '{total_slots, n_ctx: .default_generation_settings.n_ctx}' 2>/dev/null || echo "none (404)")
+    start_default_gateway "m4-$mode-cap"
+    cap_run "m4-$mode-cap" "$IN" "$OUT"
+    Ci=$CAP_C; Ri=$CAP_R
+    for batch in $BATCHES; do
+      case $batch in
+        decode) b_in=$IN; b_out=$OUT; Cb=$Ci; Rb=$Ri ;;
+        prefill)
+          b_in=$P_IN; b_out=$P_OUT
+          start_default_gateway "m4-$mode-cap-prefill"
+          cap_run "m4-$mode-cap-prefill" "$b_in" "$b_out"
+          Cb=$CAP_C; Rb=$CAP_R ;;
+        *) echo "queuebench: unknown batch $batch (want decode or prefill)" >&2; exit 1 ;;
+      esac
+      IR=$(calc "$Ri * 0.1" 3)
+      BR=$(calc "$Rb * 3" 3)
+      inter=(--tenant "i1=$(key i1)::interactive:$IR" --tenant "i2=$(key i2)::interactive:$IR" --tenant "i3=$(key i3)::interactive:$IR"
+        --duration "${M_DURATION}s" --window "${WINDOW}s")
+      name="m4-$mode-$batch"
+      start_default_gateway "$name-a"
+      run_bench "$name-a" "${inter[@]}"
+      start_default_gateway "$name-b"
+      run_bench "$name-b-batch" --tenant "bulk=$(key bulk)::batch:$BR" --random-input-len "$b_in" --random-output-len "$b_out" \
+        --duration "${M_DURATION}s" --window "${WINDOW}s" &
+      batch_pid=$!
+      engine_signals "$name-b" "$((M_DURATION / 2))" &
+      sig_pid=$!
+      run_bench "$name-b" "${inter[@]}"
+      wait "$batch_pid" || { echo "batch bench of $name failed" >&2; exit 1; }
+      wait "$sig_pid" || true
+      stop_gateway
+      a="$OUT_DIR/$name-a.json"; b="$OUT_DIR/$name-b.json"; bb="$OUT_DIR/$name-b-batch.json"
+      it=$(steady "$b" "$WINDOW" "$M_DURATION" i1 i2 i3)
+      bt=$(steady "$bb" "$WINDOW" "$M_DURATION" bulk)
+      printf "%-6s %-8s %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %8s %9.1f %9.1f %8s %8s %6s %6s %6s\n" "$mode" "$batch" "$Ri" "$Rb" \
+        "$(ip "$a" p50)" "$(ip "$a" p99)" "$(ip "$b" p50)" "$(ip "$b" p99)" "$(calc "$(ip "$b" p99) / $(ip "$a" p99)" 2)" \
+        "$it" "$bt" "$(calc "($bt / $Cb) / (1 - $it / $Ci)" 2)" \
+        "$(jget "$b" '[.tenants[] | select(.name|startswith("i")) | .failed + .dropped] | add')" \
+        "$(jget "$bb" '.tenants[0].ok')" "$(jget "$bb" '[.tenants[0].failures[]? | select(.status==429) | .count] | add // 0')" \
+        "$(jget "$bb" '.tenants[0].dropped')" >>"$m4"
+      echo "$mode/$batch: /props $props; engine signals mid-run (b), per worker: $(paste -sd';' "$OUT_DIR/$name-b.signals.txt")" >>"$OUT_DIR/modes-signals.txt"
+    done
+  done
+  stop_sims
+  echo
+  echo "== 4. engine modes: the DEFAULT gateway config (no max_concurrency, hand-down off) in front of 2 sims;"
+  echo "   slots: $M_SLOTS slots per worker; kv: max_num_seqs $KV_SEQS, $KV_TOKENS KV tokens, $KV_BATCHED tokens a step per worker;"
+  echo "   interactive i1..i3 at 0.1 R_i each ($IN prompt + $OUT output tokens), batch at 3 R_b (decode: the same lengths;"
+  echo "   prefill: $P_IN prompt + $P_OUT output tokens), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
+  echo "   t/s = tokens/s (prompt + output) over the ${WINDOW}s windows inside the arrivals but the first"
+  printf "%-6s %-8s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s\n" mode batch R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
+    "p99/(a)" "int t/s" "batch t/s" "b/unused" "int fail" "b ok" "b 429" "b drop"
+  cat "$m4"
+  sed 's/^/   /' "$OUT_DIR/modes-signals.txt"
+  echo "   (TTFT percentiles are over answered requests; 'int fail' counts interactive requests not answered by the end of"
+  echo "   the drain ($DRAIN), 'b drop' batch arrivals bench dropped at its in-flight bound;"
+  echo "   goals, issue 14: (b) p99/(a) <= 1.5 (moonshot 1.15); b/unused = (batch t/s / C_b) / (1 - int t/s / C_i) >= 0.90)"
 fi
 echo
 echo "reports: $OUT_DIR"

@@ -7,6 +7,23 @@ import (
 	"time"
 )
 
+// Engine modes: how an engine holds its requests and their KV cache.
+const (
+	// ModeKV is vLLM's and SGLang's continuous batching bounded by the KV cache: up to
+	// MaxNumSeqs sequences share each step, a waiting one is admitted while its KV blocks fit,
+	// and when the blocks run out a running one is preempted and later recomputed. /metrics
+	// carries vLLM's names; there is no /props.
+	ModeKV = "kv"
+	// ModeSlots is llama.cpp's llama-server: Slots fixed slots (llama-server --parallel), each
+	// with its own context of KVCacheTokens/Slots tokens (llama-server -c divided by
+	// --parallel). A request holds one slot from admission to its end and is never preempted;
+	// the others wait in arrival order ("deferred"). The running slots still share each step
+	// (llama-server batches every busy slot into one decode call), so MaxNumBatchedTokens is
+	// llama-server's --batch-size. GET /props reports total_slots; /metrics carries llama.cpp's
+	// names. MaxNumSeqs and the priority policy do not apply.
+	ModeSlots = "slots"
+)
+
 // Scheduling policies, as vLLM names them.
 const (
 	// PolicyFCFS admits waiting requests in arrival order.
@@ -22,15 +39,22 @@ const (
 type Config struct {
 	// Model is the one model name the engine serves; requests naming another get 404.
 	Model string
-	// MaxNumSeqs caps the sequences in the running batch (vLLM max_num_seqs).
+	// Mode is ModeKV (vLLM, the default) or ModeSlots (llama.cpp).
+	Mode string
+	// MaxNumSeqs caps the sequences in the running batch (vLLM max_num_seqs); ModeKV only.
 	MaxNumSeqs int
-	// MaxNumBatchedTokens caps the tokens computed in one step (vLLM max_num_batched_tokens):
-	// each decoding sequence takes one, prefill takes the rest, so long prompts are prefilled
-	// in chunks across steps.
+	// Slots is the number of fixed slots (llama-server --parallel); ModeSlots only.
+	Slots int
+	// MaxNumBatchedTokens caps the tokens computed in one step (vLLM max_num_batched_tokens,
+	// llama-server --batch-size): each decoding sequence takes one, prefill takes the rest, so
+	// long prompts are prefilled in chunks across steps. Zero means 8192 in ModeKV (vLLM's
+	// default for online serving on an 80 GB GPU) and 2048 in ModeSlots (llama-server's).
 	MaxNumBatchedTokens int
 	// BlockSize is the number of tokens in one KV-cache block; only full blocks are cached.
 	BlockSize int
-	// KVCacheTokens is the KV-cache capacity in tokens, rounded down to whole blocks.
+	// KVCacheTokens is the KV-cache capacity in tokens, rounded down to whole blocks. In
+	// ModeSlots it is llama-server's -c: each slot's context is KVCacheTokens/Slots, rounded
+	// down to whole blocks.
 	KVCacheTokens int
 	// MaxModelLen caps prompt plus output tokens of one request; longer requests get 400.
 	MaxModelLen int
@@ -51,6 +75,11 @@ type Config struct {
 	SchedulingPolicy string
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int64
+	// CloseAfterStream makes the engine close the connection after each complete streamed
+	// answer, while the answer announced keep-alive, as llama-server does (issue 14): a client
+	// that pools the connection finds it closed when it sends its next request on it. Off by
+	// default in both modes, so a test opts in to the quirk it is about.
+	CloseAfterStream bool
 	// Seed seeds the fault dice, so a run's injected faults are repeatable.
 	Seed uint64
 	// Faults are the faults injected from the start; Engine.SetFaults changes them later.
@@ -82,7 +111,9 @@ type Faults struct {
 func DefaultConfig() Config {
 	return Config{
 		Model:               "demo-7b",
+		Mode:                ModeKV,
 		MaxNumSeqs:          256,
+		Slots:               4,
 		MaxNumBatchedTokens: 8192,
 		BlockSize:           16,
 		KVCacheTokens:       100_000,
@@ -99,17 +130,29 @@ func DefaultConfig() Config {
 	}
 }
 
+// slotsBatchSize is llama-server's default --batch-size, the step budget of ModeSlots.
+const slotsBatchSize = 2048
+
 // withDefaults returns c with every zero field outside Faults set from DefaultConfig.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	if c.Model == "" {
 		c.Model = d.Model
 	}
+	if c.Mode == "" {
+		c.Mode = d.Mode
+	}
 	if c.MaxNumSeqs == 0 {
 		c.MaxNumSeqs = d.MaxNumSeqs
 	}
+	if c.Slots == 0 {
+		c.Slots = d.Slots
+	}
 	if c.MaxNumBatchedTokens == 0 {
 		c.MaxNumBatchedTokens = d.MaxNumBatchedTokens
+		if c.Mode == ModeSlots {
+			c.MaxNumBatchedTokens = slotsBatchSize
+		}
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = d.BlockSize
@@ -151,14 +194,17 @@ func (c Config) withDefaults() Config {
 }
 
 // RegisterFlags registers one flag per parameter on fs, writing into c. A flag's default is
-// c's field, or DefaultConfig's where c's field is zero.
+// c's field, or DefaultConfig's where c's field is zero; --max-num-batched-tokens keeps a zero
+// field zero, since its default depends on --mode.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	d := c.withDefaults()
 	fs.StringVar(&c.Model, "model", d.Model, "the one model name served")
-	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", d.MaxNumSeqs, "maximum sequences in the running batch")
-	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", d.MaxNumBatchedTokens, "maximum tokens computed in one step (prefill is chunked to fit)")
+	fs.StringVar(&c.Mode, "mode", d.Mode, "kv: continuous batching bounded by the KV cache, as vLLM and SGLang; slots: fixed slots, as llama.cpp's llama-server")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", d.MaxNumSeqs, "kv mode: maximum sequences in the running batch")
+	fs.IntVar(&c.Slots, "slots", d.Slots, "slots mode: number of slots (llama-server --parallel)")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "maximum tokens computed in one step, prefill chunked to fit (0: 8192 in kv mode, 2048 in slots mode)")
 	fs.IntVar(&c.BlockSize, "block-size", d.BlockSize, "tokens per KV-cache block")
-	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", d.KVCacheTokens, "KV-cache capacity in tokens")
+	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", d.KVCacheTokens, "KV-cache capacity in tokens (slots mode: the total context, shared equally by the slots)")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", d.MaxModelLen, "maximum prompt plus output tokens of a request")
 	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", d.DefaultMaxTokens, "output tokens of a request without max_tokens")
 	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", d.PrefillPerToken, "compute time per uncached prompt token")
@@ -168,6 +214,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.TimeScale, "time-scale", d.TimeScale, "multiplier on every engine duration (0.01 runs 100x faster)")
 	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority (lower request priority value first)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "maximum request body size")
+	fs.BoolVar(&c.CloseAfterStream, "close-after-stream", d.CloseAfterStream, "close the connection after each streamed answer although it announced keep-alive, as llama-server does")
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the fault dice")
 	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", d.Faults.ErrorRate, "fault: fraction of requests answered 500")
 	fs.Float64Var(&c.Faults.HangRate, "hang-rate", d.Faults.HangRate, "fault: fraction of requests never answered")
@@ -186,6 +233,7 @@ func (c Config) Validate() error {
 		v    int64
 	}{
 		{"max_num_seqs", int64(c.MaxNumSeqs)},
+		{"slots", int64(c.Slots)},
 		{"max_num_batched_tokens", int64(c.MaxNumBatchedTokens)},
 		{"block_size", int64(c.BlockSize)},
 		{"kv_cache_tokens", int64(c.KVCacheTokens)},
@@ -205,8 +253,19 @@ func (c Config) Validate() error {
 		bad("time_scale", "must not be negative")
 	}
 	d := c.withDefaults()
+	if d.Mode != ModeKV && d.Mode != ModeSlots {
+		bad("mode", fmt.Sprintf("must be %q or %q, got %q", ModeKV, ModeSlots, d.Mode))
+	}
 	if d.KVCacheTokens < d.BlockSize {
 		bad("kv_cache_tokens", fmt.Sprintf("must hold at least one block of %d tokens", d.BlockSize))
+	}
+	if d.Mode == ModeSlots {
+		if d.Slots > 0 && d.KVCacheTokens/d.Slots < d.BlockSize {
+			bad("kv_cache_tokens", fmt.Sprintf("must give each of the %d slots at least one block of %d tokens", d.Slots, d.BlockSize))
+		}
+		if d.SchedulingPolicy == PolicyPriority {
+			bad("scheduling_policy", "llama-server serves its slots in arrival order: slots mode takes fcfs only")
+		}
 	}
 	if d.DefaultMaxTokens > d.MaxModelLen {
 		bad("default_max_tokens", fmt.Sprintf("must not exceed max_model_len (%d)", d.MaxModelLen))
@@ -236,4 +295,37 @@ func (f Faults) Validate() error {
 		errs = append(errs, errors.New("sim.faults.exit_after: must not be negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// batchSeqs is how many sequences may run at once: MaxNumSeqs, or in ModeSlots the slots.
+// c has its defaults.
+func (c Config) batchSeqs() int {
+	if c.Mode == ModeSlots {
+		return c.Slots
+	}
+	return c.MaxNumSeqs
+}
+
+// slotTokens is one slot's context in ModeSlots (llama-server's n_ctx per slot), in whole
+// blocks. c has its defaults.
+func (c Config) slotTokens() int {
+	return c.KVCacheTokens / c.Slots / c.BlockSize * c.BlockSize
+}
+
+// numBlocks is the KV cache's size in blocks. In ModeSlots it is every slot's context, so the
+// slots together can never run out of blocks and nobody is preempted. c has its defaults.
+func (c Config) numBlocks() int {
+	if c.Mode == ModeSlots {
+		return c.Slots * (c.slotTokens() / c.BlockSize)
+	}
+	return c.KVCacheTokens / c.BlockSize
+}
+
+// requestTokens bounds the prompt plus output tokens of one request: the model's context and
+// what the KV cache (in ModeSlots, one slot) can hold. c has its defaults.
+func (c Config) requestTokens() int {
+	if c.Mode == ModeSlots {
+		return min(c.MaxModelLen, c.slotTokens())
+	}
+	return min(c.MaxModelLen, c.KVCacheTokens/c.BlockSize*c.BlockSize)
 }

@@ -23,6 +23,11 @@ func TestConfigValidate(t *testing.T) {
 		{"cache below a block", Config{KVCacheTokens: 8}, "sim.kv_cache_tokens: must hold at least one block of 16 tokens"},
 		{"default output beyond context", Config{MaxModelLen: 64, DefaultMaxTokens: 100}, "sim.default_max_tokens: must not exceed max_model_len (64)"},
 		{"unknown policy", Config{SchedulingPolicy: "lifo"}, `sim.scheduling_policy: must be "fcfs" or "priority", got "lifo"`},
+		{"unknown mode", Config{Mode: "paged"}, `sim.mode: must be "kv" or "slots", got "paged"`},
+		{"slots mode is valid", Config{Mode: ModeSlots, Slots: 2}, ""},
+		{"negative slots", Config{Mode: ModeSlots, Slots: -2}, "sim.slots: must not be negative"},
+		{"slot below a block", Config{Mode: ModeSlots, Slots: 8, KVCacheTokens: 64}, "sim.kv_cache_tokens: must give each of the 8 slots at least one block of 16 tokens"},
+		{"slots with priority", Config{Mode: ModeSlots, SchedulingPolicy: PolicyPriority}, "sim.scheduling_policy: llama-server serves its slots in arrival order"},
 		{"error rate above one", Config{Faults: Faults{ErrorRate: 1.5}}, "sim.faults.error_rate: must be in [0, 1], got 1.5"},
 		{"negative hang rate", Config{Faults: Faults{HangRate: -0.1}}, "sim.faults.hang_rate: must be in [0, 1], got -0.1"},
 		{"negative latency", Config{Faults: Faults{AddedLatency: -time.Second}}, "sim.faults.added_latency: must not be negative"},
@@ -62,7 +67,15 @@ func TestRegisterFlags(t *testing.T) {
 		args  []string
 		check func(c Config) bool
 	}{
-		{"no flags give the defaults", nil, func(c Config) bool { return c == DefaultConfig() }},
+		{"no flags give the defaults", nil, func(c Config) bool { return c.withDefaults() == DefaultConfig() }},
+		{"slots mode takes llama-server's batch size", []string{"--mode=slots", "--slots=3"},
+			func(c Config) bool {
+				d := c.withDefaults()
+				return d.Mode == ModeSlots && d.Slots == 3 && d.MaxNumBatchedTokens == 2048
+			}},
+		{"kv mode takes vLLM's batch size", []string{"--mode=kv"}, func(c Config) bool { return c.withDefaults().MaxNumBatchedTokens == 8192 }},
+		{"a batch size given is kept", []string{"--mode=slots", "--max-num-batched-tokens=512"},
+			func(c Config) bool { return c.withDefaults().MaxNumBatchedTokens == 512 }},
 		{"engine shape", []string{"--max-num-seqs=2", "--block-size=32", "--kv-cache-tokens=4096", "--scheduling-policy=priority"},
 			func(c Config) bool {
 				return c.MaxNumSeqs == 2 && c.BlockSize == 32 && c.KVCacheTokens == 4096 && c.SchedulingPolicy == PolicyPriority
@@ -76,6 +89,7 @@ func TestRegisterFlags(t *testing.T) {
 				return c.Faults == Faults{ErrorRate: 0.1, HangRate: 0.2, AddedLatency: time.Second, ExitAfter: 3, Unhealthy: true}
 			}},
 		{"model", []string{"--model=llama-70b"}, func(c Config) bool { return c.Model == "llama-70b" }},
+		{"llama-server's connection quirk", []string{"--close-after-stream"}, func(c Config) bool { return c.CloseAfterStream }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,7 +1,42 @@
-// Package sim is a simulated LLM inference engine with vLLM's outside behaviour: the OpenAI
-// API, vLLM's /metrics, continuous batching, a block prefix cache and realistic timing, without
-// a GPU. Tests embed an Engine behind an httptest server; `usher sim` serves one on a port for
-// the demo and the load generator.
+// Package sim is a simulated LLM inference engine with a real engine's outside behaviour: the
+// OpenAI API, the engine's own /metrics, continuous batching, a block prefix cache and realistic
+// timing, without a GPU. Tests embed an Engine behind an httptest server; `usher sim` serves one
+// on a port for the demo and the load generator.
+//
+// # Two modes
+//
+// Config.Mode picks the engine the sim stands for (`usher sim --mode`):
+//
+//   - ModeKV ("kv", the default) is vLLM or SGLang: continuous batching of up to MaxNumSeqs
+//     (256) sequences, admission bounded by free KV-cache blocks, preemption and recompute when
+//     blocks run out, chunked prefill under MaxNumBatchedTokens per step. /metrics has vLLM's
+//     names, vllm:cache_config_info (block_size, num_gpu_blocks) among them; there is no /props.
+//     With a large MaxNumSeqs the KV cache, not the batch size, is what bounds concurrency, so
+//     a gateway must read vllm:num_requests_waiting and vllm:kv_cache_usage_perc to find it.
+//   - ModeSlots ("slots") is llama.cpp's llama-server: Slots fixed slots (--parallel), each
+//     with KVCacheTokens/Slots tokens of its own context. A request holds a slot from admission
+//     to its end; the rest wait in arrival order (llama-server's deferred tasks); nothing is
+//     preempted, and a request is refused when its prompt fills the slot's context, with
+//     llama-server's message. The busy slots still share each step (llama-server decodes every
+//     busy slot in one call) under a budget of MaxNumBatchedTokens, llama-server's --batch-size
+//     (2048 by default). GET /props answers total_slots and default_generation_settings.n_ctx
+//     as llama-server does, GET /slots each slot's id, id_task, n_ctx and is_processing,
+//     /health answers {"status":"ok"}, and /metrics has llama-server's
+//     names: llamacpp:requests_processing, llamacpp:requests_deferred,
+//     llamacpp:prompt_tokens_total (computed, cache hits excluded),
+//     llamacpp:prompt_tokens_cached_total, llamacpp:tokens_predicted_total,
+//     llamacpp:n_decode_total and llamacpp:n_busy_slots_per_decode; no vLLM name, so a router
+//     that sums every engine's names counts each request once. The prompt cache is
+//     llama-server's: each slot keeps what its last request computed, a request takes the idle
+//     slot sharing the longest prefix with it if that is more than half the slot's tokens
+//     (--slot-prompt-similarity 0.5), else the least recently used idle slot, and reuses the
+//     shared prefix token for token. Where the sim differs: a request whose max_tokens does not
+//     fit the slot is refused (llama-server would stop generating when the slot is full).
+//     Config.CloseAfterStream (--close-after-stream, off by default) adds llama-server's
+//     connection quirk: the connection is closed after each complete streamed answer although
+//     the answer announced keep-alive.
+//
+// The scheduler, the cost of a step and the HTTP surface below are common to both modes.
 //
 // # The model
 //
@@ -12,26 +47,27 @@
 // filler words drawn from a generator seeded by the prompt: the same prompt always gets the
 // same answer, and finish_reason is "length".
 //
-// The engine follows vLLM's V1 scheduler. A request becomes a sequence whose tokens are the
-// prompt and what it has generated; each engine step computes some tokens of some sequences
+// The engine follows vLLM's V1 scheduler (ModeSlots is the same loop with a fixed batch of slots,
+// FCFS, and a KV cache sized so the slots never run out). A request becomes a sequence whose tokens
+// are the prompt and what it has generated; each engine step computes some tokens of some sequences
 // and every sequence whose tokens are then all computed samples one more. Each step takes the
-// running sequences first, one token each when decoding or a chunk when prefilling, within a
-// budget of MaxNumBatchedTokens tokens, then admits waiting sequences in queue order while the
-// batch has fewer than MaxNumSeqs, budget is left and their KV blocks fit; a sequence that does
-// not fit waits, and so do those behind it. The queue is FCFS, or by vLLM's request field
-// "priority" (lower first) under the priority policy. When a running sequence needs a block and
-// none is free, the last admitted (or the lowest-priority) running sequence is preempted: its
-// blocks are freed and it waits to be recomputed. Under the priority policy a waiting sequence
-// of higher priority also takes the batch slot of the lowest-priority running one when the batch
-// is full, as vLLM's priority scheduling preempts.
+// running sequences first, one token each when decoding or a chunk when prefilling, within a budget
+// of MaxNumBatchedTokens tokens, then admits waiting sequences in queue order while the batch has
+// fewer than MaxNumSeqs, budget is left and their KV blocks fit; a sequence that does not fit
+// waits, and so do those behind it. The queue is FCFS, or by vLLM's request field "priority" (lower
+// first) under the priority policy. When a running sequence needs a block and none is free, the
+// last admitted (or the lowest-priority) running sequence is preempted: its blocks are freed and it
+// waits to be recomputed. Under the priority policy a waiting sequence of higher priority also
+// takes the batch slot of the lowest-priority running one when the batch is full, as vLLM's
+// priority scheduling preempts.
 //
-// The KV cache is a pool of BlockSize-token blocks. A full block is identified by a chained
-// hash over its parent block's hash and its own tokens, so equal hashes mean equal prefixes. On
-// admission the longest run of the prompt's leading blocks found in the cache is reused (at
-// most all but the prompt's last token, which must be computed to sample from, as in vLLM);
-// those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
-// cached until reused: the free queue evicts least recently freed first, and a finished
-// sequence frees its blocks last block first, so a prefix's tail goes before its head.
+// In ModeKV the KV cache is a pool of BlockSize-token blocks. A full block is identified by a
+// chained hash over its parent block's hash and its own tokens, so equal hashes mean equal
+// prefixes. On admission the longest run of the prompt's leading blocks found in the cache is
+// reused (at most all but the prompt's last token, which must be computed to sample from, as in
+// vLLM); those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
+// cached until reused: the free queue evicts least recently freed first, and a finished sequence
+// frees its blocks last block first, so a prefix's tail goes before its head.
 //
 // A step costs
 //
@@ -65,6 +101,8 @@
 //     step takes 12 + 7.7 + 25.6 ≈ 45 ms, in line with vLLM on this hardware.
 //   - MaxNumSeqs 256, MaxNumBatchedTokens 8192, BlockSize 16: vLLM's defaults for online
 //     serving. MaxModelLen 32,768, DefaultMaxTokens 128.
+//   - ModeSlots: Slots 4 (llama-server's --parallel when left to choose), MaxNumBatchedTokens
+//     2048 (its --batch-size), each slot 25,000 tokens of the same 100,000-token cache.
 //
 // # HTTP surface
 //
@@ -76,9 +114,14 @@
 // vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens),
 // vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total,
 // vllm:num_preemptions_total and the histograms vllm:request_queue_time_seconds,
-// vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds. Errors have
-// OpenAI's shape {"error":{"message","type","code"}}: 400 bad input, 404 another model, 413
-// a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine.
+// vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds (ModeSlots: see
+// above). Errors have OpenAI's shape {"error":{"message","type","code"}}: 400 bad input, 404
+// another model, 413 a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine.
+//
+// Every number a client sends is bounded before any arithmetic: max_tokens (or
+// max_completion_tokens) below 1, beyond what the context leaves after the prompt (2^63-1
+// included), or not an integer that fits an int gets a 400, and a prompt is bounded by
+// MaxBodyBytes, so no sum of client numbers can wrap.
 //
 // # Faults
 //

@@ -30,8 +30,6 @@ type Engine struct {
 	now     func() time.Time
 	metrics http.Handler
 	stats   counters
-	// kvTokens is the KV cache's capacity in whole blocks, in tokens.
-	kvTokens int
 
 	mu     sync.Mutex // guards sched and closed
 	sched  *scheduler
@@ -84,7 +82,6 @@ func New(cfg Config, opts Options) (*Engine, error) {
 	latency := e.registerMetrics(reg)
 	e.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	e.sched = newScheduler(cfg, &e.stats, latency, e.now)
-	e.kvTokens = cfg.KVCacheTokens / cfg.BlockSize * cfg.BlockSize
 	go e.run()
 	return e, nil
 }
@@ -333,7 +330,8 @@ func (e *Engine) isDeadNow() bool {
 	return e.isDead
 }
 
-// ServeHTTP is the engine's whole HTTP surface: the OpenAI endpoints, /health and /metrics.
+// ServeHTTP is the engine's whole HTTP surface: the OpenAI endpoints, /health, /metrics and,
+// in ModeSlots, /props and /slots.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.isDeadNow() {
 		panic(http.ErrAbortHandler)
@@ -349,6 +347,17 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.onlyMethod(w, r, http.MethodGet, func() { e.serveHealth(w) })
 	case "/metrics":
 		e.onlyMethod(w, r, http.MethodGet, func() { e.metrics.ServeHTTP(w, r) })
+	case "/props", "/slots":
+		if e.cfg.Mode != ModeSlots {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+				"no route for "+r.URL.Path+" (a kv-mode engine stands for vLLM, which has none)")
+			return
+		}
+		serve := e.serveProps
+		if r.URL.Path == "/slots" {
+			serve = e.serveSlots
+		}
+		e.onlyMethod(w, r, http.MethodGet, func() { serve(w) })
 	default:
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no route for "+r.URL.Path)
 	}
@@ -374,6 +383,12 @@ func (e *Engine) serveHealth(w http.ResponseWriter) {
 	e.mu.Unlock()
 	if closed {
 		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if e.cfg.Mode == ModeSlots {
+		// llama-server answers with a body; vLLM with none.
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
 		return
 	}
 	w.WriteHeader(http.StatusOK)

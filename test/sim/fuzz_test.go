@@ -18,16 +18,29 @@ func FuzzCompletionBody(f *testing.F) {
 		`{"messages":`,
 		`[]`,
 		`{"prompt":null}`,
+		`{"prompt":"a b","max_tokens":9223372036854775807}`,
+		`{"prompt":"a b","max_completion_tokens":-9223372036854775808}`,
 	} {
-		f.Add("/v1/chat/completions", seed)
-		f.Add("/v1/completions", seed)
+		for _, slots := range []bool{false, true} {
+			f.Add("/v1/chat/completions", seed, slots)
+			f.Add("/v1/completions", seed, slots)
+		}
 	}
-	e, err := New(Config{MaxModelLen: 512, DefaultMaxTokens: 4, TimeScale: 1e-6, MaxBodyBytes: 4096}, Options{})
-	if err != nil {
-		f.Fatal(err)
+	engines := make(map[bool]*Engine)
+	for _, slots := range []bool{false, true} {
+		cfg := Config{MaxModelLen: 512, DefaultMaxTokens: 4, TimeScale: 1e-6, MaxBodyBytes: 4096}
+		if slots {
+			cfg.Mode, cfg.Slots, cfg.KVCacheTokens = ModeSlots, 2, 2*256
+		}
+		e, err := New(cfg, Options{})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(e.Close)
+		engines[slots] = e
 	}
-	f.Cleanup(e.Close)
-	f.Fuzz(func(t *testing.T, path, body string) {
+	f.Fuzz(func(t *testing.T, path, body string, slots bool) {
+		e := engines[slots]
 		if path != "/v1/chat/completions" {
 			path = "/v1/completions"
 		}

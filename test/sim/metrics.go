@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -17,20 +19,31 @@ var (
 		1920, 7680}
 )
 
-// registerMetrics exposes the engine's counters under vLLM's metric names, each labelled with
-// model_name, so a router reads a simulated worker exactly as it reads vLLM. Counters and
-// gauges read the lock-free counters at scrape time; the returned histograms are fed by the
-// scheduler.
+// registerMetrics exposes the engine's counters under the names of the engine it stands for:
+// vLLM's, each labelled with model_name, in ModeKV; llama-server's, unlabelled, in ModeSlots.
+// A router reads a simulated worker exactly as it reads the real one, and only one engine's
+// names appear, so nothing that sums over engines' names counts a request twice. Counters and
+// gauges read the lock-free counters at scrape time; the returned histograms (nil in ModeSlots,
+// as llama-server has none) are fed by the scheduler.
 func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
+	if e.cfg.Mode == ModeSlots {
+		e.registerLlamaCppMetrics(reg)
+		return nil
+	}
+	return e.registerVLLMMetrics(reg)
+}
+
+func load(v interface{ Load() int64 }) func() float64 {
+	return func() float64 { return float64(v.Load()) }
+}
+
+func (e *Engine) registerVLLMMetrics(reg prometheus.Registerer) *latencyHistograms {
 	labels := prometheus.Labels{"model_name": e.cfg.Model}
 	gauge := func(name, help string, read func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, read)
 	}
 	counter := func(name, help string, read func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, read)
-	}
-	load := func(v interface{ Load() int64 }) func() float64 {
-		return func() float64 { return float64(v.Load()) }
 	}
 	s := &e.stats
 	reg.MustRegister(
@@ -48,6 +61,20 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
 			Help:        "Requests finished by the engine.",
 			ConstLabels: prometheus.Labels{"model_name": e.cfg.Model, "finished_reason": finishLength},
 		}, load(&s.completed)),
+		// vLLM exports its cache config as an info gauge of value 1, every field a label; a
+		// router reads the KV cache's size in tokens as block_size x num_gpu_blocks.
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:cache_config_info",
+			Help: "Information of the LLMEngine CacheConfig",
+			ConstLabels: prometheus.Labels{
+				"block_size":             strconv.Itoa(e.cfg.BlockSize),
+				"num_gpu_blocks":         strconv.Itoa(e.cfg.numBlocks()),
+				"num_cpu_blocks":         "0",
+				"cache_dtype":            "auto",
+				"enable_prefix_caching":  "True",
+				"gpu_memory_utilization": "0.9",
+			},
+		}, func() float64 { return 1 }),
 	)
 	histogram := func(name, help string, buckets []float64) prometheus.Observer {
 		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
@@ -59,4 +86,33 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
 		ttft:  histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first generated token.", ttftBuckets),
 		e2e:   histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last generated token.", requestBuckets),
 	}
+}
+
+// registerLlamaCppMetrics exposes what llama-server --metrics exposes (no labels, help texts as
+// llama-server words them) that the sim can state truthfully: the slots' occupancy and queue,
+// token counts and decode calls. Its throughput gauges (prompt_tokens_seconds,
+// predicted_tokens_seconds) and time counters are left out.
+func (e *Engine) registerLlamaCppMetrics(reg prometheus.Registerer) {
+	gauge := func(name, help string, read func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, read)
+	}
+	counter := func(name, help string, read func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, read)
+	}
+	s := &e.stats
+	reg.MustRegister(
+		counter("llamacpp:prompt_tokens_total", "Number of prompt tokens processed.",
+			func() float64 { return float64(s.promptTokens.Load() - s.cachedPromptTokens.Load()) }),
+		counter("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens served from the prompt cache.", load(&s.cachedPromptTokens)),
+		counter("llamacpp:tokens_predicted_total", "Number of generation tokens processed.", load(&s.generatedTokens)),
+		counter("llamacpp:n_decode_total", "Total number of llama_decode() calls", load(&s.steps)),
+		gauge("llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", func() float64 {
+			if n := s.steps.Load(); n > 0 {
+				return float64(s.stepSeqs.Load()) / float64(n)
+			}
+			return 0
+		}),
+		gauge("llamacpp:requests_processing", "Number of requests processing.", load(&s.running)),
+		gauge("llamacpp:requests_deferred", "Number of requests deferred.", load(&s.waiting)),
+	)
 }

@@ -250,19 +250,32 @@ func (e *Engine) parseCompletion(w http.ResponseWriter, r *http.Request, kind en
 	return req, prompt, maxTokens, true
 }
 
-// checkLength refuses, as vLLM does, requests that cannot fit the context or the KV cache.
+// checkLength refuses, as the engine it stands for does, requests that cannot fit the context
+// or the KV cache. maxTokens is the client's number, anything an int holds: it is compared with
+// what the context leaves, never added to the prompt in int (a positive limit minus a
+// non-negative promptLen cannot overflow), and the sum in a message is taken in uint64, where
+// two non-negative ints are exact.
 func (e *Engine) checkLength(promptLen, maxTokens int) string {
+	requested := func() uint64 { return uint64(promptLen) + uint64(maxTokens) } // both >= 0: exact
 	switch {
 	case promptLen == 0:
 		return "the prompt is empty"
 	case maxTokens < 1:
-		return "max_tokens must be at least 1"
-	case promptLen+maxTokens > e.cfg.MaxModelLen:
+		return fmt.Sprintf("max_tokens must be at least 1, got %d", maxTokens)
+	case e.cfg.Mode == ModeSlots && promptLen >= e.cfg.slotTokens():
+		return fmt.Sprintf("request (%d tokens) exceeds the available context size (%d tokens), try increasing it",
+			promptLen, e.cfg.slotTokens())
+	case e.cfg.Mode == ModeSlots && maxTokens > e.cfg.slotTokens()-promptLen:
+		// llama-server would stop generating when the slot's context is full; the sim refuses,
+		// so no request asks for more than it can get.
+		return fmt.Sprintf("the request needs %d tokens (%d in the prompt, %d in the completion), more than the slot's context of %d tokens",
+			requested(), promptLen, maxTokens, e.cfg.slotTokens())
+	case maxTokens > e.cfg.MaxModelLen-promptLen:
 		return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
-			e.cfg.MaxModelLen, promptLen+maxTokens, promptLen, maxTokens)
-	case promptLen+maxTokens > e.kvTokens:
+			e.cfg.MaxModelLen, requested(), promptLen, maxTokens)
+	case maxTokens > e.cfg.requestTokens()-promptLen:
 		return fmt.Sprintf("the request needs %d tokens of KV cache, more than the engine's %d",
-			promptLen+maxTokens, e.kvTokens)
+			requested(), e.cfg.requestTokens())
 	}
 	return ""
 }
@@ -298,6 +311,9 @@ func (rs *responseStream) serve(r *http.Request, q *sequence) {
 		h := rs.w.Header()
 		h.Set("Content-Type", "text/event-stream")
 		h.Set("Cache-Control", "no-cache")
+		if rs.e.cfg.CloseAfterStream {
+			h.Set("Keep-Alive", "timeout=5, max=100") // what llama-server announces
+		}
 		rs.w.WriteHeader(http.StatusOK)
 		_ = http.NewResponseController(rs.w).Flush()
 		rs.started = true
@@ -393,6 +409,9 @@ func (rs *responseStream) finish(q *sequence, reason string) {
 		}
 		_, _ = io.WriteString(rs.w, "data: [DONE]\n\n")
 		_ = http.NewResponseController(rs.w).Flush()
+		if rs.e.cfg.CloseAfterStream {
+			closeAfterStream(rs.w)
+		}
 		return
 	}
 	c := choice{FinishReason: &reason}
@@ -406,6 +425,20 @@ func (rs *responseStream) finish(q *sequence, reason string) {
 	rs.w.Header().Set("Content-Type", "application/json")
 	rs.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = rs.w.Write(data)
+}
+
+// closeAfterStream ends a complete streamed answer's connection as llama-server does: the
+// chunked body's last chunk goes out and the connection closes, although the response
+// announced keep-alive, so a client that pooled the connection finds it dead when it reuses it.
+// On a connection that cannot be hijacked (HTTP/2) the answer ends normally.
+func closeAfterStream(w http.ResponseWriter) {
+	conn, buf, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	_, _ = buf.WriteString("0\r\n\r\n")
+	_ = buf.Flush()
+	_ = conn.Close()
 }
 
 // fail ends a sequence the engine gave up on: a dead engine drops the connection, a closed one

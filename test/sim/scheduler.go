@@ -47,6 +47,7 @@ type sequence struct {
 	cachedUpTo int // full blocks registered in the prefix cache
 	state      seqState
 	heapIndex  int
+	slot       int // ModeSlots: the slot held while running, else -1
 	generated  int
 	admitted   bool      // admitted at least once: prompt and cache counters already taken
 	arrivedAt  time.Time // when add queued it, for the latency histograms
@@ -118,6 +119,7 @@ func newSequence(arrival uint64, prompt []uint64, maxTokens, priority int) *sequ
 		filler:    newFiller(prompt),
 		tokens:    tokens,
 		heapIndex: -1,
+		slot:      -1,
 		out:       outbox{notify: make(chan struct{}, 1)},
 	}
 }
@@ -129,7 +131,9 @@ type counters struct {
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
 	prefixQueries, prefixHits, preemptions, evictions         atomic.Int64
 	running, waiting                                          atomic.Int64
-	kvUsageBits                                               atomic.Uint64
+	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
+	steps, stepSeqs atomic.Int64
+	kvUsageBits     atomic.Uint64
 }
 
 func (c *counters) kvUsage() float64 { return math.Float64frombits(c.kvUsageBits.Load()) }
@@ -182,8 +186,11 @@ func (p *stepPlan) empty() bool { return len(p.seqs) == 0 }
 // goroutine and never sleeps: schedule plans a step and returns its cost, apply records its
 // outcome, and the Engine waits in between.
 type scheduler struct {
-	cfg     Config
-	pool    *blockPool
+	cfg  Config
+	pool *blockPool
+	// slots is llama-server's per-slot prompt cache in ModeSlots, nil in ModeKV. Then pool is
+	// only the slots' reserved contexts (it never runs short) and holds no prefix cache.
+	slots   *slotCache
 	waiting waitQueue
 	running []*sequence
 	stats   *counters
@@ -202,9 +209,12 @@ func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now f
 		cfg:     cfg,
 		latency: latency,
 		now:     now,
-		pool:    newBlockPool(cfg.KVCacheTokens/cfg.BlockSize, cfg.BlockSize),
+		pool:    newBlockPool(cfg.numBlocks(), cfg.BlockSize),
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
 		stats:   stats,
+	}
+	if cfg.Mode == ModeSlots {
+		s.slots = newSlotCache(cfg.Slots)
 	}
 	s.publish()
 	return s
@@ -238,6 +248,7 @@ func (s *scheduler) cancel(q *sequence) bool {
 		s.removeRunning(q)
 		s.pool.release(q.blocks)
 		q.blocks = nil
+		s.vacate(q)
 	default:
 		return false
 	}
@@ -252,6 +263,7 @@ func (s *scheduler) failAll(err error) {
 	for _, q := range s.running {
 		s.pool.release(q.blocks)
 		q.blocks = nil
+		s.vacate(q)
 	}
 	s.running = nil
 	for s.waiting.Len() > 0 {
@@ -276,6 +288,13 @@ func (s *scheduler) removeRunning(q *sequence) int {
 	return -1
 }
 
+// vacate frees the slot of a sequence leaving the batch (ModeSlots; nothing in ModeKV).
+func (s *scheduler) vacate(q *sequence) {
+	if s.slots != nil {
+		s.slots.vacate(q)
+	}
+}
+
 // ensureHashes extends q.hashes to cover its first nblocks full blocks.
 func (s *scheduler) ensureHashes(q *sequence, nblocks int) {
 	bs := s.cfg.BlockSize
@@ -288,8 +307,12 @@ func (s *scheduler) ensureHashes(q *sequence, nblocks int) {
 	}
 }
 
-// registerFull records in the prefix cache every full block of q among its first upto tokens.
+// registerFull records in the prefix cache every full block of q among its first upto tokens
+// (ModeKV; in ModeSlots the slot keeps them).
 func (s *scheduler) registerFull(q *sequence, upto int) {
+	if s.slots != nil {
+		return
+	}
 	full := upto / s.cfg.BlockSize
 	s.ensureHashes(q, full)
 	for ; q.cachedUpTo < full; q.cachedUpTo++ {
@@ -336,6 +359,7 @@ func (s *scheduler) preempt(q *sequence) {
 	s.removeRunning(q)
 	s.pool.release(q.blocks)
 	q.blocks = nil
+	s.vacate(q)
 	q.computed = 0
 	q.cachedUpTo = 0
 	q.state = stateWaiting
@@ -351,7 +375,7 @@ func (s *scheduler) preemptForPriority() {
 	if !s.waiting.byPriority {
 		return
 	}
-	for len(s.running) >= s.cfg.MaxNumSeqs && s.waiting.Len() > 0 && len(s.running) > 0 {
+	for len(s.running) >= s.cfg.batchSeqs() && s.waiting.Len() > 0 && len(s.running) > 0 {
 		v := s.victim()
 		if s.waiting.seqs[0].priority >= v.priority {
 			return
@@ -400,18 +424,31 @@ func (s *scheduler) schedule() *stepPlan {
 		budget -= n
 	}
 
-	for !preempted && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs && s.waiting.Len() > 0 {
+	for !preempted && budget > 0 && len(s.running) < s.cfg.batchSeqs() && s.waiting.Len() > 0 {
 		q := s.waiting.seqs[0]
-		usable := (len(q.tokens) - 1) / s.cfg.BlockSize
-		s.ensureHashes(q, usable)
-		hit := s.pool.longestHit(q.hashes[:usable])
-		computed := len(hit) * s.cfg.BlockSize
+		var hit []*block
+		computed, slot := 0, -1
+		if s.slots != nil {
+			// The slot's kept tokens are in its reserved context, so the blocks below
+			// cover the whole sequence; the slots never run short of them.
+			if slot, computed = s.slots.pick(q); slot < 0 {
+				break
+			}
+		} else {
+			usable := (len(q.tokens) - 1) / s.cfg.BlockSize
+			s.ensureHashes(q, usable)
+			hit = s.pool.longestHit(q.hashes[:usable])
+			computed = len(hit) * s.cfg.BlockSize
+		}
 		n := min(len(q.tokens)-computed, budget)
 		need := s.blocksFor(computed+n) - len(hit)
 		if need > s.pool.nfree-freeAmong(hit) {
 			break
 		}
 		heap.Pop(&s.waiting)
+		if slot >= 0 {
+			s.slots.assign(q, slot)
+		}
 		s.pool.touch(hit)
 		q.blocks = append(append(q.blocks[:0], hit...), s.pool.allocate(need)...)
 		q.computed = computed
@@ -465,6 +502,8 @@ func (s *scheduler) costOf(p *stepPlan) {
 // tokens are all computed samples one token, and sequences that reached max_tokens finish. A
 // sequence cancelled while the step ran is skipped.
 func (s *scheduler) apply(p *stepPlan) {
+	s.stats.steps.Add(1)
+	s.stats.stepSeqs.Add(int64(len(p.seqs)))
 	for i, q := range p.seqs {
 		n := p.n[i]
 		if n == 0 || q.state != stateRunning {
@@ -494,6 +533,7 @@ func (s *scheduler) apply(p *stepPlan) {
 		s.removeRunning(q)
 		s.pool.release(q.blocks)
 		q.blocks = nil
+		s.vacate(q)
 		q.state = stateDone
 		s.stats.completed.Add(1)
 		s.finished = append(s.finished, finished{q, tok})
