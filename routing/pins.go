@@ -184,6 +184,32 @@ func (p *Pool) Pins(ctx context.Context, f PinFilter) ([]Pin, error) {
 	return p.pins.List(ctx, f)
 }
 
+// pinReleaseTimeout bounds releasing a worker's pins in Remove and Retire, which take no context.
+const pinReleaseTimeout = 5 * time.Second
+
+// releasePins deletes every pin to the worker id, so that each session or key pinned to it is
+// pinned anew, elsewhere, at its next request. Drain, Retire and Remove call it: a pick would
+// move such a pin at its next request anyway, but releasing it at once keeps listings true (no
+// pin shown on a worker that will not serve it) and an undrained worker from getting back
+// sessions that moved. A failure of the store is logged, and the pins left move at their next
+// request; a pin set while it runs may stay. Cost: one List of the store and one Delete per pin.
+func (p *Pool) releasePins(ctx context.Context, id string) {
+	pins, err := p.pins.List(ctx, PinFilter{Worker: id})
+	for i := 0; err == nil && i < len(pins); i++ {
+		err = p.pins.Delete(ctx, pins[i].PinKey)
+	}
+	if err != nil {
+		p.logger.Warn("pins of a worker not released; they move at their next request", "worker", id, "err", err)
+	}
+}
+
+// releasePinsNow is releasePins bounded by pinReleaseTimeout.
+func (p *Pool) releasePinsNow(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), pinReleaseTimeout)
+	defer cancel()
+	p.releasePins(ctx, id)
+}
+
 func (p *Pool) pinTTL(model string) time.Duration {
 	if mc, ok := p.cfg.Models[model]; ok {
 		return mc.Pins.TTL
