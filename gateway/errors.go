@@ -54,6 +54,17 @@ var (
 	errUpstreamAnswer = errors.New("the worker's answer could not be relayed")
 )
 
+// Errors of the admin plane's access checks (package adminui), mapped by the table like the rest.
+var (
+	// ErrAdminCredential: an admin API call or console request without a valid admin, viewer or
+	// tenant credential (401 invalid_admin_token).
+	ErrAdminCredential = errors.New("missing or invalid admin credential")
+	// ErrAdminRequired: a tenant's credential on the fleet's routes (403 admin_required).
+	ErrAdminRequired = errors.New("admin rights required")
+	// ErrReadOnlyActor: the viewer asked for a change (403 read_only).
+	ErrReadOnlyActor = errors.New("the viewer may read but not change anything")
+)
+
 // errorRule is one row of the error table: every error that errors.Is matches err gets status,
 // type, code and param; retry, when positive, is its Retry-After unless the error carries its
 // own. showCause says whether the wrapped error's message is shown (domain errors never carry a
@@ -102,6 +113,10 @@ var errorTable = []errorRule{
 		retry: time.Second, showCause: true},
 	{err: errUpstream, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
 	{err: errUpstreamAnswer, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
+	// The admin plane's access checks.
+	{err: ErrAdminCredential, status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_admin_token", showCause: true},
+	{err: ErrAdminRequired, status: http.StatusForbidden, typ: "permission_error", code: "admin_required", showCause: true},
+	{err: ErrReadOnlyActor, status: http.StatusForbidden, typ: "permission_error", code: "read_only", showCause: true},
 	// The tenant store (admin API).
 	{err: tenants.ErrNotFound, status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", showCause: true},
 	{err: tenants.ErrConflict, status: http.StatusConflict, typ: "invalid_request_error", code: "conflict", showCause: true},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
@@ -91,7 +92,10 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		o.server(&gcfg)
 	}
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg, Admins: testAdmins{}})
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg,
+		Admin: func(live *gateway.Server) (http.Handler, error) {
+			return adminui.New(adminui.Deps{Fleet: pool, Live: live, Admins: testAdmins{}})
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"strings"

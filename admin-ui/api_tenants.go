@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/tenants"
 )
 
@@ -141,7 +142,7 @@ func (h tenantAdmin) audit(c echo.Context) error {
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return adminError(c, BadRequest("limit", "limit must be a positive integer"))
+			return adminError(c, gateway.BadRequest("limit", "limit must be a positive integer"))
 		}
 		q.Limit = n
 	}
