@@ -211,7 +211,7 @@ func (p *Plane) listPins(c echo.Context) error {
 	if err != nil {
 		return adminError(c, err)
 	}
-	return c.JSON(http.StatusOK, map[string]any{"pins": pins})
+	return c.JSON(http.StatusOK, map[string]any{"pins": pinsJSON(pins)})
 }
 
 func (p *Plane) pin(c echo.Context) error {
@@ -252,16 +252,20 @@ func (p *Plane) movePins(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"moved": n})
 }
 
-// queueView is one model's queue in the admin API.
+// queueView is one model's queue.
 type queueView struct {
-	Model string `json:"model"`
+	Model string
 	queue.Snapshot
 }
 
 func (p *Plane) queueSnapshot(c echo.Context) error {
-	out, err := p.queueViews()
+	views, err := p.queueViews()
 	if err != nil {
 		return adminError(c, err)
+	}
+	out := make([]queueJSON, len(views))
+	for i, v := range views {
+		out[i] = toQueueJSON(v)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"queues": out})
 }

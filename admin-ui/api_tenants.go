@@ -134,7 +134,7 @@ func (h tenantAdmin) revokeKey(c echo.Context) error {
 }
 
 func (h tenantAdmin) tiers(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]any{"tiers": h.ta.Tiers(actorOf(c))})
+	return c.JSON(http.StatusOK, map[string]any{"tiers": tiersJSON(h.ta.Tiers(actorOf(c)))})
 }
 
 func (h tenantAdmin) audit(c echo.Context) error {
