@@ -163,6 +163,10 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 	if _, out := g.admin(t, "GET", "/pins?worker=a", adminToken, ""); len(out["pins"].([]any)) != 0 {
 		t.Fatalf("pins of a after its drain: got %v, want none", out)
 	}
+	resp, out = g.admin(t, "POST", "/pins", adminToken, `{"model":"m1","tenant":"t1","key":"sess-2","worker":"a"}`)
+	if msg, _ := out["error"].(map[string]any)["message"].(string); resp.StatusCode != 409 || errorCode(out) != "worker_draining" || !strings.Contains(msg, "draining") {
+		t.Fatalf("pin to the drained a: got %d %v, want 409 worker_draining saying so", resp.StatusCode, out)
+	}
 	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"}); resp.Header.Get(headerWorker) != "b" {
 		t.Fatalf("session of a drained worker went to %q, want b", resp.Header.Get(headerWorker))
 	}

@@ -154,16 +154,25 @@ func sortPins(pins []Pin) {
 	})
 }
 
+// ErrWorkerDraining: Pin was asked to pin a key to a draining or retiring worker, which takes no
+// new requests: the pin would only move at the key's next request.
+var ErrWorkerDraining = errors.New("the worker is draining and takes no new sessions; undrain it or pin to another worker")
+
 // Pin pins key (a session ID or routing key) of tenant to workerID for model, replacing any pin
 // it had, for ttl (0: the model's PinConfig.TTL). Errors wrap ErrUnknownModel or ErrUnknownWorker
-// when the model has no such worker, or come from the pin store.
+// when the model has no such worker, ErrWorkerDraining when the worker drains or retires, or come
+// from the pin store.
 func (p *Pool) Pin(ctx context.Context, model, tenant, key, workerID string, ttl time.Duration) error {
 	ms := p.snap.Load().models[model]
 	if ms == nil {
 		return fmt.Errorf("model %q: %w", model, ErrUnknownModel)
 	}
-	if ms.byID[workerID] == nil {
+	w := ms.byID[workerID]
+	if w == nil {
 		return fmt.Errorf("worker %q for model %q: %w", workerID, model, ErrUnknownWorker)
+	}
+	if w.Draining() {
+		return fmt.Errorf("worker %q: %w", workerID, ErrWorkerDraining)
 	}
 	if key == "" {
 		return errors.New("pin: key must not be empty")

@@ -197,4 +197,13 @@ func TestManual(t *testing.T) {
 			t.Errorf("Pin(%s, %s): got %v, want %v", tt.model, tt.worker, err, tt.want)
 		}
 	}
+	if err := p.Drain(ctx, "w0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Pin(ctx, "m", "t", "k", "w0", 0); !errors.Is(err, ErrWorkerDraining) {
+		t.Errorf("Pin to a drained worker: got %v, want %v", err, ErrWorkerDraining)
+	}
+	if pins, _ := p.Pins(ctx, PinFilter{Worker: "w0"}); len(pins) != 0 {
+		t.Errorf("pins of the drained w0: got %v, want none", pins)
+	}
 }
