@@ -243,7 +243,7 @@ func (con *console) resume(c echo.Context) (string, string, error) {
 
 func (con *console) revokeKey(c echo.Context) (string, string, error) {
 	id, key := c.Param("id"), c.Param("key")
-	return "Key " + key + " revoked.", "/admin/tenants/" + id, con.ta.RevokeKey(c.Request().Context(), actorOf(c), id, key)
+	return "Key " + key + " revoked.", "/admin/tenants/" + id, revokeKeyOnce(c.Request().Context(), con.ta, actorOf(c), id, key)
 }
 
 // createKey answers with the tenant's page showing the new secret, once: it is in no URL,
