@@ -20,7 +20,9 @@ import (
 	"embed"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -87,27 +89,29 @@ type Deps struct {
 	Tenants *tenants.Admin
 	// Logger receives one line per change and sign-in. Default: discard.
 	Logger *slog.Logger
-	// Now is the clock of console sessions. Default time.Now.
+	// Now is the clock of console sessions and sign-in limits. Default time.Now.
 	Now func() time.Time
 }
 
 // Plane is the admin plane: the admin API and the console as one http.Handler serving paths
 // under /admin. Safe for concurrent use; build it with New.
 type Plane struct {
-	fleet Fleet
-	live  Live
-	ta    *tenants.Admin // nil: no tenants, keys, tiers or audit
-	log   *slog.Logger
-	now   func() time.Time
-	echo  *echo.Echo
+	fleet    Fleet
+	live     Live
+	ta       *tenants.Admin // nil: no tenants, keys, tiers or audit
+	log      *slog.Logger
+	now      func() time.Time
+	attempts *attempts // failed credential checks, console and API together
+	echo     *echo.Echo
 }
 
-// New builds the admin plane. A gateway mounts it through gateway.Deps.Admin:
+// New builds the admin plane; cfg must have passed Validate. A gateway mounts it through
+// gateway.Deps.Admin:
 //
 //	Admin: func(gw *gateway.Server) (http.Handler, error) {
-//		return adminui.New(adminui.Deps{Fleet: pool, Live: gw, Admins: admin, Tenants: admin})
+//		return adminui.New(cfg, adminui.Deps{Fleet: pool, Live: gw, Admins: admin, Tenants: admin})
 //	}
-func New(d Deps) (*Plane, error) {
+func New(cfg Config, d Deps) (*Plane, error) {
 	if d.Fleet == nil || d.Live == nil || d.Admins == nil {
 		return nil, errors.New("adminui: Fleet, Live and Admins are required")
 	}
@@ -117,7 +121,7 @@ func New(d Deps) (*Plane, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now}
+	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now)}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = func(err error, c echo.Context) { _ = gateway.WriteError(c, err) }
@@ -127,6 +131,23 @@ func New(d Deps) (*Plane, error) {
 	}
 	p.echo = e
 	return p, nil
+}
+
+// checkAttempts refuses, with ErrTooManyAttempts and a Retry-After, a client that may not try a
+// credential now (SignInLimits).
+func (p *Plane) checkAttempts(c echo.Context) error {
+	if w := p.attempts.wait(clientAddress(c.Request())); w > 0 {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(w.Seconds()))))
+		return gateway.ErrTooManyAttempts
+	}
+	return nil
+}
+
+// failedAttempt counts a credential the Authenticator refused.
+func (p *Plane) failedAttempt(c echo.Context, action string) {
+	addr := clientAddress(c.Request())
+	p.attempts.failed(addr)
+	p.log.Info("admin", "action", action, "remote", addr)
 }
 
 // ServeHTTP serves the admin API and the console; other paths get 404.

@@ -26,7 +26,7 @@ const actorKey = "usher.admin"
 // overview) for the admin and the viewer, and, with the tenant admin service, tenants, keys,
 // tiers and the audit log. The viewer may only read (GET); its changes are refused with 403.
 func (p *Plane) registerAPI(e *echo.Echo, auth Authenticator) {
-	g := e.Group("/admin/api/v1", adminAuth(auth), readOnlyGuard)
+	g := e.Group("/admin/api/v1", p.adminAuth(auth), readOnlyGuard)
 	fleet := g.Group("", adminOnly)
 	fleet.GET("/workers", p.listWorkers)
 	fleet.POST("/workers", p.addWorker)
@@ -74,16 +74,21 @@ func actorOf(c echo.Context) tenants.Actor {
 var errNoAdminCredential = fmt.Errorf("%w: send 'Authorization: Bearer <admin token>'", gateway.ErrAdminCredential)
 
 // adminAuth admits admin API calls whose bearer credential auth accepts, and sets their actor.
-// A refused credential is never repeated in the answer.
-func adminAuth(auth Authenticator) echo.MiddlewareFunc {
+// A refused credential counts against the client's sign-in attempts and is never repeated in
+// the answer.
+func (p *Plane) adminAuth(auth Authenticator) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
 			if !ok {
 				return gateway.WriteError(c, errNoAdminCredential)
 			}
+			if err := p.checkAttempts(c); err != nil {
+				return gateway.WriteError(c, err)
+			}
 			actor, err := auth.AuthenticateActor(c.Request().Context(), cred)
 			if err != nil {
+				p.failedAttempt(c, "api.auth.refused")
 				return gateway.WriteError(c, gateway.ErrAdminCredential)
 			}
 			c.Set(actorKey, actor)

@@ -303,9 +303,12 @@ func (con *console) signinSubmit(c echo.Context) error {
 	if !con.codec.checkSigninCSRF(nonce, r.PostFormValue(csrfField)) {
 		return con.renderSignin(c, gateway.ErrorFor(errSigninExpired).Status, "The sign-in form expired; try again.")
 	}
+	if err := con.p.checkAttempts(c); err != nil {
+		return con.renderSignin(c, gateway.ErrorFor(err).Status, "Too many failed sign-ins; wait a minute and try again.")
+	}
 	actor, err := con.auth.AuthenticateActor(r.Context(), r.PostFormValue("token"))
 	if err != nil || !actor.Admin && !actor.Viewer {
-		con.p.log.Info("admin", "action", "console.signin.refused", "remote", c.RealIP())
+		con.p.failedAttempt(c, "console.signin.refused")
 		return con.renderSignin(c, gateway.ErrorFor(gateway.ErrAdminCredential).Status, "That token is not the admin or viewer token.")
 	}
 	role := roleViewer

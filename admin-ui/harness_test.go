@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
@@ -59,10 +60,12 @@ func (w *fakeWorker) spec(id string) routing.WorkerSpec {
 
 // setup is what a test gateway is built from; startGateway fills what a test leaves unset.
 type setup struct {
+	Config  Config
 	Pool    *routing.Pool
 	Auth    tenants.Authenticator
 	Admins  Authenticator
 	Tenants *tenants.Admin
+	Now     func() time.Time // the admin plane's clock; nil: time.Now
 }
 
 type testGateway struct {
@@ -95,10 +98,11 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 	if s.Admins == nil {
 		s.Admins = tokenAdmins{}
 	}
+	s.Config.SetDefaults()
 	var cfg gateway.Config
 	cfg.SetDefaults()
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants})
+		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Now: s.Now})
 	}})
 	if err != nil {
 		t.Fatal(err)

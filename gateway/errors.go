@@ -63,6 +63,9 @@ var (
 	ErrAdminRequired = errors.New("admin rights required")
 	// ErrReadOnlyActor: the viewer asked for a change (403 read_only).
 	ErrReadOnlyActor = errors.New("the viewer may read but not change anything")
+	// ErrTooManyAttempts: the client, or every client together, failed too many credential
+	// checks of the admin plane lately (429 too_many_attempts; the admin plane sets Retry-After).
+	ErrTooManyAttempts = errors.New("too many failed sign-in attempts; retry later")
 )
 
 // errorRule is one row of the error table: every error that errors.Is matches err gets status,
@@ -118,6 +121,7 @@ var errorTable = []errorRule{
 	{err: ErrAdminCredential, status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_admin_token", showCause: true},
 	{err: ErrAdminRequired, status: http.StatusForbidden, typ: "permission_error", code: "admin_required", showCause: true},
 	{err: ErrReadOnlyActor, status: http.StatusForbidden, typ: "permission_error", code: "read_only", showCause: true},
+	{err: ErrTooManyAttempts, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_attempts", showCause: true},
 	// The tenant store (admin API).
 	{err: tenants.ErrNotFound, status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", showCause: true},
 	{err: tenants.ErrConflict, status: http.StatusConflict, typ: "invalid_request_error", code: "conflict", showCause: true},

@@ -90,7 +90,7 @@ func startConsoleStack(t *testing.T) string {
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return adminui.New(adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+		return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
 	}})
 	if err != nil {
 		t.Fatal(err)

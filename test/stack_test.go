@@ -94,7 +94,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	gcfg.SetDefaults()
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
-			return adminui.New(adminui.Deps{Fleet: pool, Live: live, Admins: testAdmins{}})
+			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: testAdmins{}})
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -197,4 +197,11 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 func chat(content string, maxTokens int, stream bool) string {
 	return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
 		model, stream, maxTokens, content)
+}
+
+// defaultAdminConfig is the admin plane's configuration with every default.
+func defaultAdminConfig() adminui.Config {
+	var cfg adminui.Config
+	cfg.SetDefaults()
+	return cfg
 }

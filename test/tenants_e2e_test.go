@@ -71,7 +71,7 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir,
 		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
 		Admin: func(live *gateway.Server) (http.Handler, error) {
-			return adminui.New(adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
 		}})
 	if err != nil {
 		t.Fatal(err)

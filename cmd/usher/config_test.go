@@ -24,6 +24,7 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_duration.yaml", "line 2: cannot unmarshal !!str `soon` into time.Duration"},
 		{"bad_log_level.yaml", "log.level"},
 		{"bad_discovery.yaml", "routing.discovery[0].port"},
+		{"bad_admin_ui.yaml", "admin_ui.sign_in.global_per_minute"},
 		{"does_not_exist.yaml", "no such file"},
 	}
 	for _, tt := range tests {
