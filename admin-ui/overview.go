@@ -10,9 +10,6 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
-// classes lists every class, highest priority first.
-var classes = []queue.Class{queue.Interactive, queue.Standard, queue.Batch}
-
 // Overview is the fleet at a glance: the console's first page and GET /admin/api/v1/overview.
 type Overview struct {
 	At time.Time `json:"at"`
@@ -52,6 +49,7 @@ func (p *Plane) overview() (Overview, error) {
 		o.Workers[w.State]++
 		o.WorkerCount++
 	}
+	classes := queue.Classes()
 	byClass := make([]ClassOverview, len(classes))
 	for i, cl := range classes {
 		tr := p.live.Traffic(cl)

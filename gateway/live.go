@@ -17,7 +17,7 @@ import (
 // creates the queue on first use; after StopAdmitting it fails with a queue.Shutdown rejection.
 // Safe for concurrent use; costs one queue lock.
 func (s *Server) QueueSnapshot(model string) (queue.Snapshot, error) {
-	q, err := s.admission.queueFor(model)
+	q, err := s.dispatcher.queueFor(model)
 	if err != nil {
 		return queue.Snapshot{}, err
 	}
@@ -33,9 +33,10 @@ func (s *Server) Traffic(class queue.Class) ClassTraffic {
 		TTFTP50: percentile(tr.ttft, 0.5), TTFTP99: percentile(tr.ttft, 0.99)}
 }
 
-// FleetChanged makes the admission queues' capacity follow the workers now rather than at Run's
-// next refresh. The admin plane calls it after it adds, removes, drains or undrains a worker.
-func (s *Server) FleetChanged() { s.admission.refresh() }
+// FleetChanged makes the admission queues' capacity follow the workers at once, in the caller's
+// goroutine, without waiting for Run to see the pool's Changes (or when Run is not running). The
+// admin plane calls it after it adds, removes, drains or undrains a worker.
+func (s *Server) FleetChanged() { s.dispatcher.refresh() }
 
 // ClassTraffic is one class's requests as the data plane counted them.
 type ClassTraffic struct {

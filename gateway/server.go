@@ -60,9 +60,9 @@ type Server struct {
 	metrics *metrics
 	limits  Limits
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
-	traffic   *traffic
-	admission *admission
-	echo      *echo.Echo
+	traffic    *traffic
+	dispatcher *dispatcher
+	echo       *echo.Echo
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -92,21 +92,21 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	adm, err := newAdmission(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
+	disp, err := newDispatcher(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{
-		admission: adm,
-		limits:    d.Limits,
-		cfg:       cfg,
-		pool:      d.Pool,
-		auth:      d.Auth,
-		client:    &http.Client{Transport: d.Transport},
-		log:       d.Logger,
-		now:       d.Now,
-		metrics:   m,
-		traffic:   &traffic{now: d.Now},
+		dispatcher: disp,
+		limits:     d.Limits,
+		cfg:        cfg,
+		pool:       d.Pool,
+		auth:       d.Auth,
+		client:     &http.Client{Transport: d.Transport},
+		log:        d.Logger,
+		now:        d.Now,
+		metrics:    m,
+		traffic:    &traffic{now: d.Now},
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -143,12 +143,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.echo.ServeHTTP(w, r)
 }
 
-// Run keeps the admission queues' capacity in step with the workers' health until ctx ends.
-// Requests are served without it, but capacity then stays as it was at New.
-func (s *Server) Run(ctx context.Context) { s.admission.run(ctx, capacityRefresh) }
-
-// capacityRefresh is how often queue capacities follow the workers' health and drain state.
-const capacityRefresh = 100 * time.Millisecond
+// Run keeps the queues' capacity in step with the pool (its health, drain state, learned limits
+// and workers) until ctx ends, following the pool's Changes. Requests are served without it, but
+// capacity then stays as it was at New.
+func (s *Server) Run(ctx context.Context) { s.dispatcher.run(ctx) }
 
 // BeginShutdown starts the first phase of a graceful stop, the settle time: /readyz answers
 // 503 so load balancers stop sending new requests, while requests that still arrive are
@@ -163,15 +161,15 @@ func (s *Server) BeginShutdown() { s.stopping.Store(true) }
 // It implies BeginShutdown. Safe for concurrent use; later calls do nothing more.
 func (s *Server) StopAdmitting() {
 	s.stopping.Store(true)
-	s.admission.close()
+	s.dispatcher.close()
 }
 
 func (s *Server) readyz(c echo.Context) error {
 	switch {
 	case s.stopping.Load():
 		return c.String(http.StatusServiceUnavailable, "shutting down\n")
-	case !s.pool.Ready():
-		return c.String(http.StatusServiceUnavailable, "no healthy worker\n")
+	case !s.dispatcher.ready():
+		return c.String(http.StatusServiceUnavailable, "no worker can take requests\n")
 	}
 	return c.String(http.StatusOK, "ok\n")
 }
