@@ -7,8 +7,11 @@ PKGS      := ./...
 
 .PHONY: build run test test-deps lint lint-deps bench bench-hop bench-policies bench-queue clean
 
+# `usher version` of a make build; a plain `go build` reports Go's build information instead.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/usher
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/usher
 
 run:
 	$(GO) run ./cmd/usher demo

@@ -172,6 +172,21 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	if err != nil {
 		return err
 	}
+	if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
+		select {
+		case <-ticket.Ready():
+		default:
+			// No room for an interactive call: a standard or batch call whose answer has not
+			// begun gives it its capacity.
+			s.preemption.preemptOne(cl.model)
+		}
+	}
+	return s.await(c, cl, ticket)
+}
+
+// await blocks until ticket is released (cl.grant), its deadline passes, the client goes away or
+// the gateway stops admitting.
+func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	ctx := c.Request().Context()
 	grant, err := ticket.Wait(ctx)
 	if err != nil {
@@ -181,8 +196,9 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		return err
 	}
 	cl.grant = grant
+	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh.Set(headerClass, grant.Class.String())
-	rh.Set(headerQueueMs, strconv.FormatInt(grant.Waited.Milliseconds(), 10))
+	rh.Set(headerQueueMs, strconv.FormatInt(cl.queued.Milliseconds(), 10))
 	return nil
 }

@@ -53,6 +53,7 @@ type call struct {
 	deadline  time.Time
 	hold      *tenants.Admission // the tenant's limits held for this call; nil: none
 	grant     *queue.Grant       // the queue's capacity held for this call
+	queued    time.Duration      // time waited in the queue, preemptions included
 
 	// dispatch and proxy
 	route    routing.Request

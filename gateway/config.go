@@ -31,6 +31,12 @@ type Config struct {
 	// MaxAttempts is how many workers one request may try while nothing has reached the client
 	// (connect error, 5xx). Default 3; 1 disables retries.
 	MaxAttempts int `yaml:"max_attempts"`
+	// DisablePreemption turns off the preemption of standard and batch requests for interactive
+	// ones: by default, an interactive request that finds no room cancels the newest standard or
+	// batch request whose answer has not begun to reach its client (non-streamed, or a stream
+	// the worker has not begun) and that request waits in the queue again, ahead of its tenant's
+	// later ones.
+	DisablePreemption bool `yaml:"disable_preemption"`
 	// DefaultMaxTokens is the expected output length of a request that does not set max_tokens,
 	// used for token accounting until the real usage is known. Default 256.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`

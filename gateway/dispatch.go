@@ -175,6 +175,17 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 		}
 		cl.worker = lease.Worker.ID()
 		retry, err := s.proxy(c, cl, lease)
+		if errors.Is(err, errPreempted) {
+			// Not an attempt that failed: the call gave its capacity to a higher class and
+			// waits in the queue again, ahead of its tenant's later requests.
+			cl.attempts--
+			s.metrics.preempted.WithLabelValues(cl.model, cl.class.String()).Inc()
+			if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
+				cl.grant = nil
+				return err
+			}
+			continue
+		}
 		if !retry {
 			return err
 		}
@@ -210,4 +221,66 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 			return nil, errClientGone
 		}
 	}
+}
+
+// errPreempted is the cause of a lower-class call's attempt cancelled so that a waiting
+// interactive call can have its capacity.
+var errPreempted = errors.New("preempted for a higher-class request")
+
+// preemption keeps, per model, the attempts of standard and batch calls whose answer has not begun
+// to reach their client, in the order they started: the calls a waiting interactive call may
+// take capacity from. Cancelling one loses only the engine's work on it so far; the call waits in
+// the queue again and is sent anew. Safe for concurrent use.
+type preemption struct {
+	mu      sync.Mutex // guards running and every victim's taken
+	running map[string][]*victim
+}
+
+// victim is one preemptible attempt.
+type victim struct {
+	cancel context.CancelCauseFunc
+	taken  bool // chosen: its attempt is being cancelled
+}
+
+// add registers an attempt of model; done must be called when its answer begins or it ends.
+func (p *preemption) add(model string, cancel context.CancelCauseFunc) *victim {
+	v := &victim{cancel: cancel}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running == nil {
+		p.running = map[string][]*victim{}
+	}
+	p.running[model] = append(p.running[model], v)
+	return v
+}
+
+// done takes v off the list; it reports false if v was already chosen for preemption.
+func (p *preemption) done(model string, v *victim) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if v.taken {
+		return false
+	}
+	list := p.running[model]
+	if i := slices.Index(list, v); i >= 0 {
+		p.running[model] = slices.Delete(list, i, i+1)
+	}
+	return true
+}
+
+// preemptOne cancels the newest preemptible attempt of model (the one that has cost the engine
+// the least so far), if there is one.
+func (p *preemption) preemptOne(model string) bool {
+	p.mu.Lock()
+	list := p.running[model]
+	if len(list) == 0 {
+		p.mu.Unlock()
+		return false
+	}
+	v := list[len(list)-1]
+	p.running[model] = list[:len(list)-1]
+	v.taken = true
+	p.mu.Unlock()
+	v.cancel(errPreempted)
+	return true
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -189,4 +190,95 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out waiting for: %s", what)
+}
+
+// An interactive request that finds no room takes it from a batch request whose answer has not
+// begun: the batch request is cancelled at its worker, waits in the queue again and is served
+// after, once; nothing fails.
+func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 1
+	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}}
+	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	batch := make(chan *http.Response, 1)
+	go func() {
+		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	}()
+	waitFor(t, "the worker holds the batch request", func() bool { return w.started.Load() == 1 })
+	inter := make(chan *http.Response, 1)
+	go func() {
+		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	}()
+	waitFor(t, "the interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
+	close(hold)
+	if resp := <-inter; resp.StatusCode != http.StatusOK || resp.Header.Get(headerClass) != "interactive" {
+		t.Fatalf("interactive: %d in class %q", resp.StatusCode, resp.Header.Get(headerClass))
+	}
+	if resp := <-batch; resp.StatusCode != http.StatusOK {
+		t.Fatalf("preempted batch request: %d, want 200 once requeued", resp.StatusCode)
+	}
+	if got := w.requests.Load(); got != 3 {
+		t.Errorf("the worker saw %d requests, want 3 (batch, interactive, batch again)", got)
+	}
+	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 1 {
+		t.Errorf("usher_preempted_total %v, want 1", got)
+	}
+}
+
+// A batch stream already relaying to its client is never preempted: the interactive request
+// waits for its slot.
+func TestStreamBeingRelayedIsNotPreempted(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.linger = true })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 1
+	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}}
+	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set(headerPriority, "batch")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	inter := make(chan *http.Response, 1)
+	go func() {
+		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	}()
+	select {
+	case r := <-inter:
+		t.Fatalf("the interactive request was answered %d while the only slot relays a stream", r.StatusCode)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancel()
+	if r := <-inter; r.StatusCode != http.StatusOK {
+		t.Fatalf("interactive: %d", r.StatusCode)
+	}
+	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 0 {
+		t.Errorf("usher_preempted_total %v, want 0", got)
+	}
+}
+
+// metricValue sums every series of the named counter or gauge in reg (0 when absent).
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
 }

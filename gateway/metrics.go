@@ -11,6 +11,8 @@ type metrics struct {
 	ttft     *prometheus.HistogramVec // model, class
 	tokens   *prometheus.CounterVec   // model, kind (prompt, completion, cached)
 	retries  *prometheus.CounterVec   // model
+	// preempted counts attempts cancelled for an interactive request, by model and class.
+	preempted *prometheus.CounterVec
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -32,8 +34,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_upstream_retries_total", Help: "Requests sent to another worker after a failure before the first byte."},
 			[]string{"model"}),
+		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_preempted_total", Help: "Standard and batch requests whose attempt was cancelled (before their answer began) for an interactive request, and requeued."},
+			[]string{"model", "class"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

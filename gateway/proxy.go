@@ -13,6 +13,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 )
 
@@ -35,11 +36,29 @@ const statusClientClosed = 499
 // already closed (llama.cpp's server closes after every stream while announcing keep-alive) is
 // not the worker's fault, and the next pick may choose it again. Once a worker's 2xx or 4xx
 // answer is being relayed, the call is never sent again.
+//
+// A standard or batch call is preemptible until its answer begins (see preemption): its attempt
+// then ends with errPreempted and the lease is released as a success.
 func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
-	ctx := c.Request().Context()
+	clientCtx := c.Request().Context()
+	ctx := clientCtx
+	begin := func() bool { return true }
+	if cl.class != queue.Interactive && !s.cfg.DisablePreemption {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(clientCtx)
+		defer cancel(nil)
+		v := s.preemption.add(cl.model, cancel)
+		begin = func() bool { return s.preemption.done(cl.model, v) }
+		defer begin()
+	}
+	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
 	sent := s.now()
 	resp, reused, err := s.send(ctx, w, cl, c.Request().Header)
+	if err != nil && preempted() {
+		lease.Release(routing.Outcome{})
+		return false, errPreempted
+	}
 	if err == nil && resp.StatusCode >= 500 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
@@ -62,9 +81,19 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	h.Set(headerRoute, string(lease.Route))
 	var out routing.Outcome
 	if cl.stream && resp.StatusCode == http.StatusOK {
+		if !begin() {
+			resp.Body.Close()
+			lease.Release(routing.Outcome{})
+			return false, errPreempted
+		}
 		out, err = s.relayStream(c, cl, resp, sent)
 	} else {
-		out, err = s.relayAnswer(c, cl, resp)
+		out, err = s.relayAnswer(c, cl, resp, begin)
+		if err != nil && preempted() {
+			resp.Body.Close()
+			lease.Release(routing.Outcome{})
+			return false, errPreempted
+		}
 	}
 	resp.Body.Close()
 	lease.Release(out)
@@ -106,11 +135,16 @@ func singleJoin(base, path string) string {
 }
 
 // relayAnswer copies a whole (non-streamed, or error) answer to the client and reads its usage.
-func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response) (routing.Outcome, error) {
+// begin is called once the whole answer is read, before any of it is sent.
+func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, begin func() bool) (routing.Outcome, error) {
 	limit := s.cfg.MaxResponseBytes
 	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), limit)+1))
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	data := buf.Bytes()
+	if err == nil {
+		// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
+		begin()
+	}
 	if err != nil {
 		if c.Request().Context().Err() != nil {
 			return routing.Outcome{}, errClientGone

@@ -62,6 +62,7 @@ type Server struct {
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
 	traffic    *traffic
 	dispatcher *dispatcher
+	preemption preemption
 	echo       *echo.Echo
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -53,7 +54,7 @@ func TestServeRefusesBadConfigWithExitCode2(t *testing.T) {
 		name, yaml, want string
 	}{
 		{"syntax", "server: [", "parse:"},
-		{"unknown key", "server:\n  lisen: x\n", "field lisen not found"},
+		{"unknown key", "server:\n  lisen: x\n", "server.lisen: unknown key (line 2)"},
 		{"bad listen", "server:\n  listen: nope\n", "server.listen"},
 		{"no workers url", "routing:\n  workers:\n    - id: w1\n      url: \"ftp://x\"\n      models: [m]\n", "routing.workers[0].url"},
 		{"bad key hash", "tenants:\n  - id: a\n    keys: [{name: k, sha256: xyz}]\n", "tenants[0].keys[0].sha256"},
@@ -81,9 +82,12 @@ func TestServeRefusesBadConfigWithExitCode2(t *testing.T) {
 
 // demoProcess is `usher demo` running on a free port.
 type demoProcess struct {
-	cmd     *exec.Cmd
-	baseURL string
-	key     string
+	cmd      *exec.Cmd
+	baseURL  string // from the banner's export lines
+	key      string
+	batchKey string
+	exports  string // the banner's export lines, as printed
+	banner   string
 }
 
 func startDemo(t *testing.T) *demoProcess {
@@ -108,14 +112,25 @@ func startDemo(t *testing.T) *demoProcess {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	found := make(chan struct{})
 	go func() {
+		var banner, exports strings.Builder
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			line := sc.Text()
-			if v, ok := strings.CutPrefix(line, "OPENAI_BASE_URL="); ok {
-				d.baseURL = v
+			banner.WriteString(line + "\n")
+			if v, ok := strings.CutPrefix(line, "export "); ok {
+				exports.WriteString(line + "\n")
+				name, value, _ := strings.Cut(v, "=")
+				switch name {
+				case "OPENAI_BASE_URL":
+					d.baseURL = value
+				case "OPENAI_API_KEY":
+					d.key = value
+				case "USHER_BATCH_KEY":
+					d.batchKey = value
+				}
 			}
-			if v, ok := strings.CutPrefix(line, "OPENAI_API_KEY="); ok {
-				d.key = v
+			if line == "Ctrl-C stops everything." {
+				d.banner, d.exports = banner.String(), exports.String()
 				close(found)
 			}
 		}
@@ -123,12 +138,103 @@ func startDemo(t *testing.T) *demoProcess {
 	select {
 	case <-found:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the demo printed no OPENAI_API_KEY line within 30s")
+		t.Fatal("the demo printed no whole banner within 30s")
 	}
 	if d.baseURL != "http://"+addr+"/v1" {
-		t.Fatalf("OPENAI_BASE_URL: got %q, want http://%s/v1", d.baseURL, addr)
+		t.Fatalf("export OPENAI_BASE_URL: got %q, want http://%s/v1; banner:\n%s", d.baseURL, addr, d.banner)
+	}
+	if d.key == "" || d.batchKey == "" {
+		t.Fatalf("no export line for OPENAI_API_KEY or USHER_BATCH_KEY in the banner:\n%s", d.banner)
 	}
 	return d
+}
+
+// chat sends a small non-streamed chat completion to the demo with the given key and headers and
+// returns the response headers; it fails t unless the answer is 200.
+func (d *demoProcess) chat(t *testing.T, key string, header map[string]string) http.Header {
+	t.Helper()
+	body := `{"model":"demo-7b","max_tokens":3,"messages":[{"role":"user","content":"Hello, usher!"}]}`
+	req, _ := http.NewRequest(http.MethodPost, d.baseURL+"/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, data)
+	}
+	return resp.Header
+}
+
+// TestDemoShowsHeadlineFeatures checks that the demo, with no flags, shows what its banner says:
+// tiers with limits (x-ratelimit-* headers), an interactive and a batch key, and sessions pinned
+// by sticky_session over cache_aware.
+func TestDemoShowsHeadlineFeatures(t *testing.T) {
+	d := startDemo(t)
+	for _, want := range []string{
+		"export OPENAI_API_KEY=sk-usher-demo-",
+		"export USHER_BATCH_KEY=sk-usher-batch-",
+		`interactive key $OPENAI_API_KEY: tenant "demo", tier "interactive", class interactive, 1200 requests/min`,
+		`batch key $USHER_BATCH_KEY: tenant "demo-batch", tier "batch", class batch`,
+		"x-ratelimit-limit|remaining|reset-requests|tokens",
+		"sticky_session over cache_aware",
+		"admin token: usher-admin-",
+	} {
+		if !strings.Contains(d.banner, want) {
+			t.Errorf("the banner does not say %q:\n%s", want, d.banner)
+		}
+	}
+
+	tests := []struct {
+		name, key, wantClass, wantLimit string
+	}{
+		{"interactive key", d.key, "interactive", "1200"},
+		{"batch key", d.batchKey, "batch", "3000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := d.chat(t, tt.key, nil)
+			if got := h.Get("X-Usher-Class"); got != tt.wantClass {
+				t.Errorf("X-Usher-Class: got %q, want %q", got, tt.wantClass)
+			}
+			if got := h.Get("X-Ratelimit-Limit-Requests"); got != tt.wantLimit {
+				t.Errorf("x-ratelimit-limit-requests: got %q, want %q", got, tt.wantLimit)
+			}
+			if h.Get("X-Ratelimit-Remaining-Tokens") == "" {
+				t.Error("no x-ratelimit-remaining-tokens header")
+			}
+		})
+	}
+
+	t.Run("session", func(t *testing.T) {
+		session := map[string]string{"X-Session-ID": "demo-session"}
+		first := d.chat(t, d.key, session)
+		if got := first.Get("X-Usher-Route"); got != "assigned" {
+			t.Errorf("first request of a session: X-Usher-Route %q, want assigned", got)
+		}
+		for range 3 {
+			h := d.chat(t, d.key, session)
+			if got := h.Get("X-Usher-Route"); got != "sticky" {
+				t.Errorf("later request of the session: X-Usher-Route %q, want sticky", got)
+			}
+			if got, want := h.Get("X-Usher-Worker"), first.Get("X-Usher-Worker"); got != want {
+				t.Errorf("later request of the session: worker %q, want the session's %q", got, want)
+			}
+		}
+	})
+
+	t.Run("no session", func(t *testing.T) {
+		h := d.chat(t, d.key, nil)
+		if got := h.Get("X-Usher-Route"); !strings.HasPrefix(got, "cache_") && got != "load_fallback" {
+			t.Errorf("X-Usher-Route without a session: got %q, want a cache_aware route", got)
+		}
+	})
 }
 
 func TestDemoStreamsAChatCompletionAndStopsCleanly(t *testing.T) {
@@ -204,5 +310,151 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	}
 	if len(got.Models) != 1 || got.Models[0] != "demo-7b" {
 		t.Fatalf("models: got %v, want [demo-7b]", got.Models)
+	}
+}
+
+// TestREADMENodeSnippet runs the README's Node.js quick start as a user would: the banner's
+// export lines pasted into sh, then `node index.mjs` in a folder as `npm init -y` leaves it
+// ("type": "commonjs" since npm 11), with the openai package of test/openai-js.
+func TestREADMENodeSnippet(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found: run `make test-deps` (it installs Node.js and the openai package)")
+	}
+	modules, err := filepath.Abs("openai-js/node_modules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(modules, "openai")); err != nil {
+		t.Fatal("the openai npm package is missing: run `make test-deps` (npm ci in test/openai-js)")
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const open, end = "cat > index.mjs <<'EOF'\n", "\nEOF\nnode index.mjs\n"
+	_, rest, ok := strings.Cut(string(readme), open)
+	snippet, _, ok2 := strings.Cut(rest, end)
+	if !ok || !ok2 {
+		t.Fatalf("README.md has no block from %q to %q", open, end)
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"index.mjs":    snippet + "\n",
+		"package.json": `{"name": "usher", "version": "1.0.0", "main": "index.js", "license": "ISC", "type": "commonjs"}` + "\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+
+	d := startDemo(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "-c", d.exports+node+" index.mjs\n")
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OPENAI_") && !strings.HasPrefix(kv, "USHER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the README's snippet: %v\n%s", err, stderr.String())
+	}
+	if len(strings.Fields(string(out))) < 2 || !strings.HasSuffix(string(out), "\n") {
+		t.Fatalf("the README's snippet printed %q, want a streamed answer and a newline", out)
+	}
+}
+
+// TestEveryCommandHasHelp runs each command of the real binary with -h and --help: the usage,
+// naming the command, and exit code 0.
+func TestEveryCommandHasHelp(t *testing.T) {
+	bin := usherBinary(t)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-h"}, "usage: usher <command>"},
+		{[]string{"help"}, "usage: usher <command>"},
+		{[]string{"serve"}, "usage: usher serve"},
+		{[]string{"demo"}, "usage: usher demo"},
+		{[]string{"sim"}, "usage: usher sim"},
+		{[]string{"bench"}, "usage: usher bench"},
+		{[]string{"migrate"}, "usage: usher migrate"},
+		{[]string{"migrate", "up"}, "usage: usher migrate"},
+		{[]string{"keyhash"}, "usher keyhash"},
+		{[]string{"version"}, "usage: usher version"},
+	}
+	for _, tt := range tests {
+		for _, flag := range []string{"-h", "--help"} {
+			args := append(slices.Clone(tt.args), flag)
+			if tt.args[0] == "-h" || tt.args[0] == "help" {
+				if flag == "--help" {
+					continue
+				}
+				args = tt.args
+			}
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				out, err := exec.Command(bin, args...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("got %v, want exit code 0; output:\n%s", err, out)
+				}
+				if !strings.Contains(string(out), tt.want) {
+					t.Fatalf("output does not contain %q:\n%s", tt.want, out)
+				}
+			})
+		}
+	}
+}
+
+func TestVersionCommand(t *testing.T) {
+	out, err := exec.Command(usherBinary(t), "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line := strings.TrimSpace(string(out)); !strings.HasPrefix(line, "usher ") || !strings.Contains(line, "go1.") || strings.Contains(line, "\n") {
+		t.Fatalf("usher version: got %q, want one line: usher VERSION (..., goX.Y)", out)
+	}
+}
+
+// TestServeStartupLog: `usher serve` warns, naming the fix, when no one can use the console, and
+// its start-up line counts models and workers apart.
+func TestServeStartupLog(t *testing.T) {
+	tests := []struct {
+		name, admin string
+		warn        bool
+	}{
+		{"no admin section", "", true},
+		{"a viewer token only", "admin: {viewer_token: a-viewer-token-of-24-characters}\n", true},
+		{"an admin token", "admin: {token: an-admin-token-of-24-characters}\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := startServe(t, tt.name, func(listen string) string {
+				return "server:\n  listen: " + listen + "\n" +
+					"routing:\n  workers:\n" +
+					"    - {id: w1, url: \"http://127.0.0.1:9\", models: [m]}\n" +
+					"    - {id: w2, url: \"http://127.0.0.1:9\", models: [m]}\n" +
+					"database:\n  url: sqlite:" + filepath.Join(dir, "usher.db") + "\n" + tt.admin
+			})
+			p.waitLog("usher is serving", 20*time.Second)
+			log := p.log.String()
+			warned := strings.Contains(log, `level=WARN msg="NO ADMIN TOKEN: no operator can sign into the console`) &&
+				strings.Contains(log, "set admin.token (or USHER_ADMIN_TOKEN")
+			if warned != tt.warn {
+				t.Errorf("warned about the admin token: %v, want %v; log:\n%s", warned, tt.warn, log)
+			}
+			if !strings.Contains(log, "models=1 workers=2") {
+				t.Errorf("the start-up line does not say models=1 workers=2:\n%s", log)
+			}
+		})
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -87,16 +89,166 @@ func loadConfig(path string, lookup func(string) (string, bool)) (Config, error)
 	if err != nil {
 		return cfg, err
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return cfg, fmt.Errorf("parse: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+	if err := decodeConfig(data, &cfg); err != nil {
+		return cfg, err
 	}
 	if err := applyEnv(&cfg, lookup); err != nil {
 		return cfg, err
 	}
 	cfg.SetDefaults()
 	return cfg, cfg.Validate()
+}
+
+// decodeConfig decodes the YAML document data into cfg. Unknown keys are errors. A key or value
+// of the wrong type is named by its YAML path and line ("server.listne: unknown key (line 2)"),
+// never by the Go type that holds it; syntax errors say "parse:" and the line.
+func decodeConfig(data []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	err := dec.Decode(cfg)
+	if err == nil || errors.Is(err, io.EOF) {
+		return nil
+	}
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("parse: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("parse: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	nodes := yamlPaths(&doc, "", nil)
+	errs := make([]error, len(te.Errors))
+	for i, msg := range te.Errors {
+		errs[i] = errors.New(namePath(msg, nodes))
+	}
+	return errors.Join(errs...)
+}
+
+// yamlNode is one key or value of a YAML document with the path that leads to it
+// ("routing.workers[0].url").
+type yamlNode struct {
+	path  string
+	line  int
+	key   bool   // a mapping key, not a value
+	tag   string // !!str, !!int, !!seq, !!map, ...
+	value string // a scalar's text
+}
+
+// yamlPaths lists n and every node below it, in document order, with their paths below path.
+func yamlPaths(n *yaml.Node, path string, out []yamlNode) []yamlNode {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			out = yamlPaths(c, path, out)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			out = append(out, yamlNode{path: p, line: k.Line, key: true, value: k.Value})
+			out = append(out, yamlNode{path: p, line: v.Line, tag: v.ShortTag(), value: v.Value})
+			out = yamlPaths(v, p, out)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			out = append(out, yamlNode{path: p, line: c.Line, tag: c.ShortTag(), value: c.Value})
+			out = yamlPaths(c, p, out)
+		}
+	}
+	return out
+}
+
+// The decoder's messages that name a key or a value (yaml.TypeError.Errors).
+var (
+	unknownFieldMessage = regexp.MustCompile(`^line (\d+): field (.+) not found in type \S+$`)
+	lineMessage         = regexp.MustCompile(`^line (\d+): (.*)$`)
+	cannotUnmarshal     = regexp.MustCompile("^cannot unmarshal !!(\\w+)(?: `([^`]*)`)? into (\\S+)$")
+)
+
+// namePath rewrites one decoder message to start with the YAML path of the node it is about:
+// the key an unknown-field message names, else the value on that line of the type and text a
+// type error names, else the last value on that line. A message it cannot place stays as it is.
+func namePath(msg string, nodes []yamlNode) string {
+	if m := unknownFieldMessage.FindStringSubmatch(msg); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		for _, n := range nodes {
+			if n.key && n.line == line && n.value == m[2] {
+				return fmt.Sprintf("%s: unknown key (line %d)", n.path, line)
+			}
+		}
+		return msg
+	}
+	m := lineMessage.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	line, _ := strconv.Atoi(m[1])
+	// The node it is about: on that line, of the tag and with the value the message names; the
+	// deepest such, since a block mapping starts on the line of its first key.
+	var tag, value string
+	if c := cannotUnmarshal.FindStringSubmatch(m[2]); c != nil {
+		tag, value = "!!"+c[1], c[2]
+	}
+	path := ""
+	for _, n := range nodes {
+		if !n.key && n.line == line && (tag == "" || n.tag == tag) && sameValue(n.value, value) {
+			path = n.path
+		}
+	}
+	if path == "" {
+		return msg
+	}
+	return fmt.Sprintf("%s: %s (line %d)", path, plainTypeError(m[2]), line)
+}
+
+// sameValue says whether a node's text is the value a decoder message quotes: "" quotes none,
+// and the decoder cuts long values to their first 7 bytes and "...".
+func sameValue(text, quoted string) bool {
+	if short, ok := strings.CutSuffix(quoted, "..."); ok && len(text) > 10 {
+		return strings.HasPrefix(text, short)
+	}
+	return quoted == "" || text == quoted
+}
+
+// plainTypeError says a decoder's "cannot unmarshal !!str `soon` into time.Duration" in the
+// file's terms: "want a duration such as 500ms or 2s, got `soon`". Other messages stay.
+func plainTypeError(msg string) string {
+	m := cannotUnmarshal.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	var want string
+	switch goType := m[3]; {
+	case goType == "time.Duration":
+		want = "a duration such as 500ms or 2s"
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
+		want = "an integer"
+	case strings.HasPrefix(goType, "float"):
+		want = "a number"
+	case goType == "bool":
+		want = "true or false"
+	case goType == "string":
+		want = "a string"
+	case strings.HasPrefix(goType, "[]"):
+		want = "a list"
+	default: // maps and the structs of the sections
+		want = "a mapping of keys"
+	}
+	got := "`" + m[2] + "`"
+	switch {
+	case m[1] == "seq":
+		got = "a list"
+	case m[1] == "map":
+		got = "a mapping"
+	case m[2] == "":
+		got = "!!" + m[1]
+	}
+	return fmt.Sprintf("want %s, got %s", want, got)
 }
 
 func newLogger(c LogConfig, w io.Writer) *slog.Logger {

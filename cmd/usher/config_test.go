@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,11 +18,11 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"good_minimal.yaml", ""},
 		{"good_full.yaml", ""},
 		{"bad_yaml.yaml", "parse:"},
-		{"bad_unknown_key.yaml", "field listne not found"},
+		{"bad_unknown_key.yaml", "server.listne: unknown key (line 2)"},
 		{"bad_listen.yaml", "server.listen"},
 		{"bad_worker_url.yaml", "routing.workers[0].url"},
 		{"bad_key_hash.yaml", "tenants[0].keys[0].sha256"},
-		{"bad_duration.yaml", "line 2: cannot unmarshal !!str `soon` into time.Duration"},
+		{"bad_duration.yaml", "server.upstream_connect_timeout: want a duration such as 500ms or 2s, got `soon` (line 2)"},
 		{"bad_log_level.yaml", "log.level"},
 		{"bad_discovery.yaml", "routing.discovery[0].port"},
 		{"bad_admin_ui.yaml", "admin_ui.sign_in.global_per_minute"},
@@ -37,6 +38,54 @@ func TestLoadConfigFiles(t *testing.T) {
 				t.Fatalf("got no error, want one containing %q", tt.wantErr)
 			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
 				t.Fatalf("got error %q, want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestConfigErrorsNameTheYAMLPath: a key or value the decoder refuses is named by its path in the
+// file, never by the Go type behind it, and every such problem of the file is reported.
+func TestConfigErrorsNameTheYAMLPath(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string // each line of the error
+	}{
+		{"unknown key in a section", "server:\n  listne: 127.0.0.1:8080\n",
+			[]string{"server.listne: unknown key (line 2)"}},
+		{"unknown top-level key", "sever:\n  listen: x\n",
+			[]string{"sever: unknown key (line 1)"}},
+		{"unknown key in a list item", "routing:\n  workers:\n    - id: w1\n      url: http://127.0.0.1:9001\n      models: [m]\n    - id: w2\n      urll: http://127.0.0.1:9002\n",
+			[]string{"routing.workers[1].urll: unknown key (line 7)"}},
+		{"unknown key in a tier (inline section)", "tiers:\n  - name: pro\n    request_per_minute: 10\n",
+			[]string{"tiers[0].request_per_minute: unknown key (line 3)"}},
+		{"unknown key in a per-model map", "routing:\n  models:\n    m:\n      polcy: cache_aware\n",
+			[]string{"routing.models.m.polcy: unknown key (line 4)"}},
+		{"integer", "server:\n  max_attempts: many\n",
+			[]string{"server.max_attempts: want an integer, got `many` (line 2)"}},
+		{"long value", "server:\n  max_attempts: a-very-long-word\n",
+			[]string{"server.max_attempts: want an integer, got `a-very-...` (line 2)"}},
+		{"duration in a flow mapping", "routing:\n  health: {interval: 5s, timeout: soon}\n",
+			[]string{"routing.health.timeout: want a duration such as 500ms or 2s, got `soon` (line 2)"}},
+		{"list for a string", "server:\n  listen: [a, b]\n",
+			[]string{"server.listen: want a string, got a list (line 2)"}},
+		{"mapping for a list", "routing:\n  workers: {id: w1}\n",
+			[]string{"routing.workers: want a list, got a mapping (line 2)"}},
+		{"boolean", "queue:\n  fifo: sometimes\n",
+			[]string{"queue.fifo: want true or false, got `sometimes` (line 2)"}},
+		{"duplicate key", "server:\n  listen: a\n  listen: b\n",
+			[]string{`server.listen: mapping key "listen" already defined at line 2 (line 3)`}},
+		{"every problem at once", "server:\n  listne: x\n  max_attempts: many\nlog:\n  levl: debug\n",
+			[]string{"server.listne: unknown key (line 2)", "server.max_attempts: want an integer, got `many` (line 3)", "log.levl: unknown key (line 5)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var cfg Config
+			err := decodeConfig([]byte(tt.yaml), &cfg)
+			if err == nil {
+				t.Fatal("got no error")
+			}
+			if got := strings.Split(err.Error(), "\n"); !slices.Equal(got, tt.want) {
+				t.Errorf("got\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(tt.want, "\n  "))
 			}
 		})
 	}

@@ -30,7 +30,15 @@ func runDemo(args []string) int {
 	workers := fs.Int("workers", 3, "number of simulated workers")
 	timeScale := fs.Float64("time-scale", 1, "simulated workers' time scale (0.1 = ten times faster)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: usher demo [flags]\n\nRun the gateway with simulated workers and two demo tenants; the banner says how to try it.")
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "usher demo: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
 	if *workers < 1 {
@@ -47,8 +55,8 @@ func runDemo(args []string) int {
 	return exitOK
 }
 
-// demo runs n simulated workers on free loopback ports and a gateway in front of them with one
-// demo tenant, prints the banner to out, and runs until ctx ends. Shutdown order: the gateway
+// demo runs n simulated workers on free loopback ports (scheduling by priority) and a gateway in
+// front of them configured by demoConfig, prints the banner to out, and runs until ctx ends. Shutdown order: the gateway
 // first (it drains in-flight requests), then the workers.
 func demo(ctx context.Context, listen string, n int, timeScale float64, logger *slog.Logger, out io.Writer) error {
 	var specs []routing.WorkerSpec
@@ -56,6 +64,8 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		scfg := sim.DefaultConfig()
 		scfg.Model = demoModel
 		scfg.TimeScale = timeScale
+		// Interactive before batch inside the worker too: the gateway hands the class down.
+		scfg.SchedulingPolicy = sim.PolicyPriority
 		engine, err := sim.New(scfg, sim.Options{Logger: logger.With("sim", i)})
 		if err != nil {
 			return err
@@ -70,34 +80,26 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		defer srv.Close()
 		specs = append(specs, routing.WorkerSpec{
 			ID: fmt.Sprintf("sim-%d", i), URL: "http://" + ln.Addr().String(), Models: []string{demoModel},
+			PriorityHandoff: true,
 		})
 	}
-	key := "sk-usher-demo-" + rand.Text()
-	adminToken := "usher-admin-" + rand.Text()
+	keys := demoKeys{
+		Interactive: "sk-usher-demo-" + rand.Text(),
+		Batch:       "sk-usher-batch-" + rand.Text(),
+		Admin:       "usher-admin-" + rand.Text(),
+	}
 	dataDir, err := os.MkdirTemp("", "usher-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dataDir)
-	cfg := Config{
-		// No load balancer to wait for: Ctrl-C stops the demo at once.
-		Server:  gateway.Config{Listen: listen, ShutdownSettle: time.Millisecond},
-		Routing: routing.Config{Workers: specs, Policy: "least_request"},
-		Tenants: tenants.Config{Tenants: []tenants.TenantSpec{{
-			ID: "demo", Name: "Demo tenant",
-			Keys: []tenants.KeySpec{{Name: "demo", SHA256: tenants.HashKey(key)}},
-		}},
-			Database: tenants.DatabaseConfig{URL: "sqlite:" + filepath.Join(dataDir, "usher.db")},
-			Admin:    tenants.AdminConfig{Token: adminToken},
-		},
-		Log: LogConfig{Level: "info", Format: "text"},
-	}
+	cfg := demoConfig(listen, specs, keys, "sqlite:"+filepath.Join(dataDir, "usher.db"))
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	err = serve(ctx, cfg, logger, serveHooks{ready: func(addr net.Addr) {
-		printBanner(out, addr.String(), key, adminToken, n)
+		printBanner(out, addr.String(), keys, n)
 	}})
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -105,23 +107,89 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	return err
 }
 
-func printBanner(out io.Writer, addr, key, adminToken string, workers int) {
+// demoKeys are the secrets of one demo run, drawn at random at every start.
+type demoKeys struct {
+	Interactive string // tenant demo, tier interactive
+	Batch       string // tenant demo-batch, tier batch
+	Admin       string // the admin API and the console
+}
+
+// The demo's tiers: both have limits, so every answer carries the x-ratelimit-* headers. They
+// leave room for the README's `usher bench` example (a Mooncake excerpt ten times faster).
+var (
+	demoInteractiveTier = tenants.Tier{
+		Name: "interactive", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
+		Weight: 4, RequestsPerMinute: 1200, TokensPerMinute: 1_000_000, MaxConcurrent: 64,
+	}
+	demoBatchTier = tenants.Tier{
+		Name: "batch", HighestClass: tenants.ClassBatch, DefaultClass: tenants.ClassBatch,
+		Weight: 1, RequestsPerMinute: 3000, TokensPerMinute: 4_000_000, MaxConcurrent: 256,
+	}
+)
+
+// demoConfig is the demo's whole configuration: every headline feature on with no flags. Two
+// tenants in two tiers with limits (an interactive and a batch key), and demoModel routed by
+// sticky_session over cache_aware: requests with an X-Session-ID stay on their session's
+// worker, the others and new sessions go where their prompt prefix is cached.
+func demoConfig(listen string, workers []routing.WorkerSpec, keys demoKeys, databaseURL string) Config {
+	return Config{
+		// No load balancer to wait for: Ctrl-C stops the demo at once.
+		Server: gateway.Config{Listen: listen, ShutdownSettle: time.Millisecond},
+		Routing: routing.Config{Workers: workers, Models: map[string]routing.ModelConfig{
+			demoModel: {Policy: "sticky_session", StickySession: routing.StickySessionConfig{Fallback: "cache_aware"}},
+		}},
+		Tenants: tenants.Config{
+			Tiers:       []tenants.Tier{demoInteractiveTier, demoBatchTier},
+			DefaultTier: demoInteractiveTier.Name,
+			Tenants: []tenants.TenantSpec{
+				{ID: "demo", Name: "Demo tenant (interactive)", Tier: demoInteractiveTier.Name,
+					Keys: []tenants.KeySpec{{Name: "interactive", SHA256: tenants.HashKey(keys.Interactive)}}},
+				{ID: "demo-batch", Name: "Demo tenant (batch)", Tier: demoBatchTier.Name,
+					Keys: []tenants.KeySpec{{Name: "batch", SHA256: tenants.HashKey(keys.Batch)}}},
+			},
+			Database: tenants.DatabaseConfig{URL: databaseURL},
+			Admin:    tenants.AdminConfig{Token: keys.Admin},
+		},
+		Log: LogConfig{Level: "info", Format: "text"},
+	}
+}
+
+// printBanner tells what the demo runs and how to try it. Its export lines paste into a shell
+// as they are; TestDemoBanner (test/binary_test.go) reads them.
+func printBanner(out io.Writer, addr string, keys demoKeys, workers int) {
 	base := "http://" + addr
+	it, bt := demoInteractiveTier, demoBatchTier
+	chat := func(key, session string) string {
+		return fmt.Sprintf(`curl -sN -D - %s/v1/chat/completions -H "Authorization: Bearer %s" -H "X-Session-ID: %s" `+
+			`-H "Content-Type: application/json" -d '{"model":"%s","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"Hello, usher!"}]}'`,
+			base, key, session, demoModel)
+	}
 	fmt.Fprintf(out, `
-usher demo: gateway on %[1]s, %[3]d simulated workers serving model %[4]q, tenant "demo".
+usher demo: gateway on %[1]s, %[2]d simulated workers serving model %[3]q.
 
-Export these for any OpenAI client:
-OPENAI_BASE_URL=%[1]s/v1
-OPENAI_API_KEY=%[2]s
+Paste these into a shell for any OpenAI client (the interactive key), and the batch key:
+export OPENAI_BASE_URL=%[1]s/v1
+export OPENAI_API_KEY=%[4]s
+export USHER_BATCH_KEY=%[5]s
 
-Try a streamed chat completion:
-  curl -N %[1]s/v1/chat/completions -H "Authorization: Bearer %[2]s" -H "Content-Type: application/json" -d '{"model":"%[4]s","stream":true,"messages":[{"role":"user","content":"Hello, usher!"}]}'
+Keys (each answer carries x-ratelimit-limit|remaining|reset-requests|tokens headers):
+  interactive key $OPENAI_API_KEY: tenant "demo", tier %[6]q, class interactive, %[7]d requests/min, %[8]d tokens/min
+  batch key $USHER_BATCH_KEY: tenant "demo-batch", tier %[9]q, class batch (yields to interactive), %[10]d requests/min, %[11]d tokens/min
+Routing of %[3]s: sticky_session over cache_aware: an X-Session-ID stays on its worker (X-Usher-Route: sticky),
+  new sessions and requests without one go to the worker holding their prompt prefix (cache_hit, cache_miss, ...).
+
+Stream a chat completion with its headers (X-Usher-Worker, X-Usher-Route, X-Usher-Class, x-ratelimit-*), run it twice:
+  %[12]s
+The same as batch:
+  %[13]s
 
 Console: %[1]s/admin/  (sign in with the admin token)
-Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  token: %[5]s
-  curl %[1]s/admin/api/v1/workers -H "Authorization: Bearer %[5]s"
+Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  admin token: %[14]s
+  curl -s %[1]s/admin/api/v1/pins -H "Authorization: Bearer %[14]s"
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz
 Ctrl-C stops everything.
 
-`, base, key, workers, demoModel, adminToken)
+`, base, workers, demoModel, keys.Interactive, keys.Batch,
+		it.Name, it.RequestsPerMinute, it.TokensPerMinute, bt.Name, bt.RequestsPerMinute, bt.TokensPerMinute,
+		chat(keys.Interactive, "my-chat"), chat(keys.Batch, "my-batch-job"), keys.Admin)
 }

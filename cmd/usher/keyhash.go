@@ -18,8 +18,8 @@ func runKeyhash(args []string, stdin io.Reader, stdout io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: echo -n KEY | usher keyhash\n\nPrints the lowercase hex SHA-256 of the API key read from stdin.")
 	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()

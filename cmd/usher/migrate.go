@@ -33,13 +33,17 @@ func runMigrate(args []string, stdout io.Writer) int {
 		fmt.Fprintln(fs.Output(), "usage: usher migrate up|status --config FILE")
 		fs.PrintDefaults()
 	}
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fs.Usage()
+		return exitOK
+	}
 	if len(args) == 0 || (args[0] != "up" && args[0] != "status") {
 		fs.Usage()
 		return exitUsage
 	}
 	verb := args[0]
-	if err := fs.Parse(args[1:]); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, args[1:]); done {
+		return code
 	}
 	if *configPath == "" {
 		fmt.Fprintln(os.Stderr, "usher migrate: --config FILE is required")

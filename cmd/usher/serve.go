@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -27,7 +28,15 @@ import (
 func runServe(args []string) int {
 	fs := flag.NewFlagSet("usher serve", flag.ContinueOnError)
 	configPath := fs.String("config", os.Getenv("USHER_CONFIG"), "configuration `file` (YAML); also $USHER_CONFIG")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: usher serve --config FILE\n\nRun the gateway (see deploy/usher.example.yaml).")
+		fs.PrintDefaults()
+	}
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "usher serve: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
 	if *configPath == "" {
@@ -40,6 +49,9 @@ func runServe(args []string) int {
 		return exitUsage
 	}
 	logger := newLogger(cfg.Log, os.Stderr)
+	if msg, ok := noAdminTokenWarning(cfg.Tenants.Admin); ok {
+		logger.Warn(msg)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// After the first signal the default handling comes back: a second one stops at once.
@@ -49,7 +61,8 @@ func runServe(args []string) int {
 	defer signal.Stop(hup)
 	err = serve(ctx, cfg, logger, serveHooks{
 		ready: func(addr net.Addr) {
-			logger.Info("usher is serving", "addr", addr.String(), "models", len(cfg.Routing.Workers))
+			logger.Info("usher is serving", "addr", addr.String(), "models", len(configuredModels(cfg.Routing)),
+				"workers", len(cfg.Routing.Workers), "discovery", len(cfg.Routing.Discovery))
 		},
 		reload: hup,
 		load:   func() (Config, error) { return loadConfig(*configPath, lookupEnv) },
@@ -204,6 +217,30 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		return err
 	}
 	return nil
+}
+
+// noAdminTokenWarning is the warning serve logs when the file sets no admin token: the gateway
+// works, but no operator can sign into the console or manage workers, tenants and keys.
+func noAdminTokenWarning(c tenants.AdminConfig) (string, bool) {
+	if c.Token != "" || c.TokenSHA256 != "" {
+		return "", false
+	}
+	return "NO ADMIN TOKEN: no operator can sign into the console (/admin/) or use the admin API (tenants reach only their own objects); " +
+		"set admin.token (or USHER_ADMIN_TOKEN, at least 24 characters, e.g. $(head -c 24 /dev/urandom | base64)) " +
+		"or admin.token_sha256, and restart", true
+}
+
+// configuredModels are the models the file's workers and discovery entries serve, sorted.
+func configuredModels(c routing.Config) []string {
+	var models []string
+	for _, w := range c.Workers {
+		models = append(models, w.Models...)
+	}
+	for _, d := range c.Discovery {
+		models = append(models, d.Models...)
+	}
+	slices.Sort(models)
+	return slices.Compact(models)
 }
 
 func indent(s string) string {

@@ -9,8 +9,9 @@
 // workers' own prefix-cache counters.
 //
 // Workloads: "random" (independent prompts), "shared-prefix" (SGLang's generated shared prefix:
-// groups of prompts sharing a system prompt) and "trace" (Mooncake or Azure production traces,
-// see ../shared/traces/README.md). From the command line:
+// groups of prompts sharing a system prompt) and "trace" (Mooncake or Azure production traces;
+// the whole files are not in the repository, see testdata/README.md for their sources and for
+// the 300-row excerpts kept there). From the command line:
 //
 //	usher bench --url http://127.0.0.1:8080/v1 --model m --workload trace \
 //	    --trace ../shared/traces/mooncake_conversation.jsonl --time-scale 10 --token-scale 8 \

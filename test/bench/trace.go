@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -123,10 +124,19 @@ type Trace struct {
 
 var _ Workload = (*Trace)(nil)
 
+// traceSources says where the whole traces come from: they are not in the repository.
+const traceSources = "the full traces are not in the repository: on the project's machines they sit in " +
+	"../shared/traces; elsewhere download conversation_trace.jsonl from github.com/kvcache-ai/Mooncake " +
+	"(FAST25-release/traces) or AzureLLMInferenceTrace_conv.csv from github.com/Azure/AzurePublicDataset (data/); " +
+	"300-row excerpts are in test/bench/testdata"
+
 // OpenTrace reads cfg.File (at most cfg.Limit rows when set) whole. cfg.TimeScale and
 // cfg.TokenScale must be set (see Config defaults).
 func OpenTrace(cfg TraceConfig, seed uint64) (*Trace, error) {
 	f, err := os.Open(cfg.File)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("open trace: %w (%s)", err, traceSources)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}

@@ -3,7 +3,9 @@ package bench_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -176,7 +178,7 @@ func TestOpenTraceErrors(t *testing.T) {
 	tests := []struct {
 		file, want string
 	}{
-		{"testdata/missing.jsonl", "no such file"},
+		{"testdata/missing.jsonl", "no such file or directory (the full traces are not in the repository"},
 		{"testdata/mooncake_too_long.jsonl", "line 2: mooncake line: input_length 600 exceeds 1 blocks"},
 		{"testdata/azure_bad_tokens.csv", `line 3: azure record: ContextTokens "x"`},
 		{"testdata/azure_bad_header.csv", "want TIMESTAMP,ContextTokens,GeneratedTokens"},
@@ -263,52 +265,23 @@ func FuzzParseAzureRecord(f *testing.F) {
 	})
 }
 
-// sharedTraces is ../shared/traces beside the repository's main checkout. In a git worktree
-// the main checkout is the parent of the common .git directory.
-func sharedTraces(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test's directory")
-		}
-		dir = parent
-	}
-	repoRoot := dir
-	if gitFile, err := os.ReadFile(filepath.Join(dir, ".git")); err == nil {
-		gitDir := strings.TrimSpace(strings.TrimPrefix(string(gitFile), "gitdir:"))
-		common, err := os.ReadFile(filepath.Join(gitDir, "commondir"))
-		if err != nil {
-			t.Fatalf("worktree %s: read commondir: %v", dir, err)
-		}
-		c := strings.TrimSpace(string(common))
-		if !filepath.IsAbs(c) {
-			c = filepath.Join(gitDir, c)
-		}
-		repoRoot = filepath.Dir(filepath.Clean(c))
-	}
-	return filepath.Join(repoRoot, "..", "shared", "traces")
-}
+// Excerpts of the real traces kept in testdata (source and licence in testdata/README.md).
+const (
+	mooncakeExcerpt = "testdata/mooncake_conversation_300.jsonl"
+	azureExcerpt    = "testdata/azure_conv_2023_300.csv"
+)
 
 func TestReplayRealTraces(t *testing.T) {
-	dir := sharedTraces(t)
 	tests := []struct {
 		file     string
 		wantRows int
 	}{
-		{"mooncake_conversation.jsonl", 12031},
-		{"azure_conv_2023.csv", 19366},
+		{mooncakeExcerpt, 300},
+		{azureExcerpt, 300},
 	}
 	for _, tc := range tests {
-		t.Run(tc.file, func(t *testing.T) {
-			tr := openTrace(t, bench.TraceConfig{File: filepath.Join(dir, tc.file), TimeScale: 10, TokenScale: 8})
+		t.Run(filepath.Base(tc.file), func(t *testing.T) {
+			tr := openTrace(t, bench.TraceConfig{File: tc.file, TimeScale: 10, TokenScale: 8})
 			if tr.Len() != tc.wantRows {
 				t.Errorf("rows: got %d, want %d", tr.Len(), tc.wantRows)
 			}
@@ -321,7 +294,7 @@ func TestReplayRealTraces(t *testing.T) {
 	}
 	// Every Mooncake request starts with block 0: the first two share at least its 64 words
 	// at token scale 8.
-	tr := openTrace(t, bench.TraceConfig{File: filepath.Join(dir, "mooncake_conversation.jsonl"), TokenScale: 8, Limit: 2})
+	tr := openTrace(t, bench.TraceConfig{File: mooncakeExcerpt, TokenScale: 8, Limit: 2})
 	items := drain(tr)
 	if got := commonWords(items[0].Prompt, items[1].Prompt); got < 64 {
 		t.Errorf("first two Mooncake requests share %d words, want at least 64", got)
@@ -333,7 +306,7 @@ func TestRunReplaysMooncakeTrace(t *testing.T) {
 	srv := e.start(t)
 	cfg := smallRandom(srv.URL, 0)
 	cfg.Workload = bench.WorkloadTrace
-	cfg.Trace = bench.TraceConfig{File: filepath.Join(sharedTraces(t), "mooncake_conversation.jsonl"), TimeScale: 200, TokenScale: 8, Limit: 150}
+	cfg.Trace = bench.TraceConfig{File: mooncakeExcerpt, TimeScale: 200, TokenScale: 8, Limit: 150}
 	rep := run(t, cfg)
 	if rep.Overall.Sent != 150 || rep.Overall.OK != 150 {
 		t.Fatalf("got sent %d ok %d, want 150 and 150", rep.Overall.Sent, rep.Overall.OK)
@@ -357,4 +330,57 @@ func TestRunReplaysMooncakeTrace(t *testing.T) {
 	if repeated == 0 {
 		t.Error("no conversation has two turns in the first 150 requests")
 	}
+}
+
+// BenchmarkOpenRealTraces loads the whole Mooncake and Azure traces and builds every prompt, at
+// token scale 8. The files are not in the repository: it reads them from $USHER_TRACES_DIR, or
+// else from ../shared/traces beside the project's main checkout, and skips, saying where it
+// looked on stderr, when they are absent (in a user's clone).
+func BenchmarkOpenRealTraces(b *testing.B) {
+	dir := fullTraces(b)
+	tests := []struct {
+		file     string
+		wantRows int
+	}{
+		{"mooncake_conversation.jsonl", 12031},
+		{"azure_conv_2023.csv", 19366},
+	}
+	for _, tc := range tests {
+		b.Run(tc.file, func(b *testing.B) {
+			cfg := bench.TraceConfig{File: filepath.Join(dir, tc.file), TimeScale: 1, TokenScale: 8}
+			for b.Loop() {
+				tr, err := bench.OpenTrace(cfg, 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n := len(drain(tr)); n != tc.wantRows {
+					b.Fatalf("rows: got %d, want %d", n, tc.wantRows)
+				}
+			}
+			b.ReportMetric(float64(tc.wantRows), "rows/op")
+		})
+	}
+}
+
+// fullTraces is the folder of the whole trace files: $USHER_TRACES_DIR, or else ../shared/traces
+// beside the repository's main checkout (in a git worktree the main checkout is the parent of
+// the common .git directory). It skips b when the folder is absent.
+func fullTraces(b *testing.B) string {
+	b.Helper()
+	dir := os.Getenv("USHER_TRACES_DIR")
+	if dir == "" {
+		out, err := exec.Command("git", "rev-parse", "--path-format=absolute", "--git-common-dir").Output()
+		if err != nil {
+			b.Skipf("full traces: USHER_TRACES_DIR is unset and git cannot find the repository: %v", err)
+		}
+		dir = filepath.Join(filepath.Dir(filepath.Dir(strings.TrimSpace(string(out)))), "shared", "traces")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		// On stderr too: go test shows a skipped benchmark's log only with -v.
+		msg := fmt.Sprintf("%s skipped: full traces absent (%v): they are not in the repository; set USHER_TRACES_DIR "+
+			"to a folder holding mooncake_conversation.jsonl and azure_conv_2023.csv (sources in testdata/README.md)", b.Name(), err)
+		fmt.Fprintln(os.Stderr, msg)
+		b.Skip(msg)
+	}
+	return dir
 }
