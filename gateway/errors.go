@@ -54,6 +54,20 @@ var (
 	errUpstreamAnswer = errors.New("the worker's answer could not be relayed")
 )
 
+// Errors of the admin plane's access checks (package adminui), mapped by the table like the rest.
+var (
+	// ErrAdminCredential: an admin API call or console request without a valid admin, viewer or
+	// tenant credential (401 invalid_admin_token).
+	ErrAdminCredential = errors.New("missing or invalid admin credential")
+	// ErrAdminRequired: a tenant's credential on the fleet's routes (403 admin_required).
+	ErrAdminRequired = errors.New("admin rights required")
+	// ErrReadOnlyActor: the viewer asked for a change (403 read_only).
+	ErrReadOnlyActor = errors.New("the viewer may read but not change anything")
+	// ErrTooManyAttempts: the client, or every client together, failed too many credential
+	// checks of the admin plane lately (429 too_many_attempts; the admin plane sets Retry-After).
+	ErrTooManyAttempts = errors.New("too many failed sign-in attempts; retry later")
+)
+
 // errorRule is one row of the error table: every error that errors.Is matches err gets status,
 // type, code and param; retry, when positive, is its Retry-After unless the error carries its
 // own. showCause says whether the wrapped error's message is shown (domain errors never carry a
@@ -98,10 +112,16 @@ var errorTable = []errorRule{
 	{err: errUnknownTarget, status: http.StatusBadRequest, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrUnknownWorker, status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrWorkerExists, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_exists", showCause: true},
+	{err: routing.ErrWorkerDraining, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_draining", showCause: true},
 	{err: routing.ErrNoWorker, status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker_available",
 		retry: time.Second, showCause: true},
 	{err: errUpstream, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
 	{err: errUpstreamAnswer, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
+	// The admin plane's access checks.
+	{err: ErrAdminCredential, status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_admin_token", showCause: true},
+	{err: ErrAdminRequired, status: http.StatusForbidden, typ: "permission_error", code: "admin_required", showCause: true},
+	{err: ErrReadOnlyActor, status: http.StatusForbidden, typ: "permission_error", code: "read_only", showCause: true},
+	{err: ErrTooManyAttempts, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_attempts", showCause: true},
 	// The tenant store (admin API).
 	{err: tenants.ErrNotFound, status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", showCause: true},
 	{err: tenants.ErrConflict, status: http.StatusConflict, typ: "invalid_request_error", code: "conflict", showCause: true},

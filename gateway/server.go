@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,11 +34,11 @@ type Deps struct {
 	// Transport carries requests to workers. Default: a keep-alive transport sized for many
 	// concurrent streams, with Config's timeouts.
 	Transport http.RoundTripper
-	// Admins checks admin API credentials; nil leaves the admin API unmounted.
-	Admins AdminAuthenticator
-	// Tenants is the admin service of tenants, keys, tiers and the audit log; nil leaves those
-	// admin routes unmounted.
-	Tenants *tenants.Admin
+	// Admin, when set, builds the admin plane (package adminui) over the Server being built,
+	// whose QueueSnapshot, Traffic and FleetChanged it may call from then on; the handler it
+	// returns serves /admin and everything under it, on the same listener and with the same
+	// shutdown behaviour as the data plane. nil leaves /admin unmounted (404).
+	Admin func(*Server) (http.Handler, error)
 	// Limits enforces the tiers' rate, token and concurrency limits; nil enforces none.
 	Limits Limits
 	// Queue configures the per-model admission queues; the zero value takes the queue's
@@ -58,12 +59,11 @@ type Server struct {
 	now     func() time.Time
 	metrics *metrics
 	limits  Limits
-	// tenantAdmin, when set, also records fleet changes (workers, pins) in the audit log.
-	tenantAdmin *tenants.Admin
-	dispatcher  *dispatcher
-	preemption  preemption
-	echo        *echo.Echo
-	traffic     *traffic
+	// traffic counts the last minute's requests by class for the admin plane (live.go).
+	traffic    *traffic
+	dispatcher *dispatcher
+	preemption preemption
+	echo       *echo.Echo
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -98,17 +98,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		dispatcher:  disp,
-		limits:      d.Limits,
-		tenantAdmin: d.Tenants,
-		cfg:         cfg,
-		pool:        d.Pool,
-		auth:        d.Auth,
-		client:      &http.Client{Transport: d.Transport},
-		log:         d.Logger,
-		now:         d.Now,
-		metrics:     m,
-		traffic:     &traffic{now: d.Now},
+		dispatcher: disp,
+		limits:     d.Limits,
+		cfg:        cfg,
+		pool:       d.Pool,
+		auth:       d.Auth,
+		client:     &http.Client{Transport: d.Transport},
+		log:        d.Logger,
+		now:        d.Now,
+		metrics:    m,
+		traffic:    &traffic{now: d.Now},
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -123,11 +122,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1.POST("/chat/completions", s.inference(chatEndpoint))
 	v1.POST("/completions", s.inference(completionEndpoint))
 	v1.GET("/models", s.models)
-	if d.Admins != nil {
-		s.registerAdmin(e, d.Admins, d.Tenants)
-		if err := s.registerConsole(e, d.Admins, d.Tenants); err != nil {
-			return nil, err
+	if d.Admin != nil {
+		h, err := d.Admin(s)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: admin plane: %w", err)
 		}
+		admin := echo.WrapHandler(h)
+		e.Any("/admin", admin)
+		e.Any("/admin/*", admin)
 	}
 	s.echo = e
 	return s, nil

@@ -134,12 +134,18 @@ func (p *Pool) Add(spec WorkerSpec) error {
 	return nil
 }
 
-// Remove takes the worker id out of the pool and stops its background work. Leases already on it
-// stay valid and are released as usual; drain it first to let them finish before it goes.
+// Remove takes the worker id out of the pool and stops its background work; the sessions and
+// keys pinned to it are unpinned (see Drain). Leases already on it stay valid and are released
+// as usual; drain it first to let them finish before it goes.
 func (p *Pool) Remove(id string) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.removeLocked(id)
+	err := p.removeLocked(id)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p.releasePinsNow(id)
+	return nil
 }
 
 // removeLocked is Remove with p.mu held.
@@ -199,10 +205,10 @@ func (p *Pool) Replace(spec WorkerSpec) error {
 }
 
 // Retire takes the worker id out of the pool gracefully: it takes no new requests from now on
-// (on this replica only; sessions pinned to it move), requests in flight finish, and Run removes
-// it once nothing is in flight (within RetireSweep). Retiring a retiring worker does nothing.
-// Unlike Drain it is not shared with other replicas: each replica retires the workers its own
-// configuration or discovery dropped.
+// (on this replica only), the sessions and keys pinned to it are unpinned (see Drain), requests
+// in flight finish, and Run removes it once nothing is in flight (within RetireSweep). Retiring a
+// retiring worker does nothing. Unlike Drain it is not shared with other replicas: each replica
+// retires the workers its own configuration or discovery dropped.
 func (p *Pool) Retire(id string) error {
 	w, err := p.find(id)
 	if err != nil {
@@ -211,6 +217,7 @@ func (p *Pool) Retire(id string) error {
 	if !w.retiring.Swap(true) {
 		p.changes.notify()
 		p.logger.Info("worker retiring", "worker", id, "in_flight", w.InFlight())
+		p.releasePinsNow(id)
 	}
 	return nil
 }
@@ -243,11 +250,19 @@ type DrainStore interface {
 }
 
 // Drain stops new requests to the worker id; requests in flight finish. Its state reads
-// StateDrained once nothing is in flight. Sessions pinned to it move to another worker at their
-// next request. With a DrainStore (Options.Drains) the drain is recorded there first, and other
-// replicas follow within Config.DrainSync; if the store fails, nothing changes and the error says
-// so. Draining a draining worker does nothing.
-func (p *Pool) Drain(ctx context.Context, id string) error { return p.setDraining(ctx, id, true) }
+// StateDrained once nothing is in flight. With a DrainStore (Options.Drains) the drain is
+// recorded there first, and other replicas follow within Config.DrainSync; if the store fails,
+// nothing changes and the error says so. Then the sessions and keys pinned to the worker are
+// unpinned in the PinStore that every replica shares, so each is pinned anew, elsewhere, at its
+// next request (if the PinStore fails, at their next request all the same). Draining a draining
+// worker changes nothing but unpins again.
+func (p *Pool) Drain(ctx context.Context, id string) error {
+	if err := p.setDraining(ctx, id, true); err != nil {
+		return err
+	}
+	p.releasePins(ctx, id)
+	return nil
+}
 
 // Undrain lets the worker id take new requests again, on every replica as Drain does.
 func (p *Pool) Undrain(ctx context.Context, id string) error { return p.setDraining(ctx, id, false) }

@@ -343,3 +343,61 @@ func TestReplaceKeepsLeasesAndDrainState(t *testing.T) {
 		t.Fatalf("old lease released: in flight %d, want 0", old.Worker.InFlight())
 	}
 }
+
+func TestDrainRetireAndRemoveReleasePins(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(4, "m")})
+	ctx := context.Background()
+	for key, worker := range map[string]string{"a": "w0", "b": "w0", "c": "w1", "d": "w2", "e": "w3"} {
+		if err := p.Pin(ctx, "m", "t", key, worker, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinned := func(worker string) int {
+		t.Helper()
+		pins, err := p.Pins(ctx, PinFilter{Worker: worker})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(pins)
+	}
+	steps := []struct {
+		name   string
+		worker string
+		do     func() error
+	}{
+		{"drain", "w0", func() error { return p.Drain(ctx, "w0") }},
+		{"retire", "w1", func() error { return p.Retire("w1") }},
+		{"remove", "w2", func() error { return p.Remove("w2") }},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := pinned(st.worker); got != 0 {
+			t.Errorf("pins of %s after %s: got %d, want 0", st.worker, st.name, got)
+		}
+	}
+	if got := pinned("w3"); got != 1 {
+		t.Errorf("pins of the untouched w3: got %d, want 1", got)
+	}
+}
+
+// brokenPins is a PinStore whose every call fails.
+type brokenPins struct{ PinStore }
+
+func (brokenPins) List(context.Context, PinFilter) ([]Pin, error) {
+	return nil, errors.New("pin store down")
+}
+
+func TestDrainWithoutPinStoreStillDrains(t *testing.T) {
+	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Pins: brokenPins{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Drain(context.Background(), "w0"); err != nil {
+		t.Fatalf("Drain with the pin store down: got %v, want nil (the pins move at their next request)", err)
+	}
+	if st, _ := p.Worker("w0"); st.State != StateDrained {
+		t.Errorf("got %s, want drained", st.State)
+	}
+}

@@ -154,16 +154,25 @@ func sortPins(pins []Pin) {
 	})
 }
 
+// ErrWorkerDraining: Pin was asked to pin a key to a draining or retiring worker, which takes no
+// new requests: the pin would only move at the key's next request.
+var ErrWorkerDraining = errors.New("the worker is draining and takes no new sessions; undrain it or pin to another worker")
+
 // Pin pins key (a session ID or routing key) of tenant to workerID for model, replacing any pin
 // it had, for ttl (0: the model's PinConfig.TTL). Errors wrap ErrUnknownModel or ErrUnknownWorker
-// when the model has no such worker, or come from the pin store.
+// when the model has no such worker, ErrWorkerDraining when the worker drains or retires, or come
+// from the pin store.
 func (p *Pool) Pin(ctx context.Context, model, tenant, key, workerID string, ttl time.Duration) error {
 	ms := p.snap.Load().models[model]
 	if ms == nil {
 		return fmt.Errorf("model %q: %w", model, ErrUnknownModel)
 	}
-	if ms.byID[workerID] == nil {
+	w := ms.byID[workerID]
+	if w == nil {
 		return fmt.Errorf("worker %q for model %q: %w", workerID, model, ErrUnknownWorker)
+	}
+	if w.Draining() {
+		return fmt.Errorf("worker %q: %w", workerID, ErrWorkerDraining)
 	}
 	if key == "" {
 		return errors.New("pin: key must not be empty")
@@ -182,6 +191,32 @@ func (p *Pool) Unpin(ctx context.Context, model, tenant, key string) error {
 // Pins lists the pins f selects (by model, tenant or worker), ordered by model, tenant and key.
 func (p *Pool) Pins(ctx context.Context, f PinFilter) ([]Pin, error) {
 	return p.pins.List(ctx, f)
+}
+
+// pinReleaseTimeout bounds releasing a worker's pins in Remove and Retire, which take no context.
+const pinReleaseTimeout = 5 * time.Second
+
+// releasePins deletes every pin to the worker id, so that each session or key pinned to it is
+// pinned anew, elsewhere, at its next request. Drain, Retire and Remove call it: a pick would
+// move such a pin at its next request anyway, but releasing it at once keeps listings true (no
+// pin shown on a worker that will not serve it) and an undrained worker from getting back
+// sessions that moved. A failure of the store is logged, and the pins left move at their next
+// request; a pin set while it runs may stay. Cost: one List of the store and one Delete per pin.
+func (p *Pool) releasePins(ctx context.Context, id string) {
+	pins, err := p.pins.List(ctx, PinFilter{Worker: id})
+	for i := 0; err == nil && i < len(pins); i++ {
+		err = p.pins.Delete(ctx, pins[i].PinKey)
+	}
+	if err != nil {
+		p.logger.Warn("pins of a worker not released; they move at their next request", "worker", id, "err", err)
+	}
+}
+
+// releasePinsNow is releasePins bounded by pinReleaseTimeout.
+func (p *Pool) releasePinsNow(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), pinReleaseTimeout)
+	defer cancel()
+	p.releasePins(ctx, id)
 }
 
 func (p *Pool) pinTTL(model string) time.Duration {

@@ -63,16 +63,16 @@ func TestStickySession(t *testing.T) {
 		t.Errorf("after failover: got %s by %q, want %s by %q", id, route, moved, RouteSticky)
 	}
 
-	// Draining moves it too.
+	// Draining unpins at once: the session is pinned anew, elsewhere.
 	if err := p.Drain(context.Background(), moved); err != nil {
 		t.Fatal(err)
-	}
-	if id, route := pick(t, p, s); id == moved || route != RouteRepinned {
-		t.Errorf("pinned worker draining: got %s by %q, want another worker by %q", id, route, RouteRepinned)
 	}
 	pins, err := p.Pins(context.Background(), PinFilter{Worker: moved})
 	if err != nil || len(pins) != 0 {
 		t.Errorf("pins on the drained worker: got %v (%v), want none", pins, err)
+	}
+	if id, route := pick(t, p, s); id == moved || route != RouteAssigned {
+		t.Errorf("pinned worker drained: got %s by %q, want another worker by %q", id, route, RouteAssigned)
 	}
 }
 
@@ -196,5 +196,14 @@ func TestManual(t *testing.T) {
 		if err := p.Pin(ctx, tt.model, "t", "k", tt.worker, 0); !errors.Is(err, tt.want) {
 			t.Errorf("Pin(%s, %s): got %v, want %v", tt.model, tt.worker, err, tt.want)
 		}
+	}
+	if err := p.Drain(ctx, "w0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Pin(ctx, "m", "t", "k", "w0", 0); !errors.Is(err, ErrWorkerDraining) {
+		t.Errorf("Pin to a drained worker: got %v, want %v", err, ErrWorkerDraining)
+	}
+	if pins, _ := p.Pins(ctx, PinFilter{Worker: "w0"}); len(pins) != 0 {
+		t.Errorf("pins of the drained w0: got %v, want none", pins)
 	}
 }

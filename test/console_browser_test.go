@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/migrations"
 	"github.com/usherllm/usher/routing"
@@ -88,7 +89,9 @@ func startConsoleStack(t *testing.T) string {
 	}
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admins: admin, Tenants: admin})
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admin: func(live *gateway.Server) (http.Handler, error) {
+		return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

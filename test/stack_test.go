@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
@@ -91,7 +92,10 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		o.server(&gcfg)
 	}
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg, Admins: testAdmins{}})
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg,
+		Admin: func(live *gateway.Server) (http.Handler, error) {
+			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: testAdmins{}})
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,4 +197,11 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 func chat(content string, maxTokens int, stream bool) string {
 	return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
 		model, stream, maxTokens, content)
+}
+
+// defaultAdminConfig is the admin plane's configuration with every default.
+func defaultAdminConfig() adminui.Config {
+	var cfg adminui.Config
+	cfg.SetDefaults()
+	return cfg
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/migrations"
 	"github.com/usherllm/usher/routing"
@@ -67,8 +68,11 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	wg.Go(func() { pool.Run(ctx) })
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admins: admin, Tenants: admin,
-		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb})})
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir,
+		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
+		Admin: func(live *gateway.Server) (http.Handler, error) {
+			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
@@ -26,6 +27,7 @@ type Config struct {
 	Server  gateway.Config `yaml:"server"`
 	Routing routing.Config `yaml:"routing"`
 	Queue   queue.Config   `yaml:"queue"`
+	AdminUI adminui.Config `yaml:"admin_ui"`
 	// The tenant sections (tenants, tiers, ...) sit at the top level of the file.
 	Tenants tenants.Config `yaml:",inline"`
 	Redis   RedisConfig    `yaml:"redis"`
@@ -52,6 +54,7 @@ func (c *Config) SetDefaults() {
 	c.Server.SetDefaults()
 	c.Routing.SetDefaults()
 	c.Tenants.SetDefaults()
+	c.AdminUI.SetDefaults()
 	if c.Log.Level == "" {
 		c.Log.Level = "info"
 	}
@@ -62,7 +65,7 @@ func (c *Config) SetDefaults() {
 
 // Validate reports every problem of every section, each naming its field.
 func (c Config) Validate() error {
-	errs := []error{c.Server.Validate(), c.Routing.Validate(), c.Queue.Validate(), c.Tenants.Validate()}
+	errs := []error{c.Server.Validate(), c.Routing.Validate(), c.Queue.Validate(), c.Tenants.Validate(), c.AdminUI.Validate()}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.Log.Level)); err != nil {
 		errs = append(errs, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level))

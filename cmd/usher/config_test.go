@@ -25,6 +25,7 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_duration.yaml", "server.upstream_connect_timeout: want a duration such as 500ms or 2s, got `soon` (line 2)"},
 		{"bad_log_level.yaml", "log.level"},
 		{"bad_discovery.yaml", "routing.discovery[0].port"},
+		{"bad_admin_ui.yaml", "admin_ui.sign_in.global_per_minute"},
 		{"does_not_exist.yaml", "no such file"},
 	}
 	for _, tt := range tests {

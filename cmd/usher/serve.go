@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
@@ -141,8 +142,10 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	}
 	gw, err := gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
-		Admins: admin, Tenants: admin,
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
+		Admin: func(live *gateway.Server) (http.Handler, error) {
+			return adminui.New(cfg.AdminUI, adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Logger: logger})
+		},
 	})
 	if err != nil {
 		return err

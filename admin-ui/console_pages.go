@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -17,7 +18,7 @@ import (
 // admin JSON API's handlers.
 
 func (con *console) overviewPage(c echo.Context) error {
-	o, err := con.s.overview()
+	o, err := con.p.overview()
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
@@ -25,7 +26,7 @@ func (con *console) overviewPage(c echo.Context) error {
 }
 
 func (con *console) overviewLive(c echo.Context) error {
-	o, err := con.s.overview()
+	o, err := con.p.overview()
 	if err != nil {
 		return err
 	}
@@ -39,8 +40,8 @@ type workersView struct {
 }
 
 func (con *console) workersView(c echo.Context) (workersView, error) {
-	v := workersView{Workers: con.s.pool.Workers(), Pinned: map[string]int{}}
-	pins, err := con.s.findPins(c.Request().Context(), routing.PinFilter{}, "")
+	v := workersView{Workers: con.p.fleet.Workers(), Pinned: map[string]int{}}
+	pins, err := con.p.findPins(c.Request().Context(), routing.PinFilter{}, "")
 	if err != nil {
 		return v, err
 	}
@@ -80,14 +81,14 @@ func (con *console) sessionsPage(c echo.Context) error {
 	v := sessionsView{
 		Filter: routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")},
 		Key:    c.QueryParam("key"),
-		Models: con.s.pool.Models(),
+		Models: con.p.fleet.Models(),
 	}
-	ws := con.s.pool.Workers()
+	ws := con.p.fleet.Workers()
 	sortWorkers(ws)
 	for _, w := range ws {
 		v.Workers = append(v.Workers, w.ID)
 	}
-	pins, err := con.s.findPins(c.Request().Context(), v.Filter, v.Key)
+	pins, err := con.p.findPins(c.Request().Context(), v.Filter, v.Key)
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
@@ -96,7 +97,7 @@ func (con *console) sessionsPage(c echo.Context) error {
 }
 
 func (con *console) queuePage(c echo.Context) error {
-	qs, err := con.s.queueViews()
+	qs, err := con.p.queueViews()
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
@@ -172,7 +173,7 @@ func (con *console) addWorker(c echo.Context) (string, string, error) {
 		return "", "", err
 	}
 	spec.MaxConcurrency = int(n)
-	if err := con.s.addWorkerAction(c, spec); err != nil {
+	if err := con.p.addWorkerAction(c, spec); err != nil {
 		return "", "", err
 	}
 	return "Worker " + spec.ID + " added.", "", nil
@@ -180,17 +181,17 @@ func (con *console) addWorker(c echo.Context) (string, string, error) {
 
 func (con *console) drain(c echo.Context) (string, string, error) {
 	id := c.Param("id")
-	return "Worker " + id + " drains; its pins are released and each session is pinned elsewhere at its next request.", "", con.s.drainWorkerAction(c, id)
+	return "Worker " + id + " drains; its pins are released and each session is pinned elsewhere at its next request.", "", con.p.drainWorkerAction(c, id)
 }
 
 func (con *console) undrain(c echo.Context) (string, string, error) {
 	id := c.Param("id")
-	return "Worker " + id + " takes requests again.", "", con.s.undrainWorkerAction(c, id)
+	return "Worker " + id + " takes requests again.", "", con.p.undrainWorkerAction(c, id)
 }
 
 func (con *console) remove(c echo.Context) (string, string, error) {
 	id := c.Param("id")
-	return "Worker " + id + " removed.", "", con.s.removeWorkerAction(c, id)
+	return "Worker " + id + " removed.", "", con.p.removeWorkerAction(c, id)
 }
 
 func (con *console) pin(c echo.Context) (string, string, error) {
@@ -200,7 +201,7 @@ func (con *console) pin(c echo.Context) (string, string, error) {
 	}
 	r := pinRequest{Model: c.FormValue("model"), Tenant: strings.TrimSpace(c.FormValue("tenant")),
 		Key: strings.TrimSpace(c.FormValue("key")), Worker: c.FormValue("worker"), TTLSeconds: ttl}
-	if err := con.s.pinAction(c, r); err != nil {
+	if err := con.p.pinAction(c, r); err != nil {
 		return "", "", err
 	}
 	return fmt.Sprintf("Session %s of %s pinned to %s.", r.Key, r.Tenant, r.Worker), "", nil
@@ -208,7 +209,7 @@ func (con *console) pin(c echo.Context) (string, string, error) {
 
 func (con *console) unpin(c echo.Context) (string, string, error) {
 	key := c.FormValue("key")
-	return "Session " + key + " unpinned.", "", con.s.unpinAction(c, c.FormValue("model"), c.FormValue("tenant"), key)
+	return "Session " + key + " unpinned.", "", con.p.unpinAction(c, c.FormValue("model"), c.FormValue("tenant"), key)
 }
 
 func (con *console) movePins(c echo.Context) (string, string, error) {
@@ -217,7 +218,7 @@ func (con *console) movePins(c echo.Context) (string, string, error) {
 		return "", "", err
 	}
 	r := movePinsRequest{From: c.FormValue("from"), To: c.FormValue("to"), TTLSeconds: ttl}
-	n, err := con.s.movePinsAction(c, r)
+	n, err := con.p.movePinsAction(c, r)
 	return fmt.Sprintf("%d pins moved from %s to %s.", n, r.From, r.To), "", err
 }
 
@@ -242,7 +243,7 @@ func (con *console) resume(c echo.Context) (string, string, error) {
 
 func (con *console) revokeKey(c echo.Context) (string, string, error) {
 	id, key := c.Param("id"), c.Param("key")
-	return "Key " + key + " revoked.", "/admin/tenants/" + id, con.ta.RevokeKey(c.Request().Context(), actorOf(c), id, key)
+	return "Key " + key + " revoked.", "/admin/tenants/" + id, revokeKeyOnce(c.Request().Context(), con.ta, actorOf(c), id, key)
 }
 
 // createKey answers with the tenant's page showing the new secret, once: it is in no URL,
@@ -254,7 +255,7 @@ func (con *console) createKey(c echo.Context) error {
 	if d := c.FormValue("expires"); d != "" {
 		t, err := time.Parse(time.DateOnly, d)
 		if err != nil {
-			return con.fail(c, back, BadRequest("expires", "expires must be a date YYYY-MM-DD"))
+			return con.fail(c, back, gateway.BadRequest("expires", "expires must be a date YYYY-MM-DD"))
 		}
 		in.Expires = t
 	}
@@ -280,7 +281,7 @@ func formInt(c echo.Context, field string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 0 {
-		return 0, BadRequest(field, "%s must be a non-negative integer", field)
+		return 0, gateway.BadRequest(field, "%s must be a non-negative integer", field)
 	}
 	return n, nil
 }

@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	adminui "github.com/usherllm/usher/admin-ui"
+	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -27,8 +27,8 @@ import (
 
 // console holds the console's parts. Safe for concurrent use after registerConsole.
 type console struct {
-	s     *Server
-	auth  AdminAuthenticator
+	p     *Plane
+	auth  Authenticator
 	ta    *tenants.Admin // nil: no tenants, keys or audit pages
 	codec sessionCodec
 	pages map[string]*template.Template // by page name; each is the layout plus the page
@@ -41,9 +41,11 @@ var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenan
 
 const consoleSessionKey = "usher.console.session"
 
-// registerConsole mounts the console on e. ta nil leaves out the tenant, key and audit pages.
-func (s *Server) registerConsole(e *echo.Echo, auth AdminAuthenticator, ta *tenants.Admin) error {
-	con := &console{s: s, auth: auth, ta: ta, codec: newSessionCodec(auth, s.now), pages: map[string]*template.Template{}}
+// registerConsole mounts the console on e. Without the tenant admin service it has no tenant,
+// key or audit pages.
+func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
+	ta := p.ta
+	con := &console{p: p, auth: auth, ta: ta, codec: newSessionCodec(auth, p.now), pages: map[string]*template.Template{}}
 	funcs := template.FuncMap{
 		"workerStates": func() []routing.WorkerState {
 			return []routing.WorkerState{routing.StateHealthy, routing.StateDraining, routing.StateDrained, routing.StateUnhealthy, routing.StateCircuitOpen}
@@ -71,17 +73,17 @@ func (s *Server) registerConsole(e *echo.Echo, auth AdminAuthenticator, ta *tena
 		},
 	}
 	for _, p := range consolePages {
-		t, err := template.New(p).Funcs(funcs).ParseFS(adminui.Files, "templates/layout.html", "templates/"+p+".html")
+		t, err := template.New(p).Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+p+".html")
 		if err != nil {
 			return fmt.Errorf("console: page %s: %w", p, err)
 		}
 		con.pages[p] = t
 	}
 	var err error
-	if con.signin, err = template.New("signin.html").ParseFS(adminui.Files, "templates/signin.html"); err != nil {
+	if con.signin, err = template.New("signin.html").ParseFS(files, "templates/signin.html"); err != nil {
 		return fmt.Errorf("console: sign-in page: %w", err)
 	}
-	static, err := fs.Sub(adminui.Files, "static")
+	static, err := fs.Sub(files, "static")
 	if err != nil {
 		return err
 	}
@@ -155,12 +157,12 @@ func (con *console) session(next echo.HandlerFunc) echo.HandlerFunc {
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, "/live") {
 				return c.Redirect(http.StatusSeeOther, "/admin/signin")
 			}
-			return c.String(http.StatusUnauthorized, "sign in first\n")
+			return refuse(c, errSignInFirst)
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			r.Body = http.MaxBytesReader(c.Response(), r.Body, maxAdminBody)
 			if !con.codec.checkCSRF(sess, r.PostFormValue(csrfField)) {
-				return c.String(http.StatusForbidden, "missing or invalid CSRF token; reload the page\n")
+				return refuse(c, errBadCSRF)
 			}
 		}
 		c.Set(consoleSessionKey, sess)
@@ -169,11 +171,25 @@ func (con *console) session(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
+// Refusals of requests the console cannot answer with a page.
+var (
+	errSignInFirst = fmt.Errorf("%w: sign in first", gateway.ErrAdminCredential)
+	errBadCSRF     = fmt.Errorf("%w: missing or invalid CSRF token; reload the page", tenants.ErrForbidden)
+	// errSigninExpired: the sign-in form's CSRF token does not match its cookie.
+	errSigninExpired = fmt.Errorf("%w: the sign-in form expired", tenants.ErrForbidden)
+)
+
+// refuse answers err in plain text with the status the error table gives it.
+func refuse(c echo.Context, err error) error {
+	ae := gateway.ErrorFor(err)
+	return c.String(ae.Status, ae.Message+"\n")
+}
+
 // changes refuses the viewer.
 func (con *console) changes(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if sessionOf(c).Role != roleAdmin {
-			return con.fail(c, "/admin/overview", errReadOnlyActor)
+			return con.fail(c, "/admin/overview", gateway.ErrReadOnlyActor)
 		}
 		return next(c)
 	}
@@ -236,7 +252,7 @@ type errorPage struct {
 // fail answers a refused action or an unreadable page with the status and message the JSON API
 // would give.
 func (con *console) fail(c echo.Context, back string, err error) error {
-	ae := Invalid(err)
+	ae := gateway.Invalid(err)
 	return con.render(c, ae.Status, "error", "", con.pageData(c, "", errorPage{Status: ae.Status, Message: ae.Message, Back: back}))
 }
 
@@ -275,7 +291,7 @@ func (con *console) renderSignin(c echo.Context, status int, msg string) error {
 	return c.HTMLBlob(status, buf.Bytes())
 }
 
-// signinSubmit checks the token with the AdminAuthenticator and opens a session for the admin
+// signinSubmit checks the token with the Authenticator and opens a session for the admin
 // or the viewer; tenant credentials do not open the console.
 func (con *console) signinSubmit(c echo.Context) error {
 	r := c.Request()
@@ -285,12 +301,15 @@ func (con *console) signinSubmit(c echo.Context) error {
 		nonce = ck.Value
 	}
 	if !con.codec.checkSigninCSRF(nonce, r.PostFormValue(csrfField)) {
-		return con.renderSignin(c, http.StatusForbidden, "The sign-in form expired; try again.")
+		return con.renderSignin(c, gateway.ErrorFor(errSigninExpired).Status, "The sign-in form expired; try again.")
+	}
+	if err := con.p.checkAttempts(c); err != nil {
+		return con.renderSignin(c, gateway.ErrorFor(err).Status, "Too many failed sign-ins; wait a minute and try again.")
 	}
 	actor, err := con.auth.AuthenticateActor(r.Context(), r.PostFormValue("token"))
 	if err != nil || !actor.Admin && !actor.Viewer {
-		con.s.log.Info("admin", "action", "console.signin.refused", "remote", c.RealIP())
-		return con.renderSignin(c, http.StatusUnauthorized, "That token is not the admin or viewer token.")
+		con.p.failedAttempt(c, "console.signin.refused")
+		return con.renderSignin(c, gateway.ErrorFor(gateway.ErrAdminCredential).Status, "That token is not the admin or viewer token.")
 	}
 	role := roleViewer
 	if actor.Admin {
@@ -301,12 +320,12 @@ func (con *console) signinSubmit(c echo.Context) error {
 	ck.Expires = sess.Expires
 	c.SetCookie(ck)
 	c.SetCookie(consoleCookie(r, signinCookie, "", -1))
-	con.s.log.Info("admin", "actor", actor.Name, "action", "console.signin", "remote", c.RealIP())
+	con.p.log.Info("admin", "actor", actor.Name, "action", "console.signin", "remote", c.RealIP())
 	return c.Redirect(http.StatusSeeOther, "/admin/overview")
 }
 
 func (con *console) signout(c echo.Context) error {
 	c.SetCookie(consoleCookie(c.Request(), sessionCookie, "", -1))
-	con.s.log.Info("admin", "actor", actorOf(c).Name, "action", "console.signout")
+	con.p.log.Info("admin", "actor", actorOf(c).Name, "action", "console.signout")
 	return c.Redirect(http.StatusSeeOther, "/admin/signin")
 }

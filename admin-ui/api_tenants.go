@@ -1,11 +1,13 @@
-package gateway
+package adminui
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/tenants"
 )
 
@@ -126,14 +128,30 @@ func (h tenantAdmin) createKey(c echo.Context) error {
 }
 
 func (h tenantAdmin) revokeKey(c echo.Context) error {
-	if err := h.ta.RevokeKey(c.Request().Context(), actorOf(c), c.Param("id"), c.Param("key")); err != nil {
+	if err := revokeKeyOnce(c.Request().Context(), h.ta, actorOf(c), c.Param("id"), c.Param("key")); err != nil {
 		return adminError(c, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
+// revokeKeyOnce revokes the key keyID of tenant tenantID, idempotently: a key already revoked
+// is left alone, so a second revoke succeeds again without a second audit entry. Two revokes at
+// the same instant may still both be recorded. Cost: one listing of the tenant's keys.
+func revokeKeyOnce(ctx context.Context, ta *tenants.Admin, actor tenants.Actor, tenantID, keyID string) error {
+	keys, err := ta.Keys(ctx, actor, tenantID)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k.ID == keyID && !k.Revoked.IsZero() {
+			return nil
+		}
+	}
+	return ta.RevokeKey(ctx, actor, tenantID, keyID)
+}
+
 func (h tenantAdmin) tiers(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]any{"tiers": h.ta.Tiers(actorOf(c))})
+	return c.JSON(http.StatusOK, map[string]any{"tiers": tiersJSON(h.ta.Tiers(actorOf(c)))})
 }
 
 func (h tenantAdmin) audit(c echo.Context) error {
@@ -141,7 +159,7 @@ func (h tenantAdmin) audit(c echo.Context) error {
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return adminError(c, BadRequest("limit", "limit must be a positive integer"))
+			return adminError(c, gateway.BadRequest("limit", "limit must be a positive integer"))
 		}
 		q.Limit = n
 	}

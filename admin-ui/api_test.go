@@ -1,8 +1,7 @@
-package gateway
+package adminui
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,31 +25,10 @@ func (tokenAdmins) AuthenticateActor(_ context.Context, cred string) (tenants.Ac
 	return tenants.Actor{}, tenants.ErrUnauthenticated
 }
 
-func (g *testGateway) admin(t *testing.T, method, path, token, body string) (*http.Response, map[string]any) {
-	t.Helper()
-	req, err := http.NewRequest(method, g.url+"/admin/api/v1"+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out map[string]any
-	_ = json.NewDecoder(resp.Body).Decode(&out)
-	return resp, out
-}
-
 func startAdminGateway(t *testing.T) (*testGateway, *fakeWorker) {
 	t.Helper()
-	w := newFakeWorker(t, nil)
-	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) { d.Admins = tokenAdmins{} })
-	return g, w
+	w := newFakeWorker(t)
+	return startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil), w
 }
 
 func TestAdminWorkersLifecycle(t *testing.T) {
@@ -116,8 +94,8 @@ func TestAdminRefusesWithoutAValidToken(t *testing.T) {
 	g, _ := startAdminGateway(t)
 	for _, token := range []string{"", "wrong", tenants.HashKey(adminToken)} {
 		resp, out := g.admin(t, "POST", "/workers/w1/drain", token, "")
-		if resp.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("token %q: got %d, want 401", token, resp.StatusCode)
+		if code := errorCode(out); resp.StatusCode != http.StatusUnauthorized || code != "invalid_admin_token" {
+			t.Fatalf("token %q: got %d %s, want 401 invalid_admin_token", token, resp.StatusCode, code)
 		}
 		if strings.Contains(toJSON(out), "wrong") {
 			t.Fatalf("the error repeats the credential: %v", out)
@@ -128,16 +106,23 @@ func TestAdminRefusesWithoutAValidToken(t *testing.T) {
 	}
 	// A tenant may use the admin API for its own objects, never for the fleet.
 	for _, call := range [][2]string{{"GET", "/workers"}, {"POST", "/workers/w1/drain"}, {"GET", "/pins"}, {"GET", "/queue"}} {
-		if resp, _ := g.admin(t, call[0], call[1], testKey, ""); resp.StatusCode != http.StatusForbidden {
-			t.Fatalf("tenant credential on %s %s: got %d, want 403", call[0], call[1], resp.StatusCode)
+		if resp, out := g.admin(t, call[0], call[1], testKey, ""); resp.StatusCode != http.StatusForbidden || errorCode(out) != "admin_required" {
+			t.Fatalf("tenant credential on %s %s: got %d %s, want 403 admin_required", call[0], call[1], resp.StatusCode, errorCode(out))
 		}
 	}
 }
 
+// errorCode is the code of an answer in OpenAI's error shape, or "".
+func errorCode(out map[string]any) string {
+	e, _ := out["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
 func TestDrainedWorkerGetsNoNewRequests(t *testing.T) {
-	a := newFakeWorker(t, nil)
-	b := newFakeWorker(t, nil)
-	g := startGatewayWith(t, []routing.WorkerSpec{a.spec("a"), b.spec("b")}, nil, func(d *Deps) { d.Admins = tokenAdmins{} })
+	a := newFakeWorker(t)
+	b := newFakeWorker(t)
+	g := startGateway(t, []routing.WorkerSpec{a.spec("a"), b.spec("b")}, nil)
 	if resp, _ := g.admin(t, "POST", "/workers/a/drain", adminToken, ""); resp.StatusCode != 200 {
 		t.Fatalf("drain: %d", resp.StatusCode)
 	}
@@ -151,16 +136,11 @@ func TestDrainedWorkerGetsNoNewRequests(t *testing.T) {
 	}
 }
 
-func toJSON(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
-}
-
 func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
-	a := newFakeWorker(t, nil)
-	b := newFakeWorker(t, nil)
+	a := newFakeWorker(t)
+	b := newFakeWorker(t)
 	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
-	g := startStickyGateway(t, specs)
+	g := startGateway(t, specs, func(s *setup) { s.Pool = newPool(t, specs, "sticky_session") })
 	for _, worker := range []string{"b", "a"} {
 		body := `{"model":"m1","tenant":"t1","key":"sess-1","worker":"` + worker + `","ttl_seconds":60}`
 		if resp, out := g.admin(t, "POST", "/pins", adminToken, body); resp.StatusCode != 200 {
@@ -183,6 +163,10 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 	if _, out := g.admin(t, "GET", "/pins?worker=a", adminToken, ""); len(out["pins"].([]any)) != 0 {
 		t.Fatalf("pins of a after its drain: got %v, want none", out)
 	}
+	resp, out = g.admin(t, "POST", "/pins", adminToken, `{"model":"m1","tenant":"t1","key":"sess-2","worker":"a"}`)
+	if msg, _ := out["error"].(map[string]any)["message"].(string); resp.StatusCode != 409 || errorCode(out) != "worker_draining" || !strings.Contains(msg, "draining") {
+		t.Fatalf("pin to the drained a: got %d %v, want 409 worker_draining saying so", resp.StatusCode, out)
+	}
 	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerSessionID: "sess-1"}); resp.Header.Get(headerWorker) != "b" {
 		t.Fatalf("session of a drained worker went to %q, want b", resp.Header.Get(headerWorker))
 	}
@@ -196,46 +180,5 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 		if resp, _ := g.admin(t, "POST", "/pins", adminToken, bad); resp.StatusCode < 400 || resp.StatusCode >= 500 {
 			t.Fatalf("pin %s: got %d, want a 4xx", bad, resp.StatusCode)
 		}
-	}
-}
-
-// startStickyGateway is a gateway whose model routes with sticky_session.
-func startStickyGateway(t *testing.T, specs []routing.WorkerSpec) *testGateway {
-	t.Helper()
-	return startGatewayWith(t, specs, nil, func(d *Deps) {
-		d.Admins = tokenAdmins{}
-		d.Pool = newStickyPool(t, specs)
-	})
-}
-
-func newStickyPool(t *testing.T, specs []routing.WorkerSpec) *routing.Pool {
-	t.Helper()
-	cfg := routing.Config{Workers: specs, Policy: "sticky_session"}
-	cfg.SetDefaults()
-	pool, err := routing.NewPool(cfg, routing.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pool
-}
-
-func TestTargetWorkerNeedsATierThatAllowsIt(t *testing.T) {
-	a := newFakeWorker(t, nil)
-	b := newFakeWorker(t, nil)
-	specs := []routing.WorkerSpec{a.spec("a"), b.spec("b")}
-	hdr := map[string]string{headerTarget: "b"}
-	if resp := startGateway(t, specs, nil).post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("tier without may_target_worker: got %d, want 403", resp.StatusCode)
-	}
-	allowed := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
-	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{allowed} })
-	for i := 0; i < 4; i++ {
-		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.Header.Get(headerWorker) != "b" {
-			t.Fatalf("request %d: got %d from %q, want 200 from b", i, resp.StatusCode, resp.Header.Get(headerWorker))
-		}
-	}
-	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerTarget: "zz"}); resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("unknown target: got %d, want 400", resp.StatusCode)
 	}
 }

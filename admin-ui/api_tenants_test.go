@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"strings"
@@ -62,6 +62,12 @@ func TestTenantAdminAPI(t *testing.T) {
 	eventually(t, func() bool { return g.post(t, "/v1/chat/completions", secret, chatBody, nil).StatusCode == 200 })
 	mustStatus(204, "DELETE", "/tenants/acme/keys/"+keyID, rootToken, "")
 	eventually(t, func() bool { return g.post(t, "/v1/chat/completions", secret, chatBody, nil).StatusCode == 401 })
+	// Revoking again changes nothing and says so the same way, without a second audit entry.
+	mustStatus(204, "DELETE", "/tenants/acme/keys/"+keyID, rootToken, "")
+	if revokes := strings.Count(toJSON(mustStatus(200, "GET", "/audit?object=key:"+keyID, rootToken, "")), `"key.revoke"`); revokes != 1 {
+		t.Fatalf("audit entries of the key's revocation after two revokes: got %d, want 1", revokes)
+	}
+	mustStatus(404, "DELETE", "/tenants/acme/keys/nokey", rootToken, "")
 
 	if tiers := mustStatus(200, "GET", "/tiers", rootToken, ""); len(tiers["tiers"].([]any)) != 2 {
 		t.Fatalf("tiers: %v", tiers)

@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"crypto/hmac"
@@ -16,24 +16,21 @@ import (
 
 // Console sessions are stateless, HMAC-signed cookies rather than a server-side table: the cookie
 // carries the role, the expiry and a random session id, signed with HMAC-SHA256. The key comes
-// from the AdminAuthenticator when it offers one (SessionKeyer; *tenants.Admin derives it from
+// from the Authenticator when it offers one (SessionKeyer; *tenants.Admin derives it from
 // the configured admin and viewer token hashes), so every replica with the same tokens accepts
 // the same sessions, a restart keeps them, and rotating a token ends them all. Without a
 // SessionKeyer the key is random per process: sessions then hold on one replica until it
 // restarts. Signing out clears the cookie in the browser; a copied cookie stays valid until its
 // expiry, which is why sessions are short (sessionLifetime).
 
-// SessionKeyer is implemented by an AdminAuthenticator that provides the secret console sessions
+// SessionKeyer is implemented by an Authenticator that provides the secret console sessions
 // are signed with. *tenants.Admin implements it.
 type SessionKeyer interface {
 	// SessionKey returns at least 32 secret bytes shared by every replica, or nil for none.
 	SessionKey() []byte
 }
 
-var (
-	_ SessionKeyer       = (*tenants.Admin)(nil)
-	_ AdminAuthenticator = (*tenants.Admin)(nil)
-)
+var _ SessionKeyer = (*tenants.Admin)(nil)
 
 const (
 	sessionCookie   = "usher_console"
@@ -75,7 +72,7 @@ type sessionCodec struct {
 	now func() time.Time
 }
 
-func newSessionCodec(auth AdminAuthenticator, now func() time.Time) sessionCodec {
+func newSessionCodec(auth Authenticator, now func() time.Time) sessionCodec {
 	var key []byte
 	if k, ok := auth.(SessionKeyer); ok {
 		key = k.SessionKey()

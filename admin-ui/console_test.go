@@ -1,4 +1,4 @@
-package gateway
+package adminui
 
 import (
 	"context"
@@ -48,9 +48,9 @@ func startTenantsGateway(t *testing.T) *testGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newFakeWorker(t, nil)
-	return startGatewayWith(t, []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}, nil, func(d *Deps) {
-		d.Auth, d.Admins, d.Tenants = dir, admin, admin
+	w := newFakeWorker(t)
+	return startGateway(t, []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}, func(s *setup) {
+		s.Auth, s.Admins, s.Tenants = dir, admin, admin
 	})
 }
 
@@ -396,8 +396,12 @@ func TestConsoleViewerChangesNothing(t *testing.T) {
 		{"DELETE", "/tenants/acme/keys/" + keyID, "", 403},
 	}
 	for _, a := range api {
-		if resp, out := g.admin(t, a.method, a.path, viewerToken, a.body); resp.StatusCode != a.want {
+		resp, out := g.admin(t, a.method, a.path, viewerToken, a.body)
+		if resp.StatusCode != a.want {
 			t.Errorf("viewer API %s %s: got %d, want %d (%v)", a.method, a.path, resp.StatusCode, a.want, out)
+		}
+		if a.want == http.StatusForbidden && errorCode(out) != "read_only" {
+			t.Errorf("viewer API %s %s: got code %q, want read_only", a.method, a.path, errorCode(out))
 		}
 	}
 	if _, out := g.admin(t, "GET", "/pins", rootToken, ""); len(out["pins"].([]any)) != 1 {

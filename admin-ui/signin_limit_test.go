@@ -1,0 +1,117 @@
+package adminui
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/usherllm/usher/routing"
+)
+
+// clock is a settable clock; safe for concurrent use.
+type clock struct {
+	mu sync.Mutex // guards t
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Unix(1_700_000_000, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestAttemptsPerClientAndGlobal(t *testing.T) {
+	clk := newClock()
+	a := newAttempts(SignInLimits{PerClientPerMinute: 3, GlobalPerMinute: 5}, clk.Now)
+	for i := range 3 {
+		if w := a.wait("10.0.0.1"); w != 0 {
+			t.Fatalf("attempt %d: got wait %v, want none", i+1, w)
+		}
+		a.failed("10.0.0.1")
+	}
+	if w := a.wait("10.0.0.1"); w != 20*time.Second {
+		t.Fatalf("after 3 failures at 3 a minute: got wait %v, want 20s", w)
+	}
+	if w := a.wait("10.0.0.2"); w != 0 {
+		t.Fatalf("another client: got wait %v, want none", w)
+	}
+	// Two more clients fail once each: the global bound of 5 is spent, for everyone.
+	a.failed("10.0.0.2")
+	a.failed("10.0.0.3")
+	if w := a.wait("10.0.0.4"); w != 12*time.Second {
+		t.Fatalf("a new client past the global bound: got wait %v, want 12s", w)
+	}
+	clk.Advance(12 * time.Second)
+	if w := a.wait("10.0.0.4"); w != 0 {
+		t.Fatalf("a new client once one global attempt is back: got wait %v, want none", w)
+	}
+	if w := a.wait("10.0.0.1"); w != 8*time.Second {
+		t.Fatalf("the first client 12s later: got wait %v, want 8s", w)
+	}
+	// A minute on, every client has all its attempts back and is forgotten at the next sweep.
+	clk.Advance(time.Minute)
+	a.forgetRestedLocked(clk.Now())
+	if n := len(a.clients); n != 0 {
+		t.Fatalf("clients remembered after they rested: got %d, want 0", n)
+	}
+}
+
+func TestAttemptsRememberBoundedClients(t *testing.T) {
+	clk := newClock()
+	a := newAttempts(SignInLimits{PerClientPerMinute: 10, GlobalPerMinute: 100}, clk.Now)
+	// A guesser from many addresses, as fast as the global bound lets it, for ten minutes.
+	for i := range 100_000 {
+		client := "10." + strconv.Itoa(i/65536%256) + "." + strconv.Itoa(i/256%256) + "." + strconv.Itoa(i%256)
+		if a.wait(client) == 0 {
+			a.failed(client)
+		}
+		clk.Advance(6 * time.Millisecond)
+	}
+	if n := len(a.clients); n > 2*100 {
+		t.Fatalf("clients remembered: got %d, want at most %d", n, 2*100)
+	}
+}
+
+func TestSignInAttemptsAreLimited(t *testing.T) {
+	clk := newClock()
+	w := newFakeWorker(t)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, func(s *setup) { s.Now = clk.Now })
+	for i := range 10 {
+		if resp, out := g.admin(t, "GET", "/workers", "wrong-"+strconv.Itoa(i), ""); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: got %d %v, want 401", i, resp.StatusCode, out)
+		}
+	}
+	// The right token is refused too, until an attempt comes back.
+	resp, out := g.admin(t, "GET", "/workers", adminToken, "")
+	if resp.StatusCode != http.StatusTooManyRequests || errorCode(out) != "too_many_attempts" || resp.Header.Get("Retry-After") != "6" {
+		t.Fatalf("the right token after 10 wrong ones: got %d %v Retry-After %q, want 429 too_many_attempts Retry-After 6",
+			resp.StatusCode, out, resp.Header.Get("Retry-After"))
+	}
+	b := newBrowser(t, g.url)
+	resp, _ = b.do("POST", "/admin/signin", url.Values{"csrf": {b.csrf("/admin/signin")}, "token": {adminToken}})
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("console sign-in from the same address: got %d, want 429", resp.StatusCode)
+	}
+	clk.Advance(6 * time.Second)
+	if resp, out := g.admin(t, "GET", "/workers", adminToken, ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the right token 6s later: got %d %v, want 200", resp.StatusCode, out)
+	}
+	// A missing credential is not a guess.
+	for range 20 {
+		g.admin(t, "GET", "/workers", "", "")
+	}
+	if resp, _ := g.admin(t, "GET", "/workers", adminToken, ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after calls without a credential: got %d, want 200", resp.StatusCode)
+	}
+}
