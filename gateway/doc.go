@@ -8,4 +8,8 @@
 // routing (which worker serves) and, where configured, queue (when the request may go) for each
 // request; those packages know nothing of HTTP or of each other. The admin plane (package
 // adminui) is mounted at /admin through Deps.Admin; gateway never imports it.
+//
+// An inference request is one call value that goes through four stages, one file each, in the
+// order it lives: admit.go, dispatch.go, proxy.go, settle.go (after parse.go); call.go tells
+// the way top to bottom.
 package gateway
