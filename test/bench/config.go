@@ -99,6 +99,9 @@ type Tenant struct {
 	Rate float64 `json:"rate,omitempty"`
 	// DeadlineMs, when set, is sent as X-Usher-Deadline-Ms and overrides Config.DeadlineMs.
 	DeadlineMs int `json:"deadline_ms,omitempty"`
+	// Whole asks for whole (non-streamed) answers, as batch jobs do; their time to first
+	// token is their whole latency.
+	Whole bool `json:"whole,omitempty"`
 }
 
 // SharedPrefixConfig is SGLang's generated-shared-prefix dataset: Groups system prompts, each

@@ -26,7 +26,9 @@ func TestParseTenant(t *testing.T) {
 		{in: "a=k:x", wantErr: "share"},
 		{in: "a=k:1::fast", wantErr: "rate"},
 		{in: "a=k:1:::soon", wantErr: "deadline_ms"},
-		{in: "a=k:1:batch:1:1:extra", wantErr: "too many fields"},
+		{in: "bulk=sk-2::batch:50::whole", want: bench.Tenant{Name: "bulk", Key: "sk-2", Class: "batch", Rate: 50, Whole: true}},
+		{in: "a=k:1:batch:1:1:sometimes", wantErr: "answer"},
+		{in: "a=k:1:batch:1:1:whole:extra", wantErr: "too many fields"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {

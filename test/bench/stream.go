@@ -74,13 +74,13 @@ type message struct {
 }
 
 type requestBody struct {
-	Model         string        `json:"model"`
-	Messages      []message     `json:"messages,omitempty"`
-	Prompt        string        `json:"prompt,omitempty"`
-	MaxTokens     int           `json:"max_tokens"`
-	Stream        bool          `json:"stream"`
-	StreamOptions streamOptions `json:"stream_options"`
-	IgnoreEOS     bool          `json:"ignore_eos,omitempty"`
+	Model         string         `json:"model"`
+	Messages      []message      `json:"messages,omitempty"`
+	Prompt        string         `json:"prompt,omitempty"`
+	MaxTokens     int            `json:"max_tokens"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
 }
 
 type usage struct {
@@ -159,11 +159,13 @@ type sender struct {
 func (s *sender) send(ctx context.Context, a arrival, t Tenant) result {
 	res := result{tenant: a.tenant, class: t.Class}
 	body := requestBody{
-		Model:         s.model,
-		MaxTokens:     a.item.MaxTokens,
-		Stream:        true,
-		StreamOptions: streamOptions{IncludeUsage: true},
-		IgnoreEOS:     s.ignoreEOS,
+		Model:     s.model,
+		MaxTokens: a.item.MaxTokens,
+		Stream:    !t.Whole,
+		IgnoreEOS: s.ignoreEOS,
+	}
+	if body.Stream {
+		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
 	if s.chat {
 		if a.item.System != "" {

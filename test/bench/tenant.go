@@ -6,16 +6,17 @@ import (
 	"strings"
 )
 
-// ParseTenant reads the flag form name=KEY[:share[:class[:rate[:deadline_ms]]]], for example
-// "acme=sk-1:3:interactive" or "bulk=sk-2:1:batch:50". Empty fields keep their defaults:
-// "bulk=sk-2::batch". The key cannot hold a colon.
+// ParseTenant reads the flag form name=KEY[:share[:class[:rate[:deadline_ms[:answer]]]]], for
+// example "acme=sk-1:3:interactive" or "bulk=sk-2:1:batch:50". Empty fields keep their defaults:
+// "bulk=sk-2::batch". answer is "stream" (the default) or "whole" (non-streamed answers, as
+// batch jobs ask). The key cannot hold a colon.
 func ParseTenant(s string) (Tenant, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
-		return Tenant{}, fmt.Errorf("tenant %q: want name=KEY[:share[:class[:rate[:deadline_ms]]]]", s)
+		return Tenant{}, fmt.Errorf("tenant %q: want name=KEY[:share[:class[:rate[:deadline_ms[:answer]]]]]", s)
 	}
 	parts := strings.Split(rest, ":")
-	if len(parts) > 5 {
+	if len(parts) > 6 {
 		return Tenant{}, fmt.Errorf("tenant %q: too many fields", s)
 	}
 	t := Tenant{Name: name, Key: parts[0]}
@@ -41,6 +42,13 @@ func ParseTenant(s string) (Tenant, error) {
 		if t.DeadlineMs, err = strconv.Atoi(v); err != nil {
 			return Tenant{}, fmt.Errorf("tenant %q: deadline_ms: %w", s, err)
 		}
+	}
+	switch field(5) {
+	case "", "stream":
+	case "whole":
+		t.Whole = true
+	default:
+		return Tenant{}, fmt.Errorf("tenant %q: answer: want stream or whole, got %q", s, field(5))
 	}
 	return t, nil
 }

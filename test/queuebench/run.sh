@@ -72,6 +72,9 @@ KV_TOKENS=${KV_TOKENS:-4096}       # kv mode: sim --kv-cache-tokens per worker (
 KV_BATCHED=${KV_BATCHED:-2048}     # kv mode: sim --max-num-batched-tokens per worker
 P_IN=${P_IN:-520}                  # prefill batch: prompt tokens
 P_OUT=${P_OUT:-7}                  # prefill batch: max_tokens
+BATCH_ANSWER=${BATCH_ANSWER:-whole} # scenario 4's batch tenant asks for whole answers (as batch jobs
+                                   # do; the gateway may then preempt one until its answer is
+                                   # sent) or, with "stream", streams them
 M_DURATION=${M_DURATION:-30}       # seconds of arrivals of each scenario-4 protection run
 M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 capacity run
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
@@ -407,7 +410,7 @@ if wants 4; then
       start_default_gateway "$name-a"
       run_bench "$name-a" "${inter[@]}"
       start_default_gateway "$name-b"
-      run_bench "$name-b-batch" --tenant "bulk=$(key bulk)::batch:$BR" --random-input-len "$b_in" --random-output-len "$b_out" \
+      run_bench "$name-b-batch" --tenant "bulk=$(key bulk)::batch:$BR::$BATCH_ANSWER" --random-input-len "$b_in" --random-output-len "$b_out" \
         --duration "${M_DURATION}s" --window "${WINDOW}s" &
       batch_pid=$!
       engine_signals "$name-b" "$((M_DURATION / 2))" &
@@ -433,7 +436,7 @@ if wants 4; then
   echo "== 4. engine modes: the DEFAULT gateway config (no max_concurrency, hand-down off) in front of 2 sims;"
   echo "   slots: $M_SLOTS slots per worker; kv: max_num_seqs $KV_SEQS, $KV_TOKENS KV tokens, $KV_BATCHED tokens a step per worker;"
   echo "   interactive i1..i3 at 0.1 R_i each ($IN prompt + $OUT output tokens), batch at 3 R_b (decode: the same lengths;"
-  echo "   prefill: $P_IN prompt + $P_OUT output tokens), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
+  echo "   prefill: $P_IN prompt + $P_OUT output tokens, answers: $BATCH_ANSWER), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
   echo "   t/s = tokens/s (prompt + output) over the ${WINDOW}s windows inside the arrivals but the first"
   printf "%-6s %-8s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s\n" mode batch R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
     "p99/(a)" "int t/s" "batch t/s" "b/unused" "int fail" "b ok" "b 429" "b drop"
