@@ -579,3 +579,14 @@ func TestConsoleCookieSecureOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// The Workers page shows each worker's concurrency limit and where it comes from.
+func TestConsoleWorkersShowTheLimitAndItsSource(t *testing.T) {
+	g := startTenantsGateway(t)
+	b := newBrowser(t, g.url)
+	b.signIn(rootToken)
+	_, body := b.do("GET", "/admin/workers", nil)
+	if !strings.Contains(body, `class="muted small limit-source"`) || !strings.Contains(body, "learned") {
+		t.Fatalf("the Workers page shows no limit source: %.2000s", body)
+	}
+}
