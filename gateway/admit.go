@@ -26,6 +26,24 @@ const (
 	headerTarget     = "X-Usher-Target-Worker"
 )
 
+// maxRoutingKey bounds X-Session-ID and X-Usher-Routing-Key: each becomes a pin in Redis and a
+// row of the console's Sessions page, so a tenant must not be able to make them large.
+const maxRoutingKey = 256
+
+// validRoutingKey reports whether a session id or routing key is within maxRoutingKey printable
+// ASCII characters (empty: none given).
+func validRoutingKey(s string) bool {
+	if len(s) > maxRoutingKey {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
 // maxDeadline bounds X-Usher-Deadline-Ms.
 const maxDeadline = 24 * time.Hour
 
@@ -76,11 +94,17 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := s.holdLimits(c, cl); err != nil {
 		return err
 	}
+	session, key := h.Get(headerSessionID), h.Get(headerRoutingKey)
+	for name, v := range map[string]string{headerSessionID: session, headerRoutingKey: key} {
+		if !validRoutingKey(v) {
+			return BadRequest("", "%s must be at most %d printable ASCII characters", name, maxRoutingKey)
+		}
+	}
 	cl.route = routing.Request{
 		Model:        cl.model,
 		Tenant:       cl.principal.TenantID,
-		SessionID:    h.Get(headerSessionID),
-		RoutingKey:   h.Get(headerRoutingKey),
+		SessionID:    session,
+		RoutingKey:   key,
 		TargetWorker: target,
 		Prompt:       cl.prompt,
 		PromptTokens: cl.promptTokens,

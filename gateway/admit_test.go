@@ -304,3 +304,28 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 		})
 	}
 }
+
+// Session ids and routing keys become pins in Redis and rows of the console: a tenant cannot
+// make them large (a 64 KB session id grew Redis to 261 MB in 20 s) or put control bytes in them.
+func TestRoutingKeysAreBounded(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w")}, nil)
+	for _, tc := range []struct {
+		header, value string
+		want          int
+	}{
+		{headerSessionID, strings.Repeat("s", maxRoutingKey), http.StatusOK},
+		{headerSessionID, strings.Repeat("s", maxRoutingKey+1), http.StatusBadRequest},
+		{headerSessionID, strings.Repeat("s", 64<<10), http.StatusBadRequest},
+		{headerRoutingKey, "user-42", http.StatusOK},
+		{headerRoutingKey, strings.Repeat("k", maxRoutingKey+1), http.StatusBadRequest},
+		{headerRoutingKey, "tab\there", http.StatusBadRequest},
+	} {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{tc.header: tc.value}); resp.StatusCode != tc.want {
+			t.Errorf("%s of %d bytes: got %d, want %d", tc.header, len(tc.value), resp.StatusCode, tc.want)
+		}
+	}
+	if got := w.requests.Load(); got != 2 {
+		t.Errorf("the worker got %d requests, want the 2 with sane keys", got)
+	}
+}
