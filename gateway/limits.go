@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -27,14 +29,37 @@ func (s *Server) admitLimits(c echo.Context, p tenants.Principal, d tenants.Dema
 	adm, err := s.limits.Admit(c.Request().Context(), p, d)
 	var le *tenants.LimitError
 	if errors.As(err, &le) {
-		le.Quota.Apply(c.Response().Header())
+		setQuotaHeaders(c.Response().Header(), le.Quota)
 		return nil, err
 	}
 	if err != nil {
 		return nil, err
 	}
-	adm.Quota.Apply(c.Response().Header())
+	setQuotaHeaders(c.Response().Header(), adm.Quota)
 	return adm, nil
+}
+
+// setQuotaHeaders sets OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers
+// from q; a limit of 0 (unlimited) leaves its three headers out.
+func setQuotaHeaders(h http.Header, q tenants.Quota) {
+	if q.LimitRequests > 0 {
+		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(q.LimitRequests, 10))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(q.RemainingRequests, 10))
+		h.Set("x-ratelimit-reset-requests", resetString(q.ResetRequests))
+	}
+	if q.LimitTokens > 0 {
+		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(q.LimitTokens, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(q.RemainingTokens, 10))
+		h.Set("x-ratelimit-reset-tokens", resetString(q.ResetTokens))
+	}
+}
+
+// resetString formats d as OpenAI does ("20ms", "1s", "6m0s").
+func resetString(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 // limitsError maps the limiter's refusals; it is part of toAPIError.

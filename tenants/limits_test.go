@@ -3,7 +3,6 @@ package tenants
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,7 +226,7 @@ func TestLimiterFallsBackWhenRedisFails(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
 	l := NewLimiter(LimitsConfig{RedisTimeout: 200 * time.Millisecond}, LimiterOptions{Now: clock.Now, Redis: newRedisClient(t, srv)})
-	p := limitedPrincipal("acme", Tier{Name: "free", RequestsPerMinute: 2})
+	p := limitedPrincipal("acme", Tier{Name: "free", RequestsPerMinute: 2, MaxConcurrent: 10})
 	ctx := context.Background()
 	first, err := l.Admit(ctx, p, Demand{Model: "m"})
 	if err != nil {
@@ -251,25 +250,6 @@ func TestLimiterFallsBackWhenRedisFails(t *testing.T) {
 	srv.Restart()
 	if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err != nil {
 		t.Errorf("after redis restart: got %v, want admitted (fresh shared counters)", err)
-	}
-}
-
-func TestQuotaApply(t *testing.T) {
-	h := http.Header{}
-	Quota{LimitRequests: 60, RemainingRequests: 59, ResetRequests: time.Second, LimitTokens: 1000, RemainingTokens: 10, ResetTokens: 6*time.Minute + 300*time.Millisecond}.Apply(h)
-	want := map[string]string{
-		"X-Ratelimit-Limit-Requests": "60", "X-Ratelimit-Remaining-Requests": "59", "X-Ratelimit-Reset-Requests": "1s",
-		"X-Ratelimit-Limit-Tokens": "1000", "X-Ratelimit-Remaining-Tokens": "10", "X-Ratelimit-Reset-Tokens": "6m0s",
-	}
-	for k, v := range want {
-		if got := h.Get(k); got != v {
-			t.Errorf("%s: got %q, want %q", k, got, v)
-		}
-	}
-	h = http.Header{}
-	Quota{}.Apply(h)
-	if len(h) != 0 {
-		t.Errorf("unlimited: got headers %v, want none", h)
 	}
 }
 
