@@ -78,7 +78,7 @@ func Example() {
 	case errors.As(err, &limited): // 429, Retry-After: limited.RetryAfter, headers: limited.Quota
 	}
 	fmt.Println(p.TenantID, p.Tier, p.TierSpec.Class(""), adm.Quota.RemainingRequests) // x-ratelimit-remaining-requests
-	adm.Done(75) // real prompt + completion tokens
+	adm.Done(75)                                                                       // real prompt + completion tokens
 
 	_, err = directory.Authenticate(ctx, "sk-wrong")
 	fmt.Println(err)
