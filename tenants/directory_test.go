@@ -325,6 +325,9 @@ func TestNoSecretInLogsOrErrors(t *testing.T) {
 		if p, err := f.dir.Authenticate(ctx, cred); err != nil {
 			errs = append(errs, err.Error())
 		} else if _, err := f.dir.Authenticate(ctx, f.key); err == nil {
+			limited := *p.TierSpec // a tier with limits, so the limiter talks to redis
+			limited.MaxConcurrent = 10
+			p.TierSpec = &limited
 			a, err := l.Admit(ctx, p, Demand{Model: "m"})
 			if err != nil {
 				t.Fatal(err)
