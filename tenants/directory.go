@@ -231,7 +231,10 @@ func (d *Directory) authenticateStoredKey(credential string) (Principal, error) 
 	if err != nil {
 		return Principal{}, err
 	}
-	p.KeyID = k.ID
+	if err := d.capTier(&p, k.Tier); err != nil {
+		return Principal{}, err
+	}
+	p.KeyID, p.Expires, p.ManageKeys = k.ID, k.Expires, k.ManageKeys
 	// Only move the shared cache line when the stored value would change.
 	if ms := now.UnixMilli(); ms-k.lastUsed.Load() >= 1000 {
 		k.lastUsed.Store(ms)
@@ -250,6 +253,23 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 		return Principal{}, errUndeclaredTier
 	}
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
+}
+
+// capTier lowers p to tier cap when the credential names one: p runs at cap, or stays at its
+// tenant's tier when that is lower. An empty cap changes nothing.
+func (d *Directory) capTier(p *Principal, cap string) error {
+	if cap == "" {
+		return nil
+	}
+	spec, ok := d.Tier(cap)
+	if !ok {
+		return errUndeclaredTier
+	}
+	p.TierCapped = true
+	if d.atOrBelow(cap, p.Tier) {
+		p.Tier, p.TierSpec = cap, spec
+	}
+	return nil
 }
 
 // Tenant returns a tenant by id, from the config file or the store (as last loaded).

@@ -55,7 +55,7 @@ type directoryFixture struct {
 	dir     *Directory
 	store   *Store
 	clock   *fakeClock
-	key     string // active key of acme (pro)
+	key     string // active key of acme (pro), with the manage_keys permission
 	keyID   string
 	logs    *bytes.Buffer
 	cfg     Config
@@ -76,22 +76,22 @@ func newDirectoryFixture(t testing.TB, s *Store, opts DirectoryOptions) *directo
 			t.Fatal(err)
 		}
 	}
-	k, key, err := s.CreateKey(ctx, "test", "acme", "ci", time.Time{})
+	k, key, err := s.CreateKey(ctx, "test", "acme", NewKey{Name: "ci", ManageKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.key, f.keyID = key, k.ID
-	if _, f.expired, err = s.CreateKey(ctx, "test", "acme", "old", f.clock.Now().Add(time.Hour)); err != nil {
+	if _, f.expired, err = s.CreateKey(ctx, "test", "acme", NewKey{Name: "old", Expires: f.clock.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	var rk APIKey
-	if rk, f.revoked, err = s.CreateKey(ctx, "test", "acme", "gone", time.Time{}); err != nil {
+	if rk, f.revoked, err = s.CreateKey(ctx, "test", "acme", NewKey{Name: "gone"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RevokeKey(ctx, "test", "acme", rk.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, f.susKey, err = s.CreateKey(ctx, "test", "sus", "k", time.Time{}); err != nil {
+	if _, f.susKey, err = s.CreateKey(ctx, "test", "sus", NewKey{Name: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	opts.Now = f.clock.Now
@@ -117,7 +117,7 @@ func testDirectoryAuthenticate(t *testing.T, s *Store) {
 
 	t.Run("stored key", func(t *testing.T) {
 		got, err := f.dir.Authenticate(ctx, f.key)
-		want := Principal{TenantID: "acme", TenantName: "Acme", Tier: "pro", TierSpec: pro, KeyID: f.keyID}
+		want := Principal{TenantID: "acme", TenantName: "Acme", Tier: "pro", TierSpec: pro, KeyID: f.keyID, ManageKeys: true}
 		if err != nil || got != want {
 			t.Errorf("got %+v, %v; want %+v", got, err, want)
 		}

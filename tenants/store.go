@@ -68,6 +68,12 @@ type APIKey struct {
 	Expires  time.Time `json:"expires,omitzero"`   // zero: never
 	Revoked  time.Time `json:"revoked,omitzero"`   // zero: not revoked
 	LastUsed time.Time `json:"last_used,omitzero"` // zero: never used (updated in batches)
+	// Tier caps the tier the key runs at: it runs at this tier, or at the tenant's when that is
+	// lower. Empty: the tenant's tier, whatever it becomes.
+	Tier string `json:"tier,omitempty"`
+	// ManageKeys allows the key to create and revoke the tenant's keys, within its own tier and
+	// expiry.
+	ManageKeys bool `json:"manage_keys"`
 
 	secretHash string
 }
@@ -382,16 +388,27 @@ func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
 	return out, rows.Err()
 }
 
+// NewKey describes a key to create.
+type NewKey struct {
+	Name string
+	// Expires zero means the key never expires.
+	Expires time.Time
+	// Tier caps the key's tier (APIKey.Tier); empty: the tenant's tier.
+	Tier       string
+	ManageKeys bool
+}
+
 // CreateKey makes a new API key for tenant tenantID and returns its description and the whole
 // key string, `usk_<id>_<secret>`. The key string is returned only here: the store keeps the
-// SHA-256 of the secret. expires zero means the key never expires.
-func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, expires time.Time) (APIKey, string, error) {
+// SHA-256 of the secret. The store checks no scope: Admin does.
+func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey) (APIKey, string, error) {
 	id, secret, key, err := newKeyString(s.rand)
 	if err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: id, TenantID: tenantID, Name: name, Expires: expires}
-	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, map[string]any{"name": name, "expires": expires},
+	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys}
+	details := map[string]any{"name": nk.Name, "expires": nk.Expires, "tier": nk.Tier, "manage_keys": nk.ManageKeys}
+	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, details,
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
 			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), tenantID).Scan(&n); err != nil {
@@ -401,8 +418,8 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, exp
 				return fmt.Errorf("tenant %q: %w", tenantID, ErrNotFound)
 			}
 			k.Created = time.UnixMilli(now.UnixMilli())
-			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?)`),
-				id, tenantID, name, HashKey(secret), now.UnixMilli(), nullMillis(expires))
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys))
 			return err
 		})
 	if err != nil {
@@ -423,17 +440,30 @@ func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error
 	return nil
 }
 
-const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms`
+const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys`
 
 func scanKey(row interface{ Scan(...any) error }) (APIKey, error) {
 	var k APIKey
-	var created int64
+	var created, manage int64
 	var expires, revoked, used sql.NullInt64
-	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used); err != nil {
+	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage); err != nil {
 		return APIKey{}, err
 	}
+	k.ManageKeys = manage != 0
 	k.Created = time.UnixMilli(created)
 	k.Expires, k.Revoked, k.LastUsed = fromNullMillis(expires), fromNullMillis(revoked), fromNullMillis(used)
+	return k, nil
+}
+
+// Key returns one key by its public id, whatever its tenant; ErrNotFound when there is none.
+func (s *Store) Key(ctx context.Context, id string) (APIKey, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, s.q(`SELECT `+keyColumns+` FROM api_keys WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return APIKey{}, fmt.Errorf("key %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return APIKey{}, fmt.Errorf("read key %q: %w", id, err)
+	}
 	return k, nil
 }
 
@@ -548,6 +578,13 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		page.NextBefore = page.Entries[aq.Limit-1].ID
 	}
 	return page, nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func nullMillis(t time.Time) any {
