@@ -215,13 +215,66 @@ func (s *Store) change(ctx context.Context, actor, action, tenantID, object stri
 	if err := fn(tx, now); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
-		return fmt.Errorf("bump revision: %w", err)
+	if err := s.logChange(ctx, tx, tenantID, object); err != nil {
+		return err
 	}
 	if err := s.audit(ctx, tx, now, actor, action, tenantID, object, details); err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// keptChanges is how many rows of the changes log the store keeps; a replica more changes behind
+// reloads everything.
+const keptChanges = 10_000
+
+// logChange bumps the revision and logs what changed under the new one (tx held). The row lock
+// on revision orders concurrent changes, so revisions commit in order and without gaps.
+func (s *Store) logChange(ctx context.Context, tx *sql.Tx, tenantID, object string) error {
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
+		return fmt.Errorf("bump revision: %w", err)
+	}
+	var rev int64
+	if err := tx.QueryRowContext(ctx, `SELECT rev FROM revision WHERE id = 1`).Scan(&rev); err != nil {
+		return fmt.Errorf("read revision: %w", err)
+	}
+	keyID, _ := strings.CutPrefix(object, "key:")
+	if keyID == object {
+		keyID = ""
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO changes (rev, tenant_id, key_id) VALUES (?, ?, ?)`), rev, tenantID, keyID); err != nil {
+		return fmt.Errorf("log change: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM changes WHERE rev <= ?`), rev-keptChanges); err != nil {
+		return fmt.Errorf("trim the changes log: %w", err)
+	}
+	return nil
+}
+
+// Change is one entry of the changes log: the tenant changed, or one of its keys.
+type Change struct {
+	Rev      int64
+	TenantID string
+	KeyID    string // "" for a change to the tenant itself
+}
+
+// Changes returns the logged changes with after < rev <= upTo, oldest first. Entries trimmed
+// from the log are missing: callers compare the count with upTo - after.
+func (s *Store) Changes(ctx context.Context, after, upTo int64) ([]Change, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT rev, tenant_id, key_id FROM changes WHERE rev > ? AND rev <= ? ORDER BY rev`), after, upTo)
+	if err != nil {
+		return nil, fmt.Errorf("read changes: %w", err)
+	}
+	defer rows.Close()
+	var out []Change
+	for rows.Next() {
+		var c Change
+		if err := rows.Scan(&c.Rev, &c.TenantID, &c.KeyID); err != nil {
+			return nil, fmt.Errorf("read changes: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // Record writes an audit entry for a change made outside the store (a worker drained, a pin
