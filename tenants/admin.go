@@ -415,7 +415,7 @@ func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in 
 			return APIKey{}, "", err
 		}
 	}
-	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, NewKey{Name: in.Name, Expires: in.Expires, Tier: in.Tier, ManageKeys: in.ManageKeys})
+	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, NewKey(in))
 	if err != nil {
 		return APIKey{}, "", err
 	}

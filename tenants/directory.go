@@ -62,8 +62,9 @@ const (
 // Authenticate does no SQL and no I/O for a credential it knows: Run keeps the view fresh by
 // polling the store's revision every PollInterval and reloading on announcements over Redis,
 // and writes last-used times in batches. A well-formed stored key it does not know makes it
-// reload from the store first (rate-limited, and once per key id a minute), so a key created on
-// another replica works here on its first request, before any announcement arrives. Safe for
+// reload from the store first, as does a verified JWT naming a tenant it does not know
+// (rate-limited, and once per id a minute), so a key or tenant created on another replica works
+// here on its first request, before any announcement arrives. Safe for
 // concurrent use.
 type Directory struct {
 	// tiers is replaced as a whole by SetTiers; readers load it once per call.
@@ -218,7 +219,7 @@ func (d *Directory) Authenticate(ctx context.Context, credential string) (Princi
 		if d.jwt == nil {
 			return Principal{}, errUnknownCredential
 		}
-		return d.jwt.authenticate(credential, d)
+		return d.jwt.authenticate(ctx, credential, d)
 	}
 	h := sum256(credential)
 	k, ok := d.tiers.Load().static[h]
@@ -244,7 +245,7 @@ func (d *Directory) authenticateStoredKey(ctx context.Context, credential string
 	snap := d.snap.Load()
 	k, found := snap.keys[id]
 	h := sum256(secret)
-	if !found && d.lookUpMiss(ctx, id) {
+	if !found && d.lookUpMiss(ctx, "key:"+id, func(s *snapshot) bool { _, ok := s.keys[id]; return ok }) {
 		snap = d.snap.Load()
 		k, found = snap.keys[id]
 	}
@@ -280,16 +281,17 @@ func (d *Directory) authenticateStoredKey(ctx context.Context, credential string
 	return p, nil
 }
 
-// lookUpMiss reloads from the store for key id, unknown in memory, unless it was looked up and
-// not found within missTTL or fruitless lookups are over their rate (a lookup that finds the key
-// is not charged: creations are bounded by the admin API). It reports whether it reloaded.
-func (d *Directory) lookUpMiss(ctx context.Context, id string) bool {
+// lookUpMiss reloads from the store for an object unknown in memory (miss names it: "key:<id>",
+// "tenant:<id>"; found tells whether a snapshot holds it), unless it was looked up and not found
+// within missTTL or fruitless lookups are over their rate (a lookup that finds the object is not
+// charged: creations are bounded by the admin API). It reports whether it reloaded.
+func (d *Directory) lookUpMiss(ctx context.Context, miss string, found func(*snapshot) bool) bool {
 	if d.store == nil {
 		return false
 	}
 	now := d.now()
 	d.missMu.Lock()
-	until, seen := d.missed[id]
+	until, seen := d.missed[miss]
 	refuse := seen && now.Before(until) || d.missLimit.TokensAt(now) < 1
 	d.missMu.Unlock()
 	if refuse {
@@ -300,13 +302,13 @@ func (d *Directory) lookUpMiss(ctx context.Context, id string) bool {
 		d.logger.Warn("reload for an unknown api key", "err", err)
 		return false
 	}
-	if _, found := d.snap.Load().keys[id]; !found {
+	if !found(d.snap.Load()) {
 		d.missMu.Lock()
 		d.missLimit.AllowN(now, 1)
 		if len(d.missed) >= maxMissedID {
 			clear(d.missed)
 		}
-		d.missed[id] = now.Add(missTTL)
+		d.missed[miss] = now.Add(missTTL)
 		d.missMu.Unlock()
 	}
 	return true

@@ -1,6 +1,7 @@
 package tenants
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -344,7 +345,7 @@ type verifiedToken struct {
 const maxVerifiedTokens = 10_000
 
 // authenticate verifies token and resolves its tenant and tier through d.
-func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error) {
+func (v *JWTVerifier) authenticate(ctx context.Context, token string, d *Directory) (Principal, error) {
 	h := sum256(token)
 	v.mu.RLock()
 	vt, hit := v.verified[h]
@@ -362,6 +363,9 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 		v.mu.Unlock()
 	}
 	t, ok := d.Tenant(vt.tenantID)
+	if !ok && d.lookUpMiss(ctx, "tenant:"+vt.tenantID, func(s *snapshot) bool { _, ok := s.tenants[vt.tenantID]; return ok }) {
+		t, ok = d.Tenant(vt.tenantID)
+	}
 	if !ok {
 		return Principal{}, errUnknownTenant
 	}
