@@ -202,6 +202,7 @@ func limitsShare(t *Tier, share int64) shareLimits {
 // NewLimiter returns a limiter; cfg must have been through SetDefaults.
 func NewLimiter(cfg LimitsConfig, opts LimiterOptions) *Limiter {
 	cfg.setDefaults()
+	cfg.LeaseTTL = max(cfg.LeaseTTL, time.Second) // Validate refuses less; never renew in a busy loop
 	l := &Limiter{cfg: cfg, redis: opts.Redis, logger: opts.Logger, now: opts.Now, replicaID: opts.ReplicaID,
 		live: map[*Admission]struct{}{}}
 	if l.logger == nil {
