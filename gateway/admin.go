@@ -56,7 +56,7 @@ func (s *Server) registerAdmin(e *echo.Echo, auth AdminAuthenticator, ta *tenant
 func adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if a := actorOf(c); !a.Admin && !a.Viewer {
-			return writeError(c, &apiError{Status: http.StatusForbidden, Type: "permission_error",
+			return WriteError(c, &APIError{Status: http.StatusForbidden, Type: "permission_error",
 				Code: "admin_required", Message: "admin rights required"})
 		}
 		return next(c)
@@ -67,14 +67,14 @@ func adminOnly(next echo.HandlerFunc) echo.HandlerFunc {
 func readOnlyGuard(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if m := c.Request().Method; actorOf(c).ReadOnly() && m != http.MethodGet && m != http.MethodHead {
-			return writeError(c, errReadOnlyActor)
+			return WriteError(c, errReadOnlyActor)
 		}
 		return next(c)
 	}
 }
 
 // errReadOnlyActor is the answer to a change asked by the viewer.
-var errReadOnlyActor = &apiError{Status: http.StatusForbidden, Type: "permission_error",
+var errReadOnlyActor = &APIError{Status: http.StatusForbidden, Type: "permission_error",
 	Code: "read_only", Message: "the viewer may read but not change anything"}
 
 func actorOf(c echo.Context) tenants.Actor {
@@ -87,12 +87,12 @@ func (s *Server) adminAuth(auth AdminAuthenticator) echo.MiddlewareFunc {
 		return func(c echo.Context) error {
 			cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
 			if !ok {
-				return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+				return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
 					Code: "invalid_admin_token", Message: "missing credential: send 'Authorization: Bearer <admin token>'"})
 			}
 			actor, err := auth.AuthenticateActor(c.Request().Context(), cred)
 			if err != nil {
-				return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+				return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
 					Code: "invalid_admin_token", Message: "invalid admin credential"})
 			}
 			c.Set(actorKey, actor)
@@ -106,57 +106,30 @@ func (s *Server) adminAuth(auth AdminAuthenticator) echo.MiddlewareFunc {
 func decodeAdminBody(c echo.Context, v any) error {
 	r := c.Request()
 	if ct := r.Header.Get(echo.HeaderContentType); ct != "" && !strings.HasPrefix(ct, echo.MIMEApplicationJSON) {
-		return badRequest("", "Content-Type must be application/json")
+		return BadRequest("", "Content-Type must be application/json")
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, maxAdminBody))
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return tooLarge(maxAdminBody)
+		return TooLarge(maxAdminBody)
 	}
 	if err != nil {
-		return badRequest("", "reading the body: %v", err)
+		return BadRequest("", "reading the body: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return badRequest("", "the body is not a valid JSON object for this call: %v", err)
+		return BadRequest("", "the body is not a valid JSON object for this call: %v", err)
 	}
 	if dec.More() {
-		return badRequest("", "the body has data after the JSON object")
+		return BadRequest("", "the body has data after the JSON object")
 	}
 	return nil
 }
 
 // adminError answers an admin call's error in OpenAI's shape with the status its cause calls
-// for.
-func adminError(c echo.Context, err error) error { return writeError(c, adminAPIError(err)) }
-
-// adminAPIError maps an admin action's error to its answer; the console shows the same status
-// and message.
-func adminAPIError(err error) *apiError {
-	switch {
-	case errors.Is(err, routing.ErrUnknownModel):
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Message: err.Error()}
-	case errors.Is(err, routing.ErrUnknownWorker):
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "worker_not_found", Message: err.Error()}
-	case errors.Is(err, routing.ErrWorkerExists):
-		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "worker_exists", Message: err.Error()}
-	case errors.Is(err, tenants.ErrForbidden):
-		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "forbidden", Message: err.Error()}
-	case errors.Is(err, tenants.ErrNotFound):
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: err.Error()}
-	case errors.Is(err, tenants.ErrConflict):
-		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "conflict", Message: err.Error()}
-	case errors.Is(err, tenants.ErrInvalid):
-		return badRequest("", "%v", err)
-	}
-	var ae *apiError
-	if errors.As(err, &ae) {
-		return ae
-	}
-	// Validation errors of the domain packages name the field and the problem.
-	return badRequest("", "%v", err)
-}
+// for (Invalid: the domain packages' validation errors are the caller's).
+func adminError(c echo.Context, err error) error { return WriteError(c, Invalid(err)) }
 
 // audit records a fleet change (a worker or pin change, which lives in the pool and Redis) in the
 // process log and, when the tenant admin service is wired, in the SQL audit log beside the

@@ -21,7 +21,7 @@ func (s *Server) addWorkerAction(c echo.Context, spec routing.WorkerSpec) error 
 		return err
 	}
 	s.audit(c, "worker.add", spec.ID)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -30,7 +30,7 @@ func (s *Server) removeWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.remove", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -42,7 +42,7 @@ func (s *Server) drainWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.drain", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	pins, err := s.pool.Pins(ctx, routing.PinFilter{Worker: id})
 	if err != nil {
 		return fmt.Errorf("worker %s drains, but its pins could not be listed: %w", id, err)
@@ -60,7 +60,7 @@ func (s *Server) undrainWorkerAction(c echo.Context, id string) error {
 		return err
 	}
 	s.audit(c, "worker.undrain", id)
-	s.admission.refresh()
+	s.dispatcher.refresh()
 	return nil
 }
 
@@ -82,10 +82,10 @@ func (s *Server) findPins(ctx context.Context, f routing.PinFilter, key string) 
 
 func (s *Server) pinAction(c echo.Context, r pinRequest) error {
 	if r.Model == "" || r.Tenant == "" || r.Key == "" || r.Worker == "" {
-		return badRequest("", "model, tenant, key and worker are required")
+		return BadRequest("", "model, tenant, key and worker are required")
 	}
 	if r.TTLSeconds < 0 {
-		return badRequest("ttl_seconds", "ttl_seconds must not be negative")
+		return BadRequest("ttl_seconds", "ttl_seconds must not be negative")
 	}
 	ttl := time.Duration(r.TTLSeconds) * time.Second
 	if err := s.pool.Pin(c.Request().Context(), r.Model, r.Tenant, r.Key, r.Worker, ttl); err != nil {
@@ -97,7 +97,7 @@ func (s *Server) pinAction(c echo.Context, r pinRequest) error {
 
 func (s *Server) unpinAction(c echo.Context, model, tenant, key string) error {
 	if model == "" || tenant == "" || key == "" {
-		return badRequest("", "model, tenant and key are required")
+		return BadRequest("", "model, tenant and key are required")
 	}
 	if err := s.pool.Unpin(c.Request().Context(), model, tenant, key); err != nil {
 		return err
@@ -110,10 +110,10 @@ func (s *Server) unpinAction(c echo.Context, model, tenant, key string) error {
 // many moved. Pins of models r.To does not serve are refused by the pool: the move stops there.
 func (s *Server) movePinsAction(c echo.Context, r movePinsRequest) (int, error) {
 	if r.From == "" || r.To == "" {
-		return 0, badRequest("", "from and to are required")
+		return 0, BadRequest("", "from and to are required")
 	}
 	if r.TTLSeconds < 0 {
-		return 0, badRequest("ttl_seconds", "ttl_seconds must not be negative")
+		return 0, BadRequest("ttl_seconds", "ttl_seconds must not be negative")
 	}
 	ctx := c.Request().Context()
 	if _, err := s.pool.Worker(r.From); err != nil {
@@ -137,7 +137,7 @@ func (s *Server) movePinsAction(c echo.Context, r movePinsRequest) (int, error) 
 func (s *Server) queueViews() ([]queueView, error) {
 	out := []queueView{}
 	for _, model := range s.pool.Models() {
-		q, err := s.admission.queueFor(model)
+		q, err := s.dispatcher.queueFor(model)
 		if err != nil {
 			return nil, fmt.Errorf("model %q: %w", model, err)
 		}

@@ -141,7 +141,7 @@ func (h tenantAdmin) audit(c echo.Context) error {
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return adminError(c, badRequest("limit", "limit must be a positive integer"))
+			return adminError(c, BadRequest("limit", "limit must be a positive integer"))
 		}
 		q.Limit = n
 	}

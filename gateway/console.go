@@ -236,7 +236,7 @@ type errorPage struct {
 // fail answers a refused action or an unreadable page with the status and message the JSON API
 // would give.
 func (con *console) fail(c echo.Context, back string, err error) error {
-	ae := adminAPIError(err)
+	ae := Invalid(err)
 	return con.render(c, ae.Status, "error", "", con.pageData(c, "", errorPage{Status: ae.Status, Message: ae.Message, Back: back}))
 }
 

@@ -254,7 +254,7 @@ func (con *console) createKey(c echo.Context) error {
 	if d := c.FormValue("expires"); d != "" {
 		t, err := time.Parse(time.DateOnly, d)
 		if err != nil {
-			return con.fail(c, back, badRequest("expires", "expires must be a date YYYY-MM-DD"))
+			return con.fail(c, back, BadRequest("expires", "expires must be a date YYYY-MM-DD"))
 		}
 		in.Expires = t
 	}
@@ -280,7 +280,7 @@ func formInt(c echo.Context, field string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 0 {
-		return 0, badRequest(field, "%s must be a non-negative integer", field)
+		return 0, BadRequest(field, "%s must be a non-negative integer", field)
 	}
 	return n, nil
 }

@@ -10,14 +10,15 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
 
-// apiError is an error as the client sees it: an HTTP status and OpenAI's error object. It is
-// the only error type handlers return; toAPIError maps every other error to one, so this file is
-// the one place that decides statuses.
-type apiError struct {
+// APIError is an error as a client sees it: an HTTP status and OpenAI's error object. The data
+// plane, the admin API and the console all answer through ErrorFor, so this file is the one
+// place that decides statuses.
+type APIError struct {
 	Status  int
 	Type    string // OpenAI error type: invalid_request_error, authentication_error, ...
 	Code    string // machine-readable: model_not_found, queue_full, ...
@@ -27,17 +28,92 @@ type apiError struct {
 	RetryAfter time.Duration
 }
 
-func (e *apiError) Error() string { return e.Message }
+func (e *APIError) Error() string { return e.Message }
 
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error",
+// BadRequest is a 400 invalid_request naming param (may be empty).
+func BadRequest(param, format string, args ...any) *APIError {
+	return &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error",
 		Code: "invalid_request", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// toAPIError maps an error from any layer to what the client is told. Messages of wrapped
-// domain errors are safe to show: no layer puts a credential into an error.
-func toAPIError(err error) *apiError {
-	var ae *apiError
+// TooLarge is the 413 of a body over limit bytes.
+func TooLarge(limit int64) *APIError {
+	return &APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+		Code: "request_too_large", Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
+}
+
+// Errors of the data plane's own, mapped by the table like the domain packages' errors.
+var (
+	// errUnknownTarget: X-Usher-Target-Worker names no worker of the model (a bad header: 400).
+	errUnknownTarget = errors.New("no worker of this model has that id")
+	// errTargetNotAllowed: the tier may not choose a worker (403).
+	errTargetNotAllowed = errors.New("your tier may not choose a worker with " + headerTarget)
+	// errUpstream: no worker could answer after every attempt (502).
+	errUpstream = errors.New("no worker could serve the request")
+	// errUpstreamAnswer: the worker's answer could not be read or was too large (502).
+	errUpstreamAnswer = errors.New("the worker's answer could not be relayed")
+)
+
+// errorRule is one row of the error table: every error that errors.Is matches err gets status,
+// type, code and param; retry, when positive, is its Retry-After unless the error carries its
+// own. showCause says whether the wrapped error's message is shown (domain errors never carry a
+// credential) or only message.
+type errorRule struct {
+	err       error
+	status    int
+	typ, code string
+	param     string
+	message   string
+	retry     time.Duration
+	showCause bool
+}
+
+// errorTable maps every domain error to what a client is told, most specific first. Adding a
+// sentinel anywhere that reaches a client means adding its row here.
+var errorTable = []errorRule{
+	// Who is calling.
+	{err: tenants.ErrUnauthenticated, status: http.StatusUnauthorized, typ: "authentication_error",
+		code: "invalid_api_key", message: "invalid or missing credential: ", showCause: true},
+	{err: tenants.ErrForbidden, status: http.StatusForbidden, typ: "permission_error", code: "forbidden", showCause: true},
+	// Limits.
+	{err: tenants.ErrModelNotAllowed, status: http.StatusForbidden, typ: "permission_error", code: "model_not_allowed",
+		param: "model", message: "your tier does not include this model"},
+	{err: tenants.ErrPromptTooLong, status: http.StatusBadRequest, typ: "invalid_request_error",
+		code: "context_length_exceeded", param: "messages", message: "the prompt is longer than your tier allows"},
+	{err: errTargetNotAllowed, status: http.StatusForbidden, typ: "permission_error", code: "target_worker_not_allowed", showCause: true},
+	// The queue.
+	{err: queue.ErrQueueFull, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full",
+		message: "the queue for this tenant or class is full; retry later"},
+	{err: queue.ErrDeadlineUnreachable, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "deadline_unreachable",
+		message: "the request cannot be served within its deadline given the work queued ahead"},
+	{err: queue.ErrDeadlineExceeded, status: http.StatusGatewayTimeout, typ: "timeout_error", code: "deadline_exceeded",
+		message: "the request's deadline passed while it waited in the queue"},
+	{err: queue.ErrTooLarge, status: http.StatusBadRequest, typ: "invalid_request_error", code: "request_too_large",
+		message: "the request needs more tokens in flight than the model's workers can hold"},
+	{err: queue.ErrShutdown, status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down",
+		message: "the gateway is shutting down; retry", retry: time.Second},
+	// Workers.
+	{err: routing.ErrUnknownModel, status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
+		param: "model", showCause: true},
+	{err: errUnknownTarget, status: http.StatusBadRequest, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
+	{err: routing.ErrUnknownWorker, status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
+	{err: routing.ErrWorkerExists, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_exists", showCause: true},
+	{err: routing.ErrNoWorker, status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker_available",
+		retry: time.Second, showCause: true},
+	{err: errUpstream, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
+	{err: errUpstreamAnswer, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},
+	// The tenant store (admin API).
+	{err: tenants.ErrNotFound, status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", showCause: true},
+	{err: tenants.ErrConflict, status: http.StatusConflict, typ: "invalid_request_error", code: "conflict", showCause: true},
+	{err: tenants.ErrInvalid, status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request", showCause: true},
+}
+
+// ErrorFor maps an error from any layer to what the client is told: an *APIError as it is, an
+// Echo error by its status, a domain error by the first row of errorTable it matches (a
+// *tenants.LimitError as 429 rate_limit_exceeded). Anything else is a 500 whose message is not
+// shown.
+func ErrorFor(err error) *APIError {
+	var ae *APIError
 	if errors.As(err, &ae) {
 		return ae
 	}
@@ -45,36 +121,46 @@ func toAPIError(err error) *apiError {
 	if errors.As(err, &he) {
 		return fromEchoError(he)
 	}
-	if qe, ok := queueError(err); ok {
-		return qe
+	var le *tenants.LimitError
+	if errors.As(err, &le) {
+		return &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+			Message: "rate limit reached for " + string(le.Limit) + "; retry later", RetryAfter: le.RetryAfter}
 	}
-	if le, ok := limitsError(err); ok {
-		return le
+	for _, r := range errorTable {
+		if !errors.Is(err, r.err) {
+			continue
+		}
+		out := &APIError{Status: r.status, Type: r.typ, Code: r.code, Param: r.param, Message: r.message, RetryAfter: r.retry}
+		if r.showCause {
+			out.Message += err.Error()
+		}
+		var rej *queue.Rejection
+		if errors.As(err, &rej) && rej.RetryAfter > 0 {
+			out.RetryAfter = rej.RetryAfter
+		}
+		return out
 	}
-	switch {
-	case errors.Is(err, tenants.ErrUnauthenticated):
-		return &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
-			Code: "invalid_api_key", Message: "invalid or missing credential: " + err.Error()}
-	case errors.Is(err, routing.ErrUnknownModel):
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
-			Code: "model_not_found", Param: "model", Message: err.Error()}
-	case errors.Is(err, routing.ErrUnknownWorker):
-		return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error",
-			Code: "worker_not_found", Message: err.Error()}
-	case errors.Is(err, routing.ErrNoWorker):
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
-			Code: "no_worker_available", Message: err.Error(), RetryAfter: time.Second}
-	}
-	return &apiError{Status: http.StatusInternalServerError, Type: "server_error",
+	return &APIError{Status: http.StatusInternalServerError, Type: "server_error",
 		Code: "internal_error", Message: "internal error"}
 }
 
-func fromEchoError(he *echo.HTTPError) *apiError {
+// Invalid is ErrorFor for a caller whose unmatched errors are the caller's fault: the admin API,
+// where the domain packages' validation errors name the field and the problem. A 500 of
+// ErrorFor becomes a 400 showing err's message.
+func Invalid(err error) *APIError {
+	ae := ErrorFor(err)
+	if ae.Status == http.StatusInternalServerError {
+		return BadRequest("", "%v", err)
+	}
+	return ae
+}
+
+func fromEchoError(he *echo.HTTPError) *APIError {
 	msg := http.StatusText(he.Code)
 	if s, ok := he.Message.(string); ok {
 		msg = s
 	}
-	ae := &apiError{Status: he.Code, Type: "invalid_request_error", Message: msg}
+	ae := &APIError{Status: he.Code, Type: "invalid_request_error", Message: msg}
 	switch he.Code {
 	case http.StatusNotFound:
 		ae.Code = "not_found"
@@ -102,12 +188,13 @@ type errorObject struct {
 	Code    string  `json:"code"`
 }
 
-// writeError sends err to the client in OpenAI's shape, unless the response has begun.
-func writeError(c echo.Context, err error) error {
+// WriteError sends err, mapped by ErrorFor, to the client in OpenAI's shape with its
+// Retry-After, unless the response has begun.
+func WriteError(c echo.Context, err error) error {
 	if c.Response().Committed {
 		return nil
 	}
-	ae := toAPIError(err)
+	ae := ErrorFor(err)
 	if ae.RetryAfter > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(ae.RetryAfter.Seconds()))))
 	}
@@ -121,5 +208,5 @@ func writeError(c echo.Context, err error) error {
 // httpErrorHandler is Echo's error handler: everything Echo itself refuses (unknown route, wrong
 // method) also leaves in OpenAI's shape.
 func httpErrorHandler(err error, c echo.Context) {
-	_ = writeError(c, err)
+	_ = WriteError(c, err)
 }

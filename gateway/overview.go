@@ -164,7 +164,7 @@ func (s *Server) overview() (Overview, error) {
 		byClass[i] = co
 	}
 	for _, model := range s.pool.Models() {
-		q, err := s.admission.queueFor(model)
+		q, err := s.dispatcher.queueFor(model)
 		if err != nil {
 			return Overview{}, err
 		}

@@ -7,25 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"strconv"
+	"net/http/httptrace"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
-	"github.com/usherllm/usher/tenants"
 )
 
-// Headers usher reads from clients and adds to responses.
+// Headers the proxy adds to responses.
 const (
-	headerWorker     = "X-Usher-Worker"
-	headerRoute      = "X-Usher-Route"
-	headerSessionID  = "X-Session-ID"
-	headerRoutingKey = "X-Usher-Routing-Key"
-	headerTarget     = "X-Usher-Target-Worker"
+	headerWorker = "X-Usher-Worker"
+	headerRoute  = "X-Usher-Route"
 )
 
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
@@ -34,223 +28,74 @@ var errClientGone = errors.New("client closed the request")
 // statusClientClosed is what the metrics and the log record for a client that went away.
 const statusClientClosed = 499
 
-// inference serves one OpenAI inference endpoint: authenticate (middleware), read and check
-// the body, pick a worker, proxy, account.
-func (s *Server) inference(ep endpoint) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := s.now()
-		x := &exchange{start: start}
-		err := s.serveInference(c, ep, x)
-		status := c.Response().Status
-		switch {
-		case errors.Is(err, errClientGone):
-			status = statusClientClosed
-			err = nil
-		case err != nil:
-			status = toAPIError(err).Status
-			err = writeError(c, err)
-		}
-		s.metrics.requests.WithLabelValues(x.model, strconv.Itoa(status)).Inc()
-		if x.classed {
-			s.traffic.observe(x.class, status, x.ttft)
-		}
-		if x.model != "" {
-			s.metrics.duration.WithLabelValues(x.model).Observe(s.now().Sub(start).Seconds())
-		}
-		if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
-			return err
-		}
-		s.log.Info("request",
-			"id", c.Response().Header().Get(echo.HeaderXRequestID),
-			"tenant", principalOf(c).TenantID, "model", x.model, "worker", x.worker,
-			"status", status, "attempts", x.attempts, "ms", s.now().Sub(start).Milliseconds(),
-			"prompt_tokens", x.usage.PromptTokens, "completion_tokens", x.usage.CompletionTokens,
-			"cached_tokens", x.usage.cachedTokens())
-		return err
-	}
-}
-
-// exchange is what one request learned on its way, for metrics and the access log.
-type exchange struct {
-	start    time.Time
-	model    string
-	worker   string
-	attempts int
-	usage    usage
-	class    queue.Class
-	classed  bool          // class is resolved: the request reached admission
-	ttft     time.Duration // time to the first byte sent; 0 if none was
-}
-
-func (s *Server) serveInference(c echo.Context, ep endpoint, x *exchange) error {
-	body, err := s.readBody(c)
-	if err != nil {
-		return err
-	}
-	req, err := parseInferenceRequest(body, ep)
-	if err != nil {
-		return err
-	}
-	if !s.pool.Serves(req.Model) {
-		return fmt.Errorf("the model %q does not exist: %w", req.Model, routing.ErrUnknownModel)
-	}
-	x.model = req.Model
-	p := principalOf(c)
-	if p.TierSpec == nil {
-		p.TierSpec = fallbackTier
-	}
-	tier := p.TierSpec
-	if !tier.AllowsModel(req.Model) {
-		return fmt.Errorf("model %q: %w", req.Model, tenants.ErrModelNotAllowed)
-	}
-	target := c.Request().Header.Get(headerTarget)
-	if target != "" && !tier.MayTargetWorker {
-		return &apiError{Status: http.StatusForbidden, Type: "permission_error", Code: "target_worker_not_allowed",
-			Message: fmt.Sprintf("your tier may not choose a worker with %s", headerTarget)}
-	}
-	upstream, err := req.forUpstream(body)
-	if err != nil {
-		return badRequest("", "request body cannot be forwarded: %v", err)
-	}
-	promptTokens := estimateTokens(req.prompt)
-	expected := s.cfg.DefaultMaxTokens
-	if tier.ExpectedOutputTokens > 0 {
-		expected = int(tier.ExpectedOutputTokens)
-	}
-	maxOut := req.maxOutputTokens(expected)
-	limit, err := s.admitLimits(c, p, tenants.Demand{Model: req.Model, PromptTokens: int64(promptTokens), MaxOutputTokens: int64(maxOut)})
-	if err != nil {
-		return err
-	}
-	if limit != nil {
-		defer func() { limit.Done(int64(x.usage.PromptTokens + x.usage.CompletionTokens)) }()
-	}
-	grant, err := s.admit(c, tier, req, promptTokens, maxOut, x)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		grant.Done(queue.Usage{PromptTokens: x.usage.PromptTokens, CompletionTokens: x.usage.CompletionTokens})
-	}()
-	x.class = grant.Class
-	h := c.Request().Header
-	rr := &routing.Request{
-		Model:        req.Model,
-		Tenant:       p.TenantID,
-		SessionID:    h.Get(headerSessionID),
-		RoutingKey:   h.Get(headerRoutingKey),
-		TargetWorker: target,
-		Prompt:       req.prompt,
-		PromptTokens: promptTokens,
-		Tokens:       promptTokens + maxOut,
-	}
-	return s.forward(c, ep, req, rr, upstream, x)
-}
-
-// readBody reads the request body within the configured bound.
-func (s *Server) readBody(c echo.Context) ([]byte, error) {
-	r := c.Request()
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		return nil, tooLarge(s.cfg.MaxBodyBytes)
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
-	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-	body := buf.Bytes()
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, tooLarge(s.cfg.MaxBodyBytes)
-	case r.Context().Err() != nil:
-		return nil, errClientGone
-	case err != nil:
-		return nil, badRequest("", "reading the request body: %v", err)
-	}
-	return body, nil
-}
-
-func tooLarge(limit int64) *apiError {
-	return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-		Code: "request_too_large", Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
-}
-
-// forward sends the request to a worker, trying another one while nothing has reached the
-// client (connect error, 5xx), and relays the answer. Once a worker's 2xx or 4xx answer is
-// being relayed, the request is never sent again.
-func (s *Server) forward(c echo.Context, ep endpoint, req *inferenceRequest, rr *routing.Request, body []byte, x *exchange) error {
+// proxy makes one attempt of the call on the lease's worker, relays the answer, and releases the
+// lease with what the worker did. retry says the attempt failed before the worker answered and
+// before anything reached the client, so dispatch may try again: a connect error or a 5xx marks
+// the worker failed and excludes it from the next pick; a reused connection the worker had
+// already closed (llama.cpp's server closes after every stream while announcing keep-alive) is
+// not the worker's fault, and the next pick may choose it again. Once a worker's 2xx or 4xx
+// answer is being relayed, the call is never sent again.
+func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
 	ctx := c.Request().Context()
-	var lastErr error
-	for x.attempts < s.cfg.MaxAttempts {
-		lease, err := s.pool.Pick(ctx, rr)
-		if err != nil {
-			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
-				break
-			}
-			return err
-		}
-		x.attempts++
-		if x.attempts > 1 {
-			s.metrics.retries.WithLabelValues(req.Model).Inc()
-		}
-		w := lease.Worker
-		x.worker = w.ID()
-		resp, err := s.send(ctx, w, ep, s.bodyFor(w, body, x.class), c.Request().Header)
-		if err == nil && resp.StatusCode >= 500 {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			err = fmt.Errorf("worker %s answered %s", w.ID(), resp.Status)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				lease.Release(routing.Outcome{})
-				return errClientGone
-			}
-			lease.Release(routing.Outcome{Failed: true})
-			s.log.Warn("worker attempt failed", "worker", w.ID(), "model", req.Model, "err", err)
-			rr.Exclude = append(rr.Exclude, w.ID())
-			lastErr = err
-			continue
-		}
-		outcome, err := s.relay(c, req, lease, resp, x)
+	w := lease.Worker
+	sent := s.now()
+	resp, reused, err := s.send(ctx, w, cl, c.Request().Header)
+	if err == nil && resp.StatusCode >= 500 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		lease.Release(outcome)
-		return err
+		err, reused = fmt.Errorf("worker %s answered %s", w.ID(), resp.Status), false
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
-		Message: fmt.Sprintf("no worker could serve the request after %d attempts: %v", x.attempts, lastErr)}
-}
-
-// bodyFor returns the body for worker w: for a worker that schedules by priority (vLLM's
-// `priority` field, lower first), the request's class is handed down, replacing any priority
-// the client set, so a client cannot raise its own.
-func (s *Server) bodyFor(w *routing.Worker, body []byte, class queue.Class) []byte {
-	if !w.PriorityHandoff() {
-		return body
-	}
-	out, err := withField(body, "priority", strconv.Itoa(int(class)))
 	if err != nil {
-		return body
+		if ctx.Err() != nil {
+			lease.Release(routing.Outcome{})
+			return false, errClientGone
+		}
+		lease.Release(routing.Outcome{Failed: !reused})
+		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "reused_connection", reused, "err", err)
+		if !reused {
+			cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		}
+		return true, err
 	}
-	return out
+	h := c.Response().Header()
+	h.Set(headerWorker, w.ID())
+	h.Set(headerRoute, string(lease.Route))
+	var out routing.Outcome
+	if cl.stream && resp.StatusCode == http.StatusOK {
+		out, err = s.relayStream(c, cl, resp, sent)
+	} else {
+		out, err = s.relayAnswer(c, cl, resp)
+	}
+	resp.Body.Close()
+	lease.Release(out)
+	return false, err
 }
 
-// send makes one attempt at worker w. The request carries the client's context, so a client
-// that goes away cancels it at once.
-func (s *Server) send(ctx context.Context, w *routing.Worker, ep endpoint, body []byte, in http.Header) (*http.Response, error) {
+// send makes one attempt at worker w. The request carries the client's context, so a client that
+// goes away cancels it at once. It is marked replayable (an Idempotency-Key header with no value,
+// which net/http does not send), so the transport itself resends it on a fresh connection when a
+// reused one turns out closed before any answer. reused reports whether the attempt went out on
+// a reused connection.
+func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, in http.Header) (resp *http.Response, reused bool, err error) {
 	u := *w.URL()
-	u.Path, u.RawPath = singleJoin(u.Path, ep.path), ""
+	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
+	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
+		bytes.NewReader(cl.upstreamBody(w.PriorityHandoff())))
+	if err != nil {
+		return nil, false, err
+	}
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
 	out.URL, out.Host = &u, u.Host
 	out.Header.Set("Content-Type", "application/json")
 	out.Header.Set(echo.HeaderXRequestID, in.Get(echo.HeaderXRequestID))
+	out.Header["Idempotency-Key"] = nil
 	if a := in.Get("Accept"); a != "" {
 		out.Header.Set("Accept", a)
 	}
-	return s.client.Do(out)
+	resp, err = s.client.Do(out)
+	return resp, reused, err
 }
 
 func singleJoin(base, path string) string {
@@ -260,37 +105,29 @@ func singleJoin(base, path string) string {
 	return base + path
 }
 
-// relay copies the worker's answer to the client and reports what the worker did.
-func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lease, resp *http.Response, x *exchange) (routing.Outcome, error) {
-	h := c.Response().Header()
-	h.Set(headerWorker, lease.Worker.ID())
-	h.Set(headerRoute, string(lease.Route))
-	if req.Stream && resp.StatusCode == http.StatusOK {
-		return s.relayStream(c, req, resp, x)
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), s.cfg.MaxResponseBytes)+1))
-	_, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+// relayAnswer copies a whole (non-streamed, or error) answer to the client and reads its usage.
+func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response) (routing.Outcome, error) {
+	limit := s.cfg.MaxResponseBytes
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), limit)+1))
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	data := buf.Bytes()
 	if err != nil {
 		if c.Request().Context().Err() != nil {
 			return routing.Outcome{}, errClientGone
 		}
-		return routing.Outcome{Failed: true}, &apiError{Status: http.StatusBadGateway, Type: "server_error",
-			Code: "upstream_error", Message: fmt.Sprintf("reading the answer of worker %s: %v", lease.Worker.ID(), err)}
+		return routing.Outcome{Failed: true}, fmt.Errorf("%w: reading the answer of worker %s: %v", errUpstreamAnswer, cl.worker, err)
 	}
-	if int64(len(data)) > s.cfg.MaxResponseBytes {
-		return routing.Outcome{}, &apiError{Status: http.StatusBadGateway, Type: "server_error",
-			Code: "upstream_error", Message: fmt.Sprintf("worker answer exceeds %d bytes", s.cfg.MaxResponseBytes)}
+	if int64(len(data)) > limit {
+		return routing.Outcome{}, fmt.Errorf("%w: it exceeds %d bytes", errUpstreamAnswer, limit)
 	}
 	ct := resp.Header.Get("Content-Type")
 	if ct == "" {
 		ct = echo.MIMEApplicationJSON
 	}
-	x.ttft = s.now().Sub(x.start)
-	s.metrics.ttft.WithLabelValues(req.Model, x.class.String()).Observe(x.ttft.Seconds())
+	s.firstByte(cl)
 	var out routing.Outcome
 	if u, ok := parseUsage(data); ok && resp.StatusCode == http.StatusOK {
-		out = s.account(req.Model, u, x)
+		out = s.account(cl, u)
 	}
 	if err := c.Blob(resp.StatusCode, ct, data); err != nil {
 		return out, errClientGone
@@ -298,9 +135,21 @@ func (s *Server) relay(c echo.Context, req *inferenceRequest, lease *routing.Lea
 	return out, nil
 }
 
+// firstByte records the call's time to first byte, once.
+func (s *Server) firstByte(cl *call) {
+	if cl.ttft != 0 {
+		return
+	}
+	cl.ttft = s.now().Sub(cl.start)
+	s.metrics.ttft.WithLabelValues(cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
+}
+
 // relayStream passes the worker's server-sent events to the client one by one, flushing each as
 // it arrives. The usage chunk the gateway asked for on the client's behalf is read and dropped.
-func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.Response, x *exchange) (routing.Outcome, error) {
+// When the stream ends without usage (the client left, the worker cut it), the answer's events
+// are counted instead (see estimatedUsage). sent is when the request went to the worker: the
+// worker's time to first event feeds its learned limit.
+func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time) (routing.Outcome, error) {
 	w := c.Response()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -310,8 +159,15 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 	w.Flush()
 
 	var out routing.Outcome
+	gotUsage, events := false, 0
+	finish := func(err error) (routing.Outcome, error) {
+		if !gotUsage && events > 0 {
+			out = s.account(cl, estimatedUsage(cl, events))
+		}
+		return out, err
+	}
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
-	first, skipBlank, done := true, false, false
+	skipBlank, done := false, false
 	for {
 		line, err := lines.next()
 		if len(line) > 0 {
@@ -324,27 +180,31 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 			case isData && bytes.Equal(payload, []byte("[DONE]")):
 				done = true
 			case isData:
+				if out.TTFT == 0 {
+					out.TTFT = s.now().Sub(sent)
+				}
 				if u, ok := parseUsage(payload); ok {
-					out = s.account(req.Model, u, x)
-					if !req.clientWantsUsage && isUsageOnlyChunk(payload) {
+					gotUsage = true
+					ttft := out.TTFT
+					out = s.account(cl, u)
+					out.TTFT = ttft
+					if !cl.clientWantsUsage && isUsageOnlyChunk(payload) {
 						skipBlank = true
 						continue
 					}
+				} else {
+					events++
 				}
 			}
 			if _, werr := w.Write(line); werr != nil {
-				return out, errClientGone
+				return finish(errClientGone)
 			}
 			// An event ends with a blank line. It is flushed at once unless the next bytes
 			// from the worker are already here: then they go out in the same write, without
 			// waiting for anything, as a buffering-off proxy does.
 			if len(bytes.TrimSpace(line)) == 0 && lines.r.Buffered() == 0 {
 				w.Flush()
-				if first {
-					first = false
-					x.ttft = s.now().Sub(x.start)
-					s.metrics.ttft.WithLabelValues(req.Model, x.class.String()).Observe(x.ttft.Seconds())
-				}
+				s.firstByte(cl)
 			}
 		}
 		if err == nil {
@@ -354,10 +214,10 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 		if done {
 			// [DONE] went out: the answer is complete, whether the worker then closes the stream
 			// or the client hangs up first.
-			return out, nil
+			return finish(nil)
 		}
 		if c.Request().Context().Err() != nil {
-			return out, errClientGone
+			return finish(errClientGone)
 		}
 		// The stream broke before [DONE]: the status is sent already, so tell the client in
 		// the stream itself, as OpenAI does.
@@ -368,17 +228,8 @@ func (s *Server) relayStream(c echo.Context, req *inferenceRequest, resp *http.R
 		}
 		_, _ = fmt.Fprintf(w, "data: {\"error\":{\"message\":%q,\"type\":\"server_error\",\"code\":\"upstream_error\"}}\n\n", msg)
 		w.Flush()
-		return out, nil
+		return finish(nil)
 	}
-}
-
-// account records a worker's reported usage and turns it into the routing outcome.
-func (s *Server) account(model string, u usage, x *exchange) routing.Outcome {
-	x.usage = u
-	s.metrics.tokens.WithLabelValues(model, "prompt").Add(float64(u.PromptTokens))
-	s.metrics.tokens.WithLabelValues(model, "completion").Add(float64(u.CompletionTokens))
-	s.metrics.tokens.WithLabelValues(model, "cached").Add(float64(u.cachedTokens()))
-	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CompletionTokens: u.CompletionTokens}
 }
 
 // lineReader reads lines (with their newline) of at most max bytes, reusing one buffer: a

@@ -60,7 +60,7 @@ type Server struct {
 	limits  Limits
 	// tenantAdmin, when set, also records fleet changes (workers, pins) in the audit log.
 	tenantAdmin *tenants.Admin
-	admission   *admission
+	dispatcher  *dispatcher
 	echo        *echo.Echo
 	traffic     *traffic
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
@@ -92,12 +92,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	adm, err := newAdmission(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
+	disp, err := newDispatcher(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
 	if err != nil {
 		return nil, err
 	}
 	s := &Server{
-		admission:   adm,
+		dispatcher:  disp,
 		limits:      d.Limits,
 		tenantAdmin: d.Tenants,
 		cfg:         cfg,
@@ -141,12 +141,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.echo.ServeHTTP(w, r)
 }
 
-// Run keeps the admission queues' capacity in step with the workers' health until ctx ends.
-// Requests are served without it, but capacity then stays as it was at New.
-func (s *Server) Run(ctx context.Context) { s.admission.run(ctx, capacityRefresh) }
-
-// capacityRefresh is how often queue capacities follow the workers' health and drain state.
-const capacityRefresh = 100 * time.Millisecond
+// Run keeps the queues' capacity in step with the pool (its health, drain state, learned limits
+// and workers) until ctx ends, following the pool's Changes. Requests are served without it, but
+// capacity then stays as it was at New.
+func (s *Server) Run(ctx context.Context) { s.dispatcher.run(ctx) }
 
 // BeginShutdown starts the first phase of a graceful stop, the settle time: /readyz answers
 // 503 so load balancers stop sending new requests, while requests that still arrive are
@@ -161,15 +159,15 @@ func (s *Server) BeginShutdown() { s.stopping.Store(true) }
 // It implies BeginShutdown. Safe for concurrent use; later calls do nothing more.
 func (s *Server) StopAdmitting() {
 	s.stopping.Store(true)
-	s.admission.close()
+	s.dispatcher.close()
 }
 
 func (s *Server) readyz(c echo.Context) error {
 	switch {
 	case s.stopping.Load():
 		return c.String(http.StatusServiceUnavailable, "shutting down\n")
-	case !s.pool.Ready():
-		return c.String(http.StatusServiceUnavailable, "no healthy worker\n")
+	case !s.dispatcher.ready():
+		return c.String(http.StatusServiceUnavailable, "no worker can take requests\n")
 	}
 	return c.String(http.StatusOK, "ok\n")
 }
@@ -200,13 +198,13 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
 		if !ok {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
-			return writeError(c, &apiError{Status: http.StatusUnauthorized, Type: "authentication_error",
+			return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
 				Code: "invalid_api_key", Message: "missing credential: send 'Authorization: Bearer <API key>'"})
 		}
 		p, err := s.auth.Authenticate(c.Request().Context(), cred)
 		if err != nil {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
-			return writeError(c, err)
+			return WriteError(c, err)
 		}
 		c.Set(principalKey, p)
 		return next(c)

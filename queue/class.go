@@ -18,6 +18,10 @@ const numClasses = 3
 // allClasses lists every class, highest priority first.
 var allClasses = [numClasses]Class{Interactive, Standard, Batch}
 
+// Classes returns every class, highest priority first: the one list of classes the other
+// packages use.
+func Classes() []Class { return append([]Class(nil), allClasses[:]...) }
+
 var classNames = [numClasses]string{"interactive", "standard", "batch"}
 
 // ParseClass reads a class name as written in config and headers: "interactive", "standard" or

@@ -156,13 +156,13 @@ func (h ticketHeap) place(e ticketEntry, i int) {
 type flowHeap []flowEntry
 
 type flowEntry struct {
-	virtual float64
-	stamp   uint64
-	f       *flow
+	fairShare float64
+	stamp     uint64
+	f         *flow
 }
 
 func (a *flowEntry) before(b *flowEntry) bool {
-	return a.virtual < b.virtual || a.virtual == b.virtual && a.stamp < b.stamp
+	return a.fairShare < b.fairShare || a.fairShare == b.fairShare && a.stamp < b.stamp
 }
 
 func (h flowHeap) len() int { return len(h) }
@@ -172,7 +172,7 @@ func (h flowHeap) peek() *flow { return h[0].f }
 
 func (h *flowHeap) push(f *flow) {
 	*h = append(*h, flowEntry{})
-	h.place(flowEntry{virtual: f.virtual, stamp: f.stamp, f: f}, len(*h)-1)
+	h.place(flowEntry{fairShare: f.fairShare, stamp: f.stamp, f: f}, len(*h)-1)
 }
 
 // remove takes out the flow at position i.
@@ -191,7 +191,7 @@ func (h *flowHeap) remove(i int) {
 // fix re-reads the key of the flow at position i after its counter or stamp changed.
 func (h flowHeap) fix(i int) {
 	f := h[i].f
-	h.place(flowEntry{virtual: f.virtual, stamp: f.stamp, f: f}, i)
+	h.place(flowEntry{fairShare: f.fairShare, stamp: f.stamp, f: f}, i)
 }
 
 // place puts e into the hole at position i and sifts it to where it belongs.

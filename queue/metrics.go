@@ -26,6 +26,7 @@ type metrics struct {
 	depth      [numClasses]prometheus.Gauge
 	wait       [numClasses]prometheus.Observer
 	dispatched [numClasses]prometheus.Counter
+	requeued   [numClasses]prometheus.Counter
 	shed       [numClasses][numShed]prometheus.Counter
 	served     *prometheus.CounterVec
 }
@@ -45,6 +46,10 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 		Name: "usher_queue_dispatched_total", ConstLabels: labels,
 		Help: "Requests released to a worker, by class.",
 	}, []string{"class"})
+	requeued := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "usher_queue_requeued_total", ConstLabels: labels,
+		Help: "Dispatched requests put back in the queue (preempted before their answer began), by class.",
+	}, []string{"class"})
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_queue_shed_total", ConstLabels: labels,
 		Help: "Requests that left without dispatch, by class and reason.",
@@ -55,11 +60,12 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 	}, []string{"tenant"})
 
 	m := &metrics{reg: reg, served: served,
-		collectors: []prometheus.Collector{depth, wait, dispatched, shed, served}}
+		collectors: []prometheus.Collector{depth, wait, dispatched, requeued, shed, served}}
 	for _, c := range allClasses {
 		m.depth[c] = depth.WithLabelValues(c.String())
 		m.wait[c] = wait.WithLabelValues(c.String())
 		m.dispatched[c] = dispatched.WithLabelValues(c.String())
+		m.requeued[c] = requeued.WithLabelValues(c.String())
 		for r := QueueFull; r < numShed; r++ {
 			m.shed[c][r] = shed.WithLabelValues(c.String(), shedNames[r])
 		}

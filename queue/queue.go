@@ -100,7 +100,7 @@ type tenant struct {
 type flow struct {
 	tenant       *tenant
 	class        Class
-	virtual      float64 // weighted tokens charged so far (the VTC counter)
+	fairShare    float64 // weighted tokens charged so far: the fair-share (virtual token) counter
 	stamp        uint64  // when it last entered or was charged: equal counters go round-robin
 	items        ticketHeap
 	idx          int   // position in its class's flow heap; -1 when it has nothing queued
@@ -120,7 +120,7 @@ type classQueue struct {
 	inflightTokens int64
 	share          float64 // starvation guard: minimum share of dispatches while backlogged
 	credit         float64 // dispatches owed by the guard; reset when the class drains
-	vtime          float64 // counter of the flow served last: the floor for returning flows
+	fairShareFloor float64 // counter of the flow served last: the floor for returning flows
 	head, tail     *Ticket
 	dispatched     int64
 }
@@ -291,19 +291,21 @@ func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejec
 	return &Rejection{Reason: r, RetryAfter: retryAfter}
 }
 
-// pushLocked files a new ticket: in its flow (lifting a returning flow's counter to the
+// pushLocked files a new (or requeued) ticket: in its flow (lifting a returning flow's counter to the
 // least of the backlogged ones, so idling earns no credit), its class's arrival list and the
 // deadline heap.
 func (q *Queue) pushLocked(t *Ticket) {
 	q.seq++
-	t.seq = q.seq
+	if t.seq == 0 { // a requeued ticket keeps its arrival number
+		t.seq = q.seq
+	}
 	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
-		floor := cls.vtime
+		floor := cls.fairShareFloor
 		if cls.flows.len() > 0 {
-			floor = cls.flows.peek().virtual
+			floor = cls.flows.peek().fairShare
 		}
-		f.virtual = max(f.virtual, floor)
+		f.fairShare = max(f.fairShare, floor)
 		f.stamp = q.seq
 		cls.flows.push(f)
 	}
@@ -519,8 +521,8 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 			}
 		}
 		cls.credit = max(cls.credit-1, 0)
-		cls.vtime = max(cls.vtime, f.virtual)
-		f.virtual += t.charge
+		cls.fairShareFloor = max(cls.fairShareFloor, f.fairShare)
+		f.fairShare += t.charge
 		q.seq++
 		f.stamp = q.seq
 	}
@@ -540,6 +542,7 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 	f.inflight++
 
 	t.state = stateDispatched
+	t.grant.done.Store(false) // a requeued request's grant is live again
 	t.grant.Class = c
 	t.grant.Waited = max(time.Duration(now.UnixNano()-t.enqueuedAt), 0)
 	t.grant.dispatchedAt = now.UnixNano()
@@ -548,12 +551,32 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 	close(t.ch)
 }
 
-// release ends a dispatched request: frees its capacity, corrects its flow's counter from the
-// estimate to the real usage and, when measured, feeds the service-time average.
-func (q *Queue) release(t *Ticket, u Usage, measured bool) {
+// requeue puts a dispatched request back: frees its capacity, refunds its whole charge, and files
+// it again under its old arrival number, so it is the next of its flow among equal deadlines.
+func (q *Queue) requeue(t *Ticket) {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	f := t.flow
+	c := f.class
+	cls := &q.classes[c]
+	q.uncountLocked(t)
+	if !q.cfg.FIFO {
+		f.fairShare -= t.charge
+		if f.idx >= 0 {
+			cls.flows.fix(f.idx)
+		}
+	}
+	q.m.requeued[c].Inc()
+	t.state = stateQueued
+	t.ch = make(chan struct{})
+	q.pushLocked(t)
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}
+
+// uncountLocked takes a dispatched request out of the in-flight counts.
+func (q *Queue) uncountLocked(t *Ticket) {
 	f := t.flow
 	c := f.class
 	cls := &q.classes[c]
@@ -566,8 +589,19 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls.inflight--
 	cls.inflightTokens -= t.cost
 	f.inflight--
+}
+
+// release ends a dispatched request: frees its capacity, corrects its flow's counter from the
+// estimate to the real usage and, when measured, feeds the service-time average.
+func (q *Queue) release(t *Ticket, u Usage, measured bool) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	f := t.flow
+	cls := &q.classes[f.class]
+	q.uncountLocked(t)
 	if !q.cfg.FIFO {
-		f.virtual += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
+		f.fairShare += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}

@@ -82,7 +82,7 @@ func (q *Queue) Snapshot() Snapshot {
 				continue
 			}
 			s.Tenants = append(s.Tenants, TenantSnapshot{Tenant: ten.name, Class: f.class,
-				Queued: len(f.items), InFlight: f.inflight, VirtualTokens: f.virtual})
+				Queued: len(f.items), InFlight: f.inflight, VirtualTokens: f.fairShare})
 		}
 	}
 	slices.SortFunc(s.Tenants, func(a, b TenantSnapshot) int {

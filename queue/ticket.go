@@ -104,6 +104,20 @@ type Grant struct {
 // the response has ended or failed; later calls do nothing. Safe from any goroutine.
 func (g *Grant) Done(u Usage) { g.finish(u, u != Usage{}) }
 
+// Requeue gives the grant's capacity back and puts its request back in the queue, ahead of the
+// requests its tenant queued later in the same class, its fair-share charge refunded: for a
+// request the gateway preempted before any of its answer reached the client, so that a request
+// of a higher class can have its capacity. It returns the request's ticket: Wait on it again.
+// The grant is then spent (Done does nothing) until the ticket is dispatched again. Call it
+// instead of Done, once.
+func (g *Grant) Requeue() *Ticket {
+	if !g.done.CompareAndSwap(false, true) {
+		return g.t
+	}
+	g.t.q.requeue(g.t)
+	return g.t
+}
+
 func (g *Grant) finish(u Usage, measured bool) {
 	if !g.done.CompareAndSwap(false, true) {
 		return

@@ -152,8 +152,11 @@ type Config struct {
 	// DrainSync is how often a gateway with a shared DrainStore reads the drain state other
 	// replicas set; default 2s.
 	DrainSync time.Duration `yaml:"drain_sync"`
-	// MaxConcurrency is the per-worker request cap of workers that set none; default 256.
+	// MaxConcurrency is the ceiling of the learned concurrency limit of workers that set no
+	// max_concurrency of their own; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// Concurrency sets how those workers' limits are learned from their engines.
+	Concurrency ConcurrencyConfig `yaml:"concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
 	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
 }
@@ -180,6 +183,7 @@ func (c *Config) SetDefaults() {
 	if c.MaxTokensInFlight == 0 {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
 	}
+	c.Concurrency.setDefaults()
 	sc := &c.Scrape
 	setPollDefaults(&sc.Interval, &sc.Timeout, &sc.Path, DefaultScrapeInterval, DefaultScrapeTimeout, DefaultScrapePath)
 	if sc.MaxAge == 0 {
@@ -220,6 +224,7 @@ func (c Config) Validate() error {
 	if c.MaxTokensInFlight < 1 {
 		bad("max_tokens_in_flight", "must be at least 1, got %d", c.MaxTokensInFlight)
 	}
+	errs = append(errs, c.Concurrency.validate()...)
 	seen := make(map[string]int, len(c.Workers))
 	for i, w := range c.Workers {
 		field := fmt.Sprintf("workers[%d]", i)

@@ -64,7 +64,7 @@ func TestPolicyConformance(t *testing.T) {
 				ws := modelWorkers(t, p, "m")
 				markDown(ws[1])
 				ws[2].draining.Store(true)
-				ws[3].inFlight.Store(ws[3].maxConc)
+				ws[3].inFlight.Store(ws[3].MaxConcurrency())
 				markDown(ws[6])
 				ws[7].breaker.openUntil.Store(time.Now().Add(time.Hour).UnixNano())
 				for i, r := range conformanceRequests(400) {

@@ -164,6 +164,7 @@ func (p *Pool) discover(ctx context.Context, d *discovery) {
 // keep stops the retirement of worker id, if it is retiring: it takes requests again.
 func (p *Pool) keep(id string) {
 	if w, err := p.find(id); err == nil && w.retiring.Swap(false) {
+		p.changes.notify()
 		p.logger.Info("worker kept: it is back", "worker", id)
 	}
 }

@@ -85,6 +85,7 @@ func (p *Pool) recordCheck(w *Worker, pass bool) {
 		return
 	}
 	w.health.Store(int32(next))
+	p.changes.notify()
 	if next == healthUp {
 		p.logger.Info("worker healthy", "worker", w.spec.ID)
 	} else {

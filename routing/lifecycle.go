@@ -25,14 +25,17 @@ const (
 
 // WorkerStatus is a point-in-time view of one worker for the admin API and the console.
 type WorkerStatus struct {
-	ID                string      `json:"id"`
-	URL               string      `json:"url"`
-	Models            []string    `json:"models"`
-	PriorityHandoff   bool        `json:"priority_handoff"`
-	State             WorkerState `json:"state"`
-	InFlight          int64       `json:"in_flight"`
-	InFlightTokens    int64       `json:"in_flight_tokens"`
-	MaxConcurrency    int64       `json:"max_concurrency"`
+	ID              string      `json:"id"`
+	URL             string      `json:"url"`
+	Models          []string    `json:"models"`
+	PriorityHandoff bool        `json:"priority_handoff"`
+	State           WorkerState `json:"state"`
+	InFlight        int64       `json:"in_flight"`
+	InFlightTokens  int64       `json:"in_flight_tokens"`
+	MaxConcurrency  int64       `json:"max_concurrency"`
+	// LimitSource says whether MaxConcurrency is fixed by the config, reported by the engine
+	// (its slots) or learned from its load and time to first token.
+	LimitSource       LimitSource `json:"limit_source"`
 	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
 	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
 	Load LoadReport `json:"load"`
@@ -69,7 +72,8 @@ func (w *Worker) status() WorkerStatus {
 		State:             w.State(),
 		InFlight:          w.InFlight(),
 		InFlightTokens:    w.InFlightTokens(),
-		MaxConcurrency:    w.maxConc,
+		MaxConcurrency:    w.limit.Load(),
+		LimitSource:       w.LimitSource(),
 		MaxTokensInFlight: w.maxTokens,
 		Load:              w.Load(),
 		PromptTokens:      w.promptTokens.Load(),
@@ -205,6 +209,7 @@ func (p *Pool) Retire(id string) error {
 		return err
 	}
 	if !w.retiring.Swap(true) {
+		p.changes.notify()
 		p.logger.Info("worker retiring", "worker", id, "in_flight", w.InFlight())
 	}
 	return nil
@@ -265,6 +270,7 @@ func (p *Pool) applyDraining(w *Worker, draining bool, source string) {
 	if w.draining.Swap(draining) == draining {
 		return
 	}
+	p.changes.notify()
 	if draining {
 		p.logger.Info("worker draining", "worker", w.spec.ID, "in_flight", w.InFlight(), "source", source)
 	} else {

@@ -60,7 +60,7 @@ func (w *Worker) ReportedQueue(now time.Time, maxAge time.Duration) int64 {
 		return 0
 	}
 	if now.UnixNano()-at > int64(maxAge) {
-		return w.maxConc
+		return w.limit.Load()
 	}
 	return w.load.waiting.Load()
 }
@@ -153,10 +153,15 @@ func parseSample(line string) (name string, value float64, ok bool) {
 
 // scrapeOnce reads w's /metrics and counts a failure.
 func (p *Pool) scrapeOnce(ctx context.Context, w *Worker) {
-	if err := p.scrape(ctx, w); err != nil && ctx.Err() == nil {
+	err := p.scrape(ctx, w)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
 		p.metrics.scrapeErrors.WithLabelValues(w.spec.ID).Inc()
 		p.logger.Debug("scrape failed", "worker", w.spec.ID, "err", err)
 	}
+	p.learnLimit(ctx, w, err == nil)
 }
 
 // scrape reads w's /metrics once and stores the load it reports.
@@ -185,6 +190,8 @@ func (p *Pool) scrape(ctx context.Context, w *Worker) error {
 	}
 	rep.At = p.now()
 	w.load.store(rep)
-	w.load.others.Store(max(0, rep.Running+rep.Waiting-w.InFlight()))
+	if others := max(0, rep.Running+rep.Waiting-w.InFlight()); w.load.others.Swap(others) != others {
+		p.changes.notify()
+	}
 	return nil
 }

@@ -103,6 +103,9 @@ var (
 		"Requests queued inside the worker at its last scrape.", []string{"worker"}, nil)
 	kvUsageDesc = prometheus.NewDesc("usher_routing_worker_reported_kv_usage",
 		"Fraction of the worker's KV cache in use at its last scrape.", []string{"worker"}, nil)
+	limitDesc = prometheus.NewDesc("usher_routing_worker_concurrency_limit",
+		"Requests the gateway keeps in flight on the worker at most, now; source: config, engine (its slots) or learned.",
+		[]string{"worker", "source"}, nil)
 )
 
 // workerCollector reports the per-worker gauges from the workers' atomics at scrape time, so the
@@ -118,6 +121,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- drainingDesc
 	ch <- waitingDesc
 	ch <- kvUsageDesc
+	ch <- limitDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -130,6 +134,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(inFlightTokensDesc, prometheus.GaugeValue, float64(w.InFlightTokens()), id)
 		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, boolGauge(w.Healthy()), id)
 		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, boolGauge(w.Draining()), id)
+		ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, float64(w.MaxConcurrency()), id, string(w.LimitSource()))
 		if load := w.Load(); !load.At.IsZero() {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(load.Waiting), id)
 			ch <- prometheus.MustNewConstMetric(kvUsageDesc, prometheus.GaugeValue, load.KVUsage, id)

@@ -104,7 +104,7 @@ func (r *Request) Eligible(w *Worker) bool {
 		return false
 	}
 	n := w.inFlight.Load()
-	if n >= w.maxConc {
+	if n >= w.limit.Load() {
 		return false
 	}
 	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.maxTokens {

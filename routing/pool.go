@@ -71,6 +71,9 @@ type Outcome struct {
 	PromptTokens     int
 	CachedTokens     int // usage.prompt_tokens_details.cached_tokens
 	CompletionTokens int
+	// TTFT is the time from sending a streamed request to its first event; 0 when not streamed
+	// or not measured. It feeds the worker's learned concurrency limit.
+	TTFT time.Duration
 }
 
 // Lease is one request placed on a worker. Pick already counted it in the worker's in-flight
@@ -95,6 +98,10 @@ func (l *Lease) Release(o Outcome) {
 	}
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
+	defer p.released.notify()
+	if o.TTFT > 0 && w.learner != nil {
+		w.learner.observeTTFT(o.TTFT)
+	}
 	result := "ok"
 	if o.Failed {
 		result = "failed"
@@ -108,9 +115,11 @@ func (l *Lease) Release(o Outcome) {
 	}
 	switch w.breaker.done(o.Failed, l.probe) {
 	case breakerOpened:
+		p.changes.notify()
 		p.metrics.breakerOpens.WithLabelValues(w.spec.ID).Inc()
 		p.logger.Warn("worker circuit open", "worker", w.spec.ID, "consecutive_failures", w.breaker.failures.Load(), "cooldown", p.cfg.Breaker.Cooldown)
 	case breakerClosed:
+		p.changes.notify()
 		p.logger.Info("worker circuit closed", "worker", w.spec.ID)
 	}
 }
@@ -143,6 +152,8 @@ type Pool struct {
 	metrics  *poolMetrics
 
 	snap atomic.Pointer[snapshot]
+	// changes and released wake the waiters of Changes and Released.
+	changes, released broadcast
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
 	workers  []*Worker          // all workers, in the order they were added
@@ -277,6 +288,7 @@ func (p *Pool) publish() error {
 		}
 	}
 	p.snap.Store(s)
+	p.changes.notify()
 	return nil
 }
 
@@ -357,6 +369,25 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
 	}
+}
+
+// CouldWait reports whether a request Pick refused with ErrNoWorker may get a worker by waiting
+// for a slot: a worker it may use (its TargetWorker, else any of its model's not in Exclude)
+// takes requests (healthy, not draining, circuit closed) and is only at its limit now. Costs a
+// few atomic loads per worker of the model.
+func (p *Pool) CouldWait(r *Request) bool {
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return false
+	}
+	takes := func(w *Worker) bool {
+		return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
+	}
+	if r.TargetWorker != "" {
+		w := ms.byID[r.TargetWorker]
+		return w != nil && takes(w)
+	}
+	return slices.ContainsFunc(ms.workers, takes)
 }
 
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64, probe bool) *Lease {

@@ -19,8 +19,14 @@ func testWorkers(n int, model string) []WorkerSpec {
 }
 
 // newTestPool builds a pool with a seeded random source and a private registry.
+//
+// The policies' tests are about choice, not limits: unless cfg says otherwise, a worker starts
+// with its whole ceiling (routing.max_concurrency) as its limit instead of learning it.
 func newTestPool(t testing.TB, cfg Config) (*Pool, *prometheus.Registry) {
 	t.Helper()
+	if cfg.Concurrency.Initial == 0 {
+		cfg.Concurrency.Initial = max(cfg.MaxConcurrency, DefaultMaxConcurrency)
+	}
 	reg := prometheus.NewRegistry()
 	p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(1, 2)})
 	if err != nil {

@@ -43,7 +43,7 @@ func TestStickySession(t *testing.T) {
 	}
 
 	// Full, not broken: this request goes elsewhere, the pin stays.
-	ws[first].inFlight.Store(ws[first].maxConc)
+	ws[first].inFlight.Store(ws[first].MaxConcurrency())
 	if id, route := pick(t, p, s); id == first || route != RouteSpill {
 		t.Errorf("pinned worker full: got %s by %q, want another worker by %q", id, route, RouteSpill)
 	}

@@ -27,8 +27,15 @@ const (
 type Worker struct {
 	spec      WorkerSpec // immutable; Models is the worker's own copy
 	url       *url.URL   // immutable
-	maxConc   int64
 	maxTokens int64
+
+	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
+	// config, or learned by learner (nil when fixed; see ConcurrencyConfig).
+	limit   atomic.Int64
+	learner *learner
+	// peak is the most requests in flight since the learner's last step: whether the limit was
+	// binding.
+	peak atomic.Int64
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
@@ -58,10 +65,13 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		return nil, err
 	}
 	spec.Models = slices.Clone(spec.Models)
-	w := &Worker{spec: spec, url: u, maxConc: int64(spec.MaxConcurrency), maxTokens: int64(spec.MaxTokensInFlight)}
+	w := &Worker{spec: spec, url: u, maxTokens: int64(spec.MaxTokensInFlight)}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
-	if w.maxConc == 0 {
-		w.maxConc = int64(cfg.MaxConcurrency)
+	if spec.MaxConcurrency > 0 {
+		w.limit.Store(int64(spec.MaxConcurrency))
+	} else {
+		w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency))
+		w.limit.Store(w.learner.initial())
 	}
 	if w.maxTokens == 0 {
 		w.maxTokens = int64(cfg.MaxTokensInFlight)
@@ -81,8 +91,18 @@ func (w *Worker) Models() []string { return w.spec.Models }
 // PriorityHandoff reports whether the worker schedules by vLLM's `priority` field.
 func (w *Worker) PriorityHandoff() bool { return w.spec.PriorityHandoff }
 
-// MaxConcurrency is the most requests the pool keeps in flight on the worker.
-func (w *Worker) MaxConcurrency() int64 { return w.maxConc }
+// MaxConcurrency is the most requests the pool keeps in flight on the worker now: its configured
+// max_concurrency, or the limit learned from its engine (see ConcurrencyConfig). One atomic load.
+func (w *Worker) MaxConcurrency() int64 { return w.limit.Load() }
+
+// LimitSource says whether MaxConcurrency is fixed by the config, reported by the engine or
+// learned.
+func (w *Worker) LimitSource() LimitSource {
+	if w.learner == nil {
+		return LimitConfig
+	}
+	return w.learner.source()
+}
 
 // MaxTokensInFlight is the most tokens the pool keeps in flight on the worker.
 func (w *Worker) MaxTokensInFlight() int64 { return w.maxTokens }
@@ -114,7 +134,7 @@ func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
 	}
 	for {
 		n := w.inFlight.Load()
-		if n >= w.maxConc {
+		if n >= w.limit.Load() {
 			if probe {
 				w.breaker.probing.Store(false)
 			}
@@ -122,6 +142,9 @@ func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
 		}
 		if w.inFlight.CompareAndSwap(n, n+1) {
 			w.inFlightTokens.Add(tokens)
+			if n+1 > w.peak.Load() {
+				w.peak.Store(n + 1)
+			}
 			return true, probe
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseInferenceRequest(t *testing.T) {
@@ -38,7 +39,8 @@ func TestParseInferenceRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := parseInferenceRequest([]byte(tt.body), tt.ep)
+			r := newCall(tt.ep, time.Time{})
+			err := parseBody([]byte(tt.body), r)
 			if tt.wantOK {
 				if err != nil {
 					t.Fatalf("got error %v, want none", err)
@@ -48,9 +50,9 @@ func TestParseInferenceRequest(t *testing.T) {
 				}
 				return
 			}
-			var ae *apiError
+			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
-				t.Fatalf("got %v, want a 400 apiError", err)
+				t.Fatalf("got %v, want a 400 APIError", err)
 			}
 			if ae.Param != tt.wantParam {
 				t.Fatalf("param: got %q, want %q", ae.Param, tt.wantParam)
@@ -74,12 +76,13 @@ func TestForUpstreamAsksForUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := mustParseAsCompletion(t, tt.body)
-			out, err := r.forUpstream([]byte(tt.body))
-			if err != nil {
+			body := withPrompt(tt.body)
+			r := newCall(completionEndpoint, time.Time{})
+			if err := parseBody([]byte(body), r); err != nil {
 				t.Fatal(err)
 			}
-			if got := bytes.Equal(out, []byte(tt.body)); got != tt.same {
+			out := r.upstream
+			if got := bytes.Equal(out, []byte(body)); got != tt.same {
 				t.Fatalf("unchanged: got %v, want %v (out %s)", got, tt.same, out)
 			}
 			var fields struct {
@@ -102,14 +105,9 @@ func TestForUpstreamAsksForUsage(t *testing.T) {
 	}
 }
 
-// mustParseAsCompletion parses body, which has no prompt, as a completion request with one.
-func mustParseAsCompletion(t *testing.T, body string) *inferenceRequest {
-	t.Helper()
-	r, err := parseInferenceRequest([]byte(strings.Replace(body, `"model":"m"`, `"model":"m","prompt":"p"`, 1)), completionEndpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+// withPrompt gives body, which has no prompt, one, so it parses as a completion request.
+func withPrompt(body string) string {
+	return strings.Replace(body, `"model":"m"`, `"model":"m","prompt":"p"`, 1)
 }
 
 func TestParseUsage(t *testing.T) {
@@ -202,20 +200,126 @@ func FuzzParseInferenceRequest(f *testing.F) {
 		if chat {
 			ep = chatEndpoint
 		}
-		r, err := parseInferenceRequest(body, ep)
-		if err != nil {
-			var ae *apiError
+		r := newCall(ep, time.Time{})
+		if err := parseBody(body, r); err != nil {
+			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
 				t.Fatalf("got %v, want a 400", err)
 			}
 			return
 		}
-		out, err := r.forUpstream(body)
-		if err != nil {
-			return
-		}
-		if !json.Valid(out) {
-			t.Fatalf("upstream body is not JSON: %s", out)
+		for _, handoff := range []bool{false, true} {
+			out := r.upstreamBody(handoff)
+			if !json.Valid(out) {
+				t.Fatalf("upstream body is not JSON: %s", out)
+			}
+			// The worker reads what usher read: same model, no ambiguity left.
+			var got map[string]json.RawMessage
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatal(err)
+			}
+			var model string
+			if err := json.Unmarshal(got["model"], &model); err != nil || model != r.model {
+				t.Fatalf("upstream model %q, usher read %q (body %s)", model, r.model, out)
+			}
 		}
 	})
+}
+
+// The attacks of a parser differential: a body that usher would read one way and a Python or C++
+// engine another. Each is refused with 400 naming the problem.
+func TestParserDifferentialsAreRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		ep   endpoint
+		body string
+	}{
+		{"re-cased model", chatEndpoint, `{"model":"premium-13b","Model":"demo-7b","messages":[{"role":"user","content":"x"}]}`},
+		{"duplicate model", chatEndpoint, `{"model":"demo-7b","model":"premium-13b","messages":[{"role":"user","content":"x"}]}`},
+		{"escaped duplicate model", chatEndpoint, `{"model":"demo-7b","\u006dodel":"premium-13b","messages":[{"role":"user","content":"x"}]}`},
+		{"re-cased messages", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":"long"}],"Messages":[{"role":"user","content":"x"}]}`},
+		{"re-cased max_tokens", chatEndpoint, `{"model":"m","max_tokens":100000,"MAX_TOKENS":1,"messages":[{"role":"user","content":"x"}]}`},
+		{"duplicate content in a message", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":"long long","content":"x"}]}`},
+		{"re-cased content in a message", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":"long long","Content":"x"}]}`},
+		{"re-cased text in a part", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","TEXT":"b"}]}]}`},
+		{"re-cased stream_options key", chatEndpoint, `{"model":"m","stream":true,"stream_options":{"include_usage":false,"Include_Usage":true},"messages":[{"role":"user","content":"x"}]}`},
+		{"re-cased prompt", completionEndpoint, `{"model":"m","prompt":"a","PROMPT":"long"}`},
+		{"max_tokens overflowing int64", chatEndpoint, `{"model":"m","max_tokens":9223372036854775808,"messages":[{"role":"user","content":"x"}]}`},
+		{"max_tokens 2^63-1", chatEndpoint, `{"model":"m","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"x"}]}`},
+		{"max_tokens as a float", chatEndpoint, `{"model":"m","max_tokens":1e30,"messages":[{"role":"user","content":"x"}]}`},
+		{"n_predict -1 (unbounded in llama.cpp)", chatEndpoint, `{"model":"m","n_predict":-1,"messages":[{"role":"user","content":"x"}]}`},
+		{"n too large", chatEndpoint, `{"model":"m","n":100000,"messages":[{"role":"user","content":"x"}]}`},
+		{"model of the wrong type", chatEndpoint, `{"model":["a"],"messages":[{"role":"user","content":"x"}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := parseBody([]byte(tt.body), newCall(tt.ep, time.Time{}))
+			var ae *APIError
+			if !errors.As(err, &ae) || ae.Status != 400 {
+				t.Fatalf("got %v, want a 400", err)
+			}
+		})
+	}
+}
+
+// What usher reserves is what any engine may generate, whichever of the output limits it reads.
+func TestOutputLimitIsTheLargestTheEnginesRead(t *testing.T) {
+	tests := []struct {
+		body      string
+		maxOutput int
+		choices   int
+	}{
+		{`{"model":"m","max_tokens":100000,"max_completion_tokens":1,"messages":[{"role":"user","content":"x"}]}`, 100000, 1},
+		{`{"model":"m","max_tokens":1,"n_predict":5000,"messages":[{"role":"user","content":"x"}]}`, 5000, 1},
+		{`{"model":"m","max_completion_tokens":7,"n":3,"messages":[{"role":"user","content":"x"}]}`, 7, 3},
+		{`{"model":"m","max_tokens":null,"messages":[{"role":"user","content":"x"}]}`, -1, 1},
+	}
+	for _, tt := range tests {
+		cl := newCall(chatEndpoint, time.Time{})
+		if err := parseBody([]byte(tt.body), cl); err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if cl.maxOutput != tt.maxOutput || cl.choices != tt.choices {
+			t.Errorf("%s: max output %d, choices %d; want %d, %d", tt.body, cl.maxOutput, cl.choices, tt.maxOutput, tt.choices)
+		}
+	}
+}
+
+// Every prompt of a /v1/completions batch counts, and a token id is a token.
+func TestCompletionPromptsAreAllCounted(t *testing.T) {
+	long := strings.Repeat("word ", 4000)
+	tests := []struct {
+		prompt  string
+		atLeast int
+	}{
+		{`["short", "` + long + `", "` + long + `"]`, 2 * len(long) / 4},
+		{`[1,2,3,4,5,6,7,8,9,10]`, 10},
+		{`[[1,2,3],[4,5,6,7,8]]`, 8},
+	}
+	for _, tt := range tests {
+		cl := newCall(completionEndpoint, time.Time{})
+		if err := parseBody([]byte(`{"model":"m","prompt":`+tt.prompt+`}`), cl); err != nil {
+			t.Fatal(err)
+		}
+		if cl.promptTokens < tt.atLeast {
+			t.Errorf("prompt %.40s...: estimate %d, want at least %d", tt.prompt, cl.promptTokens, tt.atLeast)
+		}
+	}
+}
+
+// The body the worker gets is the client's, member by member, less the client's priority.
+func TestUpstreamBodyKeepsTheClientsMembers(t *testing.T) {
+	body := `{"model":"m","priority":-100,"temperature":0.5,"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":2}}`
+	cl := newCall(chatEndpoint, time.Time{})
+	if err := parseBody([]byte(body), cl); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","temperature":0.5,"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":2}}`
+	if got := string(cl.upstreamBody(false)); got != want {
+		t.Errorf("upstream body:\n got %s\nwant %s", got, want)
+	}
+	cl.class = 2
+	if got, want := string(cl.upstreamBody(true)), want[:len(want)-1]+`,"priority":2}`; got != want {
+		t.Errorf("handed down:\n got %s\nwant %s", got, want)
+	}
 }

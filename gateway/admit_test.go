@@ -181,7 +181,7 @@ func waitQueued(t *testing.T, g *testGateway, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		q, err := g.srv.admission.queueFor(testModel)
+		q, err := g.srv.dispatcher.queueFor(testModel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,7 +266,10 @@ func TestPriorityHandedDownOnlyToWorkersThatScheduleByIt(t *testing.T) {
 		spec routing.WorkerSpec
 		want any
 	}{
-		{plain, plain.spec("plain"), float64(-100)},
+		// The client's own priority never reaches a worker: one that does not schedule by it
+		// gets none (a client must not jump an engine's queue usher does not see), one that
+		// does gets the class usher assigned.
+		{plain, plain.spec("plain"), nil},
 		{byPriority, spec, float64(2)},
 	} {
 		g := startGateway(t, []routing.WorkerSpec{tc.spec}, nil)

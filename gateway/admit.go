@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// Headers of the admit stage.
+const (
+	headerPriority   = "X-Usher-Priority"    // a class the client asks for: interactive, standard, batch
+	headerDeadlineMs = "X-Usher-Deadline-Ms" // how long the request may wait in usher's queue, in milliseconds
+	headerClass      = "X-Usher-Class"       // the class the request was served in
+	headerQueueMs    = "X-Usher-Queue-Ms"    // the time the request waited in usher's queue
+	headerSessionID  = "X-Session-ID"
+	headerRoutingKey = "X-Usher-Routing-Key"
+	headerTarget     = "X-Usher-Target-Worker"
+)
+
+// maxDeadline bounds X-Usher-Deadline-Ms.
+const maxDeadline = 24 * time.Hour
+
+// fallbackTier applies to principals without a tier (an authenticator that resolves none).
+var fallbackTier = &tenants.Tier{
+	Name: "fallback", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+	Weight: 1, Models: []string{"*"},
+}
+
+// Limits is the tiers' rate limiter as the gateway uses it; *tenants.Limiter implements it.
+type Limits interface {
+	// Admit reserves a request slot, a concurrency slot and the token estimate, or refuses
+	// (tenants.ErrModelNotAllowed, tenants.ErrPromptTooLong, *tenants.LimitError).
+	Admit(ctx context.Context, p tenants.Principal, d tenants.Demand) (*tenants.Admission, error)
+}
+
+// admit decides whether and when the call may go: the model and the tier, the class and the
+// deadline, the tenant's limits, then the model's queue, where it waits until released. What it
+// holds (cl.hold, cl.grant) settle gives back.
+func (s *Server) admit(c echo.Context, cl *call) error {
+	if !s.pool.Serves(cl.model) {
+		return fmt.Errorf("the model %q does not exist: %w", cl.model, routing.ErrUnknownModel)
+	}
+	cl.principal = principalOf(c)
+	if cl.principal.TierSpec == nil {
+		cl.principal.TierSpec = fallbackTier
+	}
+	cl.tier = cl.principal.TierSpec
+	if !cl.tier.AllowsModel(cl.model) {
+		return fmt.Errorf("model %q: %w", cl.model, tenants.ErrModelNotAllowed)
+	}
+	h := c.Request().Header
+	target := h.Get(headerTarget)
+	if target != "" && !cl.tier.MayTargetWorker {
+		return errTargetNotAllowed
+	}
+	cl.expected = cl.maxOutput
+	if cl.expected < 0 {
+		cl.expected = s.cfg.DefaultMaxTokens
+		if cl.tier.ExpectedOutputTokens > 0 {
+			cl.expected = int(min(cl.tier.ExpectedOutputTokens, maxOutputTokens))
+		}
+	}
+	cl.expected = min(cl.expected*cl.choices, maxTokenCount)
+	if err := s.classAndDeadline(cl, h); err != nil {
+		return err
+	}
+	if err := s.holdLimits(c, cl); err != nil {
+		return err
+	}
+	cl.route = routing.Request{
+		Model:        cl.model,
+		Tenant:       cl.principal.TenantID,
+		SessionID:    h.Get(headerSessionID),
+		RoutingKey:   h.Get(headerRoutingKey),
+		TargetWorker: target,
+		Prompt:       cl.prompt,
+		PromptTokens: cl.promptTokens,
+		Tokens:       addTokens(cl.promptTokens, cl.expected),
+	}
+	return s.wait(c, cl)
+}
+
+// classAndDeadline resolves the call's class (the tier's default, lowered but never raised by
+// X-Usher-Priority or OpenAI's service_tier) and its deadline (X-Usher-Deadline-Ms, else the
+// tier's default for the class): the time by which it must leave usher's queue.
+func (s *Server) classAndDeadline(cl *call, h http.Header) error {
+	requested := ""
+	switch cl.serviceTier {
+	case "flex":
+		requested = tenants.ClassBatch
+	case "priority":
+		requested = tenants.ClassInteractive
+	case "", "auto", "default":
+	default:
+		return BadRequest("service_tier", "'service_tier' must be one of auto, default, flex, priority")
+	}
+	if p := h.Get(headerPriority); p != "" {
+		if _, err := queue.ParseClass(p); err != nil {
+			return BadRequest("", "%s must be one of interactive, standard, batch", headerPriority)
+		}
+		requested = p
+	}
+	name := cl.tier.Class(requested)
+	class, err := queue.ParseClass(name)
+	if err != nil {
+		return fmt.Errorf("tier %q: %w", cl.tier.Name, err)
+	}
+	cl.class, cl.classed = class, true
+	budget := cl.tier.Deadline(name)
+	if v := h.Get(headerDeadlineMs); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms <= 0 || ms > maxDeadline.Milliseconds() {
+			return BadRequest("", "%s must be a positive number of milliseconds up to %d", headerDeadlineMs, maxDeadline.Milliseconds())
+		}
+		budget = time.Duration(ms) * time.Millisecond
+	}
+	if budget > 0 {
+		cl.deadline = s.now().Add(budget)
+	}
+	return nil
+}
+
+// holdLimits applies the tenant's limits; settle releases the hold with the tokens really used.
+// The quota goes out in OpenAI's x-ratelimit-* headers, on a refusal too.
+func (s *Server) holdLimits(c echo.Context, cl *call) error {
+	if s.limits == nil {
+		return nil
+	}
+	hold, err := s.limits.Admit(c.Request().Context(), cl.principal, tenants.Demand{Model: cl.model,
+		PromptTokens: int64(cl.promptTokens), MaxOutputTokens: int64(cl.expected)})
+	var le *tenants.LimitError
+	if errors.As(err, &le) {
+		setQuotaHeaders(c.Response().Header(), le.Quota)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	setQuotaHeaders(c.Response().Header(), hold.Quota)
+	cl.hold = hold
+	return nil
+}
+
+// setQuotaHeaders sets OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers
+// from q; a limit of 0 (unlimited) leaves its three headers out.
+func setQuotaHeaders(h http.Header, q tenants.Quota) {
+	if q.LimitRequests > 0 {
+		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(q.LimitRequests, 10))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(q.RemainingRequests, 10))
+		h.Set("x-ratelimit-reset-requests", resetString(q.ResetRequests))
+	}
+	if q.LimitTokens > 0 {
+		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(q.LimitTokens, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(q.RemainingTokens, 10))
+		h.Set("x-ratelimit-reset-tokens", resetString(q.ResetTokens))
+	}
+}
+
+// resetString formats d as OpenAI does ("20ms", "1s", "6m0s").
+func resetString(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// wait queues the call in its model's queue and blocks until it is released (cl.grant), its
+// deadline passes, the client goes away or the gateway stops admitting.
+func (s *Server) wait(c echo.Context, cl *call) error {
+	if !s.dispatcher.hasCapacity(cl.model) {
+		return fmt.Errorf("model %q: %w", cl.model, routing.ErrNoWorker)
+	}
+	q, err := s.dispatcher.queueFor(cl.model)
+	if err != nil {
+		return err
+	}
+	ticket, err := q.Enqueue(queue.Request{
+		Tenant:       cl.principal.TenantID,
+		Class:        cl.class,
+		Weight:       cl.tier.Weight,
+		PromptTokens: cl.promptTokens,
+		MaxTokens:    cl.expected,
+		Deadline:     cl.deadline,
+		MaxQueued:    int(cl.tier.MaxQueued),
+	})
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	grant, err := ticket.Wait(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return errClientGone
+		}
+		return err
+	}
+	cl.grant = grant
+	rh := c.Response().Header()
+	rh.Set(headerClass, grant.Class.String())
+	rh.Set(headerQueueMs, strconv.FormatInt(grant.Waited.Milliseconds(), 10))
+	return nil
+}

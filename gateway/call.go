@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// The data plane is one straight pipeline. A request to /v1/chat/completions or /v1/completions
+// becomes one call value and goes through four stages, each in its own file, in the order a
+// request lives:
+//
+//	parse    (parse.go)    read the body once, decode it once into the call, build the body the
+//	                       worker gets from exactly what was decoded
+//	admit    (admit.go)    the model and the tier, the tenant's limits, the class and deadline,
+//	                       then the model's queue: wait until the request may go
+//	dispatch (dispatch.go) at release, pick the worker (late binding); a released request always
+//	                       gets a worker or waits for one, never a 503 while the model has room
+//	proxy    (proxy.go)    the upstream I/O and the SSE relay; an attempt that fails before the
+//	                       worker answered is tried again
+//	settle   (settle.go)   the usage to the queue's fair share and the tenant's limits, metrics,
+//	                       the access log, and the error answer when nothing was sent yet
+//
+// errors.go maps every error of every stage to what the client is told.
+
+// call is one inference request on its way through the stages. The handler's goroutine owns it;
+// each stage fills in what it decides.
+type call struct {
+	ep    endpoint
+	start time.Time
+
+	// parse
+	model            string
+	stream           bool
+	clientWantsUsage bool   // stream_options.include_usage as the client sent it
+	serviceTier      string // OpenAI's service_tier
+	maxOutput        int    // the largest output limit the body sets; -1: none
+	choices          int    // n: answers generated
+	prompt           string // the text the worker prefills, for routing
+	promptTokens     int    // its estimate, every prompt of a batch counted
+	upstream         []byte // the body for the worker, without a handed-down priority
+
+	// admit
+	principal tenants.Principal
+	tier      *tenants.Tier
+	expected  int // output tokens the call may cost: its limits, or the tier's estimate
+	class     queue.Class
+	classed   bool // class is resolved: the request reached the queue
+	deadline  time.Time
+	hold      *tenants.Admission // the tenant's limits held for this call; nil: none
+	grant     *queue.Grant       // the queue's capacity held for this call
+
+	// dispatch and proxy
+	route    routing.Request
+	worker   string
+	attempts int
+	usage    usage
+	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
+}
+
+func newCall(ep endpoint, start time.Time) *call {
+	return &call{ep: ep, start: start, maxOutput: -1, choices: 1}
+}
+
+// inference serves one OpenAI inference endpoint: the stages in order, then settle.
+func (s *Server) inference(ep endpoint) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		cl := newCall(ep, s.now())
+		err := s.parse(c, cl)
+		if err == nil {
+			err = s.admit(c, cl)
+		}
+		if err == nil {
+			err = s.dispatch(c, cl)
+		}
+		return s.settle(c, cl, err)
+	}
+}

@@ -1,0 +1,213 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+)
+
+// dispatcher holds one queue per model and keeps each queue's capacity equal to what the model's
+// workers can take now: it follows the pool's Changes (health, drain, learned limits, workers
+// added or removed, other replicas' load), so there is one truth about capacity and no poll.
+// Safe for concurrent use.
+type dispatcher struct {
+	cfg  queue.Config
+	opts queue.Options
+	pool *routing.Pool
+
+	mu     sync.Mutex                // guards queues, caps and closed
+	queues map[string]*queue.Queue   // by model
+	caps   map[string]queue.Capacity // by model, as last set
+	closed bool
+}
+
+func newDispatcher(cfg queue.Config, opts queue.Options, pool *routing.Pool) (*dispatcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &dispatcher{cfg: cfg, opts: opts, pool: pool,
+		queues: map[string]*queue.Queue{}, caps: map[string]queue.Capacity{}}
+	d.refresh()
+	return d, nil
+}
+
+// queueFor returns the model's queue, creating it on first use.
+func (d *dispatcher) queueFor(model string) (*queue.Queue, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, &queue.Rejection{Reason: queue.Shutdown, RetryAfter: time.Second}
+	}
+	if q, ok := d.queues[model]; ok {
+		return q, nil
+	}
+	return d.addQueueLocked(model, d.pool.Workers())
+}
+
+// addQueueLocked creates the queue of model with the capacity of workers. d.mu must be held.
+func (d *dispatcher) addQueueLocked(model string, workers []routing.WorkerStatus) (*queue.Queue, error) {
+	opts := d.opts
+	opts.Model = model
+	q, err := queue.New(d.cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	d.caps[model] = capacityOf(workers, model)
+	q.SetCapacity(d.caps[model])
+	d.queues[model] = q
+	return q, nil
+}
+
+// hasCapacity reports whether the model's workers can take anything now.
+func (d *dispatcher) hasCapacity(model string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.caps[model]
+	return !ok || c.Requests > 0
+}
+
+// ready reports whether some model can be served now: what /readyz answers.
+func (d *dispatcher) ready() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	for _, c := range d.caps {
+		if c.Requests > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refresh sets every queue's capacity from the pool's workers now, creating the queues of models
+// that appeared. Cost: one copy of the workers' status and one pass per model.
+func (d *dispatcher) refresh() {
+	workers := d.pool.Workers()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, model := range d.pool.Models() {
+		if _, ok := d.queues[model]; ok || d.closed {
+			continue
+		}
+		if _, err := d.addQueueLocked(model, workers); err != nil {
+			d.opts.Logger.Error("queue not created", "model", model, "err", err)
+		}
+	}
+	for model, q := range d.queues {
+		c := capacityOf(workers, model)
+		if c != d.caps[model] {
+			d.caps[model] = c
+			q.SetCapacity(c)
+		}
+	}
+}
+
+// run follows the pool's changes until ctx ends. Its goroutine is the Server's (Run).
+func (d *dispatcher) run(ctx context.Context) {
+	for {
+		changed := d.pool.Changes()
+		d.refresh()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+// close ends every queue: queued requests leave with a Shutdown rejection (503).
+func (d *dispatcher) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	for _, q := range d.queues {
+		q.Close()
+	}
+}
+
+// capacityOf sums what model's healthy workers can take from this gateway: each worker's
+// concurrency limit less the requests other replicas have on it as its /metrics last reported
+// (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
+// healthy worker and a worker the others fill makes requests wait here, in order, instead of in
+// the worker's own queue. Token budgets are not reduced: they bound what one request may hold,
+// and a fleet-wide reading must not turn a request away as too large.
+func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
+	var c queue.Capacity
+	for _, w := range workers {
+		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
+			c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))
+			c.Tokens += int(w.MaxTokensInFlight)
+		}
+	}
+	return c
+}
+
+// dispatch is the stage after the queue released the call: pick its worker now (late binding)
+// and proxy to it, trying again while nothing reached the client and the worker did not answer
+// (proxy says when), on another worker, or on the same one when the failure was not the worker's.
+func (s *Server) dispatch(c echo.Context, cl *call) error {
+	ctx := c.Request().Context()
+	var lastErr error
+	for cl.attempts < s.cfg.MaxAttempts {
+		lease, err := s.pick(ctx, cl)
+		if err != nil {
+			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
+				break
+			}
+			if errors.Is(err, routing.ErrUnknownWorker) {
+				return fmt.Errorf("%s %q: %w", headerTarget, cl.route.TargetWorker, errUnknownTarget)
+			}
+			return err
+		}
+		cl.attempts++
+		if cl.attempts > 1 {
+			s.metrics.retries.WithLabelValues(cl.model).Inc()
+		}
+		cl.worker = lease.Worker.ID()
+		retry, err := s.proxy(c, cl, lease)
+		if !retry {
+			return err
+		}
+		lastErr = err
+	}
+	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, lastErr)
+}
+
+// pick chooses the call's worker. When the queue released the call but none of the workers it
+// may use has room this instant (its target or pinned worker is full, or an earlier attempt's
+// worker is excluded and the others are full), it waits for a slot to free or the pool to change
+// rather than failing: until the call's deadline (then 504) or the client leaves. It fails at
+// once only when no worker it may use takes requests at all.
+func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
+	var timeout <-chan time.Time
+	for {
+		released, changed := s.pool.Released(), s.pool.Changes()
+		lease, err := s.pool.Pick(ctx, &cl.route)
+		if err == nil || !errors.Is(err, routing.ErrNoWorker) || !s.pool.CouldWait(&cl.route) {
+			return lease, err
+		}
+		if timeout == nil && !cl.deadline.IsZero() {
+			t := time.NewTimer(cl.deadline.Sub(s.now()))
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-released:
+		case <-changed:
+		case <-timeout:
+			return nil, queue.ErrDeadlineExceeded
+		case <-ctx.Done():
+			return nil, errClientGone
+		}
+	}
+}

@@ -1,0 +1,468 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+)
+
+// The parse stage: the body is read once, checked, decoded once into the call, and the body the
+// worker gets is built from exactly what was decoded, so the gateway and the engine can never read
+// two different requests from one body (Go's encoding/json matches keys without regard to case and
+// keeps the last duplicate; the engines behind usher are Python or C++ and read JSON their own way).
+//
+// The rules, for the top-level object and every object usher reads inside it (messages, their
+// content parts, stream_options):
+//   - a key that appears twice, after JSON unescaping, is refused (400): which one an engine reads
+//     is the engine's choice, not usher's;
+//   - a key that differs from one usher reads only in case ("Model", "MAX_TOKENS") is refused
+//     (400): an engine that folds case would read it;
+//   - usher reads keys exactly as OpenAI spells them; every other key goes to the worker as sent;
+//   - the client's `priority` never reaches a worker (a worker that schedules by it gets the
+//     class usher assigned; see upstreamBody).
+
+// maxOutputTokens bounds max_tokens and max_completion_tokens: a larger value is refused, so no
+// token arithmetic downstream can overflow. No model of today generates more.
+const maxOutputTokens = 1 << 24
+
+// readKeys are the top-level keys usher reads; their re-cased variants are refused.
+var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"n_predict", "n", "messages", "prompt", "service_tier", "priority"}
+
+// maxChoices bounds `n`, the choices generated for one request: each is an answer's worth of
+// output tokens.
+const maxChoices = 128
+
+var (
+	messageKeys = []string{"role", "content"}
+	partKeys    = []string{"type", "text"}
+	optionKeys  = []string{"include_usage"}
+)
+
+// jsonField is one member of a JSON object: its key, unescaped, and its raw key and value bytes
+// (sub-slices of the decoded document).
+type jsonField struct {
+	key    string
+	rawKey []byte
+	value  []byte
+}
+
+// objectFields splits the JSON object data (which must be valid JSON: json.Valid) into its
+// members in order. It refuses duplicate keys and keys that equal one of known but for case. A
+// value that is not an object gives errNotObject.
+func objectFields(data []byte, known []string) ([]jsonField, error) {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return nil, errNotObject
+	}
+	var fields []jsonField
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return fields, nil
+	}
+	for i < len(data) {
+		end := stringEnd(data, i)
+		rawKey := data[i:end]
+		key, err := unquote(rawKey)
+		if err != nil {
+			return nil, err
+		}
+		i = skipSpace(data, end)
+		i = skipSpace(data, i+1) // the colon
+		vend := valueEnd(data, i)
+		for _, f := range fields {
+			if f.key == key {
+				return nil, fmt.Errorf("the key %q appears twice", key)
+			}
+		}
+		for _, k := range known {
+			if key != k && strings.EqualFold(key, k) {
+				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
+			}
+		}
+		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[i:vend]})
+		i = skipSpace(data, vend)
+		if i >= len(data) || data[i] == '}' {
+			break
+		}
+		i = skipSpace(data, i+1) // the comma
+	}
+	return fields, nil
+}
+
+var errNotObject = errors.New("not a JSON object")
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index just past the JSON string starting at data[i] (a quote).
+func stringEnd(data []byte, i int) int {
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(data)
+}
+
+// valueEnd returns the index just past the JSON value starting at data[i]; data is valid JSON.
+func valueEnd(data []byte, i int) int {
+	if i >= len(data) {
+		return i
+	}
+	switch data[i] {
+	case '"':
+		return stringEnd(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				j = stringEnd(data, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(data)
+	}
+	j := i
+	for j < len(data) && !bytes.ContainsRune([]byte(",}] \t\r\n"), rune(data[j])) {
+		j++
+	}
+	return j
+}
+
+// unquote decodes a raw JSON string; most keys have no escapes and cost no decoding.
+func unquote(raw []byte) (string, error) {
+	if bytes.IndexByte(raw, '\\') < 0 && len(raw) >= 2 {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
+}
+
+// parse is the first stage: read the body within its bound, decode it into cl and build the
+// upstream body.
+func (s *Server) parse(c echo.Context, cl *call) error {
+	body, err := s.readBody(c)
+	if err != nil {
+		return err
+	}
+	return parseBody(body, cl)
+}
+
+// readBody reads the request body within the configured bound.
+func (s *Server) readBody(c echo.Context) ([]byte, error) {
+	r := c.Request()
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		return nil, TooLarge(s.cfg.MaxBodyBytes)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
+	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, TooLarge(s.cfg.MaxBodyBytes)
+	case r.Context().Err() != nil:
+		return nil, errClientGone
+	case err != nil:
+		return nil, BadRequest("", "reading the request body: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func isNull(raw []byte) bool { return bytes.Equal(raw, []byte("null")) }
+
+// parseBody reads body into cl for endpoint cl.ep and builds the upstream body. Every error is a
+// 400 naming the field.
+func parseBody(body []byte, cl *call) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return BadRequest("", "request body is empty; expected a JSON object")
+	}
+	if !json.Valid(body) {
+		var v any
+		err := json.Unmarshal(body, &v)
+		return BadRequest("", "request body is not valid JSON: %v", err)
+	}
+	fields, err := objectFields(body, readKeys)
+	if errors.Is(err, errNotObject) {
+		return BadRequest("", "request body must be a JSON object")
+	}
+	if err != nil {
+		return BadRequest("", "request body: %v", err)
+	}
+	var messages, prompt []byte
+	for _, f := range fields {
+		v := f.value
+		if isNull(v) {
+			continue
+		}
+		switch f.key {
+		case "model":
+			if json.Unmarshal(v, &cl.model) != nil {
+				return BadRequest("model", "'model' must be a string")
+			}
+		case "stream":
+			if json.Unmarshal(v, &cl.stream) != nil {
+				return BadRequest("stream", "'stream' must be a boolean")
+			}
+		case "stream_options":
+			opts, err := objectFields(v, optionKeys)
+			if err != nil {
+				return BadRequest("stream_options", "'stream_options' must be an object: %v", err)
+			}
+			for _, o := range opts {
+				if o.key == "include_usage" && json.Unmarshal(o.value, &cl.clientWantsUsage) != nil {
+					return BadRequest("stream_options", "'stream_options.include_usage' must be a boolean")
+				}
+			}
+		case "max_tokens", "max_completion_tokens", "n_predict":
+			// Engines differ in which of these wins (llama.cpp reads n_predict first, vLLM
+			// max_completion_tokens): the largest one is what the call may cost.
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil || n < 0 || n > maxOutputTokens {
+				return BadRequest(f.key, "'%s' must be an integer from 0 to %d", f.key, maxOutputTokens)
+			}
+			cl.maxOutput = max(cl.maxOutput, int(n))
+		case "n":
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil || n < 1 || n > maxChoices {
+				return BadRequest("n", "'n' must be an integer from 1 to %d", maxChoices)
+			}
+			cl.choices = int(n)
+		case "messages":
+			messages = v
+		case "prompt":
+			prompt = v
+		case "service_tier":
+			if json.Unmarshal(v, &cl.serviceTier) != nil {
+				return BadRequest("service_tier", "'service_tier' must be a string")
+			}
+		}
+	}
+	if cl.model == "" {
+		return BadRequest("model", "missing required parameter: 'model'")
+	}
+	if cl.ep.chat {
+		err = cl.parseMessages(messages)
+	} else {
+		err = cl.parsePrompt(prompt)
+	}
+	if err != nil {
+		return err
+	}
+	cl.upstream = cl.buildUpstream(body, fields)
+	return nil
+}
+
+// parseMessages renders the messages' text in order, the prefix structure a worker's prompt cache
+// sees: a later turn of a conversation extends the earlier turn's text.
+func (cl *call) parseMessages(raw []byte) error {
+	if len(raw) == 0 || raw[0] != '[' {
+		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
+	}
+	var msgs []json.RawMessage
+	if json.Unmarshal(raw, &msgs) != nil || len(msgs) == 0 {
+		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		fields, err := objectFields(m, messageKeys)
+		if err != nil {
+			return BadRequest("messages", "messages[%d]: %v", i, err)
+		}
+		var role string
+		var content []byte
+		for _, f := range fields {
+			switch f.key {
+			case "role":
+				_ = json.Unmarshal(f.value, &role)
+			case "content":
+				content = f.value
+			}
+		}
+		if role == "" {
+			return BadRequest("messages", "messages[%d].role is required", i)
+		}
+		b.WriteString(role)
+		b.WriteByte(' ')
+		if err := appendContent(&b, content); err != nil {
+			return BadRequest("messages", "messages[%d].content: %v", i, err)
+		}
+		b.WriteByte('\n')
+	}
+	cl.prompt = b.String()
+	cl.promptTokens = estimateTokens(cl.prompt)
+	return nil
+}
+
+// appendContent writes a message's content, a string or an array of parts of which the text
+// parts count.
+func appendContent(b *strings.Builder, raw []byte) error {
+	if len(raw) == 0 || isNull(raw) {
+		return nil
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return err
+		}
+		b.WriteString(s)
+		return nil
+	}
+	var parts []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &parts) != nil {
+		return errors.New("must be a string or an array of content parts")
+	}
+	for i, p := range parts {
+		fields, err := objectFields(p, partKeys)
+		if err != nil {
+			return fmt.Errorf("part %d: %w", i, err)
+		}
+		var typ, text string
+		for _, f := range fields {
+			switch f.key {
+			case "type":
+				_ = json.Unmarshal(f.value, &typ)
+			case "text":
+				_ = json.Unmarshal(f.value, &text)
+			}
+		}
+		if typ == "text" {
+			b.WriteString(text)
+		}
+	}
+	return nil
+}
+
+// parsePrompt reads the prompt of /v1/completions: a string, an array of strings, an array of
+// token ids, or an array of such arrays. Every prompt of a batch counts in the estimate (a token
+// id is a token); the first one is what routing sees.
+func (cl *call) parsePrompt(raw []byte) error {
+	if len(raw) == 0 {
+		return BadRequest("prompt", "missing required parameter: 'prompt'")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		cl.prompt, cl.promptTokens = s, estimateTokens(s)
+		return nil
+	}
+	var list []string
+	if json.Unmarshal(raw, &list) == nil && len(list) > 0 {
+		cl.prompt = list[0]
+		for _, p := range list {
+			cl.promptTokens = addTokens(cl.promptTokens, estimateTokens(p))
+		}
+		return nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
+		cl.promptTokens = len(ids)
+		return nil
+	}
+	var batches [][]int64
+	if json.Unmarshal(raw, &batches) == nil && len(batches) > 0 {
+		for _, b := range batches {
+			cl.promptTokens = addTokens(cl.promptTokens, len(b))
+		}
+		return nil
+	}
+	return BadRequest("prompt", "'prompt' must be a string, an array of strings or an array of token ids")
+}
+
+// maxTokenCount caps token estimates so that no sum of them overflows an int anywhere.
+const maxTokenCount = 1 << 40
+
+// addTokens adds token counts, saturating at maxTokenCount.
+func addTokens(a, b int) int { return min(a+min(b, maxTokenCount), maxTokenCount) }
+
+// estimateTokens is a cheap prompt token estimate (about four bytes a token, as OpenAI's rule of
+// thumb); accounting is reconciled with the worker's real usage afterwards.
+func estimateTokens(text string) int { return len(text)/4 + 1 }
+
+// buildUpstream returns the body to send to the worker: the client's members in order, as sent,
+// except that the client's `priority` is dropped and, for a stream whose client did not ask for
+// usage, stream_options asks for it (the proxy removes that chunk again), so the gateway learns
+// real token counts of every request. A body that needs no change is returned as it is.
+func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
+	addUsage := cl.stream && !cl.clientWantsUsage
+	changed := addUsage
+	for _, f := range fields {
+		if f.key == "priority" {
+			changed = true
+		}
+	}
+	if !changed {
+		return body
+	}
+	out := make([]byte, 0, len(body)+40)
+	out = append(out, '{')
+	sep := func() {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+	}
+	for _, f := range fields {
+		switch {
+		case f.key == "priority":
+			continue
+		case f.key == "stream_options" && addUsage:
+			continue
+		}
+		sep()
+		out = append(append(append(out, f.rawKey...), ':'), f.value...)
+	}
+	if addUsage {
+		sep()
+		out = append(out, `"stream_options":{"include_usage":true`...)
+		for _, f := range fields {
+			if f.key != "stream_options" || isNull(f.value) {
+				continue
+			}
+			opts, _ := objectFields(f.value, optionKeys)
+			for _, o := range opts {
+				if o.key != "include_usage" {
+					out = append(append(append(append(out, ','), o.rawKey...), ':'), o.value...)
+				}
+			}
+		}
+		out = append(out, '}')
+	}
+	return append(out, '}')
+}
+
+// upstreamBody is the body for a worker: for one that schedules by priority (vLLM's `priority`
+// field, lower first) the call's class is added, the client's own having been dropped.
+func (cl *call) upstreamBody(handoff bool) []byte {
+	if !handoff {
+		return cl.upstream
+	}
+	b := cl.upstream
+	end := bytes.LastIndexByte(b, '}')
+	out := make([]byte, 0, len(b)+16)
+	out = append(out, b[:end]...)
+	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
+		out = append(out, ',')
+	}
+	out = strconv.AppendInt(append(out, `"priority":`...), int64(cl.class), 10)
+	return append(out, b[end:]...)
+}

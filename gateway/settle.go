@@ -1,0 +1,69 @@
+package gateway
+
+import (
+	"errors"
+	"log/slog"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+)
+
+// settle is the last stage of every call, whatever happened before: it gives back what admit
+// held (the queue's capacity and the tenant's limits, charged with the tokens really served),
+// answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
+// and the access log.
+func (s *Server) settle(c echo.Context, cl *call, err error) error {
+	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
+	if cl.grant != nil {
+		cl.grant.Done(queue.Usage{PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens})
+	}
+	if cl.hold != nil {
+		cl.hold.Done(int64(served))
+	}
+	status := c.Response().Status
+	switch {
+	case errors.Is(err, errClientGone):
+		status, err = statusClientClosed, nil
+	case err != nil:
+		status = ErrorFor(err).Status
+		err = WriteError(c, err)
+	}
+	s.metrics.requests.WithLabelValues(cl.model, strconv.Itoa(status)).Inc()
+	if cl.classed {
+		s.traffic.observe(cl.class, status, cl.ttft)
+	}
+	if cl.model != "" {
+		s.metrics.duration.WithLabelValues(cl.model).Observe(s.now().Sub(cl.start).Seconds())
+	}
+	if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
+		return err
+	}
+	s.log.Info("request",
+		"id", c.Response().Header().Get(echo.HeaderXRequestID),
+		"tenant", cl.principal.TenantID, "model", cl.model, "worker", cl.worker,
+		"status", status, "attempts", cl.attempts, "ms", s.now().Sub(cl.start).Milliseconds(),
+		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
+		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated)
+	return err
+}
+
+// account records the usage of the call's answer and turns it into the routing outcome.
+func (s *Server) account(cl *call, u usage) routing.Outcome {
+	cl.usage = u
+	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(u.PromptTokens))
+	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))
+	s.metrics.tokens.WithLabelValues(cl.model, "cached").Add(float64(u.cachedTokens()))
+	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CompletionTokens: u.CompletionTokens}
+}
+
+// estimatedUsage is what a stream that ended without its usage chunk (the client left, the
+// worker cut it) is charged: the prompt estimate, since the engine started answering, and one
+// completion token per content event relayed, which is how OpenAI-compatible engines stream
+// (one event per generated token). So a client that hangs up early is charged what it was
+// served, not nothing.
+func estimatedUsage(cl *call, events int) usage {
+	return usage{PromptTokens: cl.promptTokens, CompletionTokens: events, TotalTokens: cl.promptTokens + events, estimated: true}
+}

@@ -1,0 +1,295 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// LimitSource says where a worker's concurrency limit comes from.
+type LimitSource string
+
+const (
+	// LimitConfig: the worker's max_concurrency in the configuration fixes it; nothing is learned.
+	LimitConfig LimitSource = "config"
+	// LimitEngine: the engine reported its slots (llama.cpp's /props total_slots); the limit is
+	// that count, under the ceiling.
+	LimitEngine LimitSource = "engine"
+	// LimitLearned: the engine does not report slots; the limit is adapted from its load signals
+	// and the time to first token it delivers.
+	LimitLearned LimitSource = "learned"
+)
+
+// ConcurrencyConfig sets how the pool learns each worker's concurrency limit: the number of
+// requests it keeps in flight there, so the engine's own FIFO queue stays near empty and the
+// waiting happens in usher's queue, where priority, fair share and deadlines apply. A worker
+// with max_concurrency in its spec keeps that fixed value; the others learn it, never above
+// routing.max_concurrency (the ceiling). The control law, run at every scrape of the worker:
+//
+//  1. An engine that reports its slots (GET PropsPath answering `total_slots`, as llama.cpp's
+//     server does) gets exactly that many: more would only queue inside the engine.
+//  2. Otherwise, when the engine reports requests waiting inside it, the limit drops at once to
+//     the requests it reports running (at least one less than before): what it really runs. That
+//     count is then a cap the limit does not probe above for CapHold, so a fixed-slot engine that
+//     does not report its slots is not pushed into queueing again at every scrape.
+//  3. When its KV cache is at least KVHigh full, the limit drops by one; between KVHold and
+//     KVHigh it holds.
+//  4. When the time to first token of its streamed answers (a moving average) exceeds
+//     TTFTTolerance times its baseline (the lowest average seen, drifting slowly up), the limit
+//     drops by a tenth (at least one).
+//  5. Otherwise, when the limit was binding (the worker's requests in flight, from every
+//     replica, reached it), it rises: doubling from Initial until the first drop, then by one
+//     per scrape.
+type ConcurrencyConfig struct {
+	// Initial is the limit a learning worker starts with. Default 8.
+	Initial int `yaml:"initial"`
+	// PropsPath is where an engine reports its slots; default /props (llama.cpp).
+	PropsPath string `yaml:"props_path"`
+	// TTFTTolerance is how many times its baseline the time to first token may grow before the
+	// limit drops. Default 2.
+	TTFTTolerance float64 `yaml:"ttft_tolerance"`
+	// KVHold and KVHigh are the KV-cache usage fractions at which the limit stops rising and
+	// drops. Defaults 0.9 and 0.97.
+	KVHold float64 `yaml:"kv_hold"`
+	KVHigh float64 `yaml:"kv_high"`
+	// CapHold is how long the running count at which the engine last queued caps the limit.
+	// Default 60s.
+	CapHold time.Duration `yaml:"cap_hold"`
+}
+
+// Defaults of ConcurrencyConfig.
+const (
+	DefaultInitialConcurrency = 8
+	DefaultPropsPath          = "/props"
+	DefaultTTFTTolerance      = 2.0
+	DefaultKVHold             = 0.9
+	DefaultKVHigh             = 0.97
+	DefaultCapHold            = time.Minute
+)
+
+func (c *ConcurrencyConfig) setDefaults() {
+	setDefaultValue(&c.Initial, DefaultInitialConcurrency)
+	setDefaultValue(&c.PropsPath, DefaultPropsPath)
+	setDefaultValue(&c.TTFTTolerance, DefaultTTFTTolerance)
+	setDefaultValue(&c.KVHold, DefaultKVHold)
+	setDefaultValue(&c.KVHigh, DefaultKVHigh)
+	setDefaultValue(&c.CapHold, DefaultCapHold)
+}
+
+func setDefaultValue[T comparable](field *T, value T) {
+	var zero T
+	if *field == zero {
+		*field = value
+	}
+}
+
+func (c ConcurrencyConfig) validate() []error {
+	var errs []error
+	if c.Initial < 1 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.initial: must be at least 1, got %d", c.Initial))
+	}
+	if c.TTFTTolerance <= 1 || math.IsNaN(c.TTFTTolerance) || math.IsInf(c.TTFTTolerance, 0) {
+		errs = append(errs, fmt.Errorf("routing.concurrency.ttft_tolerance: must be a number above 1, got %v", c.TTFTTolerance))
+	}
+	if !(c.KVHold > 0 && c.KVHold <= c.KVHigh && c.KVHigh <= 1) {
+		errs = append(errs, fmt.Errorf("routing.concurrency: want 0 < kv_hold <= kv_high <= 1, got %v and %v", c.KVHold, c.KVHigh))
+	}
+	if c.CapHold < 0 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.cap_hold: must not be negative, got %v", c.CapHold))
+	}
+	if c.PropsPath == "" || c.PropsPath[0] != '/' {
+		errs = append(errs, fmt.Errorf("routing.concurrency.props_path: must start with '/', got %q", c.PropsPath))
+	}
+	return errs
+}
+
+// TTFT averages: the weight of a new sample, and how fast the baseline drifts towards the
+// average per scrape, so one lucky fast sample does not hold the limit down for ever.
+const (
+	ttftWeight     = 0.2
+	baselineDrift  = 0.01
+	minTTFTSamples = 5
+	// propsRetry is how often an engine that did not answer its slots is asked again (it may have
+	// been starting, or restarted with other flags).
+	propsRetry = 30 * time.Second
+)
+
+// learner adapts one worker's limit by the law of ConcurrencyConfig. observeTTFT is called from
+// any goroutine; step and setSlots only from the worker's scrape goroutine. mu guards every
+// field below it.
+type learner struct {
+	cfg     ConcurrencyConfig
+	ceiling int64
+
+	mu        sync.Mutex
+	slots     int64 // the engine's reported slots; 0: not reported
+	slowStart bool
+	ttft      float64 // moving average of the time to first token, seconds; 0: none yet
+	baseline  float64 // lowest ttft seen, drifting up; 0: none yet
+	samples   int
+	probedAt  time.Time // last /props request
+	cap       int64     // the running count when the engine last queued; 0: none
+	capUntil  time.Time // when cap stops holding
+}
+
+func newLearner(cfg ConcurrencyConfig, ceiling int64) *learner {
+	return &learner{cfg: cfg, ceiling: ceiling, slowStart: true}
+}
+
+// initial is the limit before anything is learned.
+func (l *learner) initial() int64 { return min(int64(l.cfg.Initial), l.ceiling) }
+
+// observeTTFT feeds one streamed answer's time to first token.
+func (l *learner) observeTTFT(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	s := d.Seconds()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ttft == 0 {
+		l.ttft = s
+	} else {
+		l.ttft += ttftWeight * (s - l.ttft)
+	}
+	l.samples++
+}
+
+// loadSignals is what one scrape tells the learner.
+type loadSignals struct {
+	now              time.Time
+	fresh            bool // the engine answered this scrape with known load metrics
+	running, waiting int64
+	kvUsage          float64
+	inFlight         int64 // every replica's requests on the worker: ours plus others'
+}
+
+// step applies the control law once and returns the new limit.
+func (l *learner) step(limit int64, sig loadSignals) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.slots > 0 {
+		return min(l.slots, l.ceiling)
+	}
+	if l.ttft > 0 {
+		if l.baseline == 0 || l.ttft < l.baseline {
+			l.baseline = l.ttft
+		} else {
+			l.baseline += baselineDrift * (l.ttft - l.baseline)
+		}
+	}
+	next := limit
+	switch {
+	case sig.fresh && sig.waiting > 0:
+		next = min(limit-1, sig.running)
+		l.cap, l.capUntil = max(1, next), sig.now.Add(l.cfg.CapHold)
+	case sig.fresh && sig.kvUsage >= l.cfg.KVHigh:
+		next = limit - 1
+	case sig.fresh && sig.kvUsage >= l.cfg.KVHold:
+	case l.samples >= minTTFTSamples && l.ttft > l.cfg.TTFTTolerance*l.baseline:
+		next = limit - max(1, limit/10)
+	case sig.inFlight >= limit:
+		if l.slowStart {
+			next = limit * 2
+		} else {
+			next = limit + 1
+		}
+	}
+	if next < limit {
+		l.slowStart = false
+	}
+	if next > limit && l.cap > 0 && sig.now.Before(l.capUntil) {
+		next = max(limit, l.cap)
+	}
+	return max(1, min(next, l.ceiling))
+}
+
+// setSlots records the slots the engine reported (0: it reported none).
+func (l *learner) setSlots(n int64) {
+	l.mu.Lock()
+	l.slots = n
+	l.mu.Unlock()
+}
+
+// probeDue reports whether the engine's slots should be asked (again) now, and marks the ask.
+func (l *learner) probeDue(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.probedAt.IsZero() && now.Sub(l.probedAt) < propsRetry {
+		return false
+	}
+	l.probedAt = now
+	return true
+}
+
+func (l *learner) source() LimitSource {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.slots > 0 {
+		return LimitEngine
+	}
+	return LimitLearned
+}
+
+// maxSlots bounds a reported slot count, so an absurd answer cannot overflow anything.
+const maxSlots = 1 << 20
+
+// engineSlots asks w's engine for its slots: llama.cpp's server answers GET /props with
+// `total_slots`. 0 with a nil error means the engine answered but reports none.
+func (p *Pool) engineSlots(ctx context.Context, w *Worker) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Scrape.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url.JoinPath(p.cfg.Concurrency.PropsPath).String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, nil
+	}
+	var props struct {
+		TotalSlots int64 `json:"total_slots"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&props); err != nil {
+		return 0, nil
+	}
+	return min(max(props.TotalSlots, 0), maxSlots), nil
+}
+
+// learnLimit runs after every scrape of w: it asks the engine's slots when due, then applies the
+// control law and announces a changed limit.
+func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
+	l := w.learner
+	if l == nil {
+		return
+	}
+	if l.probeDue(p.now()) {
+		if n, err := p.engineSlots(ctx, w); err == nil {
+			l.setSlots(n)
+		}
+	}
+	sig := loadSignals{now: p.now(), fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
+	if fresh {
+		r := w.Load()
+		sig.running, sig.waiting, sig.kvUsage = r.Running, r.Waiting, r.KVUsage
+		sig.inFlight += w.load.others.Load()
+	}
+	old := w.limit.Load()
+	next := l.step(old, sig)
+	if next != old {
+		w.limit.Store(next)
+		p.logger.Info("worker concurrency limit", "worker", w.spec.ID, "from", old, "to", next, "source", l.source(),
+			"running", sig.running, "waiting", sig.waiting, "kv_usage", sig.kvUsage)
+		p.changes.notify()
+	}
+}

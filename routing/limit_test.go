@@ -1,0 +1,226 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func testLearner(ceiling int64) *learner {
+	var cfg ConcurrencyConfig
+	cfg.setDefaults()
+	return newLearner(cfg, ceiling)
+}
+
+func TestLearnerLaw(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(l *learner)
+		limit int64
+		sig   loadSignals
+		want  int64
+	}{
+		{name: "engine slots win", setup: func(l *learner) { l.setSlots(2) }, limit: 8,
+			sig: loadSignals{fresh: true, inFlight: 8}, want: 2},
+		{name: "engine slots under the ceiling", setup: func(l *learner) { l.setSlots(1000) }, limit: 8, want: 256},
+		{name: "binding limit doubles in slow start", limit: 8, sig: loadSignals{fresh: true, running: 8, inFlight: 8}, want: 16},
+		{name: "binding limit rises by one after a drop", setup: func(l *learner) { l.slowStart = false }, limit: 8,
+			sig: loadSignals{fresh: true, running: 8, inFlight: 8}, want: 9},
+		{name: "rising stops at the ceiling", limit: 200, sig: loadSignals{fresh: true, inFlight: 200}, want: 256},
+		{name: "limit not binding holds", limit: 8, sig: loadSignals{fresh: true, running: 3, inFlight: 3}, want: 8},
+		{name: "engine queue cuts to what it runs", limit: 16, sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 5},
+		{name: "engine queue lowers by one at least", limit: 4, sig: loadSignals{fresh: true, running: 6, waiting: 2, inFlight: 8}, want: 3},
+		{name: "never below one", limit: 1, sig: loadSignals{fresh: true, running: 0, waiting: 2, inFlight: 1}, want: 1},
+		{name: "full KV cache lowers", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.99, inFlight: 10}, want: 9},
+		{name: "nearly full KV cache holds", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.92, inFlight: 10}, want: 10},
+		{name: "stale reading: only our own counts", limit: 8, sig: loadSignals{waiting: 9, kvUsage: 1, inFlight: 8}, want: 16},
+		{name: "inflated TTFT lowers by a tenth", setup: func(l *learner) {
+			l.baseline, l.ttft, l.samples = 0.1, 0.35, minTTFTSamples
+		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 36},
+		{name: "TTFT near its baseline lets it rise", setup: func(l *learner) {
+			l.baseline, l.ttft, l.samples, l.slowStart = 0.1, 0.15, minTTFTSamples, false
+		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 41},
+		{name: "too few TTFT samples to judge", setup: func(l *learner) {
+			l.baseline, l.ttft, l.samples, l.slowStart = 0.1, 0.9, 2, false
+		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 41},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := testLearner(256)
+			if tt.setup != nil {
+				tt.setup(l)
+			}
+			if got := l.step(tt.limit, tt.sig); got != tt.want {
+				t.Errorf("step(%d, %+v) = %d, want %d", tt.limit, tt.sig, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLearnerDropEndsSlowStart(t *testing.T) {
+	l := testLearner(256)
+	limit := l.step(8, loadSignals{fresh: true, running: 8, inFlight: 8}) // 16
+	limit = l.step(limit, loadSignals{fresh: true, running: 12, waiting: 4, inFlight: 16})
+	if limit != 12 {
+		t.Fatalf("after the engine queued: limit %d, want 12", limit)
+	}
+	later := time.Unix(0, 0).Add(2 * DefaultCapHold) // past the cap the queueing set
+	if got := l.step(limit, loadSignals{now: later, fresh: true, running: 12, inFlight: 12}); got != 13 {
+		t.Errorf("after a drop: limit %d, want 13 (additive, not doubling)", got)
+	}
+}
+
+func TestLearnerHoldsTheCapWhereTheEngineQueued(t *testing.T) {
+	l := testLearner(256)
+	now := time.Unix(1000, 0)
+	limit := l.step(8, loadSignals{now: now, fresh: true, running: 6, waiting: 2, inFlight: 8})
+	if limit != 6 {
+		t.Fatalf("engine queueing at 6 running: limit %d, want 6", limit)
+	}
+	for i := range 10 {
+		now = now.Add(2 * time.Second)
+		if limit = l.step(limit, loadSignals{now: now, fresh: true, running: 6, inFlight: 6}); limit != 6 {
+			t.Fatalf("scrape %d after the cut: limit %d, want it held at 6", i, limit)
+		}
+	}
+	now = now.Add(DefaultCapHold)
+	if limit = l.step(limit, loadSignals{now: now, fresh: true, running: 6, inFlight: 6}); limit != 7 {
+		t.Errorf("after the hold: limit %d, want 7 (probing again)", limit)
+	}
+}
+
+func TestLearnerBaselineFollowsTheFastest(t *testing.T) {
+	l := testLearner(256)
+	for range 10 {
+		l.observeTTFT(100 * time.Millisecond)
+	}
+	l.step(8, loadSignals{})
+	for range 20 {
+		l.observeTTFT(150 * time.Millisecond)
+	}
+	if got := l.step(8, loadSignals{fresh: true, inFlight: 8}); got != 16 {
+		t.Errorf("TTFT 1.5x its baseline: limit %d, want it to rise to 16", got)
+	}
+	for range 20 {
+		l.observeTTFT(time.Second)
+	}
+	if got := l.step(16, loadSignals{fresh: true, inFlight: 16}); got >= 16 {
+		t.Errorf("TTFT 10x its baseline: limit %d, want it below 16", got)
+	}
+}
+
+// slotEngine serves /props and /metrics as llama.cpp's server does.
+type slotEngine struct {
+	slots            atomic.Int64 // 0: no /props (404)
+	running, waiting atomic.Int64
+	propsCalls       atomic.Int64
+}
+
+func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/props":
+		e.propsCalls.Add(1)
+		if e.slots.Load() == 0 {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":4096},"total_slots":%d,"model_path":"m.gguf"}`, e.slots.Load())
+	case "/metrics":
+		fmt.Fprintf(w, "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n", e.running.Load(), e.waiting.Load())
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
+	eng := &slotEngine{}
+	eng.slots.Store(2)
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := p.find("w")
+	if got, src := w.MaxConcurrency(), w.LimitSource(); got != DefaultInitialConcurrency || src != LimitLearned {
+		t.Fatalf("before any scrape: limit %d from %s, want %d learned", got, src, DefaultInitialConcurrency)
+	}
+	changed := p.Changes()
+	p.scrapeOnce(context.Background(), w)
+	if got, src := w.MaxConcurrency(), w.LimitSource(); got != 2 || src != LimitEngine {
+		t.Errorf("after a scrape: limit %d from %s, want 2 from the engine", got, src)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Error("the limit changed but Changes did not fire")
+	}
+	if st, _ := p.Worker("w"); st.MaxConcurrency != 2 || st.LimitSource != LimitEngine {
+		t.Errorf("status: %d from %s, want 2 from the engine", st.MaxConcurrency, st.LimitSource)
+	}
+	p.scrapeOnce(context.Background(), w)
+	if n := eng.propsCalls.Load(); n != 1 {
+		t.Errorf("/props asked %d times in two scrapes, want once (then every %v)", n, propsRetry)
+	}
+}
+
+func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
+	eng := &slotEngine{}
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := p.find("w")
+	ctx := context.Background()
+	var leases []*Lease
+	for range DefaultInitialConcurrency {
+		l, err := p.Pick(ctx, &Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	if _, err := p.Pick(ctx, &Request{Model: "m"}); err == nil {
+		t.Fatal("a pick above the initial limit succeeded")
+	}
+	eng.running.Store(DefaultInitialConcurrency)
+	p.scrapeOnce(ctx, w)
+	if got := w.MaxConcurrency(); got != 2*DefaultInitialConcurrency {
+		t.Fatalf("binding limit, engine not queueing: limit %d, want %d", got, 2*DefaultInitialConcurrency)
+	}
+	eng.running.Store(6)
+	eng.waiting.Store(2)
+	p.scrapeOnce(ctx, w)
+	if got := w.MaxConcurrency(); got != 6 {
+		t.Errorf("engine queueing with 6 running: limit %d, want 6", got)
+	}
+	if _, err := p.Pick(ctx, &Request{Model: "m"}); err == nil {
+		t.Error("a pick above the lowered limit succeeded")
+	}
+	for _, l := range leases {
+		l.Release(Outcome{})
+	}
+}
+
+func TestConcurrencyConfigValidate(t *testing.T) {
+	bad := []ConcurrencyConfig{
+		{Initial: -1}, {TTFTTolerance: 0.5}, {KVHold: 0.99, KVHigh: 0.9}, {KVHigh: 1.5}, {PropsPath: "props"},
+	}
+	for _, c := range bad {
+		c.setDefaults()
+		if errs := c.validate(); len(errs) == 0 {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+	var good ConcurrencyConfig
+	good.setDefaults()
+	if errs := good.validate(); len(errs) > 0 {
+		t.Errorf("defaults: %v", errs)
+	}
+}
