@@ -156,7 +156,7 @@ type Limiter struct {
 	// replicas is how many replicas shared Redis when last read (at least 1); lastBeat is the
 	// unix millisecond this replica last announced itself.
 	replicas, lastBeat atomic.Int64
-	// local holds one *localBucket per tenant and tier; entries are never removed.
+	// local holds one *localBucket per counterKey; entries are never removed.
 	local sync.Map
 
 	leaseMu sync.Mutex // guards live and renewing
@@ -237,8 +237,8 @@ type Admission struct {
 	l        *Limiter
 	tenantID string
 	tier     *Tier
-	// counters names the counters the request holds: tenant id and tier name.
-	counters string
+	// counters names the counters the request holds.
+	counters counterKey
 	reserved int64
 	bucket   *localBucket // set when the local buckets admitted the request
 	lease    string       // the Redis lease held; "" for none
@@ -271,7 +271,7 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission,
 	if out <= 0 {
 		out = tier.ExpectedOutputTokens
 	}
-	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, counters: p.TenantID + "/" + tier.Name,
+	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, counters: counterKey{p.TenantID, tier.Name},
 		reserved: addSat(max(d.PromptTokens, 0), max(out, 0))}
 	if tier.RequestsPerMinute == 0 && tier.TokensPerMinute == 0 && tier.MaxConcurrent == 0 {
 		a.done.Store(true) // nothing to count, nothing to release
@@ -319,7 +319,10 @@ func perSecond(perMinute int64) rate.Limit {
 	return rate.Limit(float64(perMinute) / 60)
 }
 
-func (l *Limiter) bucket(counters string) *localBucket {
+// counterKey names one tenant's counters at one tier.
+type counterKey struct{ tenant, tier string }
+
+func (l *Limiter) bucket(counters counterKey) *localBucket {
 	if v, ok := l.local.Load(counters); ok {
 		return v.(*localBucket)
 	}
@@ -430,8 +433,8 @@ const (
 
 // redisKeys are the bucket hash and the lease set of one tenant at one tier. The hash tag keeps
 // both in one Redis Cluster slot.
-func (l *Limiter) redisKeys(counters string) []string {
-	bucket := l.cfg.RedisPrefix + "{" + counters + "}"
+func (l *Limiter) redisKeys(counters counterKey) []string {
+	bucket := l.cfg.RedisPrefix + "{" + counters.tenant + "/" + counters.tier + "}"
 	return []string{bucket, bucket + ":leases"}
 }
 
@@ -521,8 +524,8 @@ const maxRenewBatch = 256
 // renew extends every live lease by LeaseTTL and schedules itself again while any is live.
 func (l *Limiter) renew() {
 	l.leaseMu.Lock()
-	byCounters := map[string][]any{}
-	tiers := map[string]*Tier{}
+	byCounters := map[counterKey][]any{}
+	tiers := map[counterKey]*Tier{}
 	for a := range l.live {
 		byCounters[a.counters] = append(byCounters[a.counters], a.lease)
 		tiers[a.counters] = a.tier
