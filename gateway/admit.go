@@ -163,15 +163,38 @@ func (s *Server) holdLimits(c echo.Context, cl *call) error {
 		PromptTokens: int64(cl.promptTokens), MaxOutputTokens: int64(cl.expected)})
 	var le *tenants.LimitError
 	if errors.As(err, &le) {
-		le.Quota.Apply(c.Response().Header())
+		setQuotaHeaders(c.Response().Header(), le.Quota)
 		return err
 	}
 	if err != nil {
 		return err
 	}
-	hold.Quota.Apply(c.Response().Header())
+	setQuotaHeaders(c.Response().Header(), hold.Quota)
 	cl.hold = hold
 	return nil
+}
+
+// setQuotaHeaders sets OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers
+// from q; a limit of 0 (unlimited) leaves its three headers out.
+func setQuotaHeaders(h http.Header, q tenants.Quota) {
+	if q.LimitRequests > 0 {
+		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(q.LimitRequests, 10))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(q.RemainingRequests, 10))
+		h.Set("x-ratelimit-reset-requests", resetString(q.ResetRequests))
+	}
+	if q.LimitTokens > 0 {
+		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(q.LimitTokens, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(q.RemainingTokens, 10))
+		h.Set("x-ratelimit-reset-tokens", resetString(q.ResetTokens))
+	}
+}
+
+// resetString formats d as OpenAI does ("20ms", "1s", "6m0s").
+func resetString(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 // wait queues the call in its model's queue and blocks until it is released (cl.grant), its

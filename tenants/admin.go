@@ -92,11 +92,15 @@ var (
 type Actor struct {
 	// Name is what the audit log records: "admin", "viewer", or "tenant:<id>/<key id>".
 	Name string
-	// Admin actors may do everything; tenant actors only read their tenant and manage its keys.
+	// Admin actors may do everything; tenant actors only read their tenant and, when their
+	// credential has the ManageKeys permission, manage its keys within the credential's scope.
 	Admin bool
 	// Viewer actors read everything the admin reads and change nothing (ErrForbidden).
 	Viewer   bool
 	TenantID string
+	// Credential is, for a tenant actor, the principal of the credential it presented: its tier,
+	// expiry and ManageKeys permission bound the keys it may create and revoke.
+	Credential Principal
 }
 
 // ReadOnly reports whether the actor may not change anything.
@@ -167,7 +171,7 @@ func (a *Admin) AuthenticateActor(ctx context.Context, credential string) (Actor
 	if err != nil {
 		return Actor{}, err
 	}
-	return Actor{Name: "tenant:" + p.TenantID + "/" + p.KeyID, TenantID: p.TenantID}, nil
+	return Actor{Name: "tenant:" + p.TenantID + "/" + p.KeyID, TenantID: p.TenantID, Credential: p}, nil
 }
 
 func requireAdmin(actor Actor) error {
@@ -360,15 +364,30 @@ func (a *Admin) DeleteTenant(ctx context.Context, actor Actor, id string) error 
 // KeyInput is the body of a key creation.
 type KeyInput struct {
 	Name string `json:"name"`
-	// Expires is when the key stops working; zero: never. It must lie in the future.
+	// Expires is when the key stops working; zero: never. It must lie in the future. A key made
+	// by a credential that expires expires at the latest with it (by default at the same time).
 	Expires time.Time `json:"expires"`
+	// Tier caps the key's tier; empty: the tenant's tier, or the creating credential's when
+	// that credential is itself capped. Never above the tenant's tier or the creator's.
+	Tier string `json:"tier"`
+	// ManageKeys lets the new key manage the tenant's keys in turn.
+	ManageKeys bool `json:"manage_keys"`
 }
 
-// CreateKey makes a key for tenant tenantID (the admin, or that tenant itself) and returns it
-// with the whole key string. The key string is never shown again.
+// errNoKeyPermission refuses key management to a credential without the ManageKeys permission.
+var errNoKeyPermission = fmt.Errorf("this credential may not manage keys (it needs the manage_keys permission, or the %q scope for a JWT): %w", ScopeManageKeys, ErrForbidden)
+
+// CreateKey makes a key for tenant tenantID and returns it with the whole key string, which is
+// never shown again. The admin may create any key; a tenant may create keys for itself only
+// with a credential that has the ManageKeys permission, and only within that credential's
+// scope: at or below its tier, expiring no later than it (ErrForbidden otherwise). A lowered or
+// short-lived credential thus never mints a stronger one.
 func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in KeyInput) (APIKey, string, error) {
 	if err := requireTenant(actor, tenantID); err != nil {
 		return APIKey{}, "", err
+	}
+	if !actor.Admin && !actor.Credential.ManageKeys {
+		return APIKey{}, "", errNoKeyPermission
 	}
 	if a.dir.IsConfigTenant(tenantID) {
 		return APIKey{}, "", fmt.Errorf("tenant %q: keys of config tenants live in the file: %w", tenantID, ErrReadOnly)
@@ -379,12 +398,49 @@ func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in 
 	if !in.Expires.IsZero() && !in.Expires.After(a.now()) {
 		return APIKey{}, "", invalid("expires", "must lie in the future")
 	}
-	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, in.Name, in.Expires)
+	t, err := a.store.Tenant(ctx, tenantID)
+	if err != nil {
+		return APIKey{}, "", err
+	}
+	if in.Tier != "" {
+		if _, ok := a.dir.Tier(in.Tier); !ok {
+			return APIKey{}, "", invalid("tier", "names no declared tier")
+		}
+		if !a.dir.atOrBelow(in.Tier, t.Tier) {
+			return APIKey{}, "", invalid("tier", "%s is above the tenant's tier %s", in.Tier, t.Tier)
+		}
+	}
+	if !actor.Admin {
+		if err := a.withinCredential(actor.Credential, &in); err != nil {
+			return APIKey{}, "", err
+		}
+	}
+	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, NewKey(in))
 	if err != nil {
 		return APIKey{}, "", err
 	}
 	a.dir.Changed(ctx)
 	return k, key, nil
+}
+
+// withinCredential bounds in by the scope of the credential creating it: the new key defaults
+// to the credential's expiry and capped tier, and may not go beyond either.
+func (a *Admin) withinCredential(c Principal, in *KeyInput) error {
+	if !c.Expires.IsZero() {
+		switch {
+		case in.Expires.IsZero():
+			in.Expires = c.Expires
+		case in.Expires.After(c.Expires):
+			return fmt.Errorf("expires: after the expiry of the credential creating the key: %w", ErrForbidden)
+		}
+	}
+	switch {
+	case in.Tier == "" && c.TierCapped:
+		in.Tier = c.Tier
+	case in.Tier != "" && !a.dir.atOrBelow(in.Tier, c.Tier):
+		return fmt.Errorf("tier: %s is above the tier of the credential creating the key: %w", in.Tier, ErrForbidden)
+	}
+	return nil
 }
 
 // Keys lists a tenant's keys without their secrets (the admin, the viewer, or that tenant
@@ -406,15 +462,52 @@ func (a *Admin) Keys(ctx context.Context, actor Actor, tenantID string) ([]APIKe
 	return keys, err
 }
 
-// RevokeKey revokes a key at once on every replica (the admin, or that tenant itself).
+// RevokeKey revokes a key at once on every replica. The admin may revoke any key; a tenant
+// credential may revoke itself, and other keys of its tenant only with the ManageKeys
+// permission and only those within its own scope (a key it could have created: at or below its
+// tier, expiring no later than it); ErrForbidden otherwise.
 func (a *Admin) RevokeKey(ctx context.Context, actor Actor, tenantID, keyID string) error {
 	if err := requireTenant(actor, tenantID); err != nil {
 		return err
+	}
+	if !actor.Admin && keyID != actor.Credential.KeyID {
+		if !actor.Credential.ManageKeys {
+			return errNoKeyPermission
+		}
+		if err := a.revocableBy(ctx, actor.Credential, tenantID, keyID); err != nil {
+			return err
+		}
 	}
 	if err := a.store.RevokeKey(ctx, actor.Name, tenantID, keyID); err != nil {
 		return err
 	}
 	a.dir.Changed(ctx)
+	return nil
+}
+
+// revocableBy checks that key keyID of tenantID lies within credential c's scope.
+func (a *Admin) revocableBy(ctx context.Context, c Principal, tenantID, keyID string) error {
+	k, err := a.store.Key(ctx, keyID)
+	if err != nil {
+		return err
+	}
+	if k.TenantID != tenantID {
+		return fmt.Errorf("key %q: %w", keyID, ErrNotFound)
+	}
+	tier := k.Tier
+	if tier == "" {
+		t, err := a.store.Tenant(ctx, tenantID)
+		if err != nil {
+			return err
+		}
+		tier = t.Tier
+	}
+	if !a.dir.atOrBelow(tier, c.Tier) {
+		return fmt.Errorf("key %q runs at a tier above this credential's: %w", keyID, ErrForbidden)
+	}
+	if !c.Expires.IsZero() && (k.Expires.IsZero() || k.Expires.After(c.Expires)) {
+		return fmt.Errorf("key %q outlives this credential: %w", keyID, ErrForbidden)
+	}
 	return nil
 }
 

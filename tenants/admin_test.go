@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 const testAdminToken = "adm-0123456789abcdef0123456789"
@@ -294,5 +296,118 @@ func TestAdminConfigValidate(t *testing.T) {
 				t.Errorf("got %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestAdminLoweredCredentialsMintNothingStronger is issue 10's item 2: a JWT whose tier claim
+// lowered the tenant, or a key about to expire, could create a never-expiring key at the
+// tenant's full tier and revoke the tenant's other keys. Keys are minted only within the
+// creator's tier and expiry now, and key management is a permission of its own.
+func TestAdminLoweredCredentialsMintNothingStronger(t *testing.T) {
+	f, _ := jwtFixture(t)
+	a, err := NewAdmin(AdminConfig{}, f.store, f.dir, f.clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admin := Actor{Name: "admin", Admin: true}
+	now := f.clock.Now()
+	exp := now.Add(time.Hour).Truncate(time.Second)
+	token := func(claims jwt.MapClaims) string {
+		base := jwt.MapClaims{"sub": "acme", "iss": "https://idp.example", "aud": "usher", "exp": exp.Unix()}
+		for n, v := range claims {
+			base[n] = v
+		}
+		return sign(t, jwt.SigningMethodHS256, []byte(testHS256Secret), "", base)
+	}
+	actorOf := func(credential string) Actor {
+		t.Helper()
+		act, err := a.AuthenticateActor(ctx, credential)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return act
+	}
+	adminKey := func(in KeyInput) (APIKey, string) {
+		t.Helper()
+		k, s, err := a.CreateKey(ctx, admin, "acme", in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, s
+	}
+	_, short := adminKey(KeyInput{Name: "short", Expires: now.Add(2 * time.Minute), ManageKeys: true})
+	_, capped := adminKey(KeyInput{Name: "capped", Tier: "free", ManageKeys: true})
+	plainKey, plain := adminKey(KeyInput{Name: "plain"})
+
+	lowered := actorOf(token(jwt.MapClaims{"tier": "free", "scope": "read " + ScopeManageKeys}))
+	loweredNoScope := actorOf(token(jwt.MapClaims{"tier": "free"}))
+	refusals := []struct {
+		name string
+		do   func() error
+	}{
+		{"lowered JWT asks for the full tier", func() error {
+			_, _, err := a.CreateKey(ctx, lowered, "acme", KeyInput{Name: "x", Tier: "pro"})
+			return err
+		}},
+		{"lowered JWT asks to outlive it", func() error {
+			_, _, err := a.CreateKey(ctx, lowered, "acme", KeyInput{Name: "x", Expires: exp.Add(time.Second)})
+			return err
+		}},
+		{"lowered JWT revokes a full-tier key", func() error { return a.RevokeKey(ctx, lowered, "acme", f.keyID) }},
+		{"JWT without the scope creates a key", func() error {
+			_, _, err := a.CreateKey(ctx, loweredNoScope, "acme", KeyInput{Name: "x", Tier: "free"})
+			return err
+		}},
+		{"JWT without the scope revokes a key", func() error { return a.RevokeKey(ctx, loweredNoScope, "acme", plainKey.ID) }},
+		{"2-minute key asks for an hour", func() error {
+			_, _, err := a.CreateKey(ctx, actorOf(short), "acme", KeyInput{Name: "x", Expires: now.Add(time.Hour)})
+			return err
+		}},
+		{"2-minute key revokes a key that never expires", func() error { return a.RevokeKey(ctx, actorOf(short), "acme", plainKey.ID) }},
+		{"free-capped key asks for pro", func() error {
+			_, _, err := a.CreateKey(ctx, actorOf(capped), "acme", KeyInput{Name: "x", Tier: "pro"})
+			return err
+		}},
+		{"free-capped key revokes a pro key", func() error { return a.RevokeKey(ctx, actorOf(capped), "acme", f.keyID) }},
+		{"key without manage_keys creates a key", func() error {
+			_, _, err := a.CreateKey(ctx, actorOf(plain), "acme", KeyInput{Name: "x"})
+			return err
+		}},
+		{"key without manage_keys revokes another", func() error { return a.RevokeKey(ctx, actorOf(plain), "acme", f.keyID) }},
+	}
+	for _, tt := range refusals {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.do(); !errors.Is(err, ErrForbidden) {
+				t.Errorf("got %v, want ErrForbidden", err)
+			}
+		})
+	}
+
+	// What they may do: keys within their own scope, which default to it.
+	minted := []struct {
+		name     string
+		creator  Actor
+		wantTier string
+		wantExp  time.Time
+	}{
+		{"lowered JWT", lowered, "free", exp},
+		{"2-minute key", actorOf(short), "pro", now.Add(2 * time.Minute)},
+		{"free-capped key", actorOf(capped), "free", time.Time{}},
+	}
+	for _, m := range minted {
+		t.Run(m.name+" mints within its scope", func(t *testing.T) {
+			_, key, err := a.CreateKey(ctx, m.creator, "acme", KeyInput{Name: "child"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := f.dir.Authenticate(ctx, key)
+			if err != nil || p.Tier != m.wantTier || !p.Expires.Equal(m.wantExp) || p.ManageKeys {
+				t.Errorf("minted key: got %+v, %v; want tier %s, expires %v, no manage_keys", p, err, m.wantTier, m.wantExp)
+			}
+		})
+	}
+	if err := a.RevokeKey(ctx, actorOf(plain), "acme", plainKey.ID); err != nil {
+		t.Errorf("a key revoking itself: got %v, want allowed", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Principal is who a request acts for, as established by an Authenticator.
@@ -20,7 +21,21 @@ type Principal struct {
 	// KeyID names the credential that was presented, never the secret: the key's name for a
 	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
+	// TierCapped is true when the credential itself names its tier (a stored key minted at a
+	// tier, a JWT tier claim): it never runs above that tier, whatever the tenant's becomes.
+	TierCapped bool
+	// Expires is when the credential stops working (a stored key's expiry, a JWT's exp); zero:
+	// never.
+	Expires time.Time
+	// ManageKeys allows the credential to create and revoke its tenant's keys through the admin
+	// service, within its own tier and expiry: a stored key created with manage_keys, a JWT
+	// whose scope claim holds ScopeManageKeys.
+	ManageKeys bool
 }
+
+// ScopeManageKeys is the scope a JWT carries (in its space-separated scope claim) to manage its
+// tenant's keys.
+const ScopeManageKeys = "keys:manage"
 
 // Authenticator turns a credential into a Principal.
 type Authenticator interface {

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 )
 
 // ChangesChannel is the Redis pub/sub channel on which replicas announce changes to tenants and
@@ -39,15 +42,30 @@ type DirectoryOptions struct {
 	PollInterval time.Duration
 	// FlushInterval is how often last-used times are written to the store; default 10s.
 	FlushInterval time.Duration
+	// MissLookups bounds, per second, the fruitless store lookups of well-formed stored keys
+	// that are not in memory (a key created on another replica a moment ago is found, and not
+	// counted); default 20, burst as many. A key id still unknown after a lookup is not looked up
+	// again for a minute, so unknown keys cannot flood the store.
+	MissLookups float64
 }
+
+// Negative cache of key ids looked up in the store and not found there.
+const (
+	missTTL     = time.Minute
+	maxMissedID = 10_000
+)
 
 // Directory is the in-memory view of tenants, tiers and credentials that one gateway
 // authenticates against: the read-only tenants of the config file beside the tenants and keys
 // of the Store. It is the Authenticator the gateway uses.
 //
-// Authenticate does no SQL and no I/O: Run keeps the view fresh by polling the store's revision
-// every PollInterval and reloading on announcements over Redis, and writes last-used times in
-// batches. Safe for concurrent use.
+// Authenticate does no SQL and no I/O for a credential it knows: Run keeps the view fresh by
+// polling the store's revision every PollInterval and reloading on announcements over Redis,
+// and writes last-used times in batches. A well-formed stored key it does not know makes it
+// reload from the store first, as does a verified JWT naming a tenant it does not know
+// (rate-limited, and once per id a minute), so a key or tenant created on another replica works
+// here on its first request, before any announcement arrives. Safe for
+// concurrent use.
 type Directory struct {
 	// tiers is replaced as a whole by SetTiers; readers load it once per call.
 	tiers atomic.Pointer[tierSet]
@@ -66,7 +84,14 @@ type Directory struct {
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
 	reloadMu sync.Mutex
 
-	reloads, reloadErrors, flushErrors, publishErrors prometheus.Counter
+	missMu sync.Mutex // guards missed and missLimit
+	// missed holds the key ids looked up in the store on a miss and not found, until when they
+	// are not looked up again.
+	missed    map[string]time.Time
+	missLimit *rate.Limiter
+
+	reloads                                               *prometheus.CounterVec
+	reloadErrors, flushErrors, publishErrors, missLookups prometheus.Counter
 }
 
 // tierSet is the declared tiers and the config keys whose principals point at them; immutable.
@@ -142,6 +167,11 @@ func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryO
 	if d.flush <= 0 {
 		d.flush = 10 * time.Second
 	}
+	if opts.MissLookups <= 0 {
+		opts.MissLookups = 20
+	}
+	d.missed = map[string]time.Time{}
+	d.missLimit = rate.NewLimiter(rate.Limit(opts.MissLookups), int(math.Ceil(opts.MissLookups)))
 	ts, err := newTierSet(cfg.Tiers, cfg.DefaultTier, cfg.Tenants)
 	if err != nil {
 		return nil, err
@@ -157,9 +187,14 @@ func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryO
 		}
 		return c
 	}
-	d.reloads = counter("directory_reloads_total", "Reloads of tenants and keys from the store.")
+	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "usher_tenants_directory_reloads_total",
+		Help: "Reloads of tenants and keys from the store, by kind: incremental (the rows changed) or full."}, []string{"kind"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(d.reloads)
+	}
 	d.reloadErrors = counter("directory_reload_errors_total", "Failed reads of the store; the previous view stays in use.")
 	d.flushErrors = counter("key_last_used_flush_errors_total", "Failed batch writes of API keys' last-used times.")
+	d.missLookups = counter("directory_miss_lookups_total", "Store lookups for well-formed stored keys not in memory.")
 	d.publishErrors = counter("directory_publish_errors_total", "Failed change announcements over Redis; replicas still see the change at their next poll.")
 	d.snap.Store(&snapshot{rev: -1, tenants: map[string]Tenant{}, keys: map[string]*keyEntry{}})
 	if store != nil {
@@ -179,12 +214,12 @@ func (d *Directory) Authenticate(ctx context.Context, credential string) (Princi
 	}
 	switch {
 	case looksLikeStoredKey(credential):
-		return d.authenticateStoredKey(credential)
+		return d.authenticateStoredKey(ctx, credential)
 	case looksLikeJWT(credential):
 		if d.jwt == nil {
 			return Principal{}, errUnknownCredential
 		}
-		return d.jwt.authenticate(credential, d)
+		return d.jwt.authenticate(ctx, credential, d)
 	}
 	h := sum256(credential)
 	k, ok := d.tiers.Load().static[h]
@@ -202,7 +237,7 @@ var (
 	errUndeclaredTier  = fmt.Errorf("tenant's tier not declared in the config: %w", ErrUnauthenticated)
 )
 
-func (d *Directory) authenticateStoredKey(credential string) (Principal, error) {
+func (d *Directory) authenticateStoredKey(ctx context.Context, credential string) (Principal, error) {
 	id, secret, ok := parseStoredKey(credential)
 	if !ok {
 		return Principal{}, errMalformedCredential
@@ -210,6 +245,10 @@ func (d *Directory) authenticateStoredKey(credential string) (Principal, error) 
 	snap := d.snap.Load()
 	k, found := snap.keys[id]
 	h := sum256(secret)
+	if !found && d.lookUpMiss(ctx, "key:"+id, func(s *snapshot) bool { _, ok := s.keys[id]; return ok }) {
+		snap = d.snap.Load()
+		k, found = snap.keys[id]
+	}
 	if !found {
 		return Principal{}, errUnknownCredential
 	}
@@ -231,12 +270,48 @@ func (d *Directory) authenticateStoredKey(credential string) (Principal, error) 
 	if err != nil {
 		return Principal{}, err
 	}
-	p.KeyID = k.ID
+	if err := d.capTier(&p, k.Tier); err != nil {
+		return Principal{}, err
+	}
+	p.KeyID, p.Expires, p.ManageKeys = k.ID, k.Expires, k.ManageKeys
 	// Only move the shared cache line when the stored value would change.
 	if ms := now.UnixMilli(); ms-k.lastUsed.Load() >= 1000 {
 		k.lastUsed.Store(ms)
 	}
 	return p, nil
+}
+
+// lookUpMiss reloads from the store for an object unknown in memory (miss names it: "key:<id>",
+// "tenant:<id>"; found tells whether a snapshot holds it), unless it was looked up and not found
+// within missTTL or fruitless lookups are over their rate (a lookup that finds the object is not
+// charged: creations are bounded by the admin API). It reports whether it reloaded.
+func (d *Directory) lookUpMiss(ctx context.Context, miss string, found func(*snapshot) bool) bool {
+	if d.store == nil {
+		return false
+	}
+	now := d.now()
+	d.missMu.Lock()
+	until, seen := d.missed[miss]
+	refuse := seen && now.Before(until) || d.missLimit.TokensAt(now) < 1
+	d.missMu.Unlock()
+	if refuse {
+		return false
+	}
+	d.missLookups.Inc()
+	if err := d.Reload(ctx); err != nil {
+		d.logger.Warn("reload for an unknown api key", "err", err)
+		return false
+	}
+	if !found(d.snap.Load()) {
+		d.missMu.Lock()
+		d.missLimit.AllowN(now, 1)
+		if len(d.missed) >= maxMissedID {
+			clear(d.missed)
+		}
+		d.missed[miss] = now.Add(missTTL)
+		d.missMu.Unlock()
+	}
+	return true
 }
 
 // principal is the principal of an active tenant.
@@ -250,6 +325,23 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 		return Principal{}, errUndeclaredTier
 	}
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
+}
+
+// capTier lowers p to tier cap when the credential names one: p runs at cap, or stays at its
+// tenant's tier when that is lower. An empty cap changes nothing.
+func (d *Directory) capTier(p *Principal, cap string) error {
+	if cap == "" {
+		return nil
+	}
+	spec, ok := d.Tier(cap)
+	if !ok {
+		return errUndeclaredTier
+	}
+	p.TierCapped = true
+	if d.atOrBelow(cap, p.Tier) {
+		p.Tier, p.TierSpec = cap, spec
+	}
+	return nil
 }
 
 // Tenant returns a tenant by id, from the config file or the store (as last loaded).
@@ -313,8 +405,14 @@ func (d *Directory) atOrBelow(lower, upper string) bool {
 	return ok1 && ok2 && l >= u
 }
 
-// Reload reads the store now when its revision changed since the last load. Safe to call from
-// any goroutine; Run calls it every PollInterval and on every announcement.
+// maxIncrementalChanges bounds the changes a reload applies row by row; more, and it reads
+// everything at once.
+const maxIncrementalChanges = 256
+
+// Reload reads the store now when its revision changed since the last load: only the tenants
+// and keys changed since (from the store's changes log), or everything when the log no longer
+// covers them. Safe to call from any goroutine; Run calls it every PollInterval and on every
+// announcement.
 func (d *Directory) Reload(ctx context.Context) error {
 	if d.store == nil {
 		return nil
@@ -332,37 +430,102 @@ func (d *Directory) Reload(ctx context.Context) error {
 	if rev == old.rev {
 		return nil
 	}
-	tenants, err := d.store.Tenants(ctx)
+	next, err := d.loadChanges(ctx, old, rev)
+	kind := "incremental"
+	if next == nil && err == nil {
+		next, err = d.loadAll(ctx, old, rev)
+		kind = "full"
+	}
 	if err != nil {
 		d.reloadErrors.Inc()
 		return err
 	}
+	d.snap.Store(next)
+	d.reloads.WithLabelValues(kind).Inc()
+	return nil
+}
+
+// loadAll reads every stored tenant and key.
+func (d *Directory) loadAll(ctx context.Context, old *snapshot, rev int64) (*snapshot, error) {
+	tenants, err := d.store.Tenants(ctx)
+	if err != nil {
+		return nil, err
+	}
 	keys, err := d.store.Keys(ctx, "")
 	if err != nil {
-		d.reloadErrors.Inc()
-		return err
+		return nil, err
 	}
 	next := &snapshot{rev: rev, tenants: make(map[string]Tenant, len(tenants)), keys: make(map[string]*keyEntry, len(keys))}
 	for _, t := range tenants {
 		next.tenants[t.ID] = t
 	}
 	for _, k := range keys {
-		e := &keyEntry{APIKey: k}
-		if _, err := hex.Decode(e.hash[:], []byte(k.secretHash)); err != nil {
-			d.logger.Error("api key with a malformed hash in the store; it cannot authenticate", "key_id", k.ID)
+		if e := d.keyEntry(k, old); e != nil {
+			next.keys[k.ID] = e
+		}
+	}
+	return next, nil
+}
+
+// loadChanges applies the changes between old and rev to a copy of old, reading only the rows
+// they name. It returns nil, nil when the changes log does not hold them all (or they are too
+// many): the caller then reads everything.
+func (d *Directory) loadChanges(ctx context.Context, old *snapshot, rev int64) (*snapshot, error) {
+	if old.rev < 0 || rev < old.rev || rev-old.rev > maxIncrementalChanges {
+		return nil, nil
+	}
+	changes, err := d.store.Changes(ctx, old.rev, rev)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(changes)) != rev-old.rev {
+		return nil, nil
+	}
+	next := &snapshot{rev: rev, tenants: maps.Clone(old.tenants), keys: maps.Clone(old.keys)}
+	for _, c := range changes {
+		if c.KeyID != "" {
+			k, err := d.store.Key(ctx, c.KeyID)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				delete(next.keys, c.KeyID)
+			case err != nil:
+				return nil, err
+			default:
+				if e := d.keyEntry(k, old); e != nil {
+					next.keys[k.ID] = e
+				}
+			}
 			continue
 		}
-		e.lastUsed.Store(k.LastUsed.UnixMilli())
-		e.flushed.Store(k.LastUsed.UnixMilli())
-		if prev, ok := old.keys[k.ID]; ok {
-			e.lastUsed.Store(max(e.lastUsed.Load(), prev.lastUsed.Load()))
-			e.flushed.Store(max(e.flushed.Load(), prev.flushed.Load()))
+		t, err := d.store.Tenant(ctx, c.TenantID)
+		switch {
+		case errors.Is(err, ErrNotFound): // deleted, with its keys
+			delete(next.tenants, c.TenantID)
+			maps.DeleteFunc(next.keys, func(_ string, e *keyEntry) bool { return e.TenantID == c.TenantID })
+		case err != nil:
+			return nil, err
+		default:
+			next.tenants[t.ID] = t
 		}
-		next.keys[k.ID] = e
 	}
-	d.snap.Store(next)
-	d.reloads.Inc()
-	return nil
+	return next, nil
+}
+
+// keyEntry builds the in-memory entry of k, keeping the last-used times old knew; nil when the
+// stored hash is malformed.
+func (d *Directory) keyEntry(k APIKey, old *snapshot) *keyEntry {
+	e := &keyEntry{APIKey: k}
+	if _, err := hex.Decode(e.hash[:], []byte(k.secretHash)); err != nil {
+		d.logger.Error("api key with a malformed hash in the store; it cannot authenticate", "key_id", k.ID)
+		return nil
+	}
+	e.lastUsed.Store(k.LastUsed.UnixMilli())
+	e.flushed.Store(k.LastUsed.UnixMilli())
+	if prev, ok := old.keys[k.ID]; ok {
+		e.lastUsed.Store(max(e.lastUsed.Load(), prev.lastUsed.Load()))
+		e.flushed.Store(max(e.flushed.Load(), prev.flushed.Load()))
+	}
+	return e
 }
 
 // Changed makes a change just written to the store effective: this replica reloads at once and

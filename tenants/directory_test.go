@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -55,7 +57,7 @@ type directoryFixture struct {
 	dir     *Directory
 	store   *Store
 	clock   *fakeClock
-	key     string // active key of acme (pro)
+	key     string // active key of acme (pro), with the manage_keys permission
 	keyID   string
 	logs    *bytes.Buffer
 	cfg     Config
@@ -76,22 +78,22 @@ func newDirectoryFixture(t testing.TB, s *Store, opts DirectoryOptions) *directo
 			t.Fatal(err)
 		}
 	}
-	k, key, err := s.CreateKey(ctx, "test", "acme", "ci", time.Time{})
+	k, key, err := s.CreateKey(ctx, "test", "acme", NewKey{Name: "ci", ManageKeys: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.key, f.keyID = key, k.ID
-	if _, f.expired, err = s.CreateKey(ctx, "test", "acme", "old", f.clock.Now().Add(time.Hour)); err != nil {
+	if _, f.expired, err = s.CreateKey(ctx, "test", "acme", NewKey{Name: "old", Expires: f.clock.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	var rk APIKey
-	if rk, f.revoked, err = s.CreateKey(ctx, "test", "acme", "gone", time.Time{}); err != nil {
+	if rk, f.revoked, err = s.CreateKey(ctx, "test", "acme", NewKey{Name: "gone"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RevokeKey(ctx, "test", "acme", rk.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, f.susKey, err = s.CreateKey(ctx, "test", "sus", "k", time.Time{}); err != nil {
+	if _, f.susKey, err = s.CreateKey(ctx, "test", "sus", NewKey{Name: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	opts.Now = f.clock.Now
@@ -117,7 +119,7 @@ func testDirectoryAuthenticate(t *testing.T, s *Store) {
 
 	t.Run("stored key", func(t *testing.T) {
 		got, err := f.dir.Authenticate(ctx, f.key)
-		want := Principal{TenantID: "acme", TenantName: "Acme", Tier: "pro", TierSpec: pro, KeyID: f.keyID}
+		want := Principal{TenantID: "acme", TenantName: "Acme", Tier: "pro", TierSpec: pro, KeyID: f.keyID, ManageKeys: true}
 		if err != nil || got != want {
 			t.Errorf("got %+v, %v; want %+v", got, err, want)
 		}
@@ -325,6 +327,9 @@ func TestNoSecretInLogsOrErrors(t *testing.T) {
 		if p, err := f.dir.Authenticate(ctx, cred); err != nil {
 			errs = append(errs, err.Error())
 		} else if _, err := f.dir.Authenticate(ctx, f.key); err == nil {
+			limited := *p.TierSpec // a tier with limits, so the limiter talks to redis
+			limited.MaxConcurrent = 10
+			p.TierSpec = &limited
 			a, err := l.Admit(ctx, p, Demand{Model: "m"})
 			if err != nil {
 				t.Fatal(err)
@@ -486,4 +491,163 @@ func TestDirectorySetTiersWhileAuthenticating(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
+}
+
+// TestDirectoryFindsKeysCreatedElsewhere is issue 11's flaky 401: a key created through another
+// replica is found in the store on its first use here, with no announcement and no poll; unknown
+// well-formed keys cost a bounded number of store lookups.
+func TestDirectoryFindsKeysCreatedElsewhere(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	b, err := NewDirectory(context.Background(), f.cfg, f.store, DirectoryOptions{Now: f.clock.Now, MissLookups: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 100 { // more than the fruitless-lookup budget: found keys are not charged
+		tn := fmt.Sprintf("t%d", i)
+		if _, err := f.store.CreateTenant(ctx, "a", Tenant{ID: tn, Name: tn, Tier: "free"}); err != nil {
+			t.Fatal(err)
+		}
+		_, key, err := f.store.CreateKey(ctx, "a", tn, NewKey{Name: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, err := b.Authenticate(ctx, key); err != nil || p.TenantID != tn {
+			t.Fatalf("key %d created elsewhere, first use: got %+v, %v; want tenant %s", i, p, err, tn)
+		}
+	}
+	lookups := counterValue(b.missLookups)
+	rnd := mrand.New(mrand.NewPCG(1, 2))
+	unknown := func() string {
+		var raw [keyIDBytes + secretBytes]byte
+		for i := range raw {
+			raw[i] = byte(rnd.Uint32())
+		}
+		_, _, key, _ := newKeyString(bytes.NewReader(raw[:]))
+		return key
+	}
+	first := unknown()
+	for range 1000 {
+		for _, key := range []string{first, unknown()} {
+			if _, err := b.Authenticate(ctx, key); !errors.Is(err, errUnknownCredential) {
+				t.Fatalf("unknown key: got %v, want %v", err, errUnknownCredential)
+			}
+		}
+	}
+	if got := counterValue(b.missLookups) - lookups; got != 5 {
+		t.Errorf("2000 uses of unknown keys: got %v store lookups, want 5 (the budget; the clock stood still)", got)
+	}
+	f.clock.Advance(time.Second)
+	if _, err := b.Authenticate(ctx, first); !errors.Is(err, errUnknownCredential) {
+		t.Fatal(err)
+	}
+	if got := counterValue(b.missLookups) - lookups; got != 5 {
+		t.Errorf("a key id already found unknown: got %v lookups, want none more for a minute", got-5)
+	}
+}
+
+// TestDirectoryReloadsIncrementally is issue 10's item 11: a change reloads only the rows it
+// touched, not the whole table; a replica further behind than the changes log reloads all.
+func TestDirectoryReloadsIncrementally(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	ctx := context.Background()
+	kinds := func() (incremental, full float64) {
+		return counterValue(f.dir.reloads.WithLabelValues("incremental")), counterValue(f.dir.reloads.WithLabelValues("full"))
+	}
+	_, full0 := kinds()
+	if _, err := f.store.CreateTenant(ctx, "a", Tenant{ID: "new", Name: "New", Tier: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	_, key, err := f.store.CreateKey(ctx, "a", "new", NewKey{Name: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.RevokeKey(ctx, "a", "acme", f.keyID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if inc, full := kinds(); inc != 1 || full != full0 {
+		t.Errorf("got %v incremental and %v more full reloads, want 1 and 0", inc, full-full0)
+	}
+	if _, err := f.dir.Authenticate(ctx, key); err != nil {
+		t.Errorf("key of the new tenant: %v", err)
+	}
+	if _, err := f.dir.Authenticate(ctx, f.key); !errors.Is(err, errRevokedKey) {
+		t.Errorf("revoked key: got %v, want %v", err, errRevokedKey)
+	}
+	if err := f.store.DeleteTenant(ctx, "a", "new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.dir.Tenant("new"); ok {
+		t.Error("deleted tenant still known")
+	}
+	if _, err := f.dir.Authenticate(ctx, key); !errors.Is(err, errUnknownCredential) {
+		t.Errorf("key of a deleted tenant: got %v, want %v", err, errUnknownCredential)
+	}
+	// A replica behind by more than the log holds reads everything.
+	if _, err := f.store.db.ExecContext(ctx, `DELETE FROM changes`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.CreateTenant(ctx, "a", Tenant{ID: "later", Name: "Later", Tier: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	f.dir.snap.Store(&snapshot{rev: 1, tenants: map[string]Tenant{}, keys: map[string]*keyEntry{}})
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, full := kinds(); full != full0+1 {
+		t.Errorf("behind the log: got %v more full reloads, want 1", full-full0)
+	}
+	if _, ok := f.dir.Tenant("later"); !ok {
+		t.Error("after a full reload: tenant later unknown")
+	}
+}
+
+// BenchmarkDirectoryReloadAfterCreate is the cost of making one new tenant effective on a
+// replica that holds 10,000 (issue 10's item 11: it reloaded the whole table), against a full
+// reload of the same table.
+func BenchmarkDirectoryReloadAfterCreate(b *testing.B) {
+	s := openSQLite(b)
+	ctx := context.Background()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 10_000 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO tenants (id, name, tier, status, created_at_ms, updated_at_ms) VALUES (?, ?, 'free', 'active', 0, 0)`,
+			fmt.Sprintf("bulk-%05d", i), "Bulk"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+	d, err := NewDirectory(ctx, testConfig(b), s, DirectoryOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("incremental", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			if _, err := s.CreateTenant(ctx, "a", Tenant{ID: fmt.Sprintf("new-%d", i), Name: "New", Tier: "free"}); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Reload(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("full", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.loadAll(ctx, d.snap.Load(), 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -7,15 +7,19 @@
 //   - store.go, key.go: the SQL Store (SQLite or PostgreSQL, goose migrations handed in as an
 //     fs.FS) with tenants, keys `usk_<id>_<secret>` and the audit log.
 //   - directory.go: Directory, the Authenticator the gateway calls. It holds config tenants,
-//     stored tenants and keys in memory (no SQL on the request path) and keeps them fresh.
+//     stored tenants and keys in memory (no SQL on the request path for a known credential) and
+//     keeps them fresh, reloading only what the store's changes log says changed.
 //   - jwt.go: JWTVerifier, plugged into the Directory.
-//   - limits.go, limits.lua: Limiter, per-tenant rate, token and concurrency limits, local or
-//     shared through Redis.
-//   - admin.go: Admin, the admin service behind the gateway's /admin/api/v1 handlers.
+//   - limits.go, limits.lua, arith.go: Limiter, rate, token and concurrency limits per tenant
+//     and tier, local or shared through Redis (requests in flight hold leases that expire on
+//     their own); the Quota it reports is plain numbers, which the gateway turns into headers.
+//     Client numbers are added with saturation, never wrapping.
+//   - admin.go: Admin, the admin service behind the gateway's /admin/api/v1 handlers. Keys are
+//     minted only within the creating credential's tier, expiry and permission.
 //   - static.go: Static, the config-keys-only Authenticator of the first gateway.
 //
 // Credentials are secrets: no error, log line or metric label of this package contains one.
 // Every credential failure wraps ErrUnauthenticated.
 //
-// The package imports no other package of the project.
+// The package imports no other package of the project, and not net/http.
 package tenants

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -78,10 +77,8 @@ func Example() {
 	case errors.Is(err, tenants.ErrModelNotAllowed): // 403
 	case errors.As(err, &limited): // 429, Retry-After: limited.RetryAfter, headers: limited.Quota
 	}
-	h := http.Header{}
-	adm.Quota.Apply(h)
-	fmt.Println(p.TenantID, p.Tier, p.TierSpec.Class(""), h.Get("x-ratelimit-remaining-requests"))
-	adm.Done(75) // real prompt + completion tokens
+	fmt.Println(p.TenantID, p.Tier, p.TierSpec.Class(""), adm.Quota.RemainingRequests) // x-ratelimit-remaining-requests
+	adm.Done(75)                                                                       // real prompt + completion tokens
 
 	_, err = directory.Authenticate(ctx, "sk-wrong")
 	fmt.Println(err)

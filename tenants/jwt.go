@@ -1,6 +1,7 @@
 package tenants
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -40,6 +41,10 @@ type JWTConfig struct {
 	TenantClaim string `yaml:"tenant_claim"`
 	// TierClaim names the optional claim that lowers the tier; default "tier".
 	TierClaim string `yaml:"tier_claim"`
+	// ScopeClaim names the optional claim of space-separated scopes (or a list of them); the
+	// scope "keys:manage" (ScopeManageKeys) lets the token manage its tenant's keys. Default
+	// "scope".
+	ScopeClaim string `yaml:"scope_claim"`
 	// Leeway is the clock skew allowed on exp and nbf; default 0.
 	Leeway time.Duration `yaml:"leeway"`
 }
@@ -64,6 +69,9 @@ func (c *JWTConfig) setDefaults() {
 	}
 	if c.TierClaim == "" {
 		c.TierClaim = "tier"
+	}
+	if c.ScopeClaim == "" {
+		c.ScopeClaim = "scope"
 	}
 }
 
@@ -109,6 +117,7 @@ type JWTVerifier struct {
 	verified    map[[sha256.Size]byte]verifiedToken
 	tenantClaim string
 	tierClaim   string
+	scopeClaim  string
 	// keys by algorithm; a key only ever verifies the algorithm of its own type, so a token
 	// signed with HS256 using a public key as secret finds no key.
 	keys map[string][]verificationKey
@@ -129,7 +138,7 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 		now = time.Now
 	}
 	v := &JWTVerifier{
-		tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, keys: map[string][]verificationKey{},
+		tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, scopeClaim: c.ScopeClaim, keys: map[string][]verificationKey{},
 		now: now, leeway: c.Leeway, verified: map[[sha256.Size]byte]verifiedToken{},
 	}
 	add := func(id string, key crypto.PublicKey, field string) error {
@@ -325,7 +334,10 @@ type verifiedToken struct {
 	tier     string // the tier claim; hasTier false when absent
 	hasTier  bool
 	keyID    string
+	exp      time.Time
 	until    time.Time // exp plus leeway
+	// manageKeys: the scope claim holds ScopeManageKeys.
+	manageKeys bool
 }
 
 // maxVerifiedTokens bounds the cache; when full it is emptied (an attacker can only make
@@ -333,7 +345,7 @@ type verifiedToken struct {
 const maxVerifiedTokens = 10_000
 
 // authenticate verifies token and resolves its tenant and tier through d.
-func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error) {
+func (v *JWTVerifier) authenticate(ctx context.Context, token string, d *Directory) (Principal, error) {
 	h := sum256(token)
 	v.mu.RLock()
 	vt, hit := v.verified[h]
@@ -351,6 +363,9 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 		v.mu.Unlock()
 	}
 	t, ok := d.Tenant(vt.tenantID)
+	if !ok && d.lookUpMiss(ctx, "tenant:"+vt.tenantID, func(s *snapshot) bool { _, ok := s.tenants[vt.tenantID]; return ok }) {
+		t, ok = d.Tenant(vt.tenantID)
+	}
 	if !ok {
 		return Principal{}, errUnknownTenant
 	}
@@ -363,9 +378,9 @@ func (v *JWTVerifier) authenticate(token string, d *Directory) (Principal, error
 		if !known || !d.atOrBelow(vt.tier, t.Tier) {
 			return Principal{}, errTokenTier
 		}
-		p.Tier, p.TierSpec = vt.tier, spec
+		p.Tier, p.TierSpec, p.TierCapped = vt.tier, spec, true
 	}
-	p.KeyID = vt.keyID
+	p.KeyID, p.Expires, p.ManageKeys = vt.keyID, vt.exp, vt.manageKeys
 	return p, nil
 }
 
@@ -385,7 +400,7 @@ func (v *JWTVerifier) verify(token string) (verifiedToken, error) {
 	if err != nil || exp == nil {
 		return verifiedToken{}, errTokenClaimGone
 	}
-	vt := verifiedToken{keyID: "jwt", until: exp.Add(v.leeway)}
+	vt := verifiedToken{keyID: "jwt", exp: exp.Time, until: exp.Add(v.leeway), manageKeys: hasScope(claims[v.scopeClaim], ScopeManageKeys)}
 	vt.tenantID, _ = claims[v.tenantClaim].(string)
 	if vt.tenantID == "" {
 		return verifiedToken{}, errTokenNoTenant
@@ -398,6 +413,17 @@ func (v *JWTVerifier) verify(token string) (verifiedToken, error) {
 		vt.keyID = "jwt:" + kid
 	}
 	return vt, nil
+}
+
+// hasScope reports whether claim, a space-separated string or a list of strings, holds scope.
+func hasScope(claim any, scope string) bool {
+	switch c := claim.(type) {
+	case string:
+		return slices.Contains(strings.Fields(c), scope)
+	case []any:
+		return slices.Contains(c, any(scope))
+	}
+	return false
 }
 
 func jwtRefusal(err error) error {

@@ -387,3 +387,18 @@ func TestParseJWKS(t *testing.T) {
 		}
 	}
 }
+
+// TestJWTForTenantCreatedElsewhere: a verified token naming a tenant created through another
+// replica a moment ago is accepted on its first use, with no announcement and no poll.
+func TestJWTForTenantCreatedElsewhere(t *testing.T) {
+	f, _ := jwtFixture(t)
+	ctx := context.Background()
+	if _, err := f.store.CreateTenant(ctx, "elsewhere", Tenant{ID: "fresh", Name: "Fresh", Tier: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	tok := sign(t, jwt.SigningMethodHS256, []byte(testHS256Secret), "", jwt.MapClaims{
+		"sub": "fresh", "iss": "https://idp.example", "aud": "usher", "exp": f.clock.Now().Add(time.Hour).Unix()})
+	if p, err := f.dir.Authenticate(ctx, tok); err != nil || p.TenantID != "fresh" {
+		t.Fatalf("got %+v, %v; want tenant fresh", p, err)
+	}
+}

@@ -3,7 +3,7 @@ package tenants
 import (
 	"context"
 	"errors"
-	"net/http"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,7 +227,7 @@ func TestLimiterFallsBackWhenRedisFails(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := newFakeClock()
 	l := NewLimiter(LimitsConfig{RedisTimeout: 200 * time.Millisecond}, LimiterOptions{Now: clock.Now, Redis: newRedisClient(t, srv)})
-	p := limitedPrincipal("acme", Tier{Name: "free", RequestsPerMinute: 2})
+	p := limitedPrincipal("acme", Tier{Name: "free", RequestsPerMinute: 2, MaxConcurrent: 10})
 	ctx := context.Background()
 	first, err := l.Admit(ctx, p, Demand{Model: "m"})
 	if err != nil {
@@ -251,25 +251,6 @@ func TestLimiterFallsBackWhenRedisFails(t *testing.T) {
 	srv.Restart()
 	if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err != nil {
 		t.Errorf("after redis restart: got %v, want admitted (fresh shared counters)", err)
-	}
-}
-
-func TestQuotaApply(t *testing.T) {
-	h := http.Header{}
-	Quota{LimitRequests: 60, RemainingRequests: 59, ResetRequests: time.Second, LimitTokens: 1000, RemainingTokens: 10, ResetTokens: 6*time.Minute + 300*time.Millisecond}.Apply(h)
-	want := map[string]string{
-		"X-Ratelimit-Limit-Requests": "60", "X-Ratelimit-Remaining-Requests": "59", "X-Ratelimit-Reset-Requests": "1s",
-		"X-Ratelimit-Limit-Tokens": "1000", "X-Ratelimit-Remaining-Tokens": "10", "X-Ratelimit-Reset-Tokens": "6m0s",
-	}
-	for k, v := range want {
-		if got := h.Get(k); got != v {
-			t.Errorf("%s: got %q, want %q", k, got, v)
-		}
-	}
-	h = http.Header{}
-	Quota{}.Apply(h)
-	if len(h) != 0 {
-		t.Errorf("unlimited: got headers %v, want none", h)
 	}
 }
 
@@ -332,5 +313,214 @@ func BenchmarkLimiterAdmitDoneRedis(b *testing.B) {
 	}
 	if n := counterValue(l.redisFallbacks); n != 0 {
 		b.Fatalf("got %v redis fallbacks, want 0", n)
+	}
+}
+
+// TestLimiterHugeDemandsSaturate is issue 10's item 6: max_tokens = 2^63-1 once wrapped the
+// estimate to a negative number that passed tokens_per_minute. Every sum saturates now, the
+// request is refused, and no remaining count in the quota goes negative.
+func TestLimiterHugeDemandsSaturate(t *testing.T) {
+	for _, kind := range limiterKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			l := kind.new(t, newFakeClock())
+			p := limitedPrincipal("acme", Tier{Name: "pro", RequestsPerMinute: 100, TokensPerMinute: 1000})
+			ctx := context.Background()
+			for _, d := range []Demand{
+				{Model: "m", PromptTokens: 10, MaxOutputTokens: math.MaxInt64},
+				{Model: "m", PromptTokens: math.MaxInt64, MaxOutputTokens: math.MaxInt64},
+				{Model: "m", PromptTokens: math.MaxInt64, MaxOutputTokens: -1},
+				{Model: "m", PromptTokens: math.MinInt64, MaxOutputTokens: math.MaxInt64 - 5},
+			} {
+				_, err := l.Admit(ctx, p, d)
+				var le *LimitError
+				if !errors.As(err, &le) || le.Limit != LimitTokens {
+					t.Errorf("%+v: got %v, want refused by tokens_per_minute", d, err)
+					continue
+				}
+				if le.Quota.RemainingTokens < 0 || le.Quota.RemainingRequests < 0 || le.RetryAfter < 0 {
+					t.Errorf("%+v: got quota %+v, retry after %v; want nothing negative", d, le.Quota, le.RetryAfter)
+				}
+			}
+			a, err := l.Admit(ctx, p, Demand{Model: "m", PromptTokens: 10, MaxOutputTokens: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Done(math.MaxInt64) // a worker reporting absurd usage: one bucket of debt, no wrap
+			_, err = l.Admit(ctx, p, Demand{Model: "m", PromptTokens: 1, MaxOutputTokens: 1})
+			var le *LimitError
+			if !errors.As(err, &le) {
+				t.Fatalf("after absurd usage: got %v, want refused", err)
+			}
+			if q := le.Quota; q.RemainingTokens < 0 || q.RemainingTokens > q.LimitTokens || q.ResetTokens < 0 || q.ResetTokens > 2*time.Minute {
+				t.Errorf("after absurd usage: got quota %+v; want 0 <= remaining <= limit and a reset of at most 2m", q)
+			}
+		})
+	}
+}
+
+// TestLimiterLoweredTierHasItsOwnCounters is issue 10's item 11: a credential that lowers the
+// tenant to a smaller tier (a JWT tier claim) used to share the tenant's counters with its
+// traffic at the full tier, and was starved by it. Counters are per tenant and tier now.
+func TestLimiterLoweredTierHasItsOwnCounters(t *testing.T) {
+	for _, kind := range limiterKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			l := kind.new(t, newFakeClock())
+			full := limitedPrincipal("acme", Tier{Name: "enterprise", MaxConcurrent: 10, RequestsPerMinute: 10})
+			lowered := limitedPrincipal("acme", Tier{Name: "free", MaxConcurrent: 2, RequestsPerMinute: 5})
+			ctx := context.Background()
+			for i := range 10 {
+				if _, err := l.Admit(ctx, full, Demand{Model: "m"}); err != nil {
+					t.Fatalf("full tier, request %d: got %v, want admitted", i, err)
+				}
+			}
+			for i := range 2 {
+				if _, err := l.Admit(ctx, lowered, Demand{Model: "m"}); err != nil {
+					t.Fatalf("lowered tier beside a busy full tier, request %d: got %v, want admitted", i, err)
+				}
+			}
+			var le *LimitError
+			if _, err := l.Admit(ctx, lowered, Demand{Model: "m"}); !errors.As(err, &le) || le.Limit != LimitConcurrency {
+				t.Errorf("lowered tier, third at once: got %v, want its own max_concurrent of 2", err)
+			}
+		})
+	}
+}
+
+// TestLimiterOutageEnforcesReplicaShare shows the documented Redis-outage behaviour: each
+// replica enforces the limit divided by the replicas it last saw through Redis, so two replicas
+// cut from Redis admit the limit between them, not twice the limit.
+func TestLimiterOutageEnforcesReplicaShare(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	clock := newFakeClock()
+	newReplica := func(id string) *Limiter {
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { rdb.Close() })
+		return NewLimiter(LimitsConfig{}, LimiterOptions{Now: clock.Now, Redis: rdb, ReplicaID: id})
+	}
+	replicas := []*Limiter{newReplica("a"), newReplica("b")}
+	p := limitedPrincipal("acme", Tier{Name: "free", RequestsPerMinute: 10})
+	ctx := context.Background()
+	for range 2 { // the second round lets each replica count the other
+		for _, l := range replicas {
+			if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Advance(time.Second)
+	}
+	for i, l := range replicas {
+		if got := l.replicas.Load(); got != 2 {
+			t.Fatalf("replica %d: got %d replicas seen, want 2", i, got)
+		}
+	}
+	proxy.Cut()
+	admitted := 0
+	for i, l := range replicas {
+		n := 0
+		for range 20 {
+			if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err == nil {
+				n++
+			}
+		}
+		if n != 5 {
+			t.Errorf("replica %d during the outage: got %d admitted, want 5 (10 per minute / 2 replicas)", i, n)
+		}
+		admitted += n
+	}
+	if admitted > 10 {
+		t.Errorf("fleet during the outage: got %d admitted, want at most the limit of 10", admitted)
+	}
+}
+
+// TestLimiterConcurrencyComesBackAfterRedisCut is issue 10's item 5: releases lost to a short
+// Redis cut left concurrency slots held in Redis, and each refused retry extended their expiry,
+// so the tenant got 429 max_concurrent for minutes with nothing in flight. Slots are leases now:
+// after a 2 s cut under load, the tenant's whole concurrency is back within 10 s.
+func TestLimiterConcurrencyComesBackAfterRedisCut(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	l := NewLimiter(LimitsConfig{}, LimiterOptions{Redis: rdb}) // default lease TTL, real clock
+	const maxc = 4
+	p := limitedPrincipal("acme", Tier{Name: "pro", MaxConcurrent: maxc, TokensPerMinute: 1 << 40})
+	ctx := context.Background()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range maxc {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if a, err := l.Admit(ctx, p, Demand{Model: "m", PromptTokens: 100}); err == nil {
+					time.Sleep(50 * time.Millisecond)
+					a.Done(150)
+				} else {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	proxy.Cut()
+	time.Sleep(2 * time.Second)
+	proxy.Restore()
+	restored := time.Now()
+	close(stop)
+	wg.Wait()
+
+	for {
+		var held []*Admission
+		for range maxc {
+			if a, err := l.Admit(ctx, p, Demand{Model: "m", PromptTokens: 100}); err == nil && a.bucket == nil {
+				held = append(held, a)
+			}
+		}
+		for _, a := range held {
+			a.Done(0)
+		}
+		if len(held) == maxc {
+			t.Logf("all %d slots back through redis %v after the cut ended", maxc, time.Since(restored).Round(10*time.Millisecond))
+			return
+		}
+		if time.Since(restored) > 10*time.Second {
+			t.Fatalf("10s after the cut: got %d of %d concurrency slots, want all", len(held), maxc)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestLimiterRenewsLeasesOfLongRequests holds a request far longer than the lease TTL: its
+// replica renews the lease, so the slot stays taken for every replica until Done.
+func TestLimiterRenewsLeasesOfLongRequests(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := LimitsConfig{LeaseTTL: time.Second}
+	a := NewLimiter(cfg, LimiterOptions{Redis: newRedisClient(t, srv)})
+	b := NewLimiter(cfg, LimiterOptions{Redis: newRedisClient(t, srv)})
+	p := limitedPrincipal("acme", Tier{Name: "pro", MaxConcurrent: 1})
+	ctx := context.Background()
+	long, err := a.Admit(ctx, p, Demand{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if _, err := b.Admit(ctx, p, Demand{Model: "m"}); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("3 lease TTLs into a long request: got %v, want its slot still held", err)
+	}
+	long.Done(0)
+	if got, err := b.Admit(ctx, p, Demand{Model: "m"}); err != nil {
+		t.Fatalf("after Done: got %v, want admitted", err)
+	} else {
+		got.Done(0)
+	}
+	a.leaseMu.Lock()
+	defer a.leaseMu.Unlock()
+	if len(a.live) != 0 {
+		t.Errorf("got %d live leases after Done, want 0", len(a.live))
 	}
 }

@@ -68,6 +68,12 @@ type APIKey struct {
 	Expires  time.Time `json:"expires,omitzero"`   // zero: never
 	Revoked  time.Time `json:"revoked,omitzero"`   // zero: not revoked
 	LastUsed time.Time `json:"last_used,omitzero"` // zero: never used (updated in batches)
+	// Tier caps the tier the key runs at: it runs at this tier, or at the tenant's when that is
+	// lower. Empty: the tenant's tier, whatever it becomes.
+	Tier string `json:"tier,omitempty"`
+	// ManageKeys allows the key to create and revoke the tenant's keys, within its own tier and
+	// expiry.
+	ManageKeys bool `json:"manage_keys"`
 
 	secretHash string
 }
@@ -209,13 +215,66 @@ func (s *Store) change(ctx context.Context, actor, action, tenantID, object stri
 	if err := fn(tx, now); err != nil {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
-		return fmt.Errorf("bump revision: %w", err)
+	if err := s.logChange(ctx, tx, tenantID, object); err != nil {
+		return err
 	}
 	if err := s.audit(ctx, tx, now, actor, action, tenantID, object, details); err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// keptChanges is how many rows of the changes log the store keeps; a replica more changes behind
+// reloads everything.
+const keptChanges = 10_000
+
+// logChange bumps the revision and logs what changed under the new one (tx held). The row lock
+// on revision orders concurrent changes, so revisions commit in order and without gaps.
+func (s *Store) logChange(ctx context.Context, tx *sql.Tx, tenantID, object string) error {
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE revision SET rev = rev + 1 WHERE id = 1`)); err != nil {
+		return fmt.Errorf("bump revision: %w", err)
+	}
+	var rev int64
+	if err := tx.QueryRowContext(ctx, `SELECT rev FROM revision WHERE id = 1`).Scan(&rev); err != nil {
+		return fmt.Errorf("read revision: %w", err)
+	}
+	keyID, _ := strings.CutPrefix(object, "key:")
+	if keyID == object {
+		keyID = ""
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO changes (rev, tenant_id, key_id) VALUES (?, ?, ?)`), rev, tenantID, keyID); err != nil {
+		return fmt.Errorf("log change: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM changes WHERE rev <= ?`), rev-keptChanges); err != nil {
+		return fmt.Errorf("trim the changes log: %w", err)
+	}
+	return nil
+}
+
+// Change is one entry of the changes log: the tenant changed, or one of its keys.
+type Change struct {
+	Rev      int64
+	TenantID string
+	KeyID    string // "" for a change to the tenant itself
+}
+
+// Changes returns the logged changes with after < rev <= upTo, oldest first. Entries trimmed
+// from the log are missing: callers compare the count with upTo - after.
+func (s *Store) Changes(ctx context.Context, after, upTo int64) ([]Change, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT rev, tenant_id, key_id FROM changes WHERE rev > ? AND rev <= ? ORDER BY rev`), after, upTo)
+	if err != nil {
+		return nil, fmt.Errorf("read changes: %w", err)
+	}
+	defer rows.Close()
+	var out []Change
+	for rows.Next() {
+		var c Change
+		if err := rows.Scan(&c.Rev, &c.TenantID, &c.KeyID); err != nil {
+			return nil, fmt.Errorf("read changes: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // Record writes an audit entry for a change made outside the store (a worker drained, a pin
@@ -382,16 +441,27 @@ func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
 	return out, rows.Err()
 }
 
+// NewKey describes a key to create.
+type NewKey struct {
+	Name string
+	// Expires zero means the key never expires.
+	Expires time.Time
+	// Tier caps the key's tier (APIKey.Tier); empty: the tenant's tier.
+	Tier       string
+	ManageKeys bool
+}
+
 // CreateKey makes a new API key for tenant tenantID and returns its description and the whole
 // key string, `usk_<id>_<secret>`. The key string is returned only here: the store keeps the
-// SHA-256 of the secret. expires zero means the key never expires.
-func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, expires time.Time) (APIKey, string, error) {
+// SHA-256 of the secret. The store checks no scope: Admin does.
+func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey) (APIKey, string, error) {
 	id, secret, key, err := newKeyString(s.rand)
 	if err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: id, TenantID: tenantID, Name: name, Expires: expires}
-	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, map[string]any{"name": name, "expires": expires},
+	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys}
+	details := map[string]any{"name": nk.Name, "expires": nk.Expires, "tier": nk.Tier, "manage_keys": nk.ManageKeys}
+	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, details,
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
 			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM tenants WHERE id = ?`), tenantID).Scan(&n); err != nil {
@@ -401,8 +471,8 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID, name string, exp
 				return fmt.Errorf("tenant %q: %w", tenantID, ErrNotFound)
 			}
 			k.Created = time.UnixMilli(now.UnixMilli())
-			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?)`),
-				id, tenantID, name, HashKey(secret), now.UnixMilli(), nullMillis(expires))
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys))
 			return err
 		})
 	if err != nil {
@@ -423,17 +493,30 @@ func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error
 	return nil
 }
 
-const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms`
+const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys`
 
 func scanKey(row interface{ Scan(...any) error }) (APIKey, error) {
 	var k APIKey
-	var created int64
+	var created, manage int64
 	var expires, revoked, used sql.NullInt64
-	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used); err != nil {
+	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage); err != nil {
 		return APIKey{}, err
 	}
+	k.ManageKeys = manage != 0
 	k.Created = time.UnixMilli(created)
 	k.Expires, k.Revoked, k.LastUsed = fromNullMillis(expires), fromNullMillis(revoked), fromNullMillis(used)
+	return k, nil
+}
+
+// Key returns one key by its public id, whatever its tenant; ErrNotFound when there is none.
+func (s *Store) Key(ctx context.Context, id string) (APIKey, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, s.q(`SELECT `+keyColumns+` FROM api_keys WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return APIKey{}, fmt.Errorf("key %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return APIKey{}, fmt.Errorf("read key %q: %w", id, err)
+	}
 	return k, nil
 }
 
@@ -548,6 +631,13 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		page.NextBefore = page.Entries[aq.Limit-1].ID
 	}
 	return page, nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func nullMillis(t time.Time) any {

@@ -148,7 +148,7 @@ func testStoreTenants(t *testing.T, s *Store) {
 	if _, err := s.Tenant(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("read missing: got %v, want ErrNotFound", err)
 	}
-	if _, _, err := s.CreateKey(ctx, "admin", "acme", "ci", time.Time{}); err != nil {
+	if _, _, err := s.CreateKey(ctx, "admin", "acme", NewKey{Name: "ci"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteTenant(ctx, "admin", "acme"); err != nil {
@@ -190,11 +190,11 @@ func testStoreKeys(t *testing.T, s *Store) {
 	if _, err := s.CreateTenant(ctx, "admin", Tenant{ID: "acme", Name: "Acme", Tier: "pro"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.CreateKey(ctx, "admin", "nope", "ci", time.Time{}); !errors.Is(err, ErrNotFound) {
+	if _, _, err := s.CreateKey(ctx, "admin", "nope", NewKey{Name: "ci"}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("key for missing tenant: got %v, want ErrNotFound", err)
 	}
 	exp := time.UnixMilli(1_900_000_000_000)
-	k, key, err := s.CreateKey(ctx, "admin", "acme", "ci", exp)
+	k, key, err := s.CreateKey(ctx, "admin", "acme", NewKey{Name: "ci", Expires: exp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func testStoreMetacharacters(t *testing.T, s *Store) {
 		if err != nil || got.Name != m || got.Tier != m {
 			t.Errorf("got %+v %v, want name and tier %q", got, err, m)
 		}
-		k, _, err := s.CreateKey(ctx, m, id, m, time.Time{})
+		k, _, err := s.CreateKey(ctx, m, id, NewKey{Name: m})
 		if err != nil {
 			t.Fatalf("%q: %v", m, err)
 		}

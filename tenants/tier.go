@@ -56,6 +56,10 @@ type ClassDeadlines struct {
 	Batch       time.Duration `yaml:"batch"`       // default 30m
 }
 
+// maxLimit bounds the rates and caps of a tier: 2^53, the largest integer the limiter's floats
+// (and Redis' Lua numbers) hold exactly.
+const maxLimit = 1 << 53
+
 // BuiltinTier is the name of the tier SetDefaults declares when the file declares none.
 const BuiltinTier = "default"
 
@@ -118,6 +122,9 @@ func (t *Tier) validate(f string) []error {
 	} {
 		if f.v < 0 {
 			bad(f.name, "must not be negative (0 means unlimited)")
+		}
+		if f.v > maxLimit {
+			bad(f.name, "must be at most 2^53 (0 means unlimited)")
 		}
 	}
 	for _, f := range []struct {

@@ -46,6 +46,8 @@ func TestTierValidate(t *testing.T) {
 		{"bad highest class", Config{Tiers: []Tier{{Name: "a", HighestClass: "urgent"}}}, `tiers[0].highest_class: must be interactive, standard or batch, not "urgent"`},
 		{"default above highest", Config{Tiers: []Tier{{Name: "a", HighestClass: ClassStandard, DefaultClass: ClassInteractive}}}, "tiers[0].default_class: interactive is above highest_class standard"},
 		{"negative rate", Config{Tiers: []Tier{{Name: "a", RequestsPerMinute: -1}}}, "tiers[0].requests_per_minute: must not be negative"},
+		{"lease ttl too short", Config{Limits: LimitsConfig{LeaseTTL: time.Millisecond}}, "limits.lease_ttl: must be at least 1s"},
+		{"rate beyond exact floats", Config{Tiers: []Tier{{Name: "a", TokensPerMinute: 1<<53 + 1}}}, "tiers[0].tokens_per_minute: must be at most 2^53"},
 		{"bad model pattern", Config{Tiers: []Tier{{Name: "a", Models: []string{"a*b"}}}}, "tiers[0].models[0]: must be a model name"},
 		{"duplicate tier", Config{Tiers: []Tier{{Name: "a"}, {Name: "a"}}}, `tiers[1].name: duplicate of tiers[0].name "a"`},
 		{"unknown tenant tier", Config{Tiers: []Tier{{Name: "a"}}, Tenants: []TenantSpec{{ID: "t", Tier: "gold"}}}, `tenants[0].tier: names no tier in tiers: "gold"`},

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -26,8 +27,9 @@ import (
 const e2eAdminToken = "e2e-admin-token-of-at-least-24-characters"
 
 // tenantReplica is a gateway with the real tenant parts: its own store handle on a shared
-// database, its own directory and limiter, one Redis shared with the other replicas.
-func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, workerURL string) string {
+// database, its own directory and limiter, one Redis shared with the other replicas. A replica
+// that is not hearing misses every change announcement and polls the store only hourly.
+func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, workerURL string, hearing bool) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -50,7 +52,11 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	if err := store.MigrateUp(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{Redis: rdb})
+	dopts := tenants.DirectoryOptions{Redis: rdb}
+	if !hearing {
+		dopts = tenants.DirectoryOptions{PollInterval: time.Hour}
+	}
+	dir, err := tenants.NewDirectory(ctx, cfg, store, dopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +110,8 @@ func TestTwoReplicasShareLimitsAndRevocations(t *testing.T) {
 	cfg.Model, cfg.TimeScale = model, 0.01
 	_, worker := simtest.Start(t, cfg)
 	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
-	a := startTenantReplica(t, dbURL, rdb, worker.URL)
-	b := startTenantReplica(t, dbURL, rdb, worker.URL)
+	a := startTenantReplica(t, dbURL, rdb, worker.URL, true)
+	b := startTenantReplica(t, dbURL, rdb, worker.URL, true)
 
 	if resp, out := call(t, "POST", a+"/admin/api/v1/tenants", e2eAdminToken, `{"id":"acme","name":"Acme","tier":"small"}`); resp.StatusCode != 201 {
 		t.Fatalf("create tenant: %d %v", resp.StatusCode, out)
@@ -162,6 +168,39 @@ func TestTwoReplicasShareLimitsAndRevocations(t *testing.T) {
 		return ra.StatusCode == 401 && rb.StatusCode == 401
 	})
 	t.Logf("revocation effective on both replicas after %v", time.Since(revoked))
+}
+
+// TestKeyCreatedOnOneReplicaWorksOnAnotherAtOnce is issue 11's "a key created on A gets 401 on B"
+// (the flaky first request of TestTwoReplicasShareLimitsAndRevocations): B finds a key it does
+// not know yet in the store on its first request, whether or not the announcement reached it.
+func TestKeyCreatedOnOneReplicaWorksOnAnotherAtOnce(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.01
+	_, worker := simtest.Start(t, cfg)
+	for _, hearing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("b hears announcements %v", hearing), func(t *testing.T) {
+			dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+			a := startTenantReplica(t, dbURL, rdb, worker.URL, true)
+			b := startTenantReplica(t, dbURL, rdb, worker.URL, hearing)
+			for i := range 100 {
+				tenant := fmt.Sprintf("t%d", i)
+				if resp, out := call(t, "POST", a+"/admin/api/v1/tenants", e2eAdminToken, `{"id":"`+tenant+`","tier":"small"}`); resp.StatusCode != 201 {
+					t.Fatalf("create tenant: %d %v", resp.StatusCode, out)
+				}
+				resp, out := call(t, "POST", a+"/admin/api/v1/tenants/"+tenant+"/keys", e2eAdminToken, `{"name":"ci"}`)
+				if resp.StatusCode != 201 {
+					t.Fatalf("create key: %d %v", resp.StatusCode, out)
+				}
+				secret, _ := out["secret"].(string)
+				if resp, out := call(t, "GET", b+"/v1/models", secret, ""); resp.StatusCode != 200 {
+					t.Fatalf("round %d: the key created on A, first request to B: got %d %v, want 200", i, resp.StatusCode, out)
+				}
+			}
+		})
+	}
 }
 
 func toJSON(v any) string {
