@@ -28,6 +28,11 @@ type Config struct {
 	// UpstreamHeaderTimeout bounds the wait for a worker's response headers (time to first
 	// byte, queueing inside the worker included). Default 10m.
 	UpstreamHeaderTimeout time.Duration `yaml:"upstream_header_timeout"`
+	// UpstreamIdleTimeout bounds how long a streamed answer may go without a byte from its worker,
+	// its first event included: a worker silent that long is cut off, the client gets an error
+	// event, and the attempt counts as the worker's failure (its circuit breaker sees it), so a
+	// hung worker whose health check still passes is taken out. Default 60s.
+	UpstreamIdleTimeout time.Duration `yaml:"upstream_idle_timeout"`
 	// MaxAttempts is how many workers one request may try while nothing has reached the client
 	// (connect error, 5xx). Default 3; 1 disables retries.
 	MaxAttempts int `yaml:"max_attempts"`
@@ -59,6 +64,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.IdleTimeout, 120*time.Second)
 	setDefault(&c.UpstreamConnectTimeout, 2*time.Second)
 	setDefault(&c.UpstreamHeaderTimeout, 10*time.Minute)
+	setDefault(&c.UpstreamIdleTimeout, time.Minute)
 	setDefault(&c.MaxAttempts, 3)
 	setDefault(&c.DefaultMaxTokens, 256)
 	setDefault(&c.ShutdownSettle, 5*time.Second)
@@ -89,6 +95,7 @@ func (c Config) Validate() error {
 		{"server.idle_timeout", c.IdleTimeout > 0},
 		{"server.upstream_connect_timeout", c.UpstreamConnectTimeout > 0},
 		{"server.upstream_header_timeout", c.UpstreamHeaderTimeout > 0},
+		{"server.upstream_idle_timeout", c.UpstreamIdleTimeout > 0},
 		{"server.max_attempts", c.MaxAttempts > 0},
 		{"server.default_max_tokens", c.DefaultMaxTokens > 0},
 		{"server.shutdown_settle", c.ShutdownSettle > 0},

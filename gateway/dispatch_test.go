@@ -347,3 +347,37 @@ func TestBatchStreamPreemptedBeforeItsFirstEvent(t *testing.T) {
 		t.Errorf("usher_preempted_total %v, want 1", got)
 	}
 }
+
+// A worker that stops sending mid-stream (hung, its health check still passing) is cut off after
+// server.upstream_idle_timeout: the client gets an error event, and the attempt counts as the
+// worker's failure, so its circuit breaker takes it out.
+func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.chunks, w.hangAfter = 5, 2 })
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w")}, func(c *Config) { c.UpstreamIdleTimeout = 150 * time.Millisecond })
+	start := time.Now()
+	resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+	events := readEvents(t, resp.Body)
+	if len(events) != 3 || !strings.Contains(events[2], "sent nothing") {
+		t.Fatalf("events %q, want two chunks and an error event saying the worker sent nothing", events)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the stream ended after %v, want about the idle timeout", d)
+	}
+	failed := 0.0
+	families, _ := g.reg.Gather()
+	for _, f := range families {
+		if f.GetName() != "usher_routing_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "failed" {
+					failed += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if failed != 1 {
+		t.Errorf("failed attempts counted: %v, want 1", failed)
+	}
+}

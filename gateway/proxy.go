@@ -23,6 +23,10 @@ const (
 	headerRoute  = "X-Usher-Route"
 )
 
+// errWorkerSilent is the cause of an attempt cut off because its worker sent nothing for
+// Config.UpstreamIdleTimeout.
+var errWorkerSilent = errors.New("the worker sent nothing for too long")
+
 // errClientGone marks a request whose client went away; nothing more can be sent to it.
 var errClientGone = errors.New("client closed the request")
 
@@ -41,12 +45,16 @@ const statusClientClosed = 499
 // then ends with errPreempted and the lease is released as a success.
 func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
 	clientCtx := c.Request().Context()
-	ctx := clientCtx
+	ctx, cancel := context.WithCancelCause(clientCtx)
+	defer cancel(nil)
+	idle := func() {}
+	if cl.stream {
+		t := time.AfterFunc(s.cfg.UpstreamIdleTimeout, func() { cancel(errWorkerSilent) })
+		defer t.Stop()
+		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
+	}
 	begin := func() bool { return true }
 	if cl.class != queue.Interactive && !s.cfg.DisablePreemption {
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(clientCtx)
-		defer cancel(nil)
 		v := s.preemption.add(cl.model, cancel)
 		begin = func() bool { return s.preemption.done(cl.model, v) }
 		defer begin()
@@ -66,9 +74,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		err, reused = fmt.Errorf("worker %s answered %s", w.ID(), resp.Status), false
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if clientCtx.Err() != nil {
 			lease.Release(routing.Outcome{})
 			return false, errClientGone
+		}
+		if context.Cause(ctx) == errWorkerSilent {
+			err, reused = errWorkerSilent, false
 		}
 		lease.Release(routing.Outcome{Failed: !reused})
 		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "reused_connection", reused, "err", err)
@@ -82,7 +93,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	h.Set(headerRoute, string(lease.Route))
 	var out routing.Outcome
 	if cl.stream && resp.StatusCode == http.StatusOK {
-		out, err = s.relayStream(c, cl, resp, sent, begin)
+		out, err = s.relayStream(c, cl, resp, sent, begin, idle)
 	} else {
 		out, err = s.relayAnswer(c, cl, resp, begin)
 	}
@@ -180,7 +191,10 @@ func (s *Server) firstByte(cl *call) {
 // worker's time to first event feeds its learned limit. The client's response begins with the
 // worker's first bytes (begin is called then), so until the engine has prefilled the prompt the
 // call may still be preempted.
-func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool) (routing.Outcome, error) {
+//
+// idle is called at every line from the worker: it re-arms the silence bound
+// (Config.UpstreamIdleTimeout).
+func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle func()) (routing.Outcome, error) {
 	w := c.Response()
 	started := false
 	start := func() bool {
@@ -203,7 +217,9 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 	gotUsage, events := false, 0
 	finish := func(err error) (routing.Outcome, error) {
 		if !gotUsage && events > 0 {
-			out = s.account(cl, estimatedUsage(cl, events))
+			counted := s.account(cl, estimatedUsage(cl, events))
+			counted.Failed, counted.TTFT = out.Failed, out.TTFT
+			out = counted
 		}
 		return out, err
 	}
@@ -211,6 +227,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 	skipBlank, done := false, false
 	for {
 		line, err := lines.next()
+		idle()
 		if len(line) > 0 {
 			payload, isData := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
 			payload = bytes.TrimSpace(payload)
@@ -275,8 +292,11 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		// the stream itself, as OpenAI does.
 		out.Failed = true
 		msg := fmt.Sprintf("the worker's stream ended early: %v", err)
-		if errors.Is(err, io.EOF) {
+		switch {
+		case errors.Is(err, io.EOF):
 			msg = "the worker's stream ended before [DONE]"
+		case context.Cause(c.Request().Context()) == nil && errors.Is(context.Cause(resp.Request.Context()), errWorkerSilent):
+			msg = fmt.Sprintf("the worker sent nothing for %v", s.cfg.UpstreamIdleTimeout)
 		}
 		_, _ = fmt.Fprintf(w, "data: {\"error\":{\"message\":%q,\"type\":\"server_error\",\"code\":\"upstream_error\"}}\n\n", msg)
 		w.Flush()

@@ -42,6 +42,9 @@ type fakeWorker struct {
 	// headersFirst sends a stream's headers before the hold, as an engine does that answers at
 	// once and then prefills the prompt.
 	headersFirst bool
+	// hangAfter, when non-zero, stops a stream after this many chunks without ending it, until
+	// the client goes away: a hung engine.
+	hangAfter int
 
 	mu       sync.Mutex // guards lastBody
 	lastBody map[string]any
@@ -97,6 +100,10 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	for i := 0; i < w.chunks; i++ {
 		if w.breakAfter > 0 && i == w.breakAfter {
 			panic(http.ErrAbortHandler)
+		}
+		if w.hangAfter > 0 && i == w.hangAfter {
+			<-r.Context().Done()
+			return
 		}
 		fmt.Fprintf(rw, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", i)
 		flusher.Flush()
