@@ -139,7 +139,7 @@ func launch(bin, model string, o Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{URL: "http://127.0.0.1:" + strconv.Itoa(port), ID: o.ID, log: newTailBuffer(256 << 10), exited: make(chan struct{})}
+	e := &Engine{URL: "http://127.0.0.1:" + strconv.Itoa(port), ID: o.ID, log: newTailBuffer(64 << 10), exited: make(chan struct{})}
 	e.cmd = exec.Command(bin, "-m", model, "-a", o.ID, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--metrics", "-np", strconv.Itoa(o.Slots), "-c", strconv.Itoa(o.Slots*o.Context), "-t", strconv.Itoa(o.Threads))
 	e.cmd.Stdout, e.cmd.Stderr = e.log, e.log
