@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint lint-deps bench bench-hop bench-policies bench-queue clean
+.PHONY: build run test test-deps lint lint-deps bench bench-engine bench-hop bench-policies bench-queue clean
 
 # `usher version` of a make build; a plain `go build` reports Go's build information instead.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -20,7 +20,9 @@ test: test-deps
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 # What the tests need beyond Go: redis-server (tests start their own on a free port), Chromium
-# (console tests), Node.js with the openai npm package (client compatibility test).
+# (console tests), Node.js with the openai npm package (client compatibility test), llama.cpp's
+# llama-server and its models (engine tests; built once into ~/.cache/usher, see
+# test/realengine/build.sh).
 test-deps:
 	@./test/deps.sh
 
@@ -54,6 +56,12 @@ bench-policies:
 # gateway and two simulated workers on loopback, about 6 minutes; see the script for its knobs.
 bench-queue:
 	./test/queuebench/run.sh
+
+# Issue 14's protection table: interactive TTFT beside a batch flood on three real llama-server
+# workers (default config, queue.fifo, max_concurrency by hand, prefill-heavy batch); about 6
+# minutes after the engine is built; see the script for its knobs.
+bench-engine:
+	./test/enginebench/run.sh
 
 clean:
 	rm -rf bin artifacts

@@ -22,3 +22,7 @@ fi
 if [ ! -d test/openai-js/node_modules/openai ]; then
   (cd test/openai-js && npm ci --silent --no-audit --no-fund)
 fi
+
+# llama.cpp's llama-server and its random-weight models, for the end-to-end tests against a real
+# engine; built once into a cache outside the repository (about 6 minutes), then found at once.
+./test/realengine/build.sh >/dev/null

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Issue 14's protection table on real engines: usher serve in front of three llama.cpp
+# llama-server workers (2 slots each, the random-weight "small" model of test/realengine with
+# the real Qwen2 tokenizer), driven by two usher bench processes at once, one per tenant, so each
+# class has its own request shape. All on loopback; every process started here is stopped on
+# exit. Bounded: with the defaults about 6 minutes of runs.
+#
+#   0. Capacity: a batch-shaped load keeps every slot busy (bench --max-inflight = the slots,
+#      max_concurrency = the slots); its requests/s over the run, drain included, is the
+#      capacity R. The machine's other load moves R: read batch/R as a rough share.
+#   1. Interactive alone: 0.5 req/s, 64-word (~74-token) prompts, max_tokens 16.
+#   2. The same beside a batch flood at FLOOD x R: (b) default config, (c) queue.fifo: true,
+#      (d) max_concurrency set by hand to the slots (skipped when MAXCONC is empty).
+#   3. Prefill-heavy (PREFILL=1): batch of ~500-token prompts and 7 output tokens at FLOOD x its
+#      own capacity, default config.
+#
+#   test/enginebench/run.sh
+#   DURATION=20 PREFILL=0 test/enginebench/run.sh
+#
+# The engine is built by test/realengine/build.sh when missing (about 6 minutes, once).
+# Reports (bench JSON, gateway and engine logs) go to $OUT_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+WORKERS=${WORKERS:-3}
+SLOTS=${SLOTS:-2}                  # llama-server -np
+THREADS=${THREADS:-1}              # llama-server -t
+MODEL=${MODEL:-small}              # micro or small (test/realengine/build.sh)
+I_RATE=${I_RATE:-0.5}              # interactive req/s
+I_IN=${I_IN:-64}                   # interactive prompt words (one token each, plus the template)
+I_OUT=${I_OUT:-16}                 # interactive max_tokens
+B_IN=${B_IN:-64}                   # batch prompt words
+B_OUT=${B_OUT:-64}                 # batch max_tokens
+P_IN=${P_IN:-500}                  # prefill-heavy batch prompt words
+P_OUT=${P_OUT:-7}                  # prefill-heavy batch max_tokens
+FLOOD=${FLOOD:-3}                  # batch rate in multiples of the capacity R
+CAP_DURATION=${CAP_DURATION:-20}   # seconds of the capacity runs
+DURATION=${DURATION:-40}           # seconds of arrivals of each protection run
+DRAIN=${DRAIN:-10s}                # bench --drain: outstanding requests are cut after this
+MAXCONC=${MAXCONC-$SLOTS}          # run (d)'s max_concurrency; empty skips (d)
+PREFILL=${PREFILL:-1}              # 1: run 3
+SEED=${SEED:-1}
+OUT_DIR=${OUT_DIR:-artifacts/enginebench}
+
+for tool in jq curl awk; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "enginebench needs $tool" >&2; exit 1; }
+done
+dir=$(test/realengine/build.sh)
+go build -o bin/usher ./cmd/usher
+mkdir -p "$OUT_DIR"
+echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
+  "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
+  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} SEED=$SEED; $(nproc) cores"
+
+pids=()
+gw_pid=
+cleanup() {
+  for p in "${pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+engines=()
+for i in $(seq "$WORKERS"); do
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
+    --metrics -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" >"$OUT_DIR/llama-$i.log" 2>&1 &
+  pids+=($!)
+  engines+=("127.0.0.1:$port")
+done
+for e in "${engines[@]}"; do
+  for _ in $(seq 300); do curl -fs "http://$e/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fs "http://$e/health" >/dev/null || { echo "llama-server $e is not healthy" >&2; exit 1; }
+done
+
+key() { echo "sk-enginebench-$1"; }
+addr_from() { # LOG PATTERN: waits up to 10 s for the listening address in a log line
+  local a
+  for _ in $(seq 100); do
+    a=$(grep -m1 "$2" "$1" 2>/dev/null | grep -oE '127\.0\.0\.1:[0-9]+' | head -1 || true)
+    if [ -n "$a" ]; then echo "$a"; return; fi
+    sleep 0.1
+  done
+  echo "no address in $1:" >&2; cat "$1" >&2; exit 1
+}
+
+# start_gateway NAME FIFO MAXCONC: a fresh gateway (empty queue); MAXCONC empty keeps the default.
+start_gateway() {
+  stop_gateway
+  {
+    echo "server: {listen: \"127.0.0.1:0\"}"
+    echo "routing:"
+    echo "  workers:"
+    local i=0
+    for e in "${engines[@]}"; do
+      i=$((i + 1))
+      echo "    - {id: llama-$i, url: \"http://$e\", models: [$MODEL]${3:+, max_concurrency: $3}}"
+    done
+    echo "queue: {fifo: $2}"
+    echo "tenants:"
+    for t in chat bulk; do
+      echo "  - {id: $t, keys: [{name: $t, sha256: $(printf %s "$(key "$t")" | sha256sum | cut -d' ' -f1)}]}"
+    done
+    echo "log: {level: info, format: json}"
+  } >"$OUT_DIR/$1.yaml"
+  bin/usher serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  gw_pid=$!
+  GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
+  for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+stop_gateway() {
+  if [ -n "$gw_pid" ]; then kill "$gw_pid" 2>/dev/null || true; wait "$gw_pid" 2>/dev/null || true; gw_pid=; fi
+}
+
+# bench NAME IN OUT ARGS...: one bench process against the current gateway; report in NAME.json.
+bench() {
+  local name=$1 in=$2 out=$3; shift 3
+  bin/usher bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
+    --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
+    { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
+}
+
+# capacity NAME IN OUT: saturating batch-shaped run; prints requests/s.
+capacity() {
+  start_gateway "$1" false "$SLOTS"
+  echo "--- $1 (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  bench "$1" "$2" "$3" --tenant "bulk=$(key bulk)::batch" --rate 200 --max-inflight $((WORKERS * SLOTS)) \
+    --duration "${CAP_DURATION}s"
+  jq -r '.overall.ok / .elapsed_seconds | . * 1000 | round / 1000' "$OUT_DIR/$1.json"
+}
+
+# run NAME FIFO MAXCONC [BATCH_IN BATCH_OUT BATCH_RATE]: interactive, with a batch flood when given.
+run() {
+  local name=$1 fifo=$2 conc=$3
+  start_gateway "$name" "$fifo" "$conc"
+  echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  local bpid=
+  if [ $# -gt 3 ]; then
+    bench "$name.batch" "$4" "$5" --tenant "bulk=$(key bulk)::batch:$6" --max-inflight 4096 --duration "${DURATION}s" &
+    bpid=$!
+  fi
+  bench "$name.interactive" "$I_IN" "$I_OUT" --tenant "chat=$(key chat)::interactive:$I_RATE" --duration "${DURATION}s"
+  if [ -n "$bpid" ]; then wait "$bpid"; fi
+  stop_gateway
+}
+
+R=$(capacity capacity "$B_IN" "$B_OUT")
+BR=$(awk -v r="$R" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
+run alone false ""
+run default false "" "$B_IN" "$B_OUT" "$BR"
+run fifo true "" "$B_IN" "$B_OUT" "$BR"
+runs=(alone default fifo)
+if [ -n "$MAXCONC" ]; then
+  run maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"
+  runs+=(maxconc)
+fi
+if [ "$PREFILL" = 1 ]; then
+  RP=$(capacity capacity-prefill "$P_IN" "$P_OUT")
+  PR=$(awk -v r="$RP" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
+  run prefill false "" "$P_IN" "$P_OUT" "$PR"
+  runs+=(prefill)
+fi
+
+echo
+echo "== interactive TTFT beside a batch flood: $WORKERS llama-server x $SLOTS slots (model $MODEL, -t $THREADS), ${DURATION}s of arrivals each"
+echo "   capacity R = $R req/s at ${B_IN}w/$B_OUT (batch at $BR req/s)${RP:+; prefill-heavy R = $RP req/s at ${P_IN}w/$P_OUT (batch at $PR req/s)}"
+a99=$(jq -r '.overall.ttft_ms.p99' "$OUT_DIR/alone.interactive.json")
+printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s"
+for r in "${runs[@]}"; do
+  i="$OUT_DIR/$r.interactive.json"
+  label=$(case $r in
+    alone) echo "(a) interactive alone" ;;
+    default) echo "(b) + batch, default config" ;;
+    fifo) echo "(c) + batch, queue.fifo: true" ;;
+    maxconc) echo "(d) + batch, max_concurrency $MAXCONC" ;;
+    prefill) echo "(e) + prefill-heavy batch, default" ;;
+  esac)
+  bok=- bfrac=- btok=-
+  if [ -f "$OUT_DIR/$r.batch.json" ]; then
+    b="$OUT_DIR/$r.batch.json"
+    cap=$R; [ "$r" = prefill ] && cap=$RP
+    bok=$(jq -r '.overall.ok / .elapsed_seconds | . * 100 | round / 100' "$b")
+    bfrac=$(awk -v x="$bok" -v c="$cap" 'BEGIN { printf "%.2f", x / c }')
+    btok=$(jq -r '(.overall.prompt_tokens + .overall.output_tokens) / .elapsed_seconds | round' "$b")
+  fi
+  printf "%-36s %9.0f %9.0f %9.2f %7s %8s %9.0f %10s %8s %11s\n" "$label" \
+    "$(jq -r .overall.ttft_ms.p50 "$i")" "$(jq -r .overall.ttft_ms.p99 "$i")" \
+    "$(jq -r --argjson a "$a99" '.overall.ttft_ms.p99 / $a' "$i")" \
+    "$(jq -r .overall.ok "$i")" "$(jq -r '.overall.failed + .overall.dropped' "$i")" \
+    "$(jq -r .overall.queue_ms.p99 "$i")" "$bok" "$bfrac" "$btok"
+done
+echo "   (TTFT and queue in ms, of the interactive requests served; int cut: failed or still waiting when the drain"
+echo "    ended; batch ok/s and tokens/s (prompt + output) over the bench's elapsed time, drain included;"
+echo "    goal (issue 14): (b) p99/alone <= 1.5 and batch/R >= 0.9 of what interactive leaves)"
+echo "reports: $OUT_DIR"
