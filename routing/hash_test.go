@@ -203,3 +203,29 @@ func TestPrefixHashSpillsWhenSaturated(t *testing.T) {
 		l.Release(Outcome{})
 	}
 }
+
+// Issue 10, item 3: with one of three workers drained, the bounded load of consistent_hash (and
+// of sticky_session's fallback) counted the drained worker in the mean, so every working worker
+// looked overloaded and 480 of 600 requests got no worker while slots were free. Every request
+// with room somewhere gets a worker.
+func TestBoundedLoadCountsOnlyWorkersThatTakeRequests(t *testing.T) {
+	cfg := Config{Policy: "consistent_hash", Workers: testWorkers(3, "m"), MaxConcurrency: 32}
+	p, _ := newTestPool(t, cfg)
+	if err := p.Drain(context.Background(), "w2"); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*Lease
+	for i := range 60 {
+		l, err := p.Pick(context.Background(), &Request{Model: "m", Tenant: "t", RoutingKey: fmt.Sprintf("k%d", i%7)})
+		if err != nil {
+			t.Fatalf("request %d with %d in flight on 2 workers of 32 slots: %v", i, len(leases), err)
+		}
+		if l.Worker.ID() == "w2" {
+			t.Fatalf("request %d went to the drained worker", i)
+		}
+		leases = append(leases, l)
+	}
+	for _, l := range leases {
+		l.Release(Outcome{})
+	}
+}

@@ -71,15 +71,30 @@ func (h *hashRing) pick(r *Request, key uint64, loadFactor float64) (w *Worker, 
 		}
 		return w, seen.count > 1
 	}
-	return nil, false
+	// Every eligible worker is over the bound (the bound is a mean, and the mean moves while
+	// requests end): the key spills to the least loaded eligible one rather than to no worker.
+	var least *Worker
+	for _, w := range h.workers {
+		if r.Eligible(w) && (least == nil || w.InFlight() < least.InFlight()) {
+			least = w
+		}
+	}
+	return least, least != nil
 }
 
+// capacity is the bound of bounded load: loadFactor times the mean load, one more request
+// included, over the workers that take requests (healthy, not draining, circuit closed). Workers
+// that are down or drained count in neither the load nor the mean: counting them would lower
+// the bound below what the working ones carry and refuse requests while they have room.
 func (h *hashRing) capacity(loadFactor float64) int64 {
-	var total int64
+	var total, up int64
 	for _, w := range h.workers {
-		total += w.InFlight()
+		if w.Healthy() && !w.Draining() && w.breaker.admits() {
+			total += w.InFlight()
+			up++
+		}
 	}
-	return int64(math.Ceil(loadFactor * float64(total+1) / float64(len(h.workers))))
+	return int64(math.Ceil(loadFactor * float64(total+1) / float64(max(up, 1))))
 }
 
 // visitSet remembers the workers a ring walk has met: the first few inline, then in a bitset, so
