@@ -21,6 +21,10 @@ type Config struct {
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// ReadHeaderTimeout bounds how long a client may take to send its headers. Default 10s.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// ReadTimeout bounds how long a client may take to send a whole request, headers and body:
+	// a client that trickles its body is cut off instead of holding a connection and a file
+	// descriptor for as long as it likes. Default 60s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// IdleTimeout closes idle keep-alive connections. Default 120s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// UpstreamConnectTimeout bounds dialing a worker. Default 2s.
@@ -61,6 +65,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.MaxHeaderBytes, 64<<10)
 	setDefault(&c.MaxResponseBytes, 64<<20)
 	setDefault(&c.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&c.ReadTimeout, 60*time.Second)
 	setDefault(&c.IdleTimeout, 120*time.Second)
 	setDefault(&c.UpstreamConnectTimeout, 2*time.Second)
 	setDefault(&c.UpstreamHeaderTimeout, 10*time.Minute)
@@ -92,6 +97,7 @@ func (c Config) Validate() error {
 		{"server.max_header_bytes", c.MaxHeaderBytes > 0},
 		{"server.max_response_bytes", c.MaxResponseBytes > 0},
 		{"server.read_header_timeout", c.ReadHeaderTimeout > 0},
+		{"server.read_timeout", c.ReadTimeout > 0},
 		{"server.idle_timeout", c.IdleTimeout > 0},
 		{"server.upstream_connect_timeout", c.UpstreamConnectTimeout > 0},
 		{"server.upstream_header_timeout", c.UpstreamHeaderTimeout > 0},

@@ -458,3 +458,46 @@ func TestServeStartupLog(t *testing.T) {
 		})
 	}
 }
+
+// A client that trickles its request body is cut off at server.read_timeout instead of holding a
+// connection for as long as it likes (issue 10, item 4; unauthenticated too: the body is what
+// hangs).
+func TestServeCutsOffSlowBodies(t *testing.T) {
+	dir := t.TempDir()
+	p := startServe(t, "slow bodies", func(listen string) string {
+		return "server:\n  listen: " + listen + "\n  read_timeout: 1s\n" +
+			"routing:\n  workers:\n    - {id: w1, url: \"http://127.0.0.1:9\", models: [m]}\n" +
+			"database:\n  url: sqlite:" + filepath.Join(dir, "usher.db") + "\n"
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-nobody\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				closed <- err
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-closed:
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("the connection closed after %v, want about the 1s read timeout", d)
+			}
+			return
+		case <-time.After(200 * time.Millisecond):
+			if time.Since(start) > 15*time.Second {
+				t.Fatal("a client sending one body byte every 200ms still holds its connection after 15s")
+			}
+			_, _ = conn.Write([]byte(" "))
+		}
+	}
+}

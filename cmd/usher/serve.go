@@ -157,6 +157,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	srv := &http.Server{
 		Handler:           gw,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		ReadTimeout:       cfg.Server.ReadTimeout,
 		IdleTimeout:       cfg.Server.IdleTimeout,
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
