@@ -227,6 +227,13 @@ func (l *learner) probeDue(now time.Time) bool {
 	return true
 }
 
+// probeFailed makes the next probeDue true: the last ask got no answer.
+func (l *learner) probeFailed() {
+	l.mu.Lock()
+	l.probedAt = time.Time{}
+	l.mu.Unlock()
+}
+
 func (l *learner) source() LimitSource {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -274,7 +281,12 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 		return
 	}
 	if l.probeDue(p.now()) {
-		if n, err := p.engineSlots(ctx, w); err == nil {
+		n, err := p.engineSlots(ctx, w)
+		if err != nil {
+			// No answer (the engine is busy or starting): ask again at the next scrape, not
+			// in propsRetry, so a slot engine is not sent more than its slots for long.
+			l.probeFailed()
+		} else {
 			l.setSlots(n)
 		}
 	}

@@ -115,6 +115,7 @@ func TestLearnerBaselineFollowsTheFastest(t *testing.T) {
 
 // slotEngine serves /props and /metrics as llama.cpp's server does.
 type slotEngine struct {
+	propsDown        atomic.Bool  // /props closes the connection unanswered
 	slots            atomic.Int64 // 0: no /props (404)
 	running, waiting atomic.Int64
 	propsCalls       atomic.Int64
@@ -124,6 +125,11 @@ func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/props":
 		e.propsCalls.Add(1)
+		if e.propsDown.Load() {
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
 		if e.slots.Load() == 0 {
 			http.NotFound(w, r)
 			return
@@ -222,5 +228,29 @@ func TestConcurrencyConfigValidate(t *testing.T) {
 	good.setDefaults()
 	if errs := good.validate(); len(errs) > 0 {
 		t.Errorf("defaults: %v", errs)
+	}
+}
+
+// An engine too busy (or too new) to answer /props is asked again at the next scrape, not in
+// propsRetry: until then a slot engine may be sent more than its slots.
+func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
+	eng := &slotEngine{}
+	eng.slots.Store(2)
+	eng.propsDown.Store(true)
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := p.find("w")
+	p.scrapeOnce(context.Background(), w)
+	if src := w.LimitSource(); src != LimitLearned {
+		t.Fatalf("no answer: source %s, want learned", src)
+	}
+	eng.propsDown.Store(false)
+	p.scrapeOnce(context.Background(), w)
+	if got, src := w.MaxConcurrency(), w.LimitSource(); got != 2 || src != LimitEngine {
+		t.Errorf("the next scrape: limit %d from %s, want 2 from the engine", got, src)
 	}
 }
