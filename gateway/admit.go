@@ -57,7 +57,7 @@ var fallbackTier = &tenants.Tier{
 type Limits interface {
 	// Admit reserves a request slot, a concurrency slot and the token estimate, or refuses
 	// (tenants.ErrModelNotAllowed, tenants.ErrPromptTooLong, *tenants.LimitError).
-	Admit(ctx context.Context, p tenants.Principal, d tenants.Demand) (*tenants.Admission, error)
+	Admit(ctx context.Context, p tenants.Principal, d tenants.Demand) (*tenants.Hold, error)
 }
 
 // admit decides whether and when the call may go: the model and the tier, the class and the

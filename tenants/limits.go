@@ -125,7 +125,7 @@ const replicaWindow = time.Minute
 
 // Limiter enforces each tenant's tier limits: model allow-list, prompt length, requests per
 // minute, tokens per minute and concurrency. Tokens are reserved from the request's estimate at
-// admission and reconciled with real usage in Admission.Done, so concurrent requests cannot
+// admission and reconciled with real usage in Hold.Done, so concurrent requests cannot
 // overrun the limit between admission and completion.
 //
 // Counters are kept per tenant and tier: a credential that lowers its tenant's tier (a JWT tier
@@ -162,7 +162,7 @@ type Limiter struct {
 	leaseMu sync.Mutex // guards live and renewing
 	// live are the admissions holding a Redis lease; renewing is true while a renewal is
 	// scheduled.
-	live     map[*Admission]struct{}
+	live     map[*Hold]struct{}
 	renewing bool
 
 	redisFallbacks prometheus.Counter
@@ -204,7 +204,7 @@ func NewLimiter(cfg LimitsConfig, opts LimiterOptions) *Limiter {
 	cfg.setDefaults()
 	cfg.LeaseTTL = max(cfg.LeaseTTL, time.Second) // Validate refuses less; never renew in a busy loop
 	l := &Limiter{cfg: cfg, redis: opts.Redis, logger: opts.Logger, now: opts.Now, replicaID: opts.ReplicaID,
-		live: map[*Admission]struct{}{}}
+		live: map[*Hold]struct{}{}}
 	if l.logger == nil {
 		l.logger = slog.New(slog.DiscardHandler)
 	}
@@ -231,9 +231,9 @@ func NewLimiter(cfg LimitsConfig, opts LimiterOptions) *Limiter {
 	return l
 }
 
-// Admission is an admitted request's hold on its tenant's limits. Call Done exactly once when
+// Hold is an admitted request's hold on its tenant's limits. Call Done exactly once when
 // the request ends (further calls do nothing).
-type Admission struct {
+type Hold struct {
 	l        *Limiter
 	tenantID string
 	tier     *Tier
@@ -248,7 +248,7 @@ type Admission struct {
 }
 
 // Reserved is the token estimate held for the request (saturated at math.MaxInt64).
-func (a *Admission) Reserved() int64 { return a.reserved }
+func (a *Hold) Reserved() int64 { return a.reserved }
 
 // Admit checks p's tier limits for d and, when they allow it, holds one request, one
 // concurrency slot and the token estimate (prompt + max output) until Done. Refusals:
@@ -256,7 +256,7 @@ func (a *Admission) Reserved() int64 { return a.reserved }
 // p.TierSpec must be set (Directory does). Cost without Redis: a map lookup, a mutex and a few
 // float operations; with Redis one round trip (two, once a second, to count the replicas). A
 // tier without rate, token or concurrency limits costs neither.
-func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission, error) {
+func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Hold, error) {
 	tier := p.TierSpec
 	if tier == nil {
 		return nil, errors.New("limiter: principal without a tier")
@@ -271,7 +271,7 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission,
 	if out <= 0 {
 		out = tier.ExpectedOutputTokens
 	}
-	a := &Admission{l: l, tenantID: p.TenantID, tier: tier, counters: counterKey{p.TenantID, tier.Name},
+	a := &Hold{l: l, tenantID: p.TenantID, tier: tier, counters: counterKey{p.TenantID, tier.Name},
 		reserved: addSat(max(d.PromptTokens, 0), max(out, 0))}
 	if tier.RequestsPerMinute == 0 && tier.TokensPerMinute == 0 && tier.MaxConcurrent == 0 {
 		a.done.Store(true) // nothing to count, nothing to release
@@ -300,7 +300,7 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Admission,
 // Done releases the request's concurrency slot and reservation and charges usedTokens (prompt
 // plus completion as the worker reported them; 0 when nothing was generated). Usage above the
 // reservation is charged too, up to one full bucket, so the next requests wait for it.
-func (a *Admission) Done(usedTokens int64) {
+func (a *Hold) Done(usedTokens int64) {
 	if !a.done.CompareAndSwap(false, true) {
 		return
 	}
@@ -348,7 +348,7 @@ func (b *localBucket) resize(tier *Tier, share int64, now time.Time) {
 	b.tier, b.share = tier, share
 }
 
-func (l *Limiter) admitLocal(a *Admission, share int64) error {
+func (l *Limiter) admitLocal(a *Hold, share int64) error {
 	now := l.now()
 	b := l.bucket(a.counters)
 	b.mu.Lock()
@@ -440,7 +440,7 @@ func (l *Limiter) redisKeys(counters counterKey) []string {
 
 // admitRedis decides with Redis. handled is false when Redis could not decide (the caller
 // falls back to the local buckets).
-func (l *Limiter) admitRedis(ctx context.Context, a *Admission) (handled bool, err error) {
+func (l *Limiter) admitRedis(ctx context.Context, a *Hold) (handled bool, err error) {
 	t := a.tier
 	now := l.now()
 	reserved := a.reserved
@@ -505,7 +505,7 @@ func (l *Limiter) heartbeat(ctx context.Context, now time.Time) {
 }
 
 // hold registers a's lease for renewal and starts the renewal timer when it is not running.
-func (l *Limiter) hold(a *Admission) {
+func (l *Limiter) hold(a *Hold) {
 	if a.lease == "" {
 		return
 	}
@@ -573,7 +573,7 @@ func quotaFrom(t *Tier, remainingRequests, remainingTokens int64) Quota {
 	return q
 }
 
-func (l *Limiter) doneRedis(a *Admission, used int64) {
+func (l *Limiter) doneRedis(a *Hold, used int64) {
 	t := a.tier
 	if a.lease != "" {
 		l.leaseMu.Lock()

@@ -475,7 +475,7 @@ func TestLimiterConcurrencyComesBackAfterRedisCut(t *testing.T) {
 	wg.Wait()
 
 	for {
-		var held []*Admission
+		var held []*Hold
 		for range maxc {
 			if a, err := l.Admit(ctx, p, Demand{Model: "m", PromptTokens: 100}); err == nil && a.bucket == nil {
 				held = append(held, a)

@@ -39,6 +39,8 @@ DURATION=${DURATION:-40}           # seconds of arrivals of each protection run
 DRAIN=${DRAIN:-10s}                # bench --drain: outstanding requests are cut after this
 MAXCONC=${MAXCONC-$SLOTS}          # run (d)'s max_concurrency; empty skips (d)
 PREFILL=${PREFILL:-1}              # 1: run 3
+BATCH_ANSWER=${BATCH_ANSWER:-whole} # batch asks for whole answers, as batch jobs do (usher may
+                                   # preempt one until its answer is sent); "stream" streams
 SEED=${SEED:-1}
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
 
@@ -136,7 +138,7 @@ run() {
   echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   local bpid=
   if [ $# -gt 3 ]; then
-    bench "$name.batch" "$4" "$5" --tenant "bulk=$(key bulk)::batch:$6" --max-inflight 4096 --duration "${DURATION}s" &
+    bench "$name.batch" "$4" "$5" --tenant "bulk=$(key bulk)::batch:$6::$BATCH_ANSWER" --max-inflight 4096 --duration "${DURATION}s" &
     bpid=$!
   fi
   bench "$name.interactive" "$I_IN" "$I_OUT" --tenant "chat=$(key chat)::interactive:$I_RATE" --duration "${DURATION}s"
