@@ -52,7 +52,7 @@ go build -o bin/usher ./cmd/usher
 mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
-  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} SEED=$SEED; $(nproc) cores"
+  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED; $(nproc) cores"
 
 pids=()
 gw_pid=
@@ -128,6 +128,7 @@ capacity() {
   echo "--- $1 (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   bench "$1" "$2" "$3" --tenant "bulk=$(key bulk)::batch" --rate 200 --max-inflight $((WORKERS * SLOTS)) \
     --duration "${CAP_DURATION}s"
+  stop_gateway # capacity runs in a command substitution: its gateway is not the caller's to stop
   jq -r '.overall.ok / .elapsed_seconds | . * 1000 | round / 1000' "$OUT_DIR/$1.json"
 }
 
