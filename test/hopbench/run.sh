@@ -40,8 +40,7 @@ server:
   listen: 127.0.0.1:$usher_port
 routing:
   policy: round_robin
-  max_concurrency: 1024   # the hop's cost, not limit learning, is measured: every worker takes all
-  workers:
+  workers:                # limits fixed at 1024: the hop's cost is measured, not limit learning
     - {id: sim-1, url: "http://127.0.0.1:$sim1", models: [demo-7b], max_concurrency: 1024}
     - {id: sim-2, url: "http://127.0.0.1:$sim2", models: [demo-7b], max_concurrency: 1024}
 tenants:
