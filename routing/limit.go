@@ -33,8 +33,10 @@ const (
 //
 //  1. An engine that reports its slots (GET PropsPath answering `total_slots`, as llama.cpp's
 //     server does) gets exactly that many: more would only queue inside the engine.
-//  2. Otherwise, when the engine reports requests waiting inside it, the limit drops at once to
-//     the requests it reports running (at least one less than before): what it really runs. That
+//  2. Otherwise, when the engine reports requests waiting inside it at two scrapes in a row (one
+//     may catch a request that just arrived, before the engine's next scheduling step), the
+//     limit drops at once to the requests it reports running (at least one less than before):
+//     what it really runs. That
 //     count is then a cap the limit does not probe above for CapHold, so a fixed-slot engine that
 //     does not report its slots is not pushed into queueing again at every scrape.
 //  3. When its KV cache is at least KVHigh full, the limit drops by one; between KVHold and
@@ -126,15 +128,16 @@ type learner struct {
 	cfg     ConcurrencyConfig
 	ceiling int64
 
-	mu        sync.Mutex
-	slots     int64 // the engine's reported slots; 0: not reported
-	slowStart bool
-	ttft      float64 // moving average of the time to first token, seconds; 0: none yet
-	baseline  float64 // lowest ttft seen, drifting up; 0: none yet
-	samples   int
-	probedAt  time.Time // last /props request
-	cap       int64     // the running count when the engine last queued; 0: none
-	capUntil  time.Time // when cap stops holding
+	mu         sync.Mutex
+	slots      int64 // the engine's reported slots; 0: not reported
+	slowStart  bool
+	ttft       float64 // moving average of the time to first token, seconds; 0: none yet
+	baseline   float64 // lowest ttft seen, drifting up; 0: none yet
+	samples    int
+	probedAt   time.Time // last /props request
+	sawWaiting bool      // the last scrape saw requests waiting inside the engine
+	cap        int64     // the running count when the engine last queued; 0: none
+	capUntil   time.Time // when cap stops holding
 }
 
 func newLearner(cfg ConcurrencyConfig, ceiling int64) *learner {
@@ -183,9 +186,13 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 			l.baseline += baselineDrift * (l.ttft - l.baseline)
 		}
 	}
+	// A request that has just arrived waits inside the engine until its next scheduling step,
+	// so one scrape that sees a queue proves nothing; two in a row do.
+	queueing := sig.fresh && sig.waiting > 0 && l.sawWaiting
+	l.sawWaiting = sig.fresh && sig.waiting > 0
 	next := limit
 	switch {
-	case sig.fresh && sig.waiting > 0:
+	case queueing:
 		next = min(limit-1, sig.running)
 		l.cap, l.capUntil = max(1, next), sig.now.Add(l.cfg.CapHold)
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHigh:

@@ -32,9 +32,11 @@ func TestLearnerLaw(t *testing.T) {
 			sig: loadSignals{fresh: true, running: 8, inFlight: 8}, want: 9},
 		{name: "rising stops at the ceiling", limit: 200, sig: loadSignals{fresh: true, inFlight: 200}, want: 256},
 		{name: "limit not binding holds", limit: 8, sig: loadSignals{fresh: true, running: 3, inFlight: 3}, want: 8},
-		{name: "engine queue cuts to what it runs", limit: 16, sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 5},
-		{name: "engine queue lowers by one at least", limit: 4, sig: loadSignals{fresh: true, running: 6, waiting: 2, inFlight: 8}, want: 3},
-		{name: "never below one", limit: 1, sig: loadSignals{fresh: true, running: 0, waiting: 2, inFlight: 1}, want: 1},
+		{name: "one scrape with a queue is not enough (a request just arrived)", limit: 16,
+			sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 16},
+		{name: "engine queue cuts to what it runs", setup: func(l *learner) { l.sawWaiting = true }, limit: 16, sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 5},
+		{name: "engine queue lowers by one at least", setup: func(l *learner) { l.sawWaiting = true }, limit: 4, sig: loadSignals{fresh: true, running: 6, waiting: 2, inFlight: 8}, want: 3},
+		{name: "never below one", setup: func(l *learner) { l.sawWaiting = true }, limit: 1, sig: loadSignals{fresh: true, running: 0, waiting: 2, inFlight: 1}, want: 1},
 		{name: "full KV cache lowers", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.99, inFlight: 10}, want: 9},
 		{name: "nearly full KV cache holds", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.92, inFlight: 10}, want: 10},
 		{name: "stale reading: only our own counts", limit: 8, sig: loadSignals{waiting: 9, kvUsage: 1, inFlight: 8}, want: 16},
@@ -64,6 +66,7 @@ func TestLearnerLaw(t *testing.T) {
 func TestLearnerDropEndsSlowStart(t *testing.T) {
 	l := testLearner(256)
 	limit := l.step(8, loadSignals{fresh: true, running: 8, inFlight: 8}) // 16
+	l.sawWaiting = true                                                   // the scrape before saw a queue too
 	limit = l.step(limit, loadSignals{fresh: true, running: 12, waiting: 4, inFlight: 16})
 	if limit != 12 {
 		t.Fatalf("after the engine queued: limit %d, want 12", limit)
@@ -77,6 +80,7 @@ func TestLearnerDropEndsSlowStart(t *testing.T) {
 func TestLearnerHoldsTheCapWhereTheEngineQueued(t *testing.T) {
 	l := testLearner(256)
 	now := time.Unix(1000, 0)
+	l.step(8, loadSignals{now: now, fresh: true, running: 6, waiting: 2, inFlight: 8})
 	limit := l.step(8, loadSignals{now: now, fresh: true, running: 6, waiting: 2, inFlight: 8})
 	if limit != 6 {
 		t.Fatalf("engine queueing at 6 running: limit %d, want 6", limit)
@@ -203,8 +207,9 @@ func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	eng.running.Store(6)
 	eng.waiting.Store(2)
 	p.scrapeOnce(ctx, w)
+	p.scrapeOnce(ctx, w)
 	if got := w.MaxConcurrency(); got != 6 {
-		t.Errorf("engine queueing with 6 running: limit %d, want 6", got)
+		t.Errorf("engine queueing with 6 running at two scrapes: limit %d, want 6", got)
 	}
 	if _, err := p.Pick(ctx, &Request{Model: "m"}); err == nil {
 		t.Error("a pick above the lowered limit succeeded")
