@@ -34,7 +34,8 @@ const (
 //  1. An engine that reports its slots (GET PropsPath answering `total_slots`, as llama.cpp's
 //     server does) gets exactly that many: more would only queue inside the engine.
 //  2. Otherwise, when the engine reports requests waiting inside it at two scrapes in a row (one
-//     may catch a request that just arrived, before the engine's next scheduling step), the
+//     may catch a request that just arrived, before the engine's next scheduling step), and, if
+//     it reports its KV-cache use, with the cache at least KVHold full, the
 //     limit drops at once to the requests it reports running (at least one less than before):
 //     what it really runs. That
 //     count is then a cap the limit does not probe above for CapHold, so a fixed-slot engine that
@@ -187,9 +188,13 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 		}
 	}
 	// A request that has just arrived waits inside the engine until its next scheduling step,
-	// so one scrape that sees a queue proves nothing; two in a row do.
-	queueing := sig.fresh && sig.waiting > 0 && l.sawWaiting
-	l.sawWaiting = sig.fresh && sig.waiting > 0
+	// so one scrape that sees a queue proves nothing; two in a row do. An engine that reports
+	// its KV cache (vLLM, SGLang) admits every step while its cache has room, so there a queue
+	// counts only once the cache is nearly full (kv_hold): under steady churn nearly every
+	// scrape catches an arrival.
+	waiting := sig.fresh && sig.waiting > 0 && (sig.kvUsage == 0 || sig.kvUsage >= l.cfg.KVHold)
+	queueing := waiting && l.sawWaiting
+	l.sawWaiting = waiting
 	next := limit
 	switch {
 	case queueing:
