@@ -201,11 +201,17 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 // once only when no worker it may use takes requests at all.
 func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 	var timeout <-chan time.Time
+	var released, changed <-chan struct{}
 	for {
-		released, changed := s.pool.Released(), s.pool.Changes()
 		lease, err := s.pool.Pick(ctx, &cl.route)
 		if err == nil || !errors.Is(err, routing.ErrNoWorker) || !s.pool.CouldWait(&cl.route) {
 			return lease, err
+		}
+		if released == nil {
+			// Watching costs every release a broadcast, so only a call that waits watches; a
+			// slot freed between the Pick above and now is caught by the Pick after.
+			released, changed = s.pool.Released(), s.pool.Changes()
+			continue
 		}
 		if timeout == nil && !cl.deadline.IsZero() {
 			t := time.NewTimer(cl.deadline.Sub(s.now()))
@@ -220,6 +226,7 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 		case <-ctx.Done():
 			return nil, errClientGone
 		}
+		released, changed = s.pool.Released(), s.pool.Changes()
 	}
 }
 
