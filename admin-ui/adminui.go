@@ -125,6 +125,8 @@ func New(cfg Config, d Deps) (*Plane, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = func(err error, c echo.Context) { _ = gateway.WriteError(c, err) }
+	// The logged address is the connection's, never a header's.
+	e.IPExtractor = echo.ExtractIPDirect()
 	p.registerAPI(e, d.Admins)
 	if err := p.registerConsole(e, d.Admins); err != nil {
 		return nil, err

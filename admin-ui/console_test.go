@@ -1,9 +1,11 @@
 package adminui
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -588,5 +590,28 @@ func TestConsoleWorkersShowTheLimitAndItsSource(t *testing.T) {
 	_, body := b.do("GET", "/admin/workers", nil)
 	if !strings.Contains(body, `class="muted small limit-source"`) || !strings.Contains(body, "learned") {
 		t.Fatalf("the Workers page shows no limit source: %.2000s", body)
+	}
+}
+
+// The address the console logs for a sign-in is the connection's: X-Forwarded-For and X-Real-IP
+// are whatever a client sends (issue 10, item 10).
+func TestSignInLogsTheConnectionsAddressNotAHeader(t *testing.T) {
+	var log bytes.Buffer
+	g := startGateway(t, []routing.WorkerSpec{newFakeWorker(t).spec("w1")}, func(s *setup) {
+		s.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	})
+	b := newBrowser(t, g.url)
+	csrf := b.csrf("/admin/signin")
+	req, _ := http.NewRequest("POST", g.url+"/admin/signin", strings.NewReader(url.Values{"csrf": {csrf}, "token": {rootToken}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Forwarded-For", "6.6.6.6")
+	req.Header.Set("X-Real-IP", "7.7.7.7")
+	resp, err := b.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !strings.Contains(log.String(), "remote=127.0.0.1") || strings.Contains(log.String(), "6.6.6.6") || strings.Contains(log.String(), "7.7.7.7") {
+		t.Fatalf("sign-in log: %s; want remote=127.0.0.1 and no header's address", log.String())
 	}
 }

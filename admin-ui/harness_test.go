@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -66,6 +67,7 @@ type setup struct {
 	Admins  Authenticator
 	Tenants *tenants.Admin
 	Now     func() time.Time // the admin plane's clock; nil: time.Now
+	Logger  *slog.Logger     // the admin plane's log; nil: discard
 }
 
 type testGateway struct {
@@ -102,7 +104,7 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 	var cfg gateway.Config
 	cfg.SetDefaults()
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Now: s.Now})
+		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Now: s.Now, Logger: s.Logger})
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -112,6 +112,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = httpErrorHandler
+	// A client's address is its connection's: X-Forwarded-For and X-Real-IP are whatever the
+	// client wants them to be.
+	e.IPExtractor = echo.ExtractIPDirect()
 	e.Use(requestID)
 
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
