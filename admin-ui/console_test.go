@@ -602,7 +602,7 @@ func TestSignInLogsTheConnectionsAddressNotAHeader(t *testing.T) {
 	})
 	b := newBrowser(t, g.url)
 	csrf := b.csrf("/admin/signin")
-	req, _ := http.NewRequest("POST", g.url+"/admin/signin", strings.NewReader(url.Values{"csrf": {csrf}, "token": {rootToken}}.Encode()))
+	req, _ := http.NewRequest("POST", g.url+"/admin/signin", strings.NewReader(url.Values{"csrf": {csrf}, "token": {adminToken}}.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("X-Forwarded-For", "6.6.6.6")
 	req.Header.Set("X-Real-IP", "7.7.7.7")
@@ -611,7 +611,10 @@ func TestSignInLogsTheConnectionsAddressNotAHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if !strings.Contains(log.String(), "remote=127.0.0.1") || strings.Contains(log.String(), "6.6.6.6") || strings.Contains(log.String(), "7.7.7.7") {
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign in: %d, want 303", resp.StatusCode)
+	}
+	if !strings.Contains(log.String(), "action=console.signin remote=127.0.0.1") || strings.Contains(log.String(), "6.6.6.6") || strings.Contains(log.String(), "7.7.7.7") {
 		t.Fatalf("sign-in log: %s; want remote=127.0.0.1 and no header's address", log.String())
 	}
 }
