@@ -108,6 +108,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		TargetWorker: target,
 		Prompt:       cl.prompt,
 		PromptTokens: cl.promptTokens,
+		Background:   cl.class != queue.Interactive,
 		Tokens:       addTokens(cl.promptTokens, cl.expected),
 	}
 	return s.wait(c, cl)

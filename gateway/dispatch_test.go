@@ -381,3 +381,40 @@ func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
 		t.Errorf("failed attempts counted: %v, want 1", failed)
 	}
 }
+
+// An interactive request sent to a worker preempts the batch request that worker is still
+// expected to be prefilling (by the prefill rate its streamed answers showed), so the two do not
+// share the engine's steps; the batch request is requeued and served after.
+func TestInteractivePreemptsTheBatchPrefillOnItsWorker(t *testing.T) {
+	hold := make(chan struct{})
+	var holding atomic.Bool
+	w := newFakeWorker(t, nil)
+	spec := w.spec("w")
+	spec.MaxConcurrency = 4
+	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}}
+	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	interactive := map[string]string{headerPriority: "interactive"}
+	// A streamed answer teaches the worker's prefill rate (3 uncached tokens in about a ms).
+	if resp := g.post(t, "/v1/chat/completions", testKey, streamBody, interactive); resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d", resp.StatusCode)
+	}
+	w.hold = hold
+	holding.Store(true)
+	long := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum ", 40000) + `"}]}`
+	batch := make(chan *http.Response, 1)
+	go func() {
+		batch <- g.post(t, "/v1/chat/completions", testKey, long, map[string]string{headerPriority: "batch"})
+	}()
+	waitFor(t, "the worker holds the batch request", func() bool { return w.started.Load() == 1 })
+	inter := make(chan *http.Response, 1)
+	go func() { inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, interactive) }()
+	waitFor(t, "the batch request is preempted", func() bool { return metricValue(t, g.reg, "usher_preempted_total") == 1 })
+	close(hold)
+	if resp := <-inter; resp.StatusCode != http.StatusOK {
+		t.Fatalf("interactive: %d", resp.StatusCode)
+	}
+	if resp := <-batch; resp.StatusCode != http.StatusOK {
+		t.Fatalf("preempted batch request: %d, want 200 once requeued", resp.StatusCode)
+	}
+}

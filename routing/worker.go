@@ -46,6 +46,7 @@ type Worker struct {
 	retiring atomic.Bool
 	breaker  breaker
 	load     loadSignal
+	prefill  prefillClock
 
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
