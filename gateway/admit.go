@@ -108,7 +108,6 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		TargetWorker: target,
 		Prompt:       cl.prompt,
 		PromptTokens: cl.promptTokens,
-		Background:   cl.class != queue.Interactive,
 		Tokens:       addTokens(cl.promptTokens, cl.expected),
 	}
 	return s.wait(c, cl)

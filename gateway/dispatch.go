@@ -152,10 +152,6 @@ func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
 	return c
 }
 
-// prefillPoll is how often a call waiting for a worker looks again without an event: a worker's
-// background prefill budget frees with time, not with a release.
-const prefillPoll = 25 * time.Millisecond
-
 // dispatch is the stage after the queue released the call: pick its worker now (late binding)
 // and proxy to it, trying again while nothing reached the client and the worker did not answer
 // (proxy says when), on another worker, or on the same one when the failure was not the worker's.
@@ -163,13 +159,7 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 	ctx := c.Request().Context()
 	var lastErr error
 	for cl.attempts < s.cfg.MaxAttempts {
-		lease, err := s.pickPreemptible(ctx, cl)
-		if errors.Is(err, errPreempted) {
-			if err := s.requeue(c, cl); err != nil {
-				return err
-			}
-			continue
-		}
+		lease, err := s.pick(ctx, cl)
 		if err != nil {
 			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
 				break
@@ -184,14 +174,14 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			s.metrics.retries.WithLabelValues(cl.model).Inc()
 		}
 		cl.worker = lease.Worker.ID()
-		if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
-			s.preemption.preemptPrefilling(cl.model, cl.worker, s.now())
-		}
 		retry, err := s.proxy(c, cl, lease)
 		if errors.Is(err, errPreempted) {
-			// Not an attempt that failed: it does not count against the call's attempts.
+			// Not an attempt that failed: the call gave its capacity to a higher class and
+			// waits in the queue again, ahead of its tenant's later requests.
 			cl.attempts--
-			if err := s.requeue(c, cl); err != nil {
+			s.metrics.preempted.WithLabelValues(cl.model, cl.class.String()).Inc()
+			if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
+				cl.grant = nil
 				return err
 			}
 			continue
@@ -202,37 +192,6 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 		lastErr = err
 	}
 	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, lastErr)
-}
-
-// requeue puts a preempted call back in the queue, ahead of its tenant's later requests, and
-// waits for its next release: it gave its capacity to an interactive call.
-func (s *Server) requeue(c echo.Context, cl *call) error {
-	s.metrics.preempted.WithLabelValues(cl.model, cl.class.String()).Inc()
-	if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
-		cl.grant = nil
-		return err
-	}
-	return nil
-}
-
-// pickPreemptible is pick for a standard or batch call, which an interactive call may preempt
-// while it waits for a worker (it then holds capacity it does not use): pick ends with
-// errPreempted and nothing is lost.
-func (s *Server) pickPreemptible(ctx context.Context, cl *call) (*routing.Lease, error) {
-	if cl.class == queue.Interactive || s.cfg.DisablePreemption {
-		return s.pick(ctx, cl)
-	}
-	pctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	v := s.preemption.add(cl.model, "", time.Time{}, cancel)
-	lease, err := s.pick(pctx, cl)
-	if !s.preemption.done(cl.model, v) && ctx.Err() == nil {
-		if lease != nil {
-			lease.Release(routing.Outcome{})
-		}
-		return nil, errPreempted
-	}
-	return lease, err
 }
 
 // pick chooses the call's worker. When the queue released the call but none of the workers it
@@ -262,7 +221,6 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 		select {
 		case <-released:
 		case <-changed:
-		case <-time.After(prefillPoll):
 		case <-timeout:
 			return nil, queue.ErrDeadlineExceeded
 		case <-ctx.Done():
@@ -287,16 +245,13 @@ type preemption struct {
 
 // victim is one preemptible attempt.
 type victim struct {
-	cancel     context.CancelCauseFunc
-	worker     string
-	prefillEnd time.Time // when its worker is expected to have prefilled its prompt; zero: unknown
-	taken      bool      // chosen: its attempt is being cancelled
+	cancel context.CancelCauseFunc
+	taken  bool // chosen: its attempt is being cancelled
 }
 
-// add registers an attempt of model on worker; done must be called when its answer begins or it
-// ends.
-func (p *preemption) add(model, worker string, prefillEnd time.Time, cancel context.CancelCauseFunc) *victim {
-	v := &victim{cancel: cancel, worker: worker, prefillEnd: prefillEnd}
+// add registers an attempt of model; done must be called when its answer begins or it ends.
+func (p *preemption) add(model string, cancel context.CancelCauseFunc) *victim {
+	v := &victim{cancel: cancel}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.running == nil {
@@ -335,31 +290,4 @@ func (p *preemption) preemptOne(model string) bool {
 	p.mu.Unlock()
 	v.cancel(errPreempted)
 	return true
-}
-
-// preemptPrefilling cancels the attempts of model on worker whose prompt the worker is still
-// expected to be prefilling at now: an interactive request just sent there would share the
-// engine's steps with them.
-func (p *preemption) preemptPrefilling(model, worker string, now time.Time) {
-	p.mu.Lock()
-	list := p.running[model]
-	if len(list) == 0 {
-		p.mu.Unlock()
-		return
-	}
-	var chosen []*victim
-	kept := list[:0]
-	for _, v := range list {
-		if v.worker == worker && now.Before(v.prefillEnd) {
-			v.taken = true
-			chosen = append(chosen, v)
-			continue
-		}
-		kept = append(kept, v)
-	}
-	p.running[model] = kept
-	p.mu.Unlock()
-	for _, v := range chosen {
-		v.cancel(errPreempted)
-	}
 }

@@ -55,11 +55,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	begin := func() bool { return true }
 	if cl.class != queue.Interactive && !s.cfg.DisablePreemption {
-		var prefillEnd time.Time
-		if d := lease.Worker.PrefillEstimate(cl.promptTokens); d > 0 {
-			prefillEnd = s.now().Add(d)
-		}
-		v := s.preemption.add(cl.model, lease.Worker.ID(), prefillEnd, cancel)
+		v := s.preemption.add(cl.model, cancel)
 		begin = func() bool { return s.preemption.done(cl.model, v) }
 		defer begin()
 	}

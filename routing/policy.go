@@ -110,5 +110,5 @@ func (r *Request) Eligible(w *Worker) bool {
 	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.maxTokens {
 		return false
 	}
-	return r.prefillFree(w) && !slices.Contains(r.Exclude, w.spec.ID) && !slices.Contains(r.full, w.spec.ID)
+	return !slices.Contains(r.Exclude, w.spec.ID) && !slices.Contains(r.full, w.spec.ID)
 }

@@ -58,16 +58,10 @@ type Request struct {
 	Tokens       int    // tokens the request holds in flight (prompt + max output)
 	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
 	Exclude []string
-	// Background marks a standard or batch request: while interactive requests are being
-	// picked, it yields the workers' prefill to them (see prefill.go).
-	Background bool
 
 	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
 	// Exclude, but not held against them (a pin to one stays).
 	full []string
-	// now and interactiveAt (unix ns) are set by Pick on its own copy: the time of the pick and
-	// of the pool's last interactive pick, for the prefill budget.
-	now, interactiveAt int64
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -105,11 +99,8 @@ func (l *Lease) Release(o Outcome) {
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
 	defer p.released.notify()
-	if o.TTFT > 0 {
-		w.prefill.observe(o.PromptTokens-o.CachedTokens, o.TTFT)
-		if w.learner != nil {
-			w.learner.observeTTFT(o.TTFT)
-		}
+	if o.TTFT > 0 && w.learner != nil {
+		w.learner.observeTTFT(o.TTFT)
 	}
 	result := "ok"
 	if o.Failed {
@@ -161,8 +152,6 @@ type Pool struct {
 	metrics  *poolMetrics
 
 	snap atomic.Pointer[snapshot]
-	// interactiveAt is when the last interactive (not Background) request was picked, unix ns.
-	interactiveAt atomic.Int64
 	// changes and released wake the waiters of Changes and Released.
 	changes, released broadcast
 
@@ -350,13 +339,6 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
 	tokens := int64(r.Tokens)
-	own := *r
-	own.now = p.now().UnixNano()
-	own.interactiveAt = p.interactiveAt.Load()
-	if !r.Background {
-		p.interactiveAt.Store(own.now)
-	}
-	r = &own
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
 		if w == nil {
@@ -364,7 +346,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		}
 		if r.Eligible(w) {
 			if ok, probe := w.tryAcquire(tokens); ok {
-				return p.lease(r.Model, ms, w, r, RouteTarget, tokens, probe), nil
+				return p.lease(r.Model, ms, w, RouteTarget, tokens, probe), nil
 			}
 		}
 		p.metrics.decided(r.Model, ms.policyName, "none")
@@ -377,7 +359,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
 		}
 		if ok, probe := w.tryAcquire(tokens); ok {
-			return p.lease(r.Model, ms, w, r, route, tokens, probe), nil
+			return p.lease(r.Model, ms, w, route, tokens, probe), nil
 		}
 		if attempt == maxAcquireAttempts {
 			p.metrics.decided(r.Model, ms.policyName, "none")
@@ -408,11 +390,8 @@ func (p *Pool) CouldWait(r *Request) bool {
 	return slices.ContainsFunc(ms.workers, takes)
 }
 
-func (p *Pool) lease(model string, ms *modelSet, w *Worker, r *Request, route Route, tokens int64, probe bool) *Lease {
+func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
-	if r.Background {
-		w.placePrefill(r.now, r.PromptTokens)
-	}
 	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens, probe: probe}
 }
 

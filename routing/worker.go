@@ -46,7 +46,6 @@ type Worker struct {
 	retiring atomic.Bool
 	breaker  breaker
 	load     loadSignal
-	prefill  prefillClock
 
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
