@@ -112,9 +112,7 @@ func TestReleasedRequestWaitsForItsBusyTargetWorker(t *testing.T) {
 	b := newFakeWorker(t, nil)
 	specA, specB := a.spec("a"), b.spec("b")
 	specA.MaxConcurrency, specB.MaxConcurrency = 1, 1
-	ops := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
-	g := startGatewayWith(t, []routing.WorkerSpec{specA, specB}, nil, func(d *Deps) { d.Auth = tierAuth{ops} })
+	g := startTierGateway(t, []routing.WorkerSpec{specA, specB}, opsTier)
 	target := map[string]string{headerTarget: "a"}
 	first := make(chan int, 1)
 	go func() {
@@ -142,9 +140,7 @@ func TestReleasedRequestWaitsForItsBusyTargetWorker(t *testing.T) {
 func TestDrainedTargetWorkerIs503(t *testing.T) {
 	a := newFakeWorker(t, nil)
 	b := newFakeWorker(t, nil)
-	ops := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
-	g := startGatewayWith(t, []routing.WorkerSpec{a.spec("a"), b.spec("b")}, nil, func(d *Deps) { d.Auth = tierAuth{ops} })
+	g := startTierGateway(t, []routing.WorkerSpec{a.spec("a"), b.spec("b")}, opsTier)
 	if err := g.srv.pool.Drain(context.Background(), "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -181,6 +177,21 @@ func TestCapacityFollowsThePoolsChanges(t *testing.T) {
 	waitFor(t, "capacity 7 after undraining b", func() bool { return capacity() == 7 })
 }
 
+// Tiers of the dispatch tests: every class open (so a request may ask for interactive or
+// batch), and that plus choosing a worker.
+var (
+	everyClassTier = &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}}
+	opsTier = &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
+)
+
+// startTierGateway is startGateway whose tenant has tier.
+func startTierGateway(t *testing.T, specs []routing.WorkerSpec, tier *tenants.Tier) *testGateway {
+	t.Helper()
+	return startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+}
+
 // waitFor polls cond for up to 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -200,9 +211,7 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
 	spec := w.spec("w")
 	spec.MaxConcurrency = 1
-	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}}
-	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
 	batch := make(chan *http.Response, 1)
 	go func() {
 		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
@@ -234,9 +243,7 @@ func TestStreamBeingRelayedIsNotPreempted(t *testing.T) {
 	w := newFakeWorker(t, func(w *fakeWorker) { w.linger = true })
 	spec := w.spec("w")
 	spec.MaxConcurrency = 1
-	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}}
-	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(streamBody))
 	req.Header.Set("Authorization", "Bearer "+testKey)
@@ -319,9 +326,7 @@ func TestBatchStreamPreemptedBeforeItsFirstEvent(t *testing.T) {
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold, w.headersFirst = hold, true })
 	spec := w.spec("w")
 	spec.MaxConcurrency = 1
-	tier := &tenants.Tier{Name: "all", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}}
-	g := startGatewayWith(t, []routing.WorkerSpec{spec}, nil, func(d *Deps) { d.Auth = tierAuth{tier} })
+	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
 	batch := make(chan *http.Response, 1)
 	go func() {
 		batch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"})

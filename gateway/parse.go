@@ -144,7 +144,11 @@ func valueEnd(data []byte, i int) int {
 		return len(data)
 	}
 	j := i
-	for j < len(data) && !bytes.ContainsRune([]byte(",}] \t\r\n"), rune(data[j])) {
+	for j < len(data) {
+		switch data[j] {
+		case ',', '}', ']', ' ', '\t', '\r', '\n':
+			return j
+		}
 		j++
 	}
 	return j

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/usherllm/usher/routing"
-	"github.com/usherllm/usher/tenants"
 )
 
 func TestTargetWorkerNeedsATierThatAllowsIt(t *testing.T) {
@@ -16,9 +15,7 @@ func TestTargetWorkerNeedsATierThatAllowsIt(t *testing.T) {
 	if resp := startGateway(t, specs, nil).post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("tier without may_target_worker: got %d, want 403", resp.StatusCode)
 	}
-	allowed := &tenants.Tier{Name: "ops", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
-		Weight: 1, Models: []string{"*"}, MayTargetWorker: true}
-	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{allowed} })
+	g := startTierGateway(t, specs, opsTier)
 	for i := 0; i < 4; i++ {
 		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr); resp.Header.Get(headerWorker) != "b" {
 			t.Fatalf("request %d: got %d from %q, want 200 from b", i, resp.StatusCode, resp.Header.Get(headerWorker))

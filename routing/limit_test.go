@@ -150,9 +150,9 @@ func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
-	eng := &slotEngine{}
-	eng.slots.Store(2)
+// newEnginePool is a pool of one learning worker "w" of model m in front of eng.
+func newEnginePool(t *testing.T, eng *slotEngine) (*Pool, *Worker) {
+	t.Helper()
 	srv := httptest.NewServer(eng)
 	t.Cleanup(srv.Close)
 	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
@@ -160,6 +160,13 @@ func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, _ := p.find("w")
+	return p, w
+}
+
+func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
+	eng := &slotEngine{}
+	eng.slots.Store(2)
+	p, w := newEnginePool(t, eng)
 	if got, src := w.MaxConcurrency(), w.LimitSource(); got != DefaultInitialConcurrency || src != LimitLearned {
 		t.Fatalf("before any scrape: limit %d from %s, want %d learned", got, src, DefaultInitialConcurrency)
 	}
@@ -184,13 +191,7 @@ func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
 
 func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	eng := &slotEngine{}
-	srv := httptest.NewServer(eng)
-	t.Cleanup(srv.Close)
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, _ := p.find("w")
+	p, w := newEnginePool(t, eng)
 	ctx := context.Background()
 	var leases []*Lease
 	for range DefaultInitialConcurrency {
@@ -246,13 +247,7 @@ func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
 	eng := &slotEngine{}
 	eng.slots.Store(2)
 	eng.propsDown.Store(true)
-	srv := httptest.NewServer(eng)
-	t.Cleanup(srv.Close)
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, _ := p.find("w")
+	p, w := newEnginePool(t, eng)
 	p.scrapeOnce(context.Background(), w)
 	if src := w.LimitSource(); src != LimitLearned {
 		t.Fatalf("no answer: source %s, want learned", src)
