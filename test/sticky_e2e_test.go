@@ -27,8 +27,15 @@ type replica struct {
 
 func startReplica(t *testing.T, specs []routing.WorkerSpec, policy string, rdb redis.UniversalClient) *replica {
 	t.Helper()
+	// The workers fail by answering errors, never by being slow, so the check's timeout is
+	// generous: a 40 ms bound failed the first check on a loaded machine, and the first
+	// request then found no healthy worker (503).
 	cfg := routing.Config{Workers: specs, Policy: policy,
-		Health: routing.HealthConfig{Interval: 50 * time.Millisecond, Timeout: 40 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1}}
+		Health: routing.HealthConfig{Interval: 500 * time.Millisecond, Timeout: 500 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1}}
+	// Likewise each pin lookup may take its time: past the pin timeout (50 ms by default) a
+	// replica routes by consistent hashing, which on a loaded machine made the replicas
+	// disagree for reasons this test is not about.
+	cfg.Models = map[string]routing.ModelConfig{model: {Policy: policy, Pins: routing.PinConfig{Timeout: 500 * time.Millisecond}}}
 	cfg.SetDefaults()
 	store := routing.NewRedisStore(rdb)
 	pool, err := routing.NewPool(cfg, routing.Options{Pins: store, Drains: store})
