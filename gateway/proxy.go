@@ -129,7 +129,7 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, in http.
 	if a := in.Get("Accept"); a != "" {
 		out.Header.Set("Accept", a)
 	}
-	resp, err = s.client.Do(out)
+	resp, err = s.transport.RoundTrip(out)
 	return resp, reused, err
 }
 

@@ -51,14 +51,14 @@ type Deps struct {
 // Server is usher's HTTP surface. It is safe for concurrent use; its zero value is not usable,
 // build it with New.
 type Server struct {
-	cfg     Config
-	pool    *routing.Pool
-	auth    tenants.Authenticator
-	client  *http.Client
-	log     *slog.Logger
-	now     func() time.Time
-	metrics *metrics
-	limits  Limits
+	cfg       Config
+	pool      *routing.Pool
+	auth      tenants.Authenticator
+	transport http.RoundTripper
+	log       *slog.Logger
+	now       func() time.Time
+	metrics   *metrics
+	limits    Limits
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
 	traffic    *traffic
 	dispatcher *dispatcher
@@ -84,7 +84,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Gatherer = prometheus.NewRegistry()
 	}
 	if d.Transport == nil {
-		d.Transport = newUpstreamTransport(cfg)
+		d.Transport = newLeanTransport(cfg, time.Now) // I/O deadlines are real time, whatever the clock
 	}
 	if d.Now == nil {
 		d.Now = time.Now
@@ -103,7 +103,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		cfg:        cfg,
 		pool:       d.Pool,
 		auth:       d.Auth,
-		client:     &http.Client{Transport: d.Transport},
+		transport:  d.Transport,
 		log:        d.Logger,
 		now:        d.Now,
 		metrics:    m,
