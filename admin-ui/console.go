@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -37,7 +38,7 @@ type console struct {
 }
 
 // consolePages are the page templates parsed with the layout.
-var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "error"}
+var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "error"}
 
 const consoleSessionKey = "usher.console.session"
 
@@ -45,7 +46,7 @@ const consoleSessionKey = "usher.console.session"
 // key or audit pages.
 func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 	ta := p.ta
-	con := &console{p: p, auth: auth, ta: ta, codec: newSessionCodec(auth, p.now), pages: map[string]*template.Template{}}
+	con := &console{p: p, auth: auth, ta: ta, codec: p.codec, pages: map[string]*template.Template{}}
 	funcs := template.FuncMap{
 		"workerStates": func() []routing.WorkerState {
 			return []routing.WorkerState{routing.StateHealthy, routing.StateDraining, routing.StateDrained, routing.StateUnhealthy, routing.StateCircuitOpen}
@@ -102,6 +103,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 	in.GET("/workers/live", con.workersLive)
 	in.GET("/sessions", con.sessionsPage)
 	in.GET("/queue", con.queuePage)
+	in.GET("/signins", con.signinsPage)
 	in.POST("/signout", con.signout)
 
 	ch := in.Group("", con.changes)
@@ -112,6 +114,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 	ch.POST("/pins", con.act("/admin/sessions", con.pin))
 	ch.POST("/pins/delete", con.act("/admin/sessions", con.unpin))
 	ch.POST("/pins/move", con.act("/admin/sessions", con.movePins))
+	ch.POST("/signins/:id/end", con.act("/admin/signins", con.endSignin))
 	if ta != nil {
 		in.GET("/tenants", con.tenantsPage)
 		in.GET("/tenants/:id", con.tenantPage)
@@ -152,6 +155,12 @@ func (con *console) session(next echo.HandlerFunc) echo.HandlerFunc {
 		err := errBadSession
 		if ck, cerr := r.Cookie(sessionCookie); cerr == nil {
 			sess, err = con.codec.parse(ck.Value)
+		}
+		if err == nil {
+			err = con.p.checkStoredSession(r.Context(), sess)
+		}
+		if errors.Is(err, errSessionStore) {
+			return refuse(c, err)
 		}
 		if err != nil {
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, "/live") {
@@ -274,7 +283,7 @@ func (con *console) act(back string, action func(c echo.Context) (msg, to string
 
 func (con *console) signinPage(c echo.Context) error {
 	if ck, err := c.Request().Cookie(sessionCookie); err == nil {
-		if _, err := con.codec.parse(ck.Value); err == nil {
+		if s, err := con.codec.parse(ck.Value); err == nil && con.p.checkStoredSession(c.Request().Context(), s) == nil {
 			return c.Redirect(http.StatusSeeOther, "/admin/overview")
 		}
 	}
@@ -316,6 +325,10 @@ func (con *console) signinSubmit(c echo.Context) error {
 		role = roleAdmin
 	}
 	sess, value := con.codec.issue(role)
+	if err := con.p.storeSession(r, sess); err != nil {
+		con.p.log.Error("console session not stored", "err", err)
+		return con.renderSignin(c, gateway.ErrorFor(errSessionStore).Status, "The console cannot open a session now; try again shortly.")
+	}
 	ck := consoleCookie(r, sessionCookie, value, sessionLifetime)
 	ck.Expires = sess.Expires
 	c.SetCookie(ck)
@@ -325,6 +338,10 @@ func (con *console) signinSubmit(c echo.Context) error {
 }
 
 func (con *console) signout(c echo.Context) error {
+	if err := con.p.endSession(c.Request().Context(), sessionIDHash(sessionOf(c))); err != nil && con.p.sessions != nil {
+		con.p.log.Error("console session not ended in the store", "err", err)
+		return refuse(c, errSessionStore)
+	}
 	c.SetCookie(consoleCookie(c.Request(), sessionCookie, "", -1))
 	con.p.log.Info("admin", "actor", actorOf(c).Name, "action", "console.signout")
 	return c.Redirect(http.StatusSeeOther, "/admin/signin")

@@ -28,11 +28,19 @@ const viewerToken = "viewer-token-of-24-characters-or-more"
 // an admin and a viewer token, in front of two fake workers w1 and w2.
 func startTenantsGateway(t *testing.T) *testGateway {
 	t.Helper()
+	g, _ := startTenantsReplica(t, filepath.Join(t.TempDir(), "usher.db"), rootToken)
+	return g
+}
+
+// startTenantsReplica is startTenantsGateway on the SQLite file db with admin token token: two
+// calls with the same file are two replicas of one deployment. Console sessions are stored.
+func startTenantsReplica(t *testing.T, db, token string) (*testGateway, *tenants.Store) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: rootToken, ViewerToken: viewerToken},
+	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: token, ViewerToken: viewerToken},
 		Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}}}
-	cfg.Database.URL = "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	cfg.Database.URL = "sqlite:" + db
 	cfg.SetDefaults()
 	store, err := tenants.Open(ctx, cfg.Database.URL, migrations.FS)
 	if err != nil {
@@ -52,8 +60,8 @@ func startTenantsGateway(t *testing.T) *testGateway {
 	}
 	w := newFakeWorker(t)
 	return startGateway(t, []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}, func(s *setup) {
-		s.Auth, s.Admins, s.Tenants = dir, admin, admin
-	})
+		s.Auth, s.Admins, s.Tenants, s.Sessions = dir, admin, admin, store
+	}), store
 }
 
 // browser is a cookie-keeping client that does not follow redirects.

@@ -66,8 +66,10 @@ type setup struct {
 	Auth    tenants.Authenticator
 	Admins  Authenticator
 	Tenants *tenants.Admin
-	Now     func() time.Time // the admin plane's clock; nil: time.Now
-	Logger  *slog.Logger     // the admin plane's log; nil: discard
+	// Sessions keeps console sessions server-side; nil: signed cookies alone.
+	Sessions SessionStore
+	Now      func() time.Time // the admin plane's clock; nil: time.Now
+	Logger   *slog.Logger     // the admin plane's log; nil: discard
 }
 
 type testGateway struct {
@@ -104,7 +106,7 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 	var cfg gateway.Config
 	cfg.SetDefaults()
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Now: s.Now, Logger: s.Logger})
+		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Now: s.Now, Logger: s.Logger})
 	}})
 	if err != nil {
 		t.Fatal(err)

@@ -108,21 +108,24 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		rdb = redis.NewClient(ropts)
 		defer rdb.Close()
 	}
-	popts := routing.Options{Logger: logger, Registerer: reg}
-	if rdb != nil {
-		store := routing.NewRedisStore(rdb)
-		popts.Pins, popts.Drains = store, store
-	}
-	pool, err := routing.NewPool(cfg.Routing, popts)
-	if err != nil {
-		return fmt.Errorf("worker pool: %w", err)
-	}
-
 	store, err := openStore(ctx, cfg.Tenants.Database.URL)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	popts := routing.Options{Logger: logger, Registerer: reg, Registry: adminui.StoredWorkers{Store: store}}
+	if rdb != nil {
+		rs := routing.NewRedisStore(rdb)
+		popts.Pins, popts.Drains, popts.Announcer = rs, rs, rs
+	}
+	pool, err := routing.NewPool(cfg.Routing, popts)
+	if err != nil {
+		return fmt.Errorf("worker pool: %w", err)
+	}
+	// The workers added through the admin API, before the first request.
+	if err := pool.SyncRegistry(ctx); err != nil {
+		logger.Warn("workers added through the admin API not loaded yet; retrying in the background", "err", err)
+	}
 	jwt, err := tenants.NewJWTVerifier(cfg.Tenants.JWT, nil)
 	if err != nil {
 		return fmt.Errorf("jwt: %w", err)
