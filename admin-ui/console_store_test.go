@@ -136,7 +136,6 @@ func mustParseSession(t *testing.T, ck *http.Cookie) consoleSession {
 	return consoleSession{Role: fields[0], ID: fields[2]}
 }
 
-
 // keyIDOf is the key id of the sessions opened under the admin token token (and viewerToken).
 func keyIDOf(t *testing.T, store *tenants.Store, token string) string {
 	t.Helper()
