@@ -22,7 +22,9 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -91,6 +93,11 @@ type Deps struct {
 	// Sessions keeps console sessions server-side (console_store.go), so sign-out and an
 	// admin's "end session" hold on every replica; nil: signed cookies alone.
 	Sessions SessionStore
+	// Board shares each replica's overview and queues so the console shows the whole fleet
+	// (RedisBoard); nil: the console shows this replica only. Plane.Run publishes to it.
+	Board ReplicaBoard
+	// Replica names this replica on the Board; default: the host name.
+	Replica string
 	// Logger receives one line per change and sign-in. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock of console sessions and sign-in limits. Default time.Now.
@@ -108,6 +115,8 @@ type Plane struct {
 	attempts *attempts // failed credential checks, console and API together
 	codec    sessionCodec
 	sessions SessionStore // nil: console sessions are signed cookies alone
+	board    ReplicaBoard // nil: the console shows this replica only
+	replica  string
 	echo     *echo.Echo
 }
 
@@ -128,7 +137,13 @@ func New(cfg Config, d Deps) (*Plane, error) {
 		d.Now = time.Now
 	}
 	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now),
-		codec: newSessionCodec(d.Admins, d.Now), sessions: d.Sessions}
+		codec: newSessionCodec(d.Admins, d.Now), sessions: d.Sessions, board: d.Board, replica: d.Replica}
+	if p.replica == "" {
+		p.replica, _ = os.Hostname()
+	}
+	if p.replica == "" || len(p.replica) > 200 || strings.ContainsAny(p.replica, " \t\r\n") {
+		return nil, errNoReplica
+	}
 	p.pruneSessions()
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

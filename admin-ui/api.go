@@ -41,6 +41,7 @@ func (p *Plane) registerAPI(e *echo.Echo, auth Authenticator) {
 	fleet.POST("/pins/move", p.movePins)
 	fleet.GET("/queue", p.queueSnapshot)
 	fleet.GET("/overview", p.overviewAPI)
+	fleet.GET("/fleet", p.fleetAPI)
 	fleet.GET("/console-sessions", p.listSessionsAPI)
 	fleet.DELETE("/console-sessions/:id", p.endSessionAPI)
 	if p.ta != nil {

@@ -60,6 +60,24 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 			return float64(a) / float64(b)
 		},
 		"join": func(s []string) string { return strings.Join(s, ", ") },
+		"replicaQueued": func(o Overview) (n int) {
+			for _, c := range o.Classes {
+				n += c.Queued
+			}
+			return n
+		},
+		"replicaInFlight": func(o Overview) (n int) {
+			for _, c := range o.Classes {
+				n += c.InFlight
+			}
+			return n
+		},
+		"replicaTTFT": func(o Overview) (worst float64) {
+			for _, c := range o.Classes {
+				worst = max(worst, c.TTFTP99Seconds)
+			}
+			return worst
+		},
 		"dur": func(d time.Duration) string {
 			if d < 10*time.Second {
 				return d.Round(time.Millisecond).String()
