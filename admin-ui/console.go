@@ -126,6 +126,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 
 	ch := in.Group("", con.changes)
 	ch.POST("/workers", con.act("/admin/workers", con.addWorker))
+	ch.POST("/workers/change", con.act("/admin/workers", con.changeWorker))
 	ch.POST("/workers/:id/drain", con.act("/admin/workers", con.drain))
 	ch.POST("/workers/:id/undrain", con.act("/admin/workers", con.undrain))
 	ch.POST("/workers/:id/remove", con.act("/admin/workers", con.remove))

@@ -192,7 +192,8 @@ func (con *console) auditPage(c echo.Context) error {
 	return con.page(c, "audit", auditView{Query: q, Page: page})
 }
 
-func (con *console) addWorker(c echo.Context) (string, string, error) {
+// workerForm reads the declaration of the add and change forms.
+func workerForm(c echo.Context) (routing.WorkerSpec, error) {
 	spec := routing.WorkerSpec{ID: strings.TrimSpace(c.FormValue("id")), URL: strings.TrimSpace(c.FormValue("url"))}
 	for _, m := range strings.Split(c.FormValue("models"), ",") {
 		if m = strings.TrimSpace(m); m != "" {
@@ -200,14 +201,31 @@ func (con *console) addWorker(c echo.Context) (string, string, error) {
 		}
 	}
 	n, err := formInt(c, "max_concurrency")
+	spec.MaxConcurrency = int(n)
+	return spec, err
+}
+
+func (con *console) addWorker(c echo.Context) (string, string, error) {
+	spec, err := workerForm(c)
 	if err != nil {
 		return "", "", err
 	}
-	spec.MaxConcurrency = int(n)
 	if err := con.p.addWorkerAction(c, spec); err != nil {
 		return "", "", err
 	}
 	return "Worker " + spec.ID + " added.", "", nil
+}
+
+// changeWorker replaces the declaration of a worker added through the admin API or console.
+func (con *console) changeWorker(c echo.Context) (string, string, error) {
+	spec, err := workerForm(c)
+	if err != nil {
+		return "", "", err
+	}
+	if err := con.p.updateWorkerAction(c, spec); err != nil {
+		return "", "", err
+	}
+	return "Worker " + spec.ID + " changed; requests in flight finish on its old declaration.", "", nil
 }
 
 func (con *console) drain(c echo.Context) (string, string, error) {

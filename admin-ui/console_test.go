@@ -128,6 +128,7 @@ func consolePosts() []struct {
 		form url.Values
 	}{
 		{"/admin/workers", url.Values{"id": {"w9"}, "url": {"http://127.0.0.1:9"}, "models": {testModel}}},
+		{"/admin/workers/change", url.Values{"id": {"w9"}, "url": {"http://127.0.0.1:10"}, "models": {testModel}}},
 		{"/admin/workers/w1/drain", url.Values{}},
 		{"/admin/workers/w1/undrain", url.Values{}},
 		{"/admin/pins", url.Values{"model": {testModel}, "tenant": {"acme"}, "key": {"s1"}, "worker": {"w1"}}},
@@ -142,7 +143,7 @@ func consolePosts() []struct {
 	}
 }
 
-var consoleGets = []string{"/admin/", "/admin/overview", "/admin/workers", "/admin/sessions", "/admin/tenants",
+var consoleGets = []string{"/admin/", "/admin/overview", "/admin/workers", "/admin/sessions", "/admin/signins", "/admin/tenants",
 	"/admin/tenants/acme", "/admin/queue", "/admin/audit"}
 
 // fixture creates tenant acme with a key and pins session s0 to w1; it returns the key's id.
@@ -338,7 +339,7 @@ func TestConsoleAdminActions(t *testing.T) {
 		}
 	}
 	checks := []struct{ path, field, want string }{
-		{"/workers/w1", "state", "healthy"}, {"/workers/w9", "id", "w9"}, {"/tenants/newco", "tier", "pro"}, {"/tenants/acme", "status", "active"},
+		{"/workers/w1", "state", "healthy"}, {"/workers/w9", "url", "http://127.0.0.1:10"}, {"/tenants/newco", "tier", "pro"}, {"/tenants/acme", "status", "active"},
 	}
 	for _, c := range checks {
 		if _, out := g.admin(t, "GET", c.path, rootToken, ""); out[c.field] != c.want {
