@@ -23,7 +23,8 @@ import (
 // operator). Signing out, or an admin ending a session, deletes the row, so every replica
 // refuses the cookie from its next request on, with no propagation delay to bound. Rotating the
 // admin or viewer token changes the cookies' signing key, which ends every session at once;
-// their rows, stamped with the old key's id, are pruned at the next start. The store holds only
+// their rows, stamped with the old key's id, are pruned at the next start or sign-in, as are
+// expired ones. The store holds only
 // the SHA-256 of each session's secret id.
 //
 // The store is SQL rather than Redis because it is always there (Redis is optional for one
@@ -60,6 +61,12 @@ func (p *Plane) storeSession(r *http.Request, s consoleSession) error {
 		return nil
 	}
 	now := p.now()
+	// Each sign-in also clears the expired rows, so the table holds the open sessions only.
+	if p.codec.shared {
+		if err := p.sessions.PruneAdminSessions(r.Context(), p.codec.keyID, now); err != nil {
+			p.log.Warn("old console sessions not pruned", "err", err)
+		}
+	}
 	return p.sessions.CreateAdminSession(r.Context(), tenants.AdminSession{
 		IDHash: sessionIDHash(s), KeyID: p.codec.keyID, Role: s.Role, Remote: clientAddress(r),
 		UserAgent: boundedText(r.UserAgent(), 200), Created: now, Expires: s.Expires, LastSeen: now,

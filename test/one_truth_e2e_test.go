@@ -238,6 +238,12 @@ func TestOneFleetOneTruth(t *testing.T) {
 			t.Fatalf("fleet total after the kill: got %q, want 2 reporting, 1 stopped", got)
 		}
 		screenshot(t, ctx, "11-fleet-overview-replica-gone")
+		do(t, ctx, "the Queue page lists the fleet's queues and the stopped replica",
+			chromedp.Navigate(a+"/admin/queue"), chromedp.WaitVisible(chromedp.CSS(`#fleet-queues tr.gone`)))
+		if got := text(t, ctx, "#fleet-queues tr.gone"); !strings.Contains(got, "stopped reporting") {
+			t.Fatalf("the stopped replica on the Queue page: got %q", got)
+		}
+		screenshot(t, ctx, "12-fleet-queue")
 	})
 
 	t.Run("the added worker survives a restart of all three", func(t *testing.T) {
