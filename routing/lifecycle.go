@@ -25,17 +25,14 @@ const (
 
 // WorkerStatus is a point-in-time view of one worker for the admin API and the console.
 type WorkerStatus struct {
-	ID  string `json:"id"`
-	URL string `json:"url"`
-	// Source says where the worker is declared: the config file, DNS discovery (both read-only
-	// through the admin API when a WorkerRegistry is shared) or the admin API.
-	Source          WorkerSource `json:"source"`
-	Models          []string     `json:"models"`
-	PriorityHandoff bool         `json:"priority_handoff"`
-	State           WorkerState  `json:"state"`
-	InFlight        int64        `json:"in_flight"`
-	InFlightTokens  int64        `json:"in_flight_tokens"`
-	MaxConcurrency  int64        `json:"max_concurrency"`
+	ID              string      `json:"id"`
+	URL             string      `json:"url"`
+	Models          []string    `json:"models"`
+	PriorityHandoff bool        `json:"priority_handoff"`
+	State           WorkerState `json:"state"`
+	InFlight        int64       `json:"in_flight"`
+	InFlightTokens  int64       `json:"in_flight_tokens"`
+	MaxConcurrency  int64       `json:"max_concurrency"`
 	// LimitSource says whether MaxConcurrency is fixed by the config, reported by the engine
 	// (its slots) or learned from its load and time to first token.
 	LimitSource       LimitSource `json:"limit_source"`
@@ -49,6 +46,10 @@ type WorkerStatus struct {
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"cached_tokens"`
+
+	// Source says where the worker is declared: the config file, DNS discovery (both read-only
+	// through the admin API when a WorkerRegistry is shared) or the admin API.
+	Source WorkerSource `json:"source"`
 }
 
 // State is the worker's state now.

@@ -148,21 +148,22 @@ type snapshot struct {
 
 // Pool is the set of workers and the per-model policies. All methods are safe for concurrent use.
 type Pool struct {
-	cfg    Config
-	logger *slog.Logger
-	client *http.Client
-	now    func() time.Time
-	rand   randSource
-	pins   PinStore
-	drains DrainStore // nil: drain state is local
+	cfg      Config
+	logger   *slog.Logger
+	client   *http.Client
+	now      func() time.Time
+	rand     randSource
+	pins     PinStore
+	drains   DrainStore // nil: drain state is local
+	resolver Resolver
+	metrics  *poolMetrics
+
 	// registry and announcer share the admin API's workers (nil: local); see registry.go.
 	registry  WorkerRegistry
 	announcer WorkerAnnouncer
 	// registryMu serialises the registry's syncs and the admin API's changes, so a sync that read
 	// the registry before a change never undoes it.
 	registryMu sync.Mutex
-	resolver   Resolver
-	metrics    *poolMetrics
 
 	snap atomic.Pointer[snapshot]
 	// changes and released wake the waiters of Changes and Released.

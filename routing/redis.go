@@ -12,9 +12,9 @@ import (
 
 // RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
 // string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
-// percent-encoded) holding the worker ID, with a sliding TTL; and the draining workers, a set
-// under `usher:draining`; and the announcements of worker registry changes (WorkersChannel). Each method is one round trip except List, which scans. Safe for
-// concurrent use.
+// percent-encoded) holding the worker ID, with a sliding TTL; the draining workers, a set
+// under `usher:draining`; and the announcements of worker registry changes (WorkersChannel).
+// Each method is one round trip except List, which scans. Safe for concurrent use.
 type RedisStore struct {
 	client redis.UniversalClient
 }
