@@ -357,7 +357,7 @@ func (con *console) signinSubmit(c echo.Context) error {
 }
 
 func (con *console) signout(c echo.Context) error {
-	if err := con.p.endSession(c.Request().Context(), sessionIDHash(sessionOf(c))); err != nil && con.p.sessions != nil {
+	if err := con.p.endSession(c.Request().Context(), sessionIDHash(sessionOf(c))); err != nil && con.p.sessions != nil && !errors.Is(err, tenants.ErrNotFound) {
 		con.p.log.Error("console session not ended in the store", "err", err)
 		return refuse(c, errSessionStore)
 	}
