@@ -112,9 +112,29 @@ func TestConsoleSessionsAreServerSide(t *testing.T) {
 		t.Fatalf("the viewer's session is not stored under its id's hash: %+v", rows)
 	}
 
+	// The Sign-ins page lists the sessions and ends one (the admin only), here the viewer's.
+	admin := newBrowser(t, b.url)
+	adminCSRF := admin.signIn(rootToken)
+	viewerID := sessionIDHash(mustParseSession(t, viewer.sessionCookie()))
+	if resp, page := admin.do("GET", "/admin/signins", nil); resp.StatusCode != 200 || !strings.Contains(page, `data-session="`+viewerID+`"`) || !strings.Contains(page, "(this session)") {
+		t.Fatalf("Sign-ins page: got %d, want the viewer's session listed and this one marked", resp.StatusCode)
+	}
+	if resp, _ := viewer.do("POST", "/admin/signins/"+viewerID+"/end", url.Values{"csrf": {viewer.csrf("/admin/signins")}}); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("the viewer ends a session in the console: got %d, want 403", resp.StatusCode)
+	}
+	if resp, _ := admin.do("POST", "/admin/signins/"+viewerID+"/end", url.Values{"csrf": {adminCSRF}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("end the viewer's session in the console: got %d, want 303", resp.StatusCode)
+	}
+	if signedIn(t, a, viewer.sessionCookie()) {
+		t.Fatal("a session ended in the console still opens A")
+	}
+
 	// A new admin token (a replica restarted with it): every session opened before is refused.
+	if !signedIn(t, a, admin.sessionCookie()) {
+		t.Fatal("the admin's session does not open A before the rotation")
+	}
 	rotated, _ := startTenantsReplica(t, db, rootToken+"-rotated")
-	if signedIn(t, rotated, viewer.sessionCookie()) {
+	if signedIn(t, rotated, admin.sessionCookie()) {
 		t.Fatal("a session of the old tokens opens a replica with the new admin token")
 	}
 	if _, out := rotated.admin(t, "GET", "/console-sessions", rootToken+"-rotated", ""); len(out["sessions"].([]any)) != 0 {
