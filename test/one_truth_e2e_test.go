@@ -14,6 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/usherllm/usher/test/pgtest"
 	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
 	"github.com/usherllm/usher/test/sim/simtest"
@@ -121,11 +122,15 @@ func replicaOf(names map[string]bool, base string) (string, bool) {
 }
 
 // TestOneFleetOneTruth is issue 11's fleet: three `usher serve` replicas on one Redis and one
-// database (a SQLite file they share) agree on workers, keys, console sessions and the console's
-// view of the fleet.
+// database (a SQLite file they share, or PostgreSQL) agree on workers, keys, console sessions and
+// the console's view of the fleet.
 func TestOneFleetOneTruth(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { testOneFleetOneTruth(t, "sqlite:"+filepath.Join(t.TempDir(), "usher.db")) })
+	t.Run("postgres", func(t *testing.T) { testOneFleetOneTruth(t, pgtest.URL(t)) })
+}
+
+func testOneFleetOneTruth(t *testing.T, dbURL string) {
 	rs := redistest.Start(t)
-	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
 	cfg := sim.DefaultConfig()
 	cfg.Model, cfg.TimeScale = model, 0.01
 	_, configured := simtest.Start(t, cfg)
