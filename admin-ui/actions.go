@@ -18,7 +18,7 @@ import (
 // nothing the API cannot; each one audits itself and keeps the queues' capacity in step.
 
 func (p *Plane) addWorkerAction(c echo.Context, spec routing.WorkerSpec) error {
-	if err := p.fleet.Add(spec); err != nil {
+	if err := p.fleet.AddWorker(c.Request().Context(), spec); err != nil {
 		return err
 	}
 	p.audit(c, "worker.add", spec.ID)
@@ -26,8 +26,17 @@ func (p *Plane) addWorkerAction(c echo.Context, spec routing.WorkerSpec) error {
 	return nil
 }
 
+func (p *Plane) updateWorkerAction(c echo.Context, spec routing.WorkerSpec) error {
+	if err := p.fleet.UpdateWorker(c.Request().Context(), spec); err != nil {
+		return err
+	}
+	p.audit(c, "worker.update", spec.ID)
+	p.live.FleetChanged()
+	return nil
+}
+
 func (p *Plane) removeWorkerAction(c echo.Context, id string) error {
-	if err := p.fleet.Remove(id); err != nil {
+	if err := p.fleet.RemoveWorker(c.Request().Context(), id); err != nil {
 		return err
 	}
 	p.audit(c, "worker.remove", id)

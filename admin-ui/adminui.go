@@ -22,7 +22,9 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -44,8 +46,9 @@ type Fleet interface {
 	Models() []string
 	Workers() []routing.WorkerStatus
 	Worker(id string) (routing.WorkerStatus, error)
-	Add(spec routing.WorkerSpec) error
-	Remove(id string) error
+	AddWorker(ctx context.Context, spec routing.WorkerSpec) error
+	UpdateWorker(ctx context.Context, spec routing.WorkerSpec) error
+	RemoveWorker(ctx context.Context, id string) error
 	Drain(ctx context.Context, id string) error
 	Undrain(ctx context.Context, id string) error
 	Pins(ctx context.Context, f routing.PinFilter) ([]routing.Pin, error)
@@ -87,6 +90,14 @@ type Deps struct {
 	// fleet's changes in the audit log. nil leaves out those routes and pages, and fleet changes
 	// are only logged.
 	Tenants *tenants.Admin
+	// Sessions keeps console sessions server-side (console_store.go), so sign-out and an
+	// admin's "end session" hold on every replica; nil: signed cookies alone.
+	Sessions SessionStore
+	// Board shares each replica's overview and queues so the console shows the whole fleet
+	// (RedisBoard); nil: the console shows this replica only. Plane.Run publishes to it.
+	Board ReplicaBoard
+	// Replica names this replica on the Board; default: the host name.
+	Replica string
 	// Logger receives one line per change and sign-in. Default: discard.
 	Logger *slog.Logger
 	// Now is the clock of console sessions and sign-in limits. Default time.Now.
@@ -102,6 +113,10 @@ type Plane struct {
 	log      *slog.Logger
 	now      func() time.Time
 	attempts *attempts // failed credential checks, console and API together
+	codec    sessionCodec
+	sessions SessionStore // nil: console sessions are signed cookies alone
+	board    ReplicaBoard // nil: the console shows this replica only
+	replica  string
 	echo     *echo.Echo
 }
 
@@ -121,7 +136,15 @@ func New(cfg Config, d Deps) (*Plane, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now)}
+	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now),
+		codec: newSessionCodec(d.Admins, d.Now), sessions: d.Sessions, board: d.Board, replica: d.Replica}
+	if p.replica == "" {
+		p.replica, _ = os.Hostname()
+	}
+	if p.replica == "" || len(p.replica) > 200 || strings.ContainsAny(p.replica, " \t\r\n") {
+		return nil, errNoReplica
+	}
+	p.pruneSessions()
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = func(err error, c echo.Context) { _ = gateway.WriteError(c, err) }

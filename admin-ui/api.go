@@ -31,6 +31,7 @@ func (p *Plane) registerAPI(e *echo.Echo, auth Authenticator) {
 	fleet.GET("/workers", p.listWorkers)
 	fleet.POST("/workers", p.addWorker)
 	fleet.GET("/workers/:id", p.getWorker)
+	fleet.PUT("/workers/:id", p.updateWorker)
 	fleet.DELETE("/workers/:id", p.removeWorker)
 	fleet.POST("/workers/:id/drain", p.drainWorker)
 	fleet.POST("/workers/:id/undrain", p.undrainWorker)
@@ -40,6 +41,9 @@ func (p *Plane) registerAPI(e *echo.Echo, auth Authenticator) {
 	fleet.POST("/pins/move", p.movePins)
 	fleet.GET("/queue", p.queueSnapshot)
 	fleet.GET("/overview", p.overviewAPI)
+	fleet.GET("/fleet", p.fleetAPI)
+	fleet.GET("/console-sessions", p.listSessionsAPI)
+	fleet.DELETE("/console-sessions/:id", p.endSessionAPI)
 	if p.ta != nil {
 		registerTenantAdmin(g, p.ta)
 	}
@@ -165,6 +169,25 @@ func (p *Plane) addWorker(c echo.Context) error {
 		return adminError(c, err)
 	}
 	return p.getWorkerStatus(c, spec.ID, http.StatusCreated)
+}
+
+// updateWorker changes a worker added through the admin API; the body is the whole new
+// declaration, its id (when given) the path's.
+func (p *Plane) updateWorker(c echo.Context) error {
+	var spec routing.WorkerSpec
+	if err := decodeAdminBody(c, &spec); err != nil {
+		return adminError(c, err)
+	}
+	if spec.ID == "" {
+		spec.ID = c.Param("id")
+	}
+	if spec.ID != c.Param("id") {
+		return adminError(c, gateway.BadRequest("id", "the body's id must be the path's"))
+	}
+	if err := p.updateWorkerAction(c, spec); err != nil {
+		return adminError(c, err)
+	}
+	return p.getWorkerStatus(c, spec.ID, http.StatusOK)
 }
 
 func (p *Plane) removeWorker(c echo.Context) error {

@@ -48,6 +48,13 @@ func TestAdminWorkersLifecycle(t *testing.T) {
 				t.Fatalf("added: got %v", out)
 			}
 		}},
+		{"change", "PUT", "/workers/w2", `{"url":"` + w.srv.URL + `/","models":["m1","m2"]}`, 200, func(t *testing.T, out map[string]any) {
+			if out["url"] != w.srv.URL+"/" || len(out["models"].([]any)) != 2 {
+				t.Fatalf("changed: got %v", out)
+			}
+		}},
+		{"change another id", "PUT", "/workers/w2", `{"id":"w1","url":"` + w.srv.URL + `","models":["m1"]}`, 400, nil},
+		{"change unknown", "PUT", "/workers/nope", `{"url":"` + w.srv.URL + `","models":["m1"]}`, 404, nil},
 		{"add again", "POST", "/workers", `{"id":"w2","url":"` + w.srv.URL + `","models":["m1"]}`, 409, nil},
 		{"add bad url", "POST", "/workers", `{"id":"w3","url":"nope","models":["m1"]}`, 400, nil},
 		{"add unknown field", "POST", "/workers", `{"id":"w3","url":"http://127.0.0.1:1","models":["m1"],"weight":3}`, 400, nil},

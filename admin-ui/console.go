@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -37,7 +38,7 @@ type console struct {
 }
 
 // consolePages are the page templates parsed with the layout.
-var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "error"}
+var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "error"}
 
 const consoleSessionKey = "usher.console.session"
 
@@ -45,7 +46,7 @@ const consoleSessionKey = "usher.console.session"
 // key or audit pages.
 func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 	ta := p.ta
-	con := &console{p: p, auth: auth, ta: ta, codec: newSessionCodec(auth, p.now), pages: map[string]*template.Template{}}
+	con := &console{p: p, auth: auth, ta: ta, codec: p.codec, pages: map[string]*template.Template{}}
 	funcs := template.FuncMap{
 		"workerStates": func() []routing.WorkerState {
 			return []routing.WorkerState{routing.StateHealthy, routing.StateDraining, routing.StateDrained, routing.StateUnhealthy, routing.StateCircuitOpen}
@@ -59,6 +60,24 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 			return float64(a) / float64(b)
 		},
 		"join": func(s []string) string { return strings.Join(s, ", ") },
+		"replicaQueued": func(o Overview) (n int) {
+			for _, c := range o.Classes {
+				n += c.Queued
+			}
+			return n
+		},
+		"replicaInFlight": func(o Overview) (n int) {
+			for _, c := range o.Classes {
+				n += c.InFlight
+			}
+			return n
+		},
+		"replicaTTFT": func(o Overview) (worst float64) {
+			for _, c := range o.Classes {
+				worst = max(worst, c.TTFTP99Seconds)
+			}
+			return worst
+		},
 		"dur": func(d time.Duration) string {
 			if d < 10*time.Second {
 				return d.Round(time.Millisecond).String()
@@ -102,16 +121,19 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 	in.GET("/workers/live", con.workersLive)
 	in.GET("/sessions", con.sessionsPage)
 	in.GET("/queue", con.queuePage)
+	in.GET("/signins", con.signinsPage)
 	in.POST("/signout", con.signout)
 
 	ch := in.Group("", con.changes)
 	ch.POST("/workers", con.act("/admin/workers", con.addWorker))
+	ch.POST("/workers/change", con.act("/admin/workers", con.changeWorker))
 	ch.POST("/workers/:id/drain", con.act("/admin/workers", con.drain))
 	ch.POST("/workers/:id/undrain", con.act("/admin/workers", con.undrain))
 	ch.POST("/workers/:id/remove", con.act("/admin/workers", con.remove))
 	ch.POST("/pins", con.act("/admin/sessions", con.pin))
 	ch.POST("/pins/delete", con.act("/admin/sessions", con.unpin))
 	ch.POST("/pins/move", con.act("/admin/sessions", con.movePins))
+	ch.POST("/signins/:id/end", con.act("/admin/signins", con.endSignin))
 	if ta != nil {
 		in.GET("/tenants", con.tenantsPage)
 		in.GET("/tenants/:id", con.tenantPage)
@@ -152,6 +174,12 @@ func (con *console) session(next echo.HandlerFunc) echo.HandlerFunc {
 		err := errBadSession
 		if ck, cerr := r.Cookie(sessionCookie); cerr == nil {
 			sess, err = con.codec.parse(ck.Value)
+		}
+		if err == nil {
+			err = con.p.checkStoredSession(r.Context(), sess)
+		}
+		if errors.Is(err, errSessionStore) {
+			return refuse(c, err)
 		}
 		if err != nil {
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, "/live") {
@@ -274,7 +302,7 @@ func (con *console) act(back string, action func(c echo.Context) (msg, to string
 
 func (con *console) signinPage(c echo.Context) error {
 	if ck, err := c.Request().Cookie(sessionCookie); err == nil {
-		if _, err := con.codec.parse(ck.Value); err == nil {
+		if s, err := con.codec.parse(ck.Value); err == nil && con.p.checkStoredSession(c.Request().Context(), s) == nil {
 			return c.Redirect(http.StatusSeeOther, "/admin/overview")
 		}
 	}
@@ -316,6 +344,10 @@ func (con *console) signinSubmit(c echo.Context) error {
 		role = roleAdmin
 	}
 	sess, value := con.codec.issue(role)
+	if err := con.p.storeSession(r, sess); err != nil {
+		con.p.log.Error("console session not stored", "err", err)
+		return con.renderSignin(c, gateway.ErrorFor(errSessionStore).Status, "The console cannot open a session now; try again shortly.")
+	}
 	ck := consoleCookie(r, sessionCookie, value, sessionLifetime)
 	ck.Expires = sess.Expires
 	c.SetCookie(ck)
@@ -325,6 +357,10 @@ func (con *console) signinSubmit(c echo.Context) error {
 }
 
 func (con *console) signout(c echo.Context) error {
+	if err := con.p.endSession(c.Request().Context(), sessionIDHash(sessionOf(c))); err != nil && con.p.sessions != nil && !errors.Is(err, tenants.ErrNotFound) {
+		con.p.log.Error("console session not ended in the store", "err", err)
+		return refuse(c, errSessionStore)
+	}
 	c.SetCookie(consoleCookie(c.Request(), sessionCookie, "", -1))
 	con.p.log.Info("admin", "actor", actorOf(c).Name, "action", "console.signout")
 	return c.Redirect(http.StatusSeeOther, "/admin/signin")

@@ -17,20 +17,40 @@ import (
 // The console's pages and actions. Each reads with, or acts through, the same methods as the
 // admin JSON API's handlers.
 
-func (con *console) overviewPage(c echo.Context) error {
+// overviewView is the Overview page: this replica's overview, and the fleet's.
+type overviewView struct {
+	Overview
+	Fleet FleetView
+	// FleetError says the other replicas' reports could not be read.
+	FleetError string
+}
+
+func (con *console) overviewView(c echo.Context) (overviewView, error) {
 	o, err := con.p.overview()
+	if err != nil {
+		return overviewView{}, err
+	}
+	v := overviewView{Overview: o}
+	if v.Fleet, err = con.p.fleetView(c.Request().Context()); err != nil {
+		v.FleetError = "the other replicas' reports could not be read"
+	}
+	return v, nil
+}
+
+func (con *console) overviewPage(c echo.Context) error {
+	v, err := con.overviewView(c)
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
-	return con.page(c, "overview", o)
+	return con.page(c, "overview", v)
 }
 
 func (con *console) overviewLive(c echo.Context) error {
-	o, err := con.p.overview()
+	v, err := con.overviewView(c)
 	if err != nil {
 		return err
 	}
-	return con.render(c, http.StatusOK, "overview", "overview-live", o)
+	return con.render(c, http.StatusOK, "overview", "overview-live", v)
 }
 
 // workersView is the Workers page: the workers and how many pins each holds.
@@ -96,12 +116,23 @@ func (con *console) sessionsPage(c echo.Context) error {
 	return con.page(c, "sessions", v)
 }
 
+// queuePageView is the Queue page: the fleet's queues by replica, and this replica's in detail.
+type queuePageView struct {
+	Queues     []queueView
+	Fleet      FleetView
+	FleetError string
+}
+
 func (con *console) queuePage(c echo.Context) error {
 	qs, err := con.p.queueViews()
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
-	return con.page(c, "queue", qs)
+	v := queuePageView{Queues: qs}
+	if v.Fleet, err = con.p.fleetView(c.Request().Context()); err != nil {
+		v.FleetError = "the other replicas' reports could not be read"
+	}
+	return con.page(c, "queue", v)
 }
 
 // tenantsView is the Tenants page.
@@ -161,7 +192,8 @@ func (con *console) auditPage(c echo.Context) error {
 	return con.page(c, "audit", auditView{Query: q, Page: page})
 }
 
-func (con *console) addWorker(c echo.Context) (string, string, error) {
+// workerForm reads the declaration of the add and change forms.
+func workerForm(c echo.Context) (routing.WorkerSpec, error) {
 	spec := routing.WorkerSpec{ID: strings.TrimSpace(c.FormValue("id")), URL: strings.TrimSpace(c.FormValue("url"))}
 	for _, m := range strings.Split(c.FormValue("models"), ",") {
 		if m = strings.TrimSpace(m); m != "" {
@@ -169,14 +201,31 @@ func (con *console) addWorker(c echo.Context) (string, string, error) {
 		}
 	}
 	n, err := formInt(c, "max_concurrency")
+	spec.MaxConcurrency = int(n)
+	return spec, err
+}
+
+func (con *console) addWorker(c echo.Context) (string, string, error) {
+	spec, err := workerForm(c)
 	if err != nil {
 		return "", "", err
 	}
-	spec.MaxConcurrency = int(n)
 	if err := con.p.addWorkerAction(c, spec); err != nil {
 		return "", "", err
 	}
 	return "Worker " + spec.ID + " added.", "", nil
+}
+
+// changeWorker replaces the declaration of a worker added through the admin API or console.
+func (con *console) changeWorker(c echo.Context) (string, string, error) {
+	spec, err := workerForm(c)
+	if err != nil {
+		return "", "", err
+	}
+	if err := con.p.updateWorkerAction(c, spec); err != nil {
+		return "", "", err
+	}
+	return "Worker " + spec.ID + " changed; requests in flight finish on its old declaration.", "", nil
 }
 
 func (con *console) drain(c echo.Context) (string, string, error) {

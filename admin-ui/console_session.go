@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"net/http"
 	"strconv"
@@ -14,14 +15,15 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// Console sessions are stateless, HMAC-signed cookies rather than a server-side table: the cookie
-// carries the role, the expiry and a random session id, signed with HMAC-SHA256. The key comes
+// Console sessions are HMAC-signed cookies, backed by a server-side table when the plane has a
+// SessionStore (console_store.go): the cookie carries the role, the expiry and a random session
+// id, signed with HMAC-SHA256. The key comes
 // from the Authenticator when it offers one (SessionKeyer; *tenants.Admin derives it from
 // the configured admin and viewer token hashes), so every replica with the same tokens accepts
 // the same sessions, a restart keeps them, and rotating a token ends them all. Without a
 // SessionKeyer the key is random per process: sessions then hold on one replica until it
-// restarts. Signing out clears the cookie in the browser; a copied cookie stays valid until its
-// expiry, which is why sessions are short (sessionLifetime).
+// restarts. Without a SessionStore, signing out only clears the cookie in the browser and a copied
+// cookie stays valid until its expiry, which is why sessions are short (sessionLifetime).
 
 // SessionKeyer is implemented by an Authenticator that provides the secret console sessions
 // are signed with. *tenants.Admin implements it.
@@ -70,6 +72,10 @@ func (s consoleSession) actor() tenants.Actor {
 type sessionCodec struct {
 	key []byte
 	now func() time.Time
+	// keyID names key in the session store without revealing it; shared says every replica
+	// derives the same key (from the tokens).
+	keyID  string
+	shared bool
 }
 
 func newSessionCodec(auth Authenticator, now func() time.Time) sessionCodec {
@@ -77,11 +83,14 @@ func newSessionCodec(auth Authenticator, now func() time.Time) sessionCodec {
 	if k, ok := auth.(SessionKeyer); ok {
 		key = k.SessionKey()
 	}
-	if len(key) < 32 {
+	shared := len(key) >= 32
+	if !shared {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 	}
-	return sessionCodec{key: key, now: now}
+	c := sessionCodec{key: key, now: now, shared: shared}
+	c.keyID = hex.EncodeToString(c.mac("key id")[:8])
+	return c
 }
 
 func (c sessionCodec) mac(parts ...string) []byte {

@@ -28,11 +28,19 @@ const viewerToken = "viewer-token-of-24-characters-or-more"
 // an admin and a viewer token, in front of two fake workers w1 and w2.
 func startTenantsGateway(t *testing.T) *testGateway {
 	t.Helper()
+	g, _ := startTenantsReplica(t, filepath.Join(t.TempDir(), "usher.db"), rootToken)
+	return g
+}
+
+// startTenantsReplica is startTenantsGateway on the SQLite file db with admin token token: two
+// calls with the same file are two replicas of one deployment. Console sessions are stored.
+func startTenantsReplica(t *testing.T, db, token string) (*testGateway, *tenants.Store) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: rootToken, ViewerToken: viewerToken},
+	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: token, ViewerToken: viewerToken},
 		Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}}}
-	cfg.Database.URL = "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	cfg.Database.URL = "sqlite:" + db
 	cfg.SetDefaults()
 	store, err := tenants.Open(ctx, cfg.Database.URL, migrations.FS)
 	if err != nil {
@@ -52,8 +60,8 @@ func startTenantsGateway(t *testing.T) *testGateway {
 	}
 	w := newFakeWorker(t)
 	return startGateway(t, []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}, func(s *setup) {
-		s.Auth, s.Admins, s.Tenants = dir, admin, admin
-	})
+		s.Auth, s.Admins, s.Tenants, s.Sessions = dir, admin, admin, store
+	}), store
 }
 
 // browser is a cookie-keeping client that does not follow redirects.
@@ -120,6 +128,7 @@ func consolePosts() []struct {
 		form url.Values
 	}{
 		{"/admin/workers", url.Values{"id": {"w9"}, "url": {"http://127.0.0.1:9"}, "models": {testModel}}},
+		{"/admin/workers/change", url.Values{"id": {"w9"}, "url": {"http://127.0.0.1:10"}, "models": {testModel}}},
 		{"/admin/workers/w1/drain", url.Values{}},
 		{"/admin/workers/w1/undrain", url.Values{}},
 		{"/admin/pins", url.Values{"model": {testModel}, "tenant": {"acme"}, "key": {"s1"}, "worker": {"w1"}}},
@@ -134,7 +143,7 @@ func consolePosts() []struct {
 	}
 }
 
-var consoleGets = []string{"/admin/", "/admin/overview", "/admin/workers", "/admin/sessions", "/admin/tenants",
+var consoleGets = []string{"/admin/", "/admin/overview", "/admin/workers", "/admin/sessions", "/admin/signins", "/admin/tenants",
 	"/admin/tenants/acme", "/admin/queue", "/admin/audit"}
 
 // fixture creates tenant acme with a key and pins session s0 to w1; it returns the key's id.
@@ -330,7 +339,7 @@ func TestConsoleAdminActions(t *testing.T) {
 		}
 	}
 	checks := []struct{ path, field, want string }{
-		{"/workers/w1", "state", "healthy"}, {"/workers/w9", "id", "w9"}, {"/tenants/newco", "tier", "pro"}, {"/tenants/acme", "status", "active"},
+		{"/workers/w1", "state", "healthy"}, {"/workers/w9", "url", "http://127.0.0.1:10"}, {"/tenants/newco", "tier", "pro"}, {"/tenants/acme", "status", "active"},
 	}
 	for _, c := range checks {
 		if _, out := g.admin(t, "GET", c.path, rootToken, ""); out[c.field] != c.want {

@@ -66,6 +66,11 @@ type setup struct {
 	Auth    tenants.Authenticator
 	Admins  Authenticator
 	Tenants *tenants.Admin
+	// Sessions keeps console sessions server-side; nil: signed cookies alone.
+	Sessions SessionStore
+	// Board and Replica share this replica's reports with others'; nil: none.
+	Board   ReplicaBoard
+	Replica string
 	Now     func() time.Time // the admin plane's clock; nil: time.Now
 	Logger  *slog.Logger     // the admin plane's log; nil: discard
 }
@@ -104,7 +109,7 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 	var cfg gateway.Config
 	cfg.SetDefaults()
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Now: s.Now, Logger: s.Logger})
+		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Board: s.Board, Replica: s.Replica, Now: s.Now, Logger: s.Logger})
 	}})
 	if err != nil {
 		t.Fatal(err)

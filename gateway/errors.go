@@ -112,6 +112,7 @@ var errorTable = []errorRule{
 	{err: errUnknownTarget, status: http.StatusBadRequest, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrUnknownWorker, status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrWorkerExists, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_exists", showCause: true},
+	{err: routing.ErrReadOnlyWorker, status: http.StatusConflict, typ: "invalid_request_error", code: "read_only", showCause: true},
 	{err: routing.ErrWorkerDraining, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_draining", showCause: true},
 	{err: routing.ErrNoWorker, status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker_available",
 		retry: time.Second, showCause: true},

@@ -26,6 +26,7 @@ const (
 	DefaultScrapeTimeout      = time.Second
 	DefaultScrapePath         = "/metrics"
 	DefaultDrainSync          = 2 * time.Second
+	DefaultRegistrySync       = 500 * time.Millisecond
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = 10 * time.Second
 )
@@ -152,6 +153,10 @@ type Config struct {
 	// DrainSync is how often a gateway with a shared DrainStore reads the drain state other
 	// replicas set; default 2s.
 	DrainSync time.Duration `yaml:"drain_sync"`
+	// RegistrySync is how often a gateway with a shared WorkerRegistry reads the workers added,
+	// changed and removed through the admin API, in case it missed an announcement; default
+	// 500ms. With Redis, replicas apply such a change at once.
+	RegistrySync time.Duration `yaml:"registry_sync"`
 	// MaxConcurrency is the ceiling of the learned concurrency limit of workers that set no
 	// max_concurrency of their own; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`
@@ -191,6 +196,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.DrainSync == 0 {
 		c.DrainSync = DefaultDrainSync
+	}
+	if c.RegistrySync == 0 {
+		c.RegistrySync = DefaultRegistrySync
 	}
 	if c.Breaker.Failures == 0 {
 		c.Breaker.Failures = DefaultBreakerFailures
@@ -261,6 +269,9 @@ func (c Config) Validate() error {
 	}
 	if c.DrainSync <= 0 {
 		bad("drain_sync", "must be positive, got %s", c.DrainSync)
+	}
+	if c.RegistrySync <= 0 {
+		bad("registry_sync", "must be positive, got %s", c.RegistrySync)
 	}
 	if c.Breaker.Failures < 1 {
 		bad("breaker.failures", "must be at least 1, got %d", c.Breaker.Failures)

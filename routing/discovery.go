@@ -140,7 +140,7 @@ func (p *Pool) discover(ctx context.Context, d *discovery) {
 		if d.found[spec.ID] {
 			continue
 		}
-		if err := p.Add(spec); err != nil {
+		if err := p.add(spec, SourceDiscovery); err != nil {
 			if !errors.Is(err, ErrWorkerExists) {
 				p.logger.Error("discovered worker not added", "name", d.cfg.Name, "worker", spec.ID, "err", err)
 				continue

@@ -46,6 +46,10 @@ type WorkerStatus struct {
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"cached_tokens"`
+
+	// Source says where the worker is declared: the config file, DNS discovery (both read-only
+	// through the admin API when a WorkerRegistry is shared) or the admin API.
+	Source WorkerSource `json:"source"`
 }
 
 // State is the worker's state now.
@@ -67,6 +71,7 @@ func (w *Worker) status() WorkerStatus {
 	return WorkerStatus{
 		ID:                w.spec.ID,
 		URL:               w.spec.URL,
+		Source:            w.source,
 		Models:            slices.Clone(w.spec.Models),
 		PriorityHandoff:   w.spec.PriorityHandoff,
 		State:             w.State(),
@@ -106,10 +111,13 @@ func (p *Pool) Worker(id string) (WorkerStatus, error) {
 	return st, nil
 }
 
-// Add puts a new worker in the pool. It takes requests at once (like a worker of the config, it
-// counts as healthy until its first health check, which starts at once if Run is running). Errors
-// name the field ("worker.url: ...") or wrap ErrWorkerExists.
-func (p *Pool) Add(spec WorkerSpec) error {
+// Add puts a new worker of this replica's own configuration in the pool (a config reload adds
+// with it; workers added through the admin API go through AddWorker). It takes requests at once
+// (like a worker of the config, it counts as healthy until its first health check, which starts
+// at once if Run is running). Errors name the field ("worker.url: ...") or wrap ErrWorkerExists.
+func (p *Pool) Add(spec WorkerSpec) error { return p.add(spec, SourceConfig) }
+
+func (p *Pool) add(spec WorkerSpec, source WorkerSource) error {
 	if errs := validateWorker("worker", spec); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -117,6 +125,7 @@ func (p *Pool) Add(spec WorkerSpec) error {
 	if err != nil {
 		return err
 	}
+	w.source = source
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.indexOf(spec.ID) >= 0 {
@@ -130,7 +139,7 @@ func (p *Pool) Add(spec WorkerSpec) error {
 		return err
 	}
 	p.startWorker(w)
-	p.logger.Info("worker added", "worker", spec.ID, "url", spec.URL, "models", spec.Models)
+	p.logger.Info("worker added", "worker", spec.ID, "url", spec.URL, "models", spec.Models, "source", source)
 	return nil
 }
 
@@ -172,8 +181,10 @@ func (p *Pool) removeLocked(id string) error {
 // worker at once; leases on the old one stay valid and finish there, so until they end the
 // worker's caps are briefly exceeded by their number. The drain state carries over; health
 // starts afresh (counting as healthy until the first check). Errors name the field
-// ("worker.url: ...") or wrap ErrUnknownWorker.
-func (p *Pool) Replace(spec WorkerSpec) error {
+// ("worker.url: ...") or wrap ErrUnknownWorker. The worker is the configuration's from then on.
+func (p *Pool) Replace(spec WorkerSpec) error { return p.replace(spec, SourceConfig) }
+
+func (p *Pool) replace(spec WorkerSpec, source WorkerSource) error {
 	if errs := validateWorker("worker", spec); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -181,6 +192,7 @@ func (p *Pool) Replace(spec WorkerSpec) error {
 	if err != nil {
 		return err
 	}
+	w.source = source
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := p.indexOf(spec.ID)

@@ -44,6 +44,13 @@ type Options struct {
 	Drains DrainStore
 	// Resolver resolves the names of Config.Discovery; default net.DefaultResolver.
 	Resolver Resolver
+	// Registry keeps the workers added, changed and removed through the admin API for every
+	// replica and across restarts (see WorkerRegistry); nil: such changes are this replica's
+	// alone and last until it stops.
+	Registry WorkerRegistry
+	// Announcer tells the other replicas at once that the Registry changed (a RedisStore); nil:
+	// they see the change at their next Config.RegistrySync.
+	Announcer WorkerAnnouncer
 }
 
 // Request is what a policy knows about the request it routes. Pick does not modify it.
@@ -151,6 +158,13 @@ type Pool struct {
 	resolver Resolver
 	metrics  *poolMetrics
 
+	// registry and announcer share the admin API's workers (nil: local); see registry.go.
+	registry  WorkerRegistry
+	announcer WorkerAnnouncer
+	// registryMu serialises the registry's syncs and the admin API's changes, so a sync that read
+	// the registry before a change never undoes it.
+	registryMu sync.Mutex
+
 	snap atomic.Pointer[snapshot]
 	// changes and released wake the waiters of Changes and Released.
 	changes, released broadcast
@@ -196,6 +210,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
 	p.drains = opts.Drains
+	p.registry, p.announcer = opts.Registry, opts.Announcer
 	p.resolver = opts.Resolver
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -210,6 +225,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("worker %q: %w", spec.ID, err)
 		}
+		w.source = SourceConfig
 		p.workers = append(p.workers, w)
 	}
 	for name := range cfg.Models {
@@ -399,7 +415,8 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens 
 // stopped: per worker, the active health checks and the scrape of its /metrics; per policy that
 // has background work (see policyRunner), that work; with a DrainStore, following the drain state
 // other replicas set; the removal of retired workers (Retire); per Config.Discovery entry, its DNS
-// resolution. Workers added later get theirs at once.
+// resolution; with a WorkerRegistry, following the workers added, changed and removed through
+// the admin API on any replica (see SyncRegistry). Workers added later get theirs at once.
 // Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
@@ -418,6 +435,7 @@ func (p *Pool) Run(ctx context.Context) {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
 	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
+	p.startRegistry(ctx)
 	p.startDiscovery(ctx)
 	p.mu.Unlock()
 

@@ -12,22 +12,26 @@ import (
 
 // RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
 // string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
-// percent-encoded) holding the worker ID, with a sliding TTL; and the draining workers, a set
-// under `usher:draining`. Each method is one round trip except List, which scans. Safe for
-// concurrent use.
+// percent-encoded) holding the worker ID, with a sliding TTL; the draining workers, a set
+// under `usher:draining`; and the announcements of worker registry changes (WorkersChannel).
+// Each method is one round trip except List, which scans. Safe for concurrent use.
 type RedisStore struct {
 	client redis.UniversalClient
 }
 
 var (
-	_ PinStore   = (*RedisStore)(nil)
-	_ DrainStore = (*RedisStore)(nil)
+	_ PinStore        = (*RedisStore)(nil)
+	_ DrainStore      = (*RedisStore)(nil)
+	_ WorkerAnnouncer = (*RedisStore)(nil)
 )
 
 // Keys of RedisStore.
 const (
 	pinKeyPrefix = "usher:pin:"
 	drainingKey  = "usher:draining"
+	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
+	// WorkerRegistry.
+	WorkersChannel = "usher:workers:changes"
 )
 
 // NewRedisStore returns a store on client; the caller owns client and closes it.
@@ -162,4 +166,32 @@ func (s *RedisStore) DrainingWorkers(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("read drain state: %w", err)
 	}
 	return ids, nil
+}
+
+// AnnounceWorkers implements WorkerAnnouncer with one PUBLISH.
+func (s *RedisStore) AnnounceWorkers(ctx context.Context) error {
+	if err := s.client.Publish(ctx, WorkersChannel, "changed").Err(); err != nil {
+		return fmt.Errorf("announce worker change: %w", err)
+	}
+	return nil
+}
+
+// WatchWorkers implements WorkerAnnouncer with a subscription, which go-redis re-establishes
+// after a lost connection (announcements made meanwhile are missed; the registry poll covers
+// them).
+func (s *RedisStore) WatchWorkers(ctx context.Context, changed func()) {
+	ps := s.client.Subscribe(ctx, WorkersChannel)
+	defer ps.Close()
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+			changed()
+		}
+	}
 }

@@ -25,8 +25,9 @@ const (
 // its counters and states are read and written atomically, so every method is safe for
 // concurrent use and costs a few atomic loads.
 type Worker struct {
-	spec      WorkerSpec // immutable; Models is the worker's own copy
-	url       *url.URL   // immutable
+	spec      WorkerSpec   // immutable; Models is the worker's own copy
+	source    WorkerSource // immutable once the worker is in the pool
+	url       *url.URL     // immutable
 	maxTokens int64
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the

@@ -283,8 +283,10 @@ func (d *Directory) authenticateStoredKey(ctx context.Context, credential string
 
 // lookUpMiss reloads from the store for an object unknown in memory (miss names it: "key:<id>",
 // "tenant:<id>"; found tells whether a snapshot holds it), unless it was looked up and not found
-// within missTTL or fruitless lookups are over their rate (a lookup that finds the object is not
-// charged: creations are bounded by the admin API). It reports whether it reloaded.
+// within missTTL or fruitless lookups are over their rate. Each lookup takes a token of the rate
+// before it reads, so concurrent misses never exceed it, and gives it back when it finds the
+// object (creations are bounded by the admin API). Concurrent lookups share reloads: Reload is
+// serialised and reads one revision row when nothing changed. It reports whether it reloaded.
 func (d *Directory) lookUpMiss(ctx context.Context, miss string, found func(*snapshot) bool) bool {
 	if d.store == nil {
 		return false
@@ -292,9 +294,16 @@ func (d *Directory) lookUpMiss(ctx context.Context, miss string, found func(*sna
 	now := d.now()
 	d.missMu.Lock()
 	until, seen := d.missed[miss]
-	refuse := seen && now.Before(until) || d.missLimit.TokensAt(now) < 1
+	var token *rate.Reservation
+	if !seen || !now.Before(until) {
+		token = d.missLimit.ReserveN(now, 1)
+		if !token.OK() || token.DelayFrom(now) > 0 {
+			token.CancelAt(now)
+			token = nil
+		}
+	}
 	d.missMu.Unlock()
-	if refuse {
+	if token == nil {
 		return false
 	}
 	d.missLookups.Inc()
@@ -302,15 +311,16 @@ func (d *Directory) lookUpMiss(ctx context.Context, miss string, found func(*sna
 		d.logger.Warn("reload for an unknown api key", "err", err)
 		return false
 	}
-	if !found(d.snap.Load()) {
-		d.missMu.Lock()
-		d.missLimit.AllowN(now, 1)
-		if len(d.missed) >= maxMissedID {
-			clear(d.missed)
-		}
-		d.missed[miss] = now.Add(missTTL)
-		d.missMu.Unlock()
+	d.missMu.Lock()
+	defer d.missMu.Unlock()
+	if found(d.snap.Load()) {
+		token.CancelAt(now)
+		return true
 	}
+	if len(d.missed) >= maxMissedID {
+		clear(d.missed)
+	}
+	d.missed[miss] = now.Add(missTTL)
 	return true
 }
 

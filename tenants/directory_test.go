@@ -651,3 +651,38 @@ func BenchmarkDirectoryReloadAfterCreate(b *testing.B) {
 		}
 	})
 }
+
+// Unknown keys arriving all at once cost no more store lookups than the budget: each lookup takes
+// its token before it reads.
+func TestDirectoryBoundsConcurrentMisses(t *testing.T) {
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{})
+	b, err := NewDirectory(context.Background(), f.cfg, f.store, DirectoryOptions{Now: f.clock.Now, MissLookups: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lookups := counterValue(b.missLookups)
+	keys := make([]string, 200)
+	rnd := mrand.New(mrand.NewPCG(3, 4))
+	for i := range keys {
+		var raw [keyIDBytes + secretBytes]byte
+		for j := range raw {
+			raw[j] = byte(rnd.Uint32())
+		}
+		_, _, keys[i], _ = newKeyString(bytes.NewReader(raw[:]))
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, key := range keys {
+		wg.Go(func() {
+			<-start
+			if _, err := b.Authenticate(context.Background(), key); !errors.Is(err, errUnknownCredential) {
+				t.Errorf("unknown key: got %v, want %v", err, errUnknownCredential)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := counterValue(b.missLookups) - lookups; got > 5 {
+		t.Errorf("200 unknown keys at once: got %v store lookups, want at most 5 (the budget; the clock stood still)", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -108,21 +109,24 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		rdb = redis.NewClient(ropts)
 		defer rdb.Close()
 	}
-	popts := routing.Options{Logger: logger, Registerer: reg}
-	if rdb != nil {
-		store := routing.NewRedisStore(rdb)
-		popts.Pins, popts.Drains = store, store
-	}
-	pool, err := routing.NewPool(cfg.Routing, popts)
-	if err != nil {
-		return fmt.Errorf("worker pool: %w", err)
-	}
-
 	store, err := openStore(ctx, cfg.Tenants.Database.URL)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	popts := routing.Options{Logger: logger, Registerer: reg, Registry: adminui.StoredWorkers{Store: store}}
+	if rdb != nil {
+		rs := routing.NewRedisStore(rdb)
+		popts.Pins, popts.Drains, popts.Announcer = rs, rs, rs
+	}
+	pool, err := routing.NewPool(cfg.Routing, popts)
+	if err != nil {
+		return fmt.Errorf("worker pool: %w", err)
+	}
+	// The workers added through the admin API, before the first request.
+	if err := pool.SyncRegistry(ctx); err != nil {
+		logger.Warn("workers added through the admin API not loaded yet; retrying in the background", "err", err)
+	}
 	jwt, err := tenants.NewJWTVerifier(cfg.Tenants.JWT, nil)
 	if err != nil {
 		return fmt.Errorf("jwt: %w", err)
@@ -140,17 +144,26 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err != nil {
 		return fmt.Errorf("admin: %w", err)
 	}
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	var plane *adminui.Plane
 	gw, err := gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
-			return adminui.New(cfg.AdminUI, adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Logger: logger})
+			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
+				Replica: replicaName(ln.Addr()), Logger: logger}
+			if rdb != nil {
+				deps.Board = adminui.RedisBoard{Client: rdb}
+			}
+			var err error
+			plane, err = adminui.New(cfg.AdminUI, deps)
+			return plane, err
 		},
 	})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
 		return err
 	}
@@ -167,6 +180,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	var background sync.WaitGroup
 	background.Go(func() { pool.Run(bgCtx) })
 	background.Go(func() { gw.Run(bgCtx) })
+	background.Go(func() { plane.Run(bgCtx) })
 	background.Go(func() {
 		if err := directory.Run(bgCtx); err != nil && !errors.Is(err, context.Canceled) {
 			logger.Error("tenant directory stopped", "err", err)
@@ -218,6 +232,19 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		return err
 	}
 	return nil
+}
+
+// replicaName names this replica on the fleet console: its host name (a pod's name under
+// Kubernetes) and the port it listens on, so replicas sharing a host stay apart.
+func replicaName(addr net.Addr) string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "usher"
+	}
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		return host + ":" + strconv.Itoa(ta.Port)
+	}
+	return host
 }
 
 // noAdminTokenWarning is the warning serve logs when the file sets no admin token: the gateway
