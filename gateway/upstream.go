@@ -276,7 +276,10 @@ type upstreamBody struct {
 }
 
 func (b *upstreamBody) Read(p []byte) (int, error) {
-	if b.done {
+	switch {
+	case b.eof:
+		return 0, io.EOF // as often as asked, like net/http's bodies
+	case b.done:
 		return 0, http.ErrBodyReadAfterClose
 	}
 	n, err := b.rc.Read(p)

@@ -85,6 +85,9 @@ func TestLeanTransportReusesConnectionsForLengthAndChunkedAnswers(t *testing.T) 
 			t.Fatalf("request %d: %v", i, err)
 		}
 		got := readAll(t, resp)
+		if n, err := resp.Body.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("read after the end: %d, %v; want 0, EOF again", n, err)
+		}
 		want := fmt.Sprintf(`application/json %s {"n":%d}`, strings.TrimPrefix(w.URL, "http://"), i)
 		if strings.Contains(path, "chunked") {
 			want = "echo:" + want
