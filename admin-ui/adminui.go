@@ -91,6 +91,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock of console sessions and sign-in limits. Default time.Now.
 	Now func() time.Time
+	// ClientAddr is the address of the client that sent a request, for sign-in limits and logs
+	// (gateway.Server.ClientAddr reads it through the trusted proxies). Default: the
+	// connection's address; forwarding headers are ignored, since any client can send them.
+	ClientAddr func(*http.Request) string
 }
 
 // Plane is the admin plane: the admin API and the console as one http.Handler serving paths
@@ -102,7 +106,9 @@ type Plane struct {
 	log      *slog.Logger
 	now      func() time.Time
 	attempts *attempts // failed credential checks, console and API together
-	echo     *echo.Echo
+	// clientAddr is the address sign-in limits count and logs show (Deps.ClientAddr).
+	clientAddr func(*http.Request) string
+	echo       *echo.Echo
 }
 
 // New builds the admin plane; cfg must have passed Validate. A gateway mounts it through
@@ -121,12 +127,17 @@ func New(cfg Config, d Deps) (*Plane, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now)}
+	if d.ClientAddr == nil {
+		d.ClientAddr = connectionAddress
+	}
+	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now),
+		clientAddr: d.ClientAddr}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = func(err error, c echo.Context) { _ = gateway.WriteError(c, err) }
-	// The logged address is the connection's, never a header's.
-	e.IPExtractor = echo.ExtractIPDirect()
+	// The logged address is the connection's, or the one a trusted proxy names; never a header's
+	// from anyone else.
+	e.IPExtractor = p.clientAddr
 	p.registerAPI(e, d.Admins)
 	if err := p.registerConsole(e, d.Admins); err != nil {
 		return nil, err
@@ -138,7 +149,7 @@ func New(cfg Config, d Deps) (*Plane, error) {
 // checkAttempts refuses, with ErrTooManyAttempts and a Retry-After, a client that may not try a
 // credential now (SignInLimits).
 func (p *Plane) checkAttempts(c echo.Context) error {
-	if w := p.attempts.wait(clientAddress(c.Request())); w > 0 {
+	if w := p.attempts.wait(p.clientAddr(c.Request())); w > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(w.Seconds()))))
 		return gateway.ErrTooManyAttempts
 	}
@@ -147,7 +158,7 @@ func (p *Plane) checkAttempts(c echo.Context) error {
 
 // failedAttempt counts a credential the Authenticator refused.
 func (p *Plane) failedAttempt(c echo.Context, action string) {
-	addr := clientAddress(c.Request())
+	addr := p.clientAddr(c.Request())
 	p.attempts.failed(addr)
 	p.log.Info("admin", "action", action, "remote", addr)
 }

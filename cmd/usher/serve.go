@@ -144,13 +144,14 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
-			return adminui.New(cfg.AdminUI, adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Logger: logger})
+			return adminui.New(cfg.AdminUI, adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Logger: logger,
+				ClientAddr: live.ClientAddr})
 		},
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	ln, err := gateway.Listen(cfg.Server, reg, logger)
 	if err != nil {
 		return err
 	}
