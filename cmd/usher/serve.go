@@ -127,7 +127,11 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err != nil {
 		return fmt.Errorf("jwt: %w", err)
 	}
-	dopts := tenants.DirectoryOptions{JWT: jwt, Logger: logger, Registerer: reg}
+	// The gateway, built below from the directory, forgets each tenant the directory finds
+	// deleted; the directory reloads only after serving starts, with gw set.
+	var gw *gateway.Server
+	dopts := tenants.DirectoryOptions{JWT: jwt, Logger: logger, Registerer: reg,
+		TenantRemoved: func(id string) { gw.ForgetTenant(id) }}
 	lopts := tenants.LimiterOptions{Logger: logger, Registerer: reg}
 	if rdb != nil {
 		dopts.Redis, lopts.Redis = rdb, rdb
@@ -140,7 +144,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err != nil {
 		return fmt.Errorf("admin: %w", err)
 	}
-	gw, err := gateway.New(cfg.Server, gateway.Deps{
+	gw, err = gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
