@@ -279,3 +279,15 @@ func (c *boundConn) Close() error {
 	c.bounds.mu.Unlock()
 	return c.Conn.Close()
 }
+
+// CloseWrite half-closes the connection, as net/http does before closing one whose request it
+// did not read to the end (a 401 or 413 before the body), so that the client reads the answer
+// rather than a reset; the embedded net.Conn alone would hide the TCP connection's method.
+func (c *boundConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+var _ interface{ CloseWrite() error } = (*boundConn)(nil)

@@ -89,13 +89,10 @@ func TestConnBoundsGlobalTakesFromTheHeaviest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var flood []*fakeConn
 	for i := range 5 {
-		c := connFrom(fmt.Sprintf("198.51.100.1:%d", i))
-		if bc, _, _ := b.admit(c); bc == nil {
+		if bc, _, _ := b.admit(connFrom(fmt.Sprintf("198.51.100.1:%d", i))); bc == nil {
 			t.Fatalf("flood connection %d refused below the bound", i)
 		}
-		flood = append(flood, c)
 	}
 	if bc, _, _ := b.admit(connFrom("198.51.100.2:1")); bc == nil {
 		t.Fatal("last place refused")
@@ -214,7 +211,6 @@ func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
 			}
 		}()
 	}
-	refused := testutil.ToFloat64(b.refusedPerClient)
 	for range flood - 8 {
 		select {
 		case <-closed:
@@ -222,7 +218,7 @@ func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
 			t.Fatal("30s on, the flood's connections beyond the bound are still open")
 		}
 	}
-	if refused = testutil.ToFloat64(b.refusedPerClient); refused != flood-8 {
+	if refused := testutil.ToFloat64(b.refusedPerClient); refused != flood-8 {
 		t.Fatalf("usher_connections_refused_total{reason=per_client}: got %v, want %d", refused, flood-8)
 	}
 
