@@ -38,7 +38,8 @@ type Config struct {
 	// connection from a client holding fewer connections than the heaviest client takes the
 	// place of one of the heaviest's; any other is closed at once. Default 0: half of the
 	// descriptor limit (RLIMIT_NOFILE) less 256, leaving the other half for the connections to
-	// workers, Redis, the database and files.
+	// workers, Redis, the database and files, and at most 65,536 (each idle connection holds a
+	// goroutine and its buffers).
 	MaxConnections int `yaml:"max_connections"`
 	// TrustedProxies are the load balancers and proxies (CIDR blocks or single addresses) whose
 	// X-Forwarded-For and X-Real-IP headers name the client; the client is then the right-most

@@ -52,17 +52,21 @@ func Listen(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (net.Lis
 
 // connectionsForFDs is the default MaxConnections for a descriptor limit: half of what the
 // reserve leaves, since each client connection being proxied holds a connection to a worker
-// too. An unknown limit (0) counts as 65,536.
+// too, and at most maxDefaultConnections. An unknown limit (0) counts as 65,536.
 func connectionsForFDs(limit uint64) int {
 	if limit == 0 {
 		limit = 1 << 16
 	}
-	limit = min(limit, 1<<24)
 	if limit < 2*fdReserve {
 		return max(int(limit)/4, 1)
 	}
-	return int(limit-fdReserve) / 2
+	return int(min((limit-fdReserve)/2, maxDefaultConnections))
 }
+
+// maxDefaultConnections caps the default MaxConnections where the descriptor limit is very
+// large (containers often allow 2^20): each open connection costs a goroutine and its buffers,
+// some 10 KB, so 65,536 idle ones already hold most of a gigabyte.
+const maxDefaultConnections = 1 << 16
 
 // connBounds counts the open client connections, per client and in all, and decides at accept
 // which may stay: per client, at most perClient (0: no bound); in all, at most global, where a

@@ -165,7 +165,9 @@ func TestConnectionsForFDs(t *testing.T) {
 		{20000, (20000 - fdReserve) / 2},
 		{300, 75},
 		{2, 1},
-		{1 << 40, (1<<24 - fdReserve) / 2},
+		{1 << 20, maxDefaultConnections},
+		{1 << 40, maxDefaultConnections},
+		{2*maxDefaultConnections + fdReserve, maxDefaultConnections},
 	} {
 		if got := connectionsForFDs(tt.limit); got != tt.want {
 			t.Errorf("limit %d: got %d, want %d", tt.limit, got, tt.want)
