@@ -102,6 +102,10 @@ type Deps struct {
 	Logger *slog.Logger
 	// Now is the clock of console sessions and sign-in limits. Default time.Now.
 	Now func() time.Time
+	// ClientAddr is the address of the client that sent a request, for sign-in limits and logs
+	// (gateway.Server.ClientAddr reads it through the trusted proxies). Default: the
+	// connection's address; forwarding headers are ignored, since any client can send them.
+	ClientAddr func(*http.Request) string
 }
 
 // Plane is the admin plane: the admin API and the console as one http.Handler serving paths
@@ -117,7 +121,9 @@ type Plane struct {
 	sessions SessionStore // nil: console sessions are signed cookies alone
 	board    ReplicaBoard // nil: the console shows this replica only
 	replica  string
-	echo     *echo.Echo
+	// clientAddr is the address sign-in limits count and logs show (Deps.ClientAddr).
+	clientAddr func(*http.Request) string
+	echo       *echo.Echo
 }
 
 // New builds the admin plane; cfg must have passed Validate. A gateway mounts it through
@@ -136,8 +142,11 @@ func New(cfg Config, d Deps) (*Plane, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	if d.ClientAddr == nil {
+		d.ClientAddr = connectionAddress
+	}
 	p := &Plane{fleet: d.Fleet, live: d.Live, ta: d.Tenants, log: d.Logger, now: d.Now, attempts: newAttempts(cfg.SignIn, d.Now),
-		codec: newSessionCodec(d.Admins, d.Now), sessions: d.Sessions, board: d.Board, replica: d.Replica}
+		codec: newSessionCodec(d.Admins, d.Now), sessions: d.Sessions, board: d.Board, replica: d.Replica, clientAddr: d.ClientAddr}
 	if p.replica == "" {
 		p.replica, _ = os.Hostname()
 	}
@@ -148,8 +157,9 @@ func New(cfg Config, d Deps) (*Plane, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = func(err error, c echo.Context) { _ = gateway.WriteError(c, err) }
-	// The logged address is the connection's, never a header's.
-	e.IPExtractor = echo.ExtractIPDirect()
+	// The logged address is the connection's, or the one a trusted proxy names; never a header's
+	// from anyone else.
+	e.IPExtractor = p.clientAddr
 	p.registerAPI(e, d.Admins)
 	if err := p.registerConsole(e, d.Admins); err != nil {
 		return nil, err
@@ -161,7 +171,7 @@ func New(cfg Config, d Deps) (*Plane, error) {
 // checkAttempts refuses, with ErrTooManyAttempts and a Retry-After, a client that may not try a
 // credential now (SignInLimits).
 func (p *Plane) checkAttempts(c echo.Context) error {
-	if w := p.attempts.wait(clientAddress(c.Request())); w > 0 {
+	if w := p.attempts.wait(p.clientAddr(c.Request())); w > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(w.Seconds()))))
 		return gateway.ErrTooManyAttempts
 	}
@@ -170,7 +180,7 @@ func (p *Plane) checkAttempts(c echo.Context) error {
 
 // failedAttempt counts a credential the Authenticator refused.
 func (p *Plane) failedAttempt(c echo.Context, action string) {
-	addr := clientAddress(c.Request())
+	addr := p.clientAddr(c.Request())
 	p.attempts.failed(addr)
 	p.log.Info("admin", "action", action, "remote", addr)
 }

@@ -68,7 +68,7 @@ func (p *Plane) storeSession(r *http.Request, s consoleSession) error {
 		}
 	}
 	return p.sessions.CreateAdminSession(r.Context(), tenants.AdminSession{
-		IDHash: sessionIDHash(s), KeyID: p.codec.keyID, Role: s.Role, Remote: clientAddress(r),
+		IDHash: sessionIDHash(s), KeyID: p.codec.keyID, Role: s.Role, Remote: p.clientAddr(r),
 		UserAgent: boundedText(r.UserAgent(), 200), Created: now, Expires: s.Expires, LastSeen: now,
 	})
 }

@@ -73,6 +73,9 @@ type setup struct {
 	Replica string
 	Now     func() time.Time // the admin plane's clock; nil: time.Now
 	Logger  *slog.Logger     // the admin plane's log; nil: discard
+	// TrustedProxies is the gateway's server.trusted_proxies; the admin plane reads client
+	// addresses through it, as serve wires them.
+	TrustedProxies []string
 }
 
 type testGateway struct {
@@ -106,10 +109,11 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 		s.Admins = tokenAdmins{}
 	}
 	s.Config.SetDefaults()
-	var cfg gateway.Config
+	cfg := gateway.Config{TrustedProxies: s.TrustedProxies}
 	cfg.SetDefaults()
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Board: s.Board, Replica: s.Replica, Now: s.Now, Logger: s.Logger})
+		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Board: s.Board, Replica: s.Replica, Now: s.Now, Logger: s.Logger,
+			ClientAddr: live.ClientAddr})
 	}})
 	if err != nil {
 		t.Fatal(err)

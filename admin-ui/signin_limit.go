@@ -84,9 +84,10 @@ func untilOne(l *rate.Limiter, now time.Time) time.Duration {
 	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
 }
 
-// clientAddress is the address the connection came from. Forwarding headers are not trusted:
-// behind a proxy every client shares the proxy's address and limit.
-func clientAddress(r *http.Request) string {
+// connectionAddress is the address the connection came from, the client's address when no
+// proxy is trusted (Deps.ClientAddr): behind a proxy every client then shares the proxy's
+// address and limit.
+func connectionAddress(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr

@@ -115,3 +115,56 @@ func TestSignInAttemptsAreLimited(t *testing.T) {
 		t.Fatalf("after calls without a credential: got %d, want 200", resp.StatusCode)
 	}
 }
+
+// Sign-in attempts are counted per client address as server.trusted_proxies reads it: behind a
+// trusted proxy, per forwarded client; from anyone else, per connection, whatever
+// X-Forwarded-For or X-Real-IP it sends (issue 10, item 10).
+func TestSignInLimitsReadClientsThroughTrustedProxies(t *testing.T) {
+	try := func(g *testGateway, token, forwardedFor string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", g.url+"/admin/api/v1/workers", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("X-Forwarded-For", forwardedFor)
+		req.Header.Set("X-Real-IP", forwardedFor)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tt := range []struct {
+		name    string
+		trusted []string
+		// wantOther is the answer to the right token from another forwarded address after ten
+		// wrong ones from the first.
+		wantOther int
+	}{
+		{"spoofed headers from an untrusted client are one client", nil, http.StatusTooManyRequests},
+		{"clients behind a trusted proxy are counted apart", []string{"127.0.0.0/8"}, http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := startGateway(t, []routing.WorkerSpec{newFakeWorker(t).spec("w1")}, func(s *setup) {
+				s.Now = newClock().Now
+				s.TrustedProxies = tt.trusted
+			})
+			for i := range 10 {
+				if got := try(g, "wrong-"+strconv.Itoa(i), "198.51.100."+strconv.Itoa(i+1)); got != http.StatusUnauthorized {
+					t.Fatalf("wrong token %d: got %d, want 401", i, got)
+				}
+			}
+			if tt.trusted != nil {
+				// One forwarded client that fails ten times is refused, right token or not.
+				for range 9 {
+					try(g, "wrong-again", "198.51.100.1")
+				}
+				if got := try(g, adminToken, "198.51.100.1"); got != http.StatusTooManyRequests {
+					t.Fatalf("the right token from the forwarded client that failed 10 times: got %d, want 429", got)
+				}
+			}
+			if got := try(g, adminToken, "203.0.113.50"); got != tt.wantOther {
+				t.Fatalf("the right token forwarded for another address: got %d, want %d", got, tt.wantOther)
+			}
+		})
+	}
+}

@@ -27,6 +27,26 @@ type Config struct {
 	ReadTimeout time.Duration `yaml:"read_timeout"`
 	// IdleTimeout closes idle keep-alive connections. Default 120s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnectionsPerClient bounds the connections one client address (an IPv6 client: its
+	// /64) may hold open at once; a connection beyond it is closed as soon as it is accepted, so
+	// one address cannot take the file descriptors every client needs. Connections from
+	// TrustedProxies are not bounded per address (each carries many clients). Default 256; 0
+	// turns the bound off.
+	MaxConnectionsPerClient *int `yaml:"max_connections_per_client"`
+	// MaxConnections bounds the client connections open at once, below the process's file
+	// descriptor limit so that accepting never fails for want of one. At the bound, a new
+	// connection from a client holding fewer connections than the heaviest client takes the
+	// place of one of the heaviest's; any other is closed at once. Default 0: half of the
+	// descriptor limit (RLIMIT_NOFILE) less 256, leaving the other half for the connections to
+	// workers, Redis, the database and files, and at most 65,536 (each idle connection holds a
+	// goroutine and its buffers).
+	MaxConnections int `yaml:"max_connections"`
+	// TrustedProxies are the load balancers and proxies (CIDR blocks or single addresses) whose
+	// X-Forwarded-For and X-Real-IP headers name the client; the client is then the right-most
+	// address of X-Forwarded-For that is not a trusted proxy. It is the address sign-in limits
+	// and logs use. Default none: a client's address is its connection's, and forwarding
+	// headers are ignored, since any client can send them.
+	TrustedProxies []string `yaml:"trusted_proxies"`
 	// UpstreamConnectTimeout bounds dialing a worker. Default 2s.
 	UpstreamConnectTimeout time.Duration `yaml:"upstream_connect_timeout"`
 	// UpstreamHeaderTimeout bounds the wait for a worker's response headers (time to first
@@ -67,6 +87,10 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.ReadHeaderTimeout, 10*time.Second)
 	setDefault(&c.ReadTimeout, 60*time.Second)
 	setDefault(&c.IdleTimeout, 120*time.Second)
+	if c.MaxConnectionsPerClient == nil {
+		n := 256
+		c.MaxConnectionsPerClient = &n
+	}
 	setDefault(&c.UpstreamConnectTimeout, 2*time.Second)
 	setDefault(&c.UpstreamHeaderTimeout, 10*time.Minute)
 	setDefault(&c.UpstreamIdleTimeout, time.Minute)
@@ -111,6 +135,15 @@ func (c Config) Validate() error {
 		if !p.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", p.name))
 		}
+	}
+	if c.MaxConnectionsPerClient != nil && *c.MaxConnectionsPerClient < 0 {
+		errs = append(errs, errors.New("server.max_connections_per_client: must not be negative (0 turns the bound off)"))
+	}
+	if c.MaxConnections < 0 {
+		errs = append(errs, errors.New("server.max_connections: must not be negative (0 derives it from the file descriptor limit)"))
+	}
+	if _, err := parseTrustedProxies(c.TrustedProxies); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

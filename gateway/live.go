@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -37,6 +38,20 @@ func (s *Server) Traffic(class queue.Class) ClassTraffic {
 // goroutine, without waiting for Run to see the pool's Changes (or when Run is not running). The
 // admin plane calls it after it adds, removes, drains or undrains a worker.
 func (s *Server) FleetChanged() { s.dispatcher.refresh() }
+
+// ForgetTenant drops what the data plane keeps of a deleted tenant: its fair-share state and its
+// usher_queue_tokens_served_total series in every model's queue (see queue.Queue.ForgetTenant),
+// so that tenants coming and going do not grow memory or the metrics. serve calls it from the
+// tenant directory's reloads (tenants.DirectoryOptions.TenantRemoved). Safe for concurrent use.
+func (s *Server) ForgetTenant(id string) {
+	d := s.dispatcher
+	d.mu.Lock()
+	queues := slices.Collect(maps.Values(d.queues))
+	d.mu.Unlock()
+	for _, q := range queues {
+		q.ForgetTenant(id)
+	}
+}
 
 // ClassTraffic is one class's requests as the data plane counted them.
 type ClassTraffic struct {

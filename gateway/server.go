@@ -64,6 +64,8 @@ type Server struct {
 	dispatcher *dispatcher
 	preemption preemption
 	echo       *echo.Echo
+	// trusted are the proxies whose forwarding headers name the client (clientaddr.go).
+	trusted trustedProxies
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -93,6 +95,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	trusted, err := parseTrustedProxies(cfg.TrustedProxies)
+	if err != nil {
+		return nil, err
+	}
 	disp, err := newDispatcher(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
 	if err != nil {
 		return nil, err
@@ -108,13 +114,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 		now:        d.Now,
 		metrics:    m,
 		traffic:    &traffic{now: d.Now},
+		trusted:    trusted,
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = httpErrorHandler
-	// A client's address is its connection's: X-Forwarded-For and X-Real-IP are whatever the
-	// client wants them to be.
-	e.IPExtractor = echo.ExtractIPDirect()
+	// A client's address is its connection's unless a trusted proxy names it: X-Forwarded-For
+	// and X-Real-IP are whatever the client wants them to be.
+	e.IPExtractor = s.ClientAddr
 	e.Use(requestID)
 
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })

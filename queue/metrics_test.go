@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,4 +123,56 @@ func TestQueuesShareARegistry(t *testing.T) {
 		t.Fatalf("New a after Close: %v", err)
 	}
 	again.Close()
+}
+
+// seriesOf counts the series of name.
+func seriesOf(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+// Per-tenant series go with their tenant (issue 10, item 11: 10,294 series were left after 10k
+// tenants came and went): after 10,000 tenants served and forgotten, the series count is back
+// where it was.
+func TestForgetTenantRemovesItsSeries(t *testing.T) {
+	q, _, reg := newQueue(t, queue.Config{}, queue.Capacity{Requests: 4})
+	const served = "usher_queue_tokens_served_total"
+	granted(t, enqueue(t, q, queue.Request{Tenant: "stays", Class: queue.Standard, MaxTokens: 5})).
+		Done(queue.Usage{PromptTokens: 1, CompletionTokens: 1})
+	baseline := seriesOf(t, reg, served)
+	for i := range 10_000 {
+		name := fmt.Sprintf("tenant-%d", i)
+		granted(t, enqueue(t, q, queue.Request{Tenant: name, Class: queue.Standard, MaxTokens: 5})).
+			Done(queue.Usage{PromptTokens: 2, CompletionTokens: 3})
+		q.ForgetTenant(name)
+	}
+	if got := seriesOf(t, reg, served); got != baseline {
+		t.Fatalf("series after 10,000 tenants forgotten: got %d, want the baseline %d", got, baseline)
+	}
+
+	// A tenant forgotten while its request is in flight is charged nothing more, and goes
+	// when the request ends; one of the same id coming back has a series again.
+	g := granted(t, enqueue(t, q, queue.Request{Tenant: "busy", Class: queue.Standard, MaxTokens: 5}))
+	q.ForgetTenant("busy")
+	g.Done(queue.Usage{PromptTokens: 2, CompletionTokens: 3})
+	if got := seriesOf(t, reg, served); got != baseline {
+		t.Fatalf("series after an in-flight tenant was forgotten: got %d, want %d", got, baseline)
+	}
+	granted(t, enqueue(t, q, queue.Request{Tenant: "busy", Class: queue.Standard, MaxTokens: 5})).
+		Done(queue.Usage{PromptTokens: 2, CompletionTokens: 3})
+	if got := value(t, reg, served, map[string]string{"tenant": "busy"}); got != 5 {
+		t.Fatalf("the returning tenant's tokens: got %v, want 5", got)
+	}
+	if got := len(q.Snapshot().Tenants); got != 0 {
+		t.Fatalf("tenants in the snapshot with nothing queued or in flight: %d", got)
+	}
 }

@@ -93,6 +93,9 @@ type tenant struct {
 	queued int // over all classes, for the per-tenant cap
 	flows  [numClasses]*flow
 	served prometheus.Counter
+	// forgotten is set by ForgetTenant while the tenant still had requests queued or in flight:
+	// its series is gone, and the tenant goes when its last request does.
+	forgotten bool
 }
 
 // flow is the queue of one tenant in one class: its requests by earliest deadline, and its
@@ -274,7 +277,38 @@ func (q *Queue) tenantLocked(name string) *tenant {
 		ten = &tenant{name: name, served: q.m.served.WithLabelValues(name)}
 		q.tenants[name] = ten
 	}
+	if ten.forgotten { // back (a new tenant of the same id) before its last request ended
+		ten.forgotten = false
+		ten.served = q.m.served.WithLabelValues(name)
+	}
 	return ten
+}
+
+// ForgetTenant drops what the queue keeps of a tenant that no longer exists: its series of
+// usher_queue_tokens_served_total at once, and its fair-share state once it has nothing queued
+// or in flight (an idle tenant's counter is not needed: a returning tenant starts from the floor
+// of the busy ones). Requests of the tenant still in the queue are served as usual. Cost: O(1).
+func (q *Queue) ForgetTenant(name string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.m.served.DeleteLabelValues(name)
+	if ten := q.tenants[name]; ten != nil {
+		ten.forgotten = true
+		q.dropIfIdleLocked(ten)
+	}
+}
+
+// dropIfIdleLocked removes a forgotten tenant that has nothing queued or in flight.
+func (q *Queue) dropIfIdleLocked(ten *tenant) {
+	if !ten.forgotten || ten.queued > 0 {
+		return
+	}
+	for _, f := range ten.flows {
+		if f != nil && f.inflight > 0 {
+			return
+		}
+	}
+	delete(q.tenants, ten.name)
 }
 
 func (q *Queue) newFlow(ten *tenant, c Class) *flow {
@@ -376,6 +410,7 @@ func (q *Queue) endLocked(t *Ticket, err error, why Reason) {
 		q.expired++
 	}
 	close(t.ch)
+	q.dropIfIdleLocked(t.flow.tenant)
 }
 
 // reqLimit and tokLimit are the part of the pool class c may fill: all of it for Interactive
@@ -606,9 +641,10 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 			cls.flows.fix(f.idx)
 		}
 	}
-	if served := u.PromptTokens + u.CompletionTokens; served > 0 {
+	if served := u.PromptTokens + u.CompletionTokens; served > 0 && !f.tenant.forgotten {
 		f.tenant.served.Add(float64(served))
 	}
+	q.dropIfIdleLocked(f.tenant)
 	if measured {
 		d := max(time.Duration(now.UnixNano()-t.grant.dispatchedAt), 0).Seconds()
 		if q.serviceTime == 0 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -54,14 +55,20 @@ type PinStore interface {
 }
 
 // MemoryPinStore is a PinStore in the gateway's memory, for a single gateway without Redis. Pins
-// expire lazily: an expired pin is dropped when it is next read or listed. Safe for concurrent
-// use; the zero value is not usable, call NewMemoryPinStore.
+// expire lazily: an expired pin is dropped when it is next read or listed, and all expired pins
+// are swept whenever the store has doubled since the last sweep, so pins of sessions never seen
+// again (one per new session ID) hold at most about twice the live pins' memory. Safe for
+// concurrent use; the zero value is not usable, call NewMemoryPinStore.
 type MemoryPinStore struct {
 	now func() time.Time
 
-	mu   sync.Mutex // guards pins
-	pins map[PinKey]memoryPin
+	mu      sync.Mutex // guards pins and sweepAt
+	pins    map[PinKey]memoryPin
+	sweepAt int // the size at which the next new pin sweeps the expired ones
 }
+
+// minSweepAt is the smallest store size at which expired pins are swept.
+const minSweepAt = 1024
 
 type memoryPin struct {
 	worker  string
@@ -75,7 +82,17 @@ func NewMemoryPinStore(now func() time.Time) *MemoryPinStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemoryPinStore{now: now, pins: make(map[PinKey]memoryPin)}
+	return &MemoryPinStore{now: now, pins: make(map[PinKey]memoryPin), sweepAt: minSweepAt}
+}
+
+// putLocked stores p under k, sweeping the expired pins first when the store has grown to
+// sweepAt: amortized O(1) per pin. s.mu must be held.
+func (s *MemoryPinStore) putLocked(k PinKey, p memoryPin, now time.Time) {
+	if _, ok := s.pins[k]; !ok && len(s.pins) >= s.sweepAt {
+		maps.DeleteFunc(s.pins, func(_ PinKey, p memoryPin) bool { return !now.Before(p.expires) })
+		s.sweepAt = max(2*len(s.pins), minSweepAt)
+	}
+	s.pins[k] = p
 }
 
 // live returns the unexpired pin of k. s.mu must be held.
@@ -112,7 +129,7 @@ func (s *MemoryPinStore) Claim(_ context.Context, k PinKey, expect, worker strin
 		p.worker = worker
 	}
 	p.expires = now.Add(ttl)
-	s.pins[k] = p
+	s.putLocked(k, p, now)
 	return p.worker, nil
 }
 
@@ -120,7 +137,8 @@ func (s *MemoryPinStore) Claim(_ context.Context, k PinKey, expect, worker strin
 func (s *MemoryPinStore) Set(_ context.Context, k PinKey, worker string, ttl time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pins[k] = memoryPin{worker: worker, expires: s.now().Add(ttl)}
+	now := s.now()
+	s.putLocked(k, memoryPin{worker: worker, expires: now.Add(ttl)}, now)
 	return nil
 }
 

@@ -47,6 +47,11 @@ type DirectoryOptions struct {
 	// counted); default 20, burst as many. A key id still unknown after a lookup is not looked up
 	// again for a minute, so unknown keys cannot flood the store.
 	MissLookups float64
+	// TenantRemoved, when set, is called with the id of every stored tenant a reload finds
+	// deleted (on every replica), so that what others keep per tenant (the gateway's queue
+	// state and metric series) goes with it. It is called during the reload and must not call
+	// Reload or Changed.
+	TenantRemoved func(id string)
 }
 
 // Negative cache of key ids looked up in the store and not found there.
@@ -79,6 +84,7 @@ type Directory struct {
 	now       func() time.Time
 	poll      time.Duration
 	flush     time.Duration
+	removed   func(id string) // DirectoryOptions.TenantRemoved; nil: none
 
 	snap atomic.Pointer[snapshot]
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
@@ -153,7 +159,7 @@ var _ Authenticator = (*Directory)(nil)
 func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
 	d := &Directory{
 		specs: cfg.Tenants, configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
-		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval,
+		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval, removed: opts.TenantRemoved,
 	}
 	if d.logger == nil {
 		d.logger = slog.New(slog.DiscardHandler)
@@ -452,6 +458,13 @@ func (d *Directory) Reload(ctx context.Context) error {
 	}
 	d.snap.Store(next)
 	d.reloads.WithLabelValues(kind).Inc()
+	if d.removed != nil { // one pass over the tenants, on the reloads that changed something
+		for id := range old.tenants {
+			if _, ok := next.tenants[id]; !ok {
+				d.removed(id)
+			}
+		}
+	}
 	return nil
 }
 

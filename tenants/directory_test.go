@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -605,6 +606,47 @@ func TestDirectoryReloadsIncrementally(t *testing.T) {
 	}
 	if _, ok := f.dir.Tenant("later"); !ok {
 		t.Error("after a full reload: tenant later unknown")
+	}
+}
+
+// Every reload that finds a stored tenant deleted says so through TenantRemoved, incremental or
+// full, so that what the gateway keeps per tenant (queue state, metric series) goes with it.
+func TestDirectoryReportsRemovedTenants(t *testing.T) {
+	var removed []string
+	f := newDirectoryFixture(t, openSQLite(t), DirectoryOptions{TenantRemoved: func(id string) { removed = append(removed, id) }})
+	ctx := context.Background()
+	for _, id := range []string{"one", "two", "three"} {
+		if _, err := f.store.CreateTenant(ctx, "a", Tenant{ID: id, Name: id, Tier: "free"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 0 {
+		t.Fatalf("after creating tenants: removed %v, want none", removed)
+	}
+	if err := f.store.DeleteTenant(ctx, "a", "one"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{"one"}) {
+		t.Fatalf("incremental reload after a delete: removed %v, want [one]", removed)
+	}
+	// Behind the changes log: the full reload finds the deletion too.
+	if err := f.store.DeleteTenant(ctx, "a", "two"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.db.ExecContext(ctx, `DELETE FROM changes`); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dir.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{"one", "two"}) {
+		t.Fatalf("full reload after a delete: removed %v, want [one two]", removed)
 	}
 }
 

@@ -62,12 +62,21 @@ func freeAddr(t *testing.T) string {
 // when the test fails.
 func startServe(t *testing.T, name string, config func(listen string) string) *serveProcess {
 	t.Helper()
+	return startServeCommand(t, name, config, func(bin, configPath string) *exec.Cmd {
+		return exec.Command(bin, "serve", "--config", configPath)
+	})
+}
+
+// startServeCommand is startServe running the command that command makes of the binary and the
+// config file's path.
+func startServeCommand(t *testing.T, name string, config func(listen string) string, command func(bin, configPath string) *exec.Cmd) *serveProcess {
+	t.Helper()
 	bin := usherBinary(t)
 	listen := freeAddr(t)
 	p := &serveProcess{t: t, name: name, url: "http://" + listen, log: &lockedBuffer{}, exited: make(chan struct{}),
 		configPath: filepath.Join(t.TempDir(), "usher.yaml")}
 	p.writeConfig(config(listen))
-	p.cmd = exec.Command(bin, "serve", "--config", p.configPath)
+	p.cmd = command(bin, p.configPath)
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

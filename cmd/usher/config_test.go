@@ -26,6 +26,8 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_log_level.yaml", "log.level"},
 		{"bad_discovery.yaml", "routing.discovery[0].port"},
 		{"bad_admin_ui.yaml", "admin_ui.sign_in.global_per_minute"},
+		{"bad_connections.yaml", "server.max_connections_per_client"},
+		{"bad_connections.yaml", `server.trusted_proxies[1]: "not-an-address"`},
 		{"does_not_exist.yaml", "no such file"},
 	}
 	for _, tt := range tests {
@@ -123,6 +125,19 @@ func TestLoadConfigDefaultsAndValues(t *testing.T) {
 	}
 	if got, want := cfg.Server.IdleTimeout, 120*time.Second; got != want {
 		t.Errorf("server.idle_timeout default: got %v, want %v", got, want)
+	}
+	if got := cfg.Server.MaxConnectionsPerClient; got == nil || *got != 0 {
+		t.Errorf("server.max_connections_per_client: 0 (off) did not stay 0: got %v", got)
+	}
+	if got, want := cfg.Server.MaxConnections, 5000; got != want {
+		t.Errorf("server.max_connections: got %d, want %d", got, want)
+	}
+	minimal, err := loadConfig(filepath.Join("testdata", "config", "good_minimal.yaml"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := minimal.Server.MaxConnectionsPerClient; got == nil || *got != 256 {
+		t.Errorf("server.max_connections_per_client default: got %v, want 256", got)
 	}
 	if got, want := len(cfg.Routing.Workers), 2; got != want {
 		t.Errorf("routing.workers: got %d, want %d", got, want)

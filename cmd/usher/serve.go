@@ -131,7 +131,11 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err != nil {
 		return fmt.Errorf("jwt: %w", err)
 	}
-	dopts := tenants.DirectoryOptions{JWT: jwt, Logger: logger, Registerer: reg}
+	// The gateway, built below from the directory, forgets each tenant the directory finds
+	// deleted; the directory reloads only after serving starts, with gw set.
+	var gw *gateway.Server
+	dopts := tenants.DirectoryOptions{JWT: jwt, Logger: logger, Registerer: reg,
+		TenantRemoved: func(id string) { gw.ForgetTenant(id) }}
 	lopts := tenants.LimiterOptions{Logger: logger, Registerer: reg}
 	if rdb != nil {
 		dopts.Redis, lopts.Redis = rdb, rdb
@@ -144,18 +148,18 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err != nil {
 		return fmt.Errorf("admin: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	ln, err := gateway.Listen(cfg.Server, reg, logger)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
 	var plane *adminui.Plane
-	gw, err := gateway.New(cfg.Server, gateway.Deps{
+	gw, err = gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
-				Replica: replicaName(ln.Addr()), Logger: logger}
+				Replica: replicaName(ln.Addr()), Logger: logger, ClientAddr: live.ClientAddr}
 			if rdb != nil {
 				deps.Board = adminui.RedisBoard{Client: rdb}
 			}

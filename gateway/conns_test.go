@@ -1,0 +1,248 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// fakeConn is a connection from a given remote address that records its closing.
+type fakeConn struct {
+	net.Conn // nil: only the methods below are called
+	remote   *net.TCPAddr
+	closed   atomic.Bool
+}
+
+func (c *fakeConn) RemoteAddr() net.Addr { return c.remote }
+func (c *fakeConn) Close() error         { c.closed.Store(true); return nil }
+
+func connFrom(addr string) *fakeConn {
+	return &fakeConn{remote: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(addr))}
+}
+
+func TestConnBoundsPerClient(t *testing.T) {
+	trusted, _ := parseTrustedProxies([]string{"10.0.0.1"})
+	b, err := newConnBounds(2, 100, trusted, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admit := func(addr string) *boundConn {
+		bc, evicted, refused := b.admit(connFrom(addr))
+		if evicted != nil {
+			t.Fatalf("%s: evicted a connection below the global bound", addr)
+		}
+		if (bc == nil) != (refused != "") {
+			t.Fatalf("%s: admitted %v and refused %q", addr, bc != nil, refused)
+		}
+		return bc
+	}
+	first := admit("192.0.2.1:1000")
+	if admit("192.0.2.1:1001") == nil {
+		t.Fatal("second connection of a client refused, want admitted (bound 2)")
+	}
+	if admit("192.0.2.1:1002") != nil {
+		t.Fatal("third connection of a client admitted, want refused (bound 2)")
+	}
+	if admit("192.0.2.2:1000") == nil {
+		t.Fatal("another client's connection refused")
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Close() // a second close gives back nothing more
+	if admit("192.0.2.1:1003") == nil {
+		t.Fatal("after a close, the client's connection refused")
+	}
+	if admit("192.0.2.1:1004") != nil {
+		t.Fatal("a double close gave back two places")
+	}
+	// IPv6 clients count by /64; a trusted proxy is not bounded per address.
+	admit("[2001:db8:1:2::1]:1")
+	admit("[2001:db8:1:2::2]:1")
+	if admit("[2001:db8:1:2:ffff::3]:1") != nil {
+		t.Fatal("a third address of the same IPv6 /64 admitted, want it counted with the others")
+	}
+	if admit("[2001:db8:1:3::1]:1") == nil {
+		t.Fatal("another /64 refused")
+	}
+	for i := range 5 {
+		if admit(fmt.Sprintf("10.0.0.1:%d", 2000+i)) == nil {
+			t.Fatalf("trusted proxy's connection %d refused, want it not bounded per address", i)
+		}
+	}
+}
+
+func TestConnBoundsGlobalTakesFromTheHeaviest(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b, err := newConnBounds(0, 6, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if bc, _, _ := b.admit(connFrom(fmt.Sprintf("198.51.100.1:%d", i))); bc == nil {
+			t.Fatalf("flood connection %d refused below the bound", i)
+		}
+	}
+	if bc, _, _ := b.admit(connFrom("198.51.100.2:1")); bc == nil {
+		t.Fatal("last place refused")
+	}
+	// Full: a client with one connection takes a place from the client holding five.
+	bc, evicted, _ := b.admit(connFrom("203.0.113.7:1"))
+	if bc == nil || evicted == nil || evicted.client.addr.String() != "198.51.100.1" {
+		t.Fatalf("newcomer at the bound: admitted %v, evicted %v; want admitted in place of a flood connection", bc != nil, evicted)
+	}
+	// The flood's own new connection would leave it as heavy as before: refused.
+	if bc, evicted, refused := b.admit(connFrom("198.51.100.1:99")); bc != nil || evicted != nil || refused != refusedGlobal {
+		t.Fatalf("the heaviest client at the bound: admitted %v, evicted %v, refused %q; want refused (global)", bc != nil, evicted != nil, refused)
+	}
+	if got := b.open; got != 6 {
+		t.Fatalf("open: got %d, want 6", got)
+	}
+	if got := testutil.ToFloat64(b.refusedGlobal); got != 0 {
+		t.Fatalf("admit counts nothing itself (the listener does): got %v", got)
+	}
+}
+
+// The heaviest count kept in O(1) matches a scan over every client, through random opens,
+// closes and evictions.
+func TestConnBoundsHeaviestMatchesAScan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	b, err := newConnBounds(7, 40, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open []*boundConn
+	for step := range 5000 {
+		if len(open) > 0 && rng.IntN(3) == 0 {
+			i := rng.IntN(len(open))
+			_ = open[i].Close()
+			open = append(open[:i], open[i+1:]...)
+		} else {
+			bc, evicted, _ := b.admit(connFrom(fmt.Sprintf("192.0.2.%d:%d", rng.IntN(12), step)))
+			if evicted != nil {
+				for i, c := range open {
+					if c == evicted {
+						open = append(open[:i], open[i+1:]...)
+						break
+					}
+				}
+			}
+			if bc != nil {
+				open = append(open, bc)
+			}
+		}
+		want := 0
+		for _, cl := range b.clients {
+			want = max(want, len(cl.conns))
+			if len(cl.conns) > 7 {
+				t.Fatalf("step %d: a client holds %d, over its bound of 7", step, len(cl.conns))
+			}
+		}
+		if b.heaviest != want || b.open != len(open) || b.open > 40 {
+			t.Fatalf("step %d: heaviest %d (scan %d), open %d (held %d)", step, b.heaviest, want, b.open, len(open))
+		}
+	}
+}
+
+func TestConnectionsForFDs(t *testing.T) {
+	for _, tt := range []struct {
+		limit uint64
+		want  int
+	}{
+		{0, (65536 - fdReserve) / 2},
+		{1024, (1024 - fdReserve) / 2},
+		{20000, (20000 - fdReserve) / 2},
+		{300, 75},
+		{2, 1},
+		{1 << 20, maxDefaultConnections},
+		{1 << 40, maxDefaultConnections},
+		{2*maxDefaultConnections + fdReserve, maxDefaultConnections},
+	} {
+		if got := connectionsForFDs(tt.limit); got != tt.want {
+			t.Errorf("limit %d: got %d, want %d", tt.limit, got, tt.want)
+		}
+	}
+}
+
+// Slowloris and slow-body clients beyond the per-client bound from one address do not stop
+// another client's requests (issue 10, item 4): the flood's extra connections are closed as soon
+// as they are accepted, the rest wait on a read timeout far longer than the test.
+func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
+	g := startGateway(t, nil, nil)
+	reg := prometheus.NewRegistry()
+	b, err := newConnBounds(8, 1000, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: g.srv, ReadHeaderTimeout: time.Hour, ReadTimeout: time.Hour}
+	go func() { _ = srv.Serve(&boundedListener{Listener: ln, bounds: b}) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	const flood = 40 // 20 slowloris, 20 slow bodies
+	dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	closed := make(chan struct{}, flood)
+	for i := range flood {
+		c, err := dialer.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if i%2 == 0 {
+			fmt.Fprint(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+		} else {
+			fmt.Fprint(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+		}
+		go func() {
+			if _, err := bufio.NewReader(c).ReadByte(); err != nil {
+				closed <- struct{}{}
+			}
+		}()
+	}
+	for range flood - 8 {
+		select {
+		case <-closed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("30s on, the flood's connections beyond the bound are still open")
+		}
+	}
+	if refused := testutil.ToFloat64(b.refusedPerClient); refused != flood-8 {
+		t.Fatalf("usher_connections_refused_total{reason=per_client}: got %v, want %d", refused, flood-8)
+	}
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	for i := range 5 {
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("another client's request %d beside the flood: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("another client's request %d: got %d, want 200", i, resp.StatusCode)
+		}
+	}
+	want := `# HELP usher_connections_open Client connections open (bounded by server.max_connections).
+# TYPE usher_connections_open gauge
+usher_connections_open 9
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "usher_connections_open"); err != nil {
+		t.Errorf("open connections, want the flood's 8 and the client's keep-alive one: %v", err)
+	}
+}
