@@ -43,6 +43,7 @@ type call struct {
 	prompt           string // the text the worker prefills, for routing
 	promptTokens     int    // its estimate, every prompt of a batch counted
 	upstream         []byte // the body for the worker, without a handed-down priority
+	modelSpan        [2]int // where the model's JSON string is in upstream, to give an alias
 
 	// admit
 	principal tenants.Principal
@@ -58,6 +59,7 @@ type call struct {
 	// dispatch and proxy
 	route    routing.Request
 	worker   string
+	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
