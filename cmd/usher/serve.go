@@ -53,6 +53,9 @@ func runServe(args []string) int {
 	if msg, ok := noAdminTokenWarning(cfg.Tenants.Admin); ok {
 		logger.Warn(msg)
 	}
+	for _, field := range literalEngineKeys(cfg.Routing) {
+		logger.Warn("an engine key is written in the config file; prefer api_key_env", "field", field)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// After the first signal the default handling comes back: a second one stops at once.
