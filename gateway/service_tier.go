@@ -66,14 +66,10 @@ func (cl *call) rewriteAnswer(data []byte) []byte {
 	if err != nil {
 		return data
 	}
-	var tier []byte
-	if setTier {
-		tier, _ = json.Marshal(serviceTierOf(cl.class))
-	}
 	out := make([]byte, 0, len(data)+32)
 	out = append(out, '{')
 	if setTier {
-		out = append(append(out, `"service_tier":`...), tier...)
+		out = append(append(append(out, `"service_tier":"`...), serviceTierOf(cl.class)...), '"')
 	}
 	for _, f := range fields {
 		value := f.value
