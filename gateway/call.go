@@ -10,8 +10,8 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// The data plane is one straight pipeline. A request to /v1/chat/completions or /v1/completions
-// becomes one call value and goes through four stages, each in its own file, in the order a
+// The data plane is one straight pipeline. A request to /v1/chat/completions, /v1/completions or
+// /v1/embeddings becomes one call value and goes through four stages, each in its own file, in the order a
 // request lives:
 //
 //	parse    (parse.go)    read the body once, decode it once into the call, build the body the
