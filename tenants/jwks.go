@@ -14,7 +14,8 @@ import (
 // token costs no I/O in the common case, and refreshed so that its key rotations reach usher:
 //
 //   - A fetched set is used for its Cache-Control max-age, bounded to [jwks_min_refresh,
-//     jwks_max_refresh] (jwks_max_refresh when the answer says none). A token verified after
+//     jwks_max_refresh] (jwks_max_refresh when the answer says none, jwks_min_refresh when it
+//     says no-store or no-cache). A token verified after
 //     that refreshes the set in the background and is verified with the keys at hand meanwhile.
 //   - A token whose key is not in the set (a new `kid` after a rotation) refreshes it at once and
 //     waits for the answer, at most jwks_timeout; such refreshes happen at most once per
@@ -26,7 +27,7 @@ import (
 //     and tokens it verified earlier are verified again.
 
 // JWKSFetcher fetches a JSON Web Key Set: the document at url and how long it may be cached, as
-// its answer says (0: not said). The HTTP fetcher lives with the wiring (package tenants does
+// its answer says (0: not said; negative: not to be kept, as no-store and no-cache say). The HTTP fetcher lives with the wiring (package tenants does
 // no HTTP); it must honour ctx.
 type JWKSFetcher interface {
 	FetchJWKS(ctx context.Context, url string) (body []byte, maxAge time.Duration, err error)
@@ -146,8 +147,11 @@ func (s *jwksSource) fetch() {
 		s.log.Warn("jwt: the key set could not be fetched; the keys fetched before stay in use", "url", s.url, "err", err)
 		return
 	}
-	if maxAge <= 0 {
+	switch {
+	case maxAge == 0:
 		maxAge = s.maxRefresh
+	case maxAge < 0:
+		maxAge = s.minRefresh
 	}
 	s.due.Store(s.now().Add(min(max(maxAge, s.minRefresh), s.maxRefresh)).UnixNano())
 	s.keys.Store(&m)

@@ -160,6 +160,7 @@ func TestJWKSURLFollowsCacheControlWithinBounds(t *testing.T) {
 		{"max-age below the minimum", time.Second, DefaultJWKSMinRefresh},
 		{"max-age above the maximum", 48 * time.Hour, DefaultJWKSMaxRefresh},
 		{"no max-age", 0, DefaultJWKSMaxRefresh},
+		{"no-store or no-cache", -1, DefaultJWKSMinRefresh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := newFakeClock()

@@ -29,7 +29,7 @@ func newJWKSFetcher() httpJWKSFetcher {
 }
 
 // FetchJWKS GETs url within ctx and returns its body (at most maxJWKSBytes) and the max-age of its
-// Cache-Control (0 when absent, or when no-store or no-cache forbid keeping it).
+// Cache-Control (0 when absent; -1 when no-store or no-cache forbid keeping it).
 func (f httpJWKSFetcher) FetchJWKS(ctx context.Context, url string) ([]byte, time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -54,14 +54,15 @@ func (f httpJWKSFetcher) FetchJWKS(ctx context.Context, url string) ([]byte, tim
 	return body, cacheMaxAge(resp.Header.Get("Cache-Control")), nil
 }
 
-// cacheMaxAge reads max-age from a Cache-Control header; no-store and no-cache give 0.
+// cacheMaxAge reads max-age from a Cache-Control header: 0 when it says none, -1 for no-store and
+// no-cache.
 func cacheMaxAge(header string) time.Duration {
 	var age time.Duration
 	for _, d := range strings.Split(header, ",") {
 		name, value, _ := strings.Cut(strings.TrimSpace(d), "=")
 		switch strings.ToLower(name) {
 		case "no-store", "no-cache":
-			return 0
+			return -1
 		case "max-age":
 			if n, err := strconv.ParseInt(strings.Trim(value, `"`), 10, 64); err == nil && n > 0 && n < 1<<31 {
 				age = time.Duration(n) * time.Second

@@ -26,8 +26,8 @@ func TestCacheMaxAge(t *testing.T) {
 		{"max-age=-5", 0},
 		{"max-age=nope", 0},
 		{"max-age=99999999999999", 0},
-		{"no-store, max-age=60", 0},
-		{"max-age=60, no-cache", 0},
+		{"no-store, max-age=60", -1},
+		{"max-age=60, no-cache", -1},
 	} {
 		if got := cacheMaxAge(tc.header); got != tc.want {
 			t.Errorf("%q: got %v, want %v", tc.header, got, tc.want)
