@@ -228,6 +228,13 @@ func TestEmbeddingsAreProxied(t *testing.T) {
 			t.Fatalf("the engine got input %s, want %s", sent, input)
 		}
 	}
+	// Each answer's usage is charged: 7 prompt tokens and no output, four times.
+	if got := counterValue(t, g, "usher_tokens_total", map[string]string{"model": "embed-1", "kind": "prompt"}); got != 28 {
+		t.Fatalf("prompt tokens charged: %v, want 28", got)
+	}
+	if got := counterValue(t, g, "usher_tokens_total", map[string]string{"model": "embed-1", "kind": "completion"}); got != 0 {
+		t.Fatalf("completion tokens charged: %v, want 0", got)
+	}
 	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(headerWorker) != "chat" {
 		t.Fatalf("chat: %d from %q, want 200 from the chat worker", resp.StatusCode, resp.Header.Get(headerWorker))
