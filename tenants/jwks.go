@@ -15,8 +15,8 @@ import (
 //
 //   - A fetched set is used for its Cache-Control max-age, bounded to [jwks_min_refresh,
 //     jwks_max_refresh] (jwks_max_refresh when the answer says none, jwks_min_refresh when it
-//     says no-store or no-cache). A token verified after
-//     that refreshes the set in the background and is verified with the keys at hand meanwhile.
+//     says no-store or no-cache). A token presented after that refreshes the set in the
+//     background and is verified with the keys at hand meanwhile.
 //   - A token whose key is not in the set (a new `kid` after a rotation) refreshes it at once and
 //     waits for the answer, at most jwks_timeout; such refreshes happen at most once per
 //     jwks_min_refresh, so tokens with made-up key ids cannot make usher hammer the provider.
@@ -27,8 +27,8 @@ import (
 //     and tokens it verified earlier are verified again.
 
 // JWKSFetcher fetches a JSON Web Key Set: the document at url and how long it may be cached, as
-// its answer says (0: not said; negative: not to be kept, as no-store and no-cache say). The HTTP fetcher lives with the wiring (package tenants does
-// no HTTP); it must honour ctx.
+// its answer says (0: not said; negative: not to be kept, as no-store and no-cache say). The
+// HTTP fetcher lives with the wiring (package tenants does no HTTP); it must honour ctx.
 type JWKSFetcher interface {
 	FetchJWKS(ctx context.Context, url string) (body []byte, maxAge time.Duration, err error)
 }
