@@ -17,9 +17,17 @@ func newModelAlias(public, engine string) *modelAlias {
 	if engine == "" || engine == public {
 		return nil
 	}
-	p, _ := json.Marshal(public)
-	e, _ := json.Marshal(engine)
-	return &modelAlias{public: p, engine: e}
+	return &modelAlias{public: jsonString(public), engine: jsonString(engine)}
+}
+
+// jsonString is s as a JSON string, with <, > and & as they are (not \u escapes), as the
+// engines behind usher write them, so a name found in their answers is found as written.
+func jsonString(s string) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 var modelKey = []byte(`"model"`)

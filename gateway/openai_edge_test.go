@@ -352,6 +352,10 @@ func TestPublicEvent(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", tc.in, got, tc.want)
 		}
 	}
+	amp := newModelAlias("pub", "a&b<c>")
+	if got := string(amp.publicEvent([]byte(`data: {"model":"a&b<c>"}`))); got != `data: {"model":"pub"}` {
+		t.Errorf("a name with &, < and >: got %s", got)
+	}
 	if newModelAlias("m", "m") != nil || newModelAlias("m", "") != nil {
 		t.Fatal("a model named alike needs no alias")
 	}

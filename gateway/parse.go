@@ -454,7 +454,7 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 func (cl *call) upstreamBody(handoff bool, engineModel string) []byte {
 	b := cl.upstream
 	if engineModel != "" && engineModel != cl.model {
-		name, _ := json.Marshal(engineModel)
+		name := jsonString(engineModel)
 		out := make([]byte, 0, len(b)+len(name)+24)
 		out = append(out, b[:cl.modelSpan[0]]...)
 		out = append(out, name...)
