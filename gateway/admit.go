@@ -240,7 +240,7 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh.Set(headerClass, grant.Class.String())
-	rh.Set(headerServiceTier, serviceTierOf(grant.Class))
+	rh[headerServiceTier] = serviceTierHeader[grant.Class]
 	rh.Set(headerQueueMs, strconv.FormatInt(cl.queued.Milliseconds(), 10))
 	return nil
 }

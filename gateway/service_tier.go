@@ -38,6 +38,14 @@ func requestedClass(serviceTier string) (class string, ok bool) {
 	return "", false
 }
 
+// serviceTierHeader holds the X-Usher-Service-Tier value of each class, shared read-only by
+// every response, so that setting the header allocates nothing.
+var serviceTierHeader = [...][]string{
+	queue.Interactive: {serviceTierOf(queue.Interactive)},
+	queue.Standard:    {serviceTierOf(queue.Standard)},
+	queue.Batch:       {serviceTierOf(queue.Batch)},
+}
+
 // serviceTierOf names the class a request ran in as OpenAI's service_tier.
 func serviceTierOf(c queue.Class) string {
 	switch c {
