@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -358,5 +360,28 @@ func TestPublicEvent(t *testing.T) {
 	}
 	if newModelAlias("m", "m") != nil || newModelAlias("m", "") != nil {
 		t.Fatal("a model named alike needs no alias")
+	}
+}
+
+func TestRewriteAnswer(t *testing.T) {
+	cl := newCall(chatEndpoint, time.Time{})
+	cl.model, cl.class, cl.classed = "pub", queue.Batch, true
+	cl.alias = newModelAlias("pub", "eng")
+	for _, tc := range []struct{ in, want string }{
+		{`{"id":"x","model":"eng","usage":{}}`, `{"service_tier":"flex","id":"x","model":"pub","usage":{}}`},
+		{` { "model" : "eng" , "service_tier" : null, "choices":[{"model":"eng"}] } `,
+			`{"service_tier":"flex","model":"pub","choices":[{"model":"eng"}]}`},
+		{`{}`, `{"service_tier":"flex"}`},
+		{`["eng"]`, `["eng"]`},
+		{`{"model":"eng"`, `{"model":"eng"`},
+	} {
+		if got := string(cl.rewriteAnswer([]byte(tc.in))); got != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	embed := newCall(embeddingsEndpoint, time.Time{})
+	embed.classed = true
+	if got := string(embed.rewriteAnswer([]byte(`{"model":"e"}`))); got != `{"model":"e"}` {
+		t.Errorf("an embedding without an alias: got %s, want it unchanged", got)
 	}
 }

@@ -60,18 +60,16 @@ func serviceTierOf(c queue.Class) string {
 // rewriteAnswer returns a worker's whole 2xx answer as the client gets it: the model named as
 // the client named it when the worker calls it otherwise (cl.alias), and, for a chat or
 // completion, the service_tier served set in place of the engine's own or added first. An answer
-// that is not a JSON object, or that needs no change, is returned as it is. Cost: two scans of
-// the answer (validity, top level) and one copy, and only when something changes.
+// that is not a JSON object, or that needs no change, is returned as it is. The top-level keys
+// are matched as the engines write them (unescaped). Cost: two scans of the answer (validity,
+// top level) and one copy, with no allocation but the copy.
 func (cl *call) rewriteAnswer(data []byte) []byte {
 	setTier := !cl.ep.embed && cl.classed
 	if !setTier && cl.alias == nil {
 		return data
 	}
-	if !json.Valid(data) {
-		return data
-	}
-	fields, err := objectFields(data, nil)
-	if err != nil {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' || !json.Valid(data) {
 		return data
 	}
 	out := make([]byte, 0, len(data)+32)
@@ -79,18 +77,24 @@ func (cl *call) rewriteAnswer(data []byte) []byte {
 	if setTier {
 		out = append(append(append(out, `"service_tier":"`...), serviceTierOf(cl.class)...), '"')
 	}
-	for _, f := range fields {
-		value := f.value
-		switch {
-		case f.key == "service_tier" && setTier:
-			continue
-		case f.key == "model" && cl.alias != nil:
+	for i = skipSpace(data, i+1); i < len(data) && data[i] == '"'; {
+		kend := stringEnd(data, i)
+		key := data[i:kend]
+		v := skipSpace(data, skipSpace(data, kend)+1) // past the colon
+		vend := valueEnd(data, v)
+		value := data[v:vend]
+		if cl.alias != nil && string(key) == `"model"` {
 			value = cl.alias.public
 		}
-		if len(out) > 1 {
-			out = append(out, ',')
+		if !setTier || string(key) != `"service_tier"` {
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			out = append(append(append(out, key...), ':'), value...)
 		}
-		out = append(append(append(out, f.rawKey...), ':'), value...)
+		if i = skipSpace(data, vend); i < len(data) && data[i] == ',' {
+			i = skipSpace(data, i+1)
+		}
 	}
 	return append(out, '}')
 }
