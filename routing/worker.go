@@ -68,6 +68,10 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	}
 	spec.Models = slices.Clone(spec.Models)
 	spec.ModelAliases = maps.Clone(spec.ModelAliases)
+	if len(spec.ModelAliases) == 0 {
+		// As a declaration stored as JSON reads back, so that an unchanged one compares equal.
+		spec.ModelAliases = nil
+	}
 	w := &Worker{spec: spec, url: u, maxTokens: int64(spec.MaxTokensInFlight)}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	if spec.MaxConcurrency > 0 {
