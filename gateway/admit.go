@@ -117,15 +117,9 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 // X-Usher-Priority or OpenAI's service_tier) and its deadline (X-Usher-Deadline-Ms, else the
 // tier's default for the class): the time by which it must leave usher's queue.
 func (s *Server) classAndDeadline(cl *call, h http.Header) error {
-	requested := ""
-	switch cl.serviceTier {
-	case "flex":
-		requested = tenants.ClassBatch
-	case "priority":
-		requested = tenants.ClassInteractive
-	case "", "auto", "default":
-	default:
-		return BadRequest("service_tier", "'service_tier' must be one of auto, default, flex, priority")
+	requested, ok := requestedClass(cl.serviceTier)
+	if !ok {
+		return BadRequest("service_tier", "'service_tier' must be one of auto, default, flex, scale, priority")
 	}
 	if p := h.Get(headerPriority); p != "" {
 		if _, err := queue.ParseClass(p); err != nil {
@@ -246,6 +240,7 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh.Set(headerClass, grant.Class.String())
+	rh[headerServiceTier] = serviceTierHeader[grant.Class]
 	rh.Set(headerQueueMs, strconv.FormatInt(cl.queued.Milliseconds(), 10))
 	return nil
 }

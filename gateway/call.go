@@ -10,8 +10,8 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// The data plane is one straight pipeline. A request to /v1/chat/completions or /v1/completions
-// becomes one call value and goes through four stages, each in its own file, in the order a
+// The data plane is one straight pipeline. A request to /v1/chat/completions, /v1/completions or
+// /v1/embeddings becomes one call value and goes through four stages, each in its own file, in the order a
 // request lives:
 //
 //	parse    (parse.go)    read the body once, decode it once into the call, build the body the
@@ -43,6 +43,7 @@ type call struct {
 	prompt           string // the text the worker prefills, for routing
 	promptTokens     int    // its estimate, every prompt of a batch counted
 	upstream         []byte // the body for the worker, without a handed-down priority
+	modelSpan        [2]int // where the model's JSON string is in upstream, to give an alias
 
 	// admit
 	principal tenants.Principal
@@ -58,6 +59,7 @@ type call struct {
 	// dispatch and proxy
 	route    routing.Request
 	worker   string
+	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was

@@ -9,13 +9,15 @@ import (
 
 // endpoint is one of the OpenAI inference endpoints the gateway proxies.
 type endpoint struct {
-	path string // upstream path, e.g. /v1/chat/completions
-	chat bool   // messages (chat) or prompt (completions)
+	path  string // upstream path, e.g. /v1/chat/completions
+	chat  bool   // messages (chat) or prompt (completions)
+	embed bool   // input (embeddings): no output tokens, never streamed
 }
 
 var (
 	chatEndpoint       = endpoint{path: "/v1/chat/completions", chat: true}
 	completionEndpoint = endpoint{path: "/v1/completions"}
+	embeddingsEndpoint = endpoint{path: "/v1/embeddings", embed: true}
 )
 
 // usage is OpenAI's usage object, as workers report it.

@@ -33,7 +33,7 @@ const maxOutputTokens = 1 << 24
 
 // readKeys are the top-level keys usher reads; their re-cased variants are refused.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "messages", "prompt", "service_tier", "priority"}
+	"n_predict", "n", "messages", "prompt", "input", "service_tier", "priority"}
 
 // maxChoices bounds `n`, the choices generated for one request: each is an answer's worth of
 // output tokens.
@@ -46,11 +46,12 @@ var (
 )
 
 // jsonField is one member of a JSON object: its key, unescaped, and its raw key and value bytes
-// (sub-slices of the decoded document).
+// (sub-slices of the decoded document), the value at offset at of the object's bytes.
 type jsonField struct {
 	key    string
 	rawKey []byte
 	value  []byte
+	at     int
 }
 
 // objectFields splits the JSON object data (which must be valid JSON: json.Valid) into its
@@ -86,7 +87,7 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
 			}
 		}
-		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[i:vend]})
+		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[i:vend], at: i})
 		i = skipSpace(data, vend)
 		if i >= len(data) || data[i] == '}' {
 			break
@@ -214,7 +215,7 @@ func parseBody(body []byte, cl *call) error {
 	if err != nil {
 		return BadRequest("", "request body: %v", err)
 	}
-	var messages, prompt []byte
+	var messages, prompt, input []byte
 	for _, f := range fields {
 		v := f.value
 		if isNull(v) {
@@ -257,6 +258,8 @@ func parseBody(body []byte, cl *call) error {
 			messages = v
 		case "prompt":
 			prompt = v
+		case "input":
+			input = v
 		case "service_tier":
 			if json.Unmarshal(v, &cl.serviceTier) != nil {
 				return BadRequest("service_tier", "'service_tier' must be a string")
@@ -266,9 +269,12 @@ func parseBody(body []byte, cl *call) error {
 	if cl.model == "" {
 		return BadRequest("model", "missing required parameter: 'model'")
 	}
-	if cl.ep.chat {
+	switch {
+	case cl.ep.chat:
 		err = cl.parseMessages(messages)
-	} else {
+	case cl.ep.embed:
+		err = cl.parseInput(input)
+	default:
 		err = cl.parsePrompt(prompt)
 	}
 	if err != nil {
@@ -359,38 +365,17 @@ func appendContent(b *strings.Builder, raw []byte) error {
 }
 
 // parsePrompt reads the prompt of /v1/completions: a string, an array of strings, an array of
-// token ids, or an array of such arrays. Every prompt of a batch counts in the estimate (a token
-// id is a token); the first one is what routing sees.
+// token ids, or an array of such arrays (see estimateInputs).
 func (cl *call) parsePrompt(raw []byte) error {
 	if len(raw) == 0 {
 		return BadRequest("prompt", "missing required parameter: 'prompt'")
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		cl.prompt, cl.promptTokens = s, estimateTokens(s)
-		return nil
+	first, tokens, err := estimateInputs(raw, "prompt")
+	if err != nil {
+		return err
 	}
-	var list []string
-	if json.Unmarshal(raw, &list) == nil && len(list) > 0 {
-		cl.prompt = list[0]
-		for _, p := range list {
-			cl.promptTokens = addTokens(cl.promptTokens, estimateTokens(p))
-		}
-		return nil
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		cl.promptTokens = len(ids)
-		return nil
-	}
-	var batches [][]int64
-	if json.Unmarshal(raw, &batches) == nil && len(batches) > 0 {
-		for _, b := range batches {
-			cl.promptTokens = addTokens(cl.promptTokens, len(b))
-		}
-		return nil
-	}
-	return BadRequest("prompt", "'prompt' must be a string, an array of strings or an array of token ids")
+	cl.prompt, cl.promptTokens = first, tokens
+	return nil
 }
 
 // maxTokenCount caps token estimates so that no sum of them overflows an int anywhere.
@@ -411,8 +396,11 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	addUsage := cl.stream && !cl.clientWantsUsage
 	changed := addUsage
 	for _, f := range fields {
-		if f.key == "priority" {
+		switch f.key {
+		case "priority":
 			changed = true
+		case "model":
+			cl.modelSpan = [2]int{f.at, f.at + len(f.value)}
 		}
 	}
 	if !changed {
@@ -433,7 +421,11 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 			continue
 		}
 		sep()
-		out = append(append(append(out, f.rawKey...), ':'), f.value...)
+		out = append(append(out, f.rawKey...), ':')
+		if f.key == "model" {
+			cl.modelSpan = [2]int{len(out), len(out) + len(f.value)}
+		}
+		out = append(out, f.value...)
 	}
 	if addUsage {
 		sep()
@@ -454,13 +446,23 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	return append(out, '}')
 }
 
-// upstreamBody is the body for a worker: for one that schedules by priority (vLLM's `priority`
-// field, lower first) the call's class is added, the client's own having been dropped.
-func (cl *call) upstreamBody(handoff bool) []byte {
-	if !handoff {
-		return cl.upstream
-	}
+// upstreamBody is the body for a worker: for one that calls the model by another name
+// (routing.WorkerSpec.ModelAliases) the model is that name, given as engineModel ("" or the
+// call's own model: no change); for one that schedules by priority (vLLM's `priority` field,
+// lower first) the call's class is added, the client's own having been dropped. A body that
+// needs neither is cl.upstream itself, not a copy.
+func (cl *call) upstreamBody(handoff bool, engineModel string) []byte {
 	b := cl.upstream
+	if engineModel != "" && engineModel != cl.model {
+		name := jsonString(engineModel)
+		out := make([]byte, 0, len(b)+len(name)+24)
+		out = append(out, b[:cl.modelSpan[0]]...)
+		out = append(out, name...)
+		b = append(out, b[cl.modelSpan[1]:]...)
+	}
+	if !handoff {
+		return b
+	}
 	end := bytes.LastIndexByte(b, '}')
 	out := make([]byte, 0, len(b)+16)
 	out = append(out, b[:end]...)

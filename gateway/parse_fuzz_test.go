@@ -40,7 +40,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 			return // refusals are FuzzParseInferenceRequest's
 		}
 		cl.class = queue.Batch
-		out := cl.upstreamBody(handoff)
+		out := cl.upstreamBody(handoff, "")
 
 		var engine map[string]json.RawMessage // exact keys, the last duplicate wins
 		if err := json.Unmarshal(out, &engine); err != nil {

@@ -208,8 +208,12 @@ func FuzzParseInferenceRequest(f *testing.F) {
 			}
 			return
 		}
-		for _, handoff := range []bool{false, true} {
-			out := r.upstreamBody(handoff)
+		for i, handoff := range []bool{false, true, false, true} {
+			engine := ""
+			if i >= 2 {
+				engine = "engine/\"name\""
+			}
+			out := r.upstreamBody(handoff, engine)
 			if !json.Valid(out) {
 				t.Fatalf("upstream body is not JSON: %s", out)
 			}
@@ -219,8 +223,12 @@ func FuzzParseInferenceRequest(f *testing.F) {
 				t.Fatal(err)
 			}
 			var model string
-			if err := json.Unmarshal(got["model"], &model); err != nil || model != r.model {
-				t.Fatalf("upstream model %q, usher read %q (body %s)", model, r.model, out)
+			want := r.model
+			if engine != "" {
+				want = engine
+			}
+			if err := json.Unmarshal(got["model"], &model); err != nil || model != want {
+				t.Fatalf("upstream model %q, want %q (body %s)", model, want, out)
 			}
 		}
 	})
@@ -315,11 +323,11 @@ func TestUpstreamBodyKeepsTheClientsMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"model":"m","temperature":0.5,"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":2}}`
-	if got := string(cl.upstreamBody(false)); got != want {
+	if got := string(cl.upstreamBody(false, "")); got != want {
 		t.Errorf("upstream body:\n got %s\nwant %s", got, want)
 	}
 	cl.class = 2
-	if got, want := string(cl.upstreamBody(true)), want[:len(want)-1]+`,"priority":2}`; got != want {
+	if got, want := string(cl.upstreamBody(true, "")), want[:len(want)-1]+`,"priority":2}`; got != want {
 		t.Errorf("handed down:\n got %s\nwant %s", got, want)
 	}
 }

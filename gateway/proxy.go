@@ -61,6 +61,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
+	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
 	sent := s.now()
 	defer func() { cl.atWorker += s.now().Sub(sent) }()
 	resp, reused, err := s.send(ctx, w, cl, c.Request().Header)
@@ -116,7 +117,7 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, in http.
 	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
 	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
-		bytes.NewReader(cl.upstreamBody(w.PriorityHandoff())))
+		bytes.NewReader(cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))))
 	if err != nil {
 		return nil, false, err
 	}
@@ -124,6 +125,8 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, in http.
 	// than formatting and parsing it again for every request.
 	out.URL, out.Host = &u, u.Host
 	out.Header.Set("Content-Type", "application/json")
+	// The worker's own key, never the client's credential.
+	w.Authorize(out.Header)
 	out.Header.Set(echo.HeaderXRequestID, in.Get(echo.HeaderXRequestID))
 	out.Header["Idempotency-Key"] = nil
 	if a := in.Get("Accept"); a != "" {
@@ -166,8 +169,11 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, begi
 	}
 	s.firstByte(cl)
 	var out routing.Outcome
-	if u, ok := parseUsage(data); ok && resp.StatusCode == http.StatusOK {
-		out = s.account(cl, u)
+	if resp.StatusCode == http.StatusOK {
+		if u, ok := parseUsage(data); ok {
+			out = s.account(cl, u)
+		}
+		data = cl.rewriteAnswer(data)
 	}
 	if err := c.Blob(resp.StatusCode, ct, data); err != nil {
 		return out, errClientGone
@@ -256,6 +262,9 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			}
 			if !start() {
 				return out, errPreempted
+			}
+			if isData && cl.alias != nil {
+				line = cl.alias.publicEvent(line)
 			}
 			if _, werr := w.Write(line); werr != nil {
 				return finish(errClientGone)

@@ -131,7 +131,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	v1 := e.Group("/v1", s.authenticate)
 	v1.POST("/chat/completions", s.inference(chatEndpoint))
 	v1.POST("/completions", s.inference(completionEndpoint))
-	v1.GET("/models", s.models)
+	v1.POST("/embeddings", s.inference(embeddingsEndpoint))
+	v1.GET("/models", s.listModels)
+	v1.GET("/models/*", s.retrieveModel)
 	if d.Admin != nil {
 		h, err := d.Admin(s)
 		if err != nil {
@@ -183,24 +185,6 @@ func (s *Server) readyz(c echo.Context) error {
 		return c.String(http.StatusServiceUnavailable, "no worker can take requests\n")
 	}
 	return c.String(http.StatusOK, "ok\n")
-}
-
-// models lists the models the pool serves, in OpenAI's list shape.
-func (s *Server) models(c echo.Context) error {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	list := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, name := range s.pool.Models() {
-		list.Data = append(list.Data, model{ID: name, Object: "model", OwnedBy: "usher"})
-	}
-	return c.JSON(http.StatusOK, list)
 }
 
 const principalKey = "usher.principal"

@@ -50,6 +50,9 @@ type WorkerSpec struct {
 	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
 	// gateway may pass the request's class on instead of holding it back.
 	PriorityHandoff bool `yaml:"priority_handoff" json:"priority_handoff,omitempty"`
+	// EngineAccess holds the engine's credential and model aliases (api_key, api_key_env,
+	// model_aliases).
+	EngineAccess `yaml:",inline"`
 }
 
 // ModelConfig sets the policy of one model and its parameters; zero fields take defaults. Each
@@ -342,7 +345,7 @@ func validateWorker(prefix string, w WorkerSpec) []error {
 	if w.MaxTokensInFlight < 0 {
 		bad("max_tokens_in_flight", "must not be negative, got %d", w.MaxTokensInFlight)
 	}
-	return errs
+	return append(errs, w.EngineAccess.validate(prefix, w.Models)...)
 }
 
 func parseWorkerURL(raw string) (*url.URL, error) {

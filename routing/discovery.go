@@ -38,6 +38,8 @@ type DiscoveryConfig struct {
 	MaxConcurrency    int  `yaml:"max_concurrency"`
 	MaxTokensInFlight int  `yaml:"max_tokens_in_flight"`
 	PriorityHandoff   bool `yaml:"priority_handoff"`
+	// EngineAccess (api_key, api_key_env, model_aliases) applies to every worker of the name.
+	EngineAccess `yaml:",inline"`
 }
 
 func (dc *DiscoveryConfig) setDefaults() {
@@ -94,6 +96,7 @@ func (dc DiscoveryConfig) spec(addr string) WorkerSpec {
 		MaxConcurrency:    dc.MaxConcurrency,
 		MaxTokensInFlight: dc.MaxTokensInFlight,
 		PriorityHandoff:   dc.PriorityHandoff,
+		EngineAccess:      dc.EngineAccess,
 	}
 }
 

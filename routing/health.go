@@ -46,6 +46,7 @@ func (p *Pool) probe(ctx context.Context, w *Worker) bool {
 	if err != nil {
 		return false
 	}
+	w.Authorize(req.Header)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		p.logger.Debug("health check failed", "worker", w.spec.ID, "err", err)

@@ -267,6 +267,7 @@ func (p *Pool) engineSlots(ctx context.Context, w *Worker) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	w.Authorize(req.Header)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return 0, err

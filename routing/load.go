@@ -173,6 +173,7 @@ func (p *Pool) scrape(ctx context.Context, w *Worker) error {
 		return err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	w.Authorize(req.Header)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return err

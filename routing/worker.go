@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"maps"
 	"net/url"
 	"slices"
 	"sync/atomic"
@@ -25,7 +26,7 @@ const (
 // its counters and states are read and written atomically, so every method is safe for
 // concurrent use and costs a few atomic loads.
 type Worker struct {
-	spec      WorkerSpec   // immutable; Models is the worker's own copy
+	spec      WorkerSpec   // immutable; Models and ModelAliases are the worker's own copies
 	source    WorkerSource // immutable once the worker is in the pool
 	url       *url.URL     // immutable
 	maxTokens int64
@@ -66,6 +67,11 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		return nil, err
 	}
 	spec.Models = slices.Clone(spec.Models)
+	spec.ModelAliases = maps.Clone(spec.ModelAliases)
+	if len(spec.ModelAliases) == 0 {
+		// As a declaration stored as JSON reads back, so that an unchanged one compares equal.
+		spec.ModelAliases = nil
+	}
 	w := &Worker{spec: spec, url: u, maxTokens: int64(spec.MaxTokensInFlight)}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	if spec.MaxConcurrency > 0 {

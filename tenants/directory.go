@@ -79,12 +79,13 @@ type Directory struct {
 	configIDs map[string]Tenant
 	store     *Store
 	redis     redis.UniversalClient
-	jwt       *JWTVerifier
-	logger    *slog.Logger
-	now       func() time.Time
-	poll      time.Duration
-	flush     time.Duration
-	removed   func(id string) // DirectoryOptions.TenantRemoved; nil: none
+	// jwt verifies JWTs; nil: none are accepted. Replaced as a whole by SetJWT.
+	jwt     atomic.Pointer[JWTVerifier]
+	logger  *slog.Logger
+	now     func() time.Time
+	poll    time.Duration
+	flush   time.Duration
+	removed func(id string) // DirectoryOptions.TenantRemoved; nil: none
 
 	snap atomic.Pointer[snapshot]
 	// reloadMu serialises reloads, so a slow one never overwrites a newer snapshot.
@@ -158,9 +159,10 @@ var _ Authenticator = (*Directory)(nil)
 // not nil, loads the store once. Call Run to keep it fresh.
 func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryOptions) (*Directory, error) {
 	d := &Directory{
-		specs: cfg.Tenants, configIDs: map[string]Tenant{}, store: store, redis: opts.Redis, jwt: opts.JWT,
+		specs: cfg.Tenants, configIDs: map[string]Tenant{}, store: store, redis: opts.Redis,
 		logger: opts.Logger, now: opts.Now, poll: opts.PollInterval, flush: opts.FlushInterval, removed: opts.TenantRemoved,
 	}
+	d.jwt.Store(opts.JWT)
 	if d.logger == nil {
 		d.logger = slog.New(slog.DiscardHandler)
 	}
@@ -222,10 +224,11 @@ func (d *Directory) Authenticate(ctx context.Context, credential string) (Princi
 	case looksLikeStoredKey(credential):
 		return d.authenticateStoredKey(ctx, credential)
 	case looksLikeJWT(credential):
-		if d.jwt == nil {
+		v := d.jwt.Load()
+		if v == nil {
 			return Principal{}, errUnknownCredential
 		}
-		return d.jwt.authenticate(ctx, credential, d)
+		return v.authenticate(ctx, credential, d)
 	}
 	h := sum256(credential)
 	k, ok := d.tiers.Load().static[h]
@@ -630,3 +633,7 @@ func (d *Directory) FlushLastUsed(ctx context.Context) {
 		e.flushed.Store(used[e.ID].UnixMilli())
 	}
 }
+
+// SetJWT replaces the JWT verifier (a reload of the keys, SIGHUP); nil accepts no JWT from then
+// on. Requests being verified finish with the verifier they began with.
+func (d *Directory) SetJWT(v *JWTVerifier) { d.jwt.Store(v) }

@@ -9,7 +9,8 @@
 //   - directory.go: Directory, the Authenticator the gateway calls. It holds config tenants,
 //     stored tenants and keys in memory (no SQL on the request path for a known credential) and
 //     keeps them fresh, reloading only what the store's changes log says changed.
-//   - jwt.go: JWTVerifier, plugged into the Directory.
+//   - jwt.go, jwks.go: JWTVerifier, plugged into the Directory; the keys of a JWKS URL, cached
+//     and rotated by kid (the HTTP fetch is handed in: JWKSFetcher).
 //   - limits.go, limits.lua, arith.go: Limiter, rate, token and concurrency limits per tenant
 //     and tier, local or shared through Redis (requests in flight hold leases that expire on
 //     their own); the Quota it reports is plain numbers, which the gateway turns into headers.

@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -34,6 +36,18 @@ type JWTConfig struct {
 	PublicKeys []JWTKey `yaml:"public_keys"`
 	// JWKSFile is a JSON Web Key Set file with more public keys.
 	JWKSFile string `yaml:"jwks_file"`
+	// JWKSURL is the identity provider's JSON Web Key Set, fetched over HTTP(S) and cached:
+	// its keys rotate by `kid` without a restart (see jwks.go for the rules).
+	JWKSURL string `yaml:"jwks_url"`
+	// JWKSMinRefresh is the shortest time between two fetches of JWKSURL, whatever its
+	// Cache-Control says or however many tokens with unknown key ids arrive. Default 30s.
+	JWKSMinRefresh time.Duration `yaml:"jwks_min_refresh"`
+	// JWKSMaxRefresh is the longest time a fetched set is used before it is fetched again.
+	// Default 1h.
+	JWKSMaxRefresh time.Duration `yaml:"jwks_max_refresh"`
+	// JWKSTimeout bounds one fetch of JWKSURL, and so the wait of a token whose key is not at
+	// hand. Default 5s.
+	JWKSTimeout time.Duration `yaml:"jwks_timeout"`
 	// Issuer and Audience, when set, must match the iss and aud claims.
 	Issuer   string `yaml:"issuer"`
 	Audience string `yaml:"audience"`
@@ -60,7 +74,7 @@ var jwtAlgorithms = map[string]bool{"HS256": true, "RS256": true, "ES256": true,
 
 // Enabled reports whether any verification key is configured.
 func (c JWTConfig) Enabled() bool {
-	return c.HS256Secret != "" || len(c.PublicKeys) > 0 || c.JWKSFile != ""
+	return c.HS256Secret != "" || len(c.PublicKeys) > 0 || c.JWKSFile != "" || c.JWKSURL != ""
 }
 
 func (c *JWTConfig) setDefaults() {
@@ -72,6 +86,15 @@ func (c *JWTConfig) setDefaults() {
 	}
 	if c.ScopeClaim == "" {
 		c.ScopeClaim = "scope"
+	}
+	if c.JWKSMinRefresh == 0 {
+		c.JWKSMinRefresh = DefaultJWKSMinRefresh
+	}
+	if c.JWKSMaxRefresh == 0 {
+		c.JWKSMaxRefresh = DefaultJWKSMaxRefresh
+	}
+	if c.JWKSTimeout == 0 {
+		c.JWKSTimeout = DefaultJWKSTimeout
 	}
 }
 
@@ -97,6 +120,21 @@ func (c JWTConfig) validate() []error {
 	if c.Leeway < 0 {
 		errs = append(errs, errors.New("jwt.leeway: must not be negative"))
 	}
+	if c.JWKSURL != "" {
+		u, err := url.Parse(c.JWKSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("jwt.jwks_url: must be an absolute http(s) URL, got %q", c.JWKSURL))
+		}
+		if c.JWKSMinRefresh <= 0 {
+			errs = append(errs, errors.New("jwt.jwks_min_refresh: must be positive"))
+		}
+		if c.JWKSMaxRefresh < c.JWKSMinRefresh {
+			errs = append(errs, errors.New("jwt.jwks_max_refresh: must be at least jwt.jwks_min_refresh"))
+		}
+		if c.JWKSTimeout <= 0 {
+			errs = append(errs, errors.New("jwt.jwks_timeout: must be positive"))
+		}
+	}
 	for i, k := range c.PublicKeys {
 		if (k.PEM == "") == (k.PEMFile == "") {
 			errs = append(errs, fmt.Errorf("jwt.public_keys[%d]: set exactly one of pem and pem_file", i))
@@ -118,9 +156,12 @@ type JWTVerifier struct {
 	tenantClaim string
 	tierClaim   string
 	scopeClaim  string
-	// keys by algorithm; a key only ever verifies the algorithm of its own type, so a token
-	// signed with HS256 using a public key as secret finds no key.
+	// keys by algorithm, from the file (PEM, JWKS file, HS256 secret); a key only ever verifies
+	// the algorithm of its own type, so a token signed with HS256 using a public key as secret
+	// finds no key.
 	keys map[string][]verificationKey
+	// remote is the key set of jwt.jwks_url; nil without one.
+	remote *jwksSource
 }
 
 type verificationKey struct {
@@ -128,36 +169,44 @@ type verificationKey struct {
 	key crypto.PublicKey // []byte for HS256
 }
 
-// NewJWTVerifier loads the keys of c (after SetDefaults and Validate); now is the clock (nil:
-// time.Now). It returns nil, nil when c configures no key.
+// JWTOptions are the dependencies of a JWTVerifier; the zero value is usable without a JWKS URL.
+type JWTOptions struct {
+	// Now is the clock; nil: time.Now.
+	Now func() time.Time
+	// Fetcher fetches jwt.jwks_url; required when it is set.
+	Fetcher JWKSFetcher
+	// Logger receives the key set's fetch failures; nil: discard.
+	Logger *slog.Logger
+}
+
+// NewJWTVerifier is NewJWTVerifierWith for a configuration without a JWKS URL.
 func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
+	return NewJWTVerifierWith(c, JWTOptions{Now: now})
+}
+
+// NewJWTVerifierWith loads the keys of c (after SetDefaults and Validate): it reads the PEM and
+// JWKS files, and fetches jwt.jwks_url once, waiting at most jwt.jwks_timeout. A JWKS URL that
+// cannot be fetched does not fail it (API keys still work, and the set is fetched again when a
+// token needs it); it returns nil, nil when c configures no key. Calling it again with the same
+// configuration is how the keys are reloaded (SIGHUP).
+func NewJWTVerifierWith(c JWTConfig, o JWTOptions) (*JWTVerifier, error) {
 	if !c.Enabled() {
 		return nil, nil
 	}
-	if now == nil {
-		now = time.Now
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	v := &JWTVerifier{
 		tenantClaim: c.TenantClaim, tierClaim: c.TierClaim, scopeClaim: c.ScopeClaim, keys: map[string][]verificationKey{},
-		now: now, leeway: c.Leeway, verified: map[[sha256.Size]byte]verifiedToken{},
+		now: o.Now, leeway: c.Leeway, verified: map[[sha256.Size]byte]verifiedToken{},
 	}
 	add := func(id string, key crypto.PublicKey, field string) error {
-		alg := ""
-		switch k := key.(type) {
-		case *rsa.PublicKey:
-			if k.N.BitLen() < 2048 {
-				return fmt.Errorf("%s: RSA keys must have at least 2048 bits", field)
-			}
-			alg = "RS256"
-		case *ecdsa.PublicKey:
-			if k.Curve != elliptic.P256() {
-				return fmt.Errorf("%s: only P-256 ECDSA keys (ES256) are supported", field)
-			}
-			alg = "ES256"
-		case ed25519.PublicKey:
-			alg = "EdDSA"
-		default:
-			return fmt.Errorf("%s: unsupported key type %T", field, key)
+		alg, err := keyAlgorithm(key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", field, err)
 		}
 		v.keys[alg] = append(v.keys[alg], verificationKey{id: id, key: key})
 		return nil
@@ -203,7 +252,7 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 		if a == "none" || !jwtAlgorithms[a] {
 			return nil, fmt.Errorf("jwt.algorithms: %q is not accepted", a)
 		}
-		if len(v.keys[a]) == 0 {
+		if len(v.keys[a]) == 0 && c.JWKSURL == "" {
 			return nil, fmt.Errorf("jwt.algorithms: %s is allowed but no %s key is configured", a, a)
 		}
 		algs = append(algs, a)
@@ -213,7 +262,7 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 			delete(v.keys, a)
 		}
 	}
-	opts := []jwt.ParserOption{jwt.WithValidMethods(algs), jwt.WithExpirationRequired(), jwt.WithTimeFunc(now), jwt.WithLeeway(c.Leeway)}
+	opts := []jwt.ParserOption{jwt.WithValidMethods(algs), jwt.WithExpirationRequired(), jwt.WithTimeFunc(o.Now), jwt.WithLeeway(c.Leeway)}
 	if c.Issuer != "" {
 		opts = append(opts, jwt.WithIssuer(c.Issuer))
 	}
@@ -222,7 +271,42 @@ func NewJWTVerifier(c JWTConfig, now func() time.Time) (*JWTVerifier, error) {
 	}
 	v.parser = jwt.NewParser(opts...)
 	v.algorithms = algs
+	if c.JWKSURL != "" {
+		if o.Fetcher == nil {
+			return nil, errors.New("jwt.jwks_url: set, but no fetcher was given")
+		}
+		v.remote = &jwksSource{url: c.JWKSURL, fetcher: o.Fetcher, now: o.Now, log: o.Logger,
+			minRefresh: c.JWKSMinRefresh, maxRefresh: c.JWKSMaxRefresh, timeout: c.JWKSTimeout,
+			allowed: func(alg string) bool { return slices.Contains(algs, alg) }, changed: v.forget}
+		<-v.remote.start(false)
+	}
 	return v, nil
+}
+
+// keyAlgorithm is the one algorithm a public key verifies.
+func keyAlgorithm(key crypto.PublicKey) (string, error) {
+	switch k := key.(type) {
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return "", errors.New("RSA keys must have at least 2048 bits")
+		}
+		return "RS256", nil
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() {
+			return "", errors.New("only P-256 ECDSA keys (ES256) are supported")
+		}
+		return "ES256", nil
+	case ed25519.PublicKey:
+		return "EdDSA", nil
+	}
+	return "", fmt.Errorf("unsupported key type %T", key)
+}
+
+// forget drops the verified tokens, so each is verified again with the keys now at hand.
+func (v *JWTVerifier) forget() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	clear(v.verified)
 }
 
 func parsePublicKeyPEM(pem []byte) (crypto.PublicKey, error) {
@@ -239,7 +323,12 @@ func parsePublicKeyPEM(pem []byte) (crypto.PublicKey, error) {
 }
 
 // parseJWKS reads the public keys of a JSON Web Key Set (RFC 7517): RSA, EC P-256, OKP Ed25519.
-func parseJWKS(b []byte) ([]verificationKey, error) {
+// Any other key is an error.
+func parseJWKS(b []byte) ([]verificationKey, error) { return readJWKS(b, false) }
+
+// readJWKS is parseJWKS; lenient skips the keys it cannot use instead (an identity provider's
+// set may hold encryption keys or curves usher does not verify).
+func readJWKS(b []byte, lenient bool) ([]verificationKey, error) {
 	var set struct {
 		Keys []struct {
 			Kty string `json:"kty"`
@@ -263,6 +352,9 @@ func parseJWKS(b []byte) ([]verificationKey, error) {
 			n, err1 := dec.DecodeString(k.N)
 			e, err2 := dec.DecodeString(k.E)
 			if err1 != nil || err2 != nil || len(e) == 0 || len(e) > 4 {
+				if lenient {
+					continue
+				}
 				return nil, fmt.Errorf("%s: malformed RSA key", field)
 			}
 			out = append(out, verificationKey{id: k.Kid, key: &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}})
@@ -270,20 +362,32 @@ func parseJWKS(b []byte) ([]verificationKey, error) {
 			x, err1 := dec.DecodeString(k.X)
 			y, err2 := dec.DecodeString(k.Y)
 			if err1 != nil || err2 != nil || len(x) != 32 || len(y) != 32 {
+				if lenient {
+					continue
+				}
 				return nil, fmt.Errorf("%s: malformed P-256 key", field)
 			}
 			pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, x...), y...))
 			if err != nil {
+				if lenient {
+					continue
+				}
 				return nil, fmt.Errorf("%s: %w", field, err)
 			}
 			out = append(out, verificationKey{id: k.Kid, key: pub})
 		case k.Kty == "OKP" && k.Crv == "Ed25519":
 			x, err := dec.DecodeString(k.X)
 			if err != nil || len(x) != ed25519.PublicKeySize {
+				if lenient {
+					continue
+				}
 				return nil, fmt.Errorf("%s: malformed Ed25519 key", field)
 			}
 			out = append(out, verificationKey{id: k.Kid, key: ed25519.PublicKey(x)})
 		default:
+			if lenient {
+				continue
+			}
 			return nil, fmt.Errorf("%s: unsupported key type %q %q", field, k.Kty, k.Crv)
 		}
 	}
@@ -311,20 +415,40 @@ var (
 	errTokenTier      = fmt.Errorf("token tier above the tenant's tier: %w", ErrUnauthenticated)
 )
 
+// keyfunc finds the keys that may have signed t: those of its algorithm whose id matches its
+// kid (all of them when either has none), from the file and from the JWKS URL. When the URL's
+// set has none, it is fetched again (rate-limited; see jwks.go) and searched once more.
 func (v *JWTVerifier) keyfunc(t *jwt.Token) (any, error) {
 	alg := t.Method.Alg()
-	keys := v.keys[alg]
 	kid, _ := t.Header["kid"].(string)
 	set := jwt.VerificationKeySet{}
-	for _, k := range keys {
-		if kid == "" || k.id == "" || k.id == kid {
-			set.Keys = append(set.Keys, k.key)
+	collect := func() {
+		for _, keys := range [][]verificationKey{v.keys[alg], v.remoteKeys(alg)} {
+			for _, k := range keys {
+				if kid == "" || k.id == "" || k.id == kid {
+					set.Keys = append(set.Keys, k.key)
+				}
+			}
 		}
+	}
+	collect()
+	if len(set.Keys) == 0 && v.remote != nil {
+		if err := v.remote.refreshForUnknownKey(); err != nil {
+			return nil, err
+		}
+		collect()
 	}
 	if len(set.Keys) == 0 {
 		return nil, errTokenSignature
 	}
 	return set, nil
+}
+
+func (v *JWTVerifier) remoteKeys(alg string) []verificationKey {
+	if v.remote == nil {
+		return nil
+	}
+	return v.remote.forAlgorithm(alg)
 }
 
 // verifiedToken is what a verified token says, kept so the same token presented again skips the
@@ -350,6 +474,9 @@ func (v *JWTVerifier) authenticate(ctx context.Context, token string, d *Directo
 	v.mu.RLock()
 	vt, hit := v.verified[h]
 	v.mu.RUnlock()
+	if hit && v.remote != nil {
+		v.remote.refreshIfDue()
+	}
 	if !hit || !v.now().Before(vt.until) {
 		var err error
 		if vt, err = v.verify(token); err != nil {
@@ -430,6 +557,8 @@ func jwtRefusal(err error) error {
 	switch {
 	case errors.Is(err, errTokenSignature):
 		return errTokenSignature
+	case errors.Is(err, errTokenKeyUnavailable):
+		return errTokenKeyUnavailable
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return errTokenMalformed
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):

@@ -317,9 +317,9 @@ func BenchmarkJWTAuthenticate(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				f.dir.jwt.mu.Lock()
-				clear(f.dir.jwt.verified)
-				f.dir.jwt.mu.Unlock()
+				f.dir.jwt.Load().mu.Lock()
+				clear(f.dir.jwt.Load().verified)
+				f.dir.jwt.Load().mu.Unlock()
 				if _, err := f.dir.Authenticate(ctx, tt.token); err != nil {
 					b.Fatal(err)
 				}

@@ -271,7 +271,8 @@ func TestDemoStreamsAChatCompletionAndStopsCleanly(t *testing.T) {
 }
 
 // TestOfficialOpenAINodeClient drives the demo with the official openai npm package
-// (installed in test/openai-js by `make test`).
+// (installed in test/openai-js by `make test`): a stream, models.list and models.retrieve, and
+// embeddings.create.
 func TestOfficialOpenAINodeClient(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -301,6 +302,10 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 		Usage  *struct {
 			CompletionTokens int `json:"completion_tokens"`
 		} `json:"usage"`
+		Retrieved       string `json:"retrieved"`
+		MissingStatus   int    `json:"missingStatus"`
+		Embeddings      []int  `json:"embeddings"`
+		EmbeddingTokens int    `json:"embeddingTokens"`
 	}
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("output %q: %v", out, err)
@@ -310,6 +315,12 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	}
 	if len(got.Models) != 1 || got.Models[0] != "demo-7b" {
 		t.Fatalf("models: got %v, want [demo-7b]", got.Models)
+	}
+	if got.Retrieved != "demo-7b" || got.MissingStatus != http.StatusNotFound {
+		t.Fatalf("models.retrieve: got %q and %d for an unknown model, want demo-7b and 404", got.Retrieved, got.MissingStatus)
+	}
+	if len(got.Embeddings) != 2 || got.Embeddings[0] == 0 || got.EmbeddingTokens == 0 {
+		t.Fatalf("embeddings.create: got vectors of %v and %d tokens, want two vectors", got.Embeddings, got.EmbeddingTokens)
 	}
 }
 

@@ -451,3 +451,66 @@ func TestEngineProtectsInteractiveUnderBatchFloodByDefault(t *testing.T) {
 		t.Errorf("queue ms: interactive max %d, batch median %d; want batch waiting in usher's queue and interactive passing it", maxI, batchMedian)
 	}
 }
+
+// A real llama-server started with --api-key serves through usher with the key in usher's config
+// only (api_key_env), under a public model name (model_aliases): the engine refuses a request
+// without its key, and through usher the answer names the public model, streamed or not.
+func TestEngineWithAPIKeyAndAlias(t *testing.T) {
+	const engineKey = "sk-llama-server-key-0123456789"
+	t.Setenv("USHER_TEST_LLAMA_KEY", engineKey)
+	e := realengine.Start(t, 1, realengine.Options{Model: engineModel, ID: "org/" + engineModel, APIKey: engineKey})[0]
+	resp, err := http.Post(e.URL+"/v1/chat/completions", "application/json", strings.NewReader(engineChat("hi", 2, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("llama-server without its key: %d, want 401", resp.StatusCode)
+	}
+	gw := startServe(t, "usher serve", func(listen string) string {
+		return fmt.Sprintf(`server: {listen: %q}
+routing:
+  workers:
+    - id: llama
+      url: %q
+      models: [%s]
+      api_key_env: USHER_TEST_LLAMA_KEY
+      model_aliases: {%s: "org/%s"}
+tenants:
+  - id: chat
+    keys: [{name: k, sha256: %s}]
+log: {level: warn}
+`, listen, e.URL, engineModel, engineModel, engineModel, tenants.HashKey(chatKey))
+	})
+	s := &engineStack{gw: gw, engines: []*realengine.Engine{e}, ids: []string{"llama"}}
+	var answer struct {
+		Model string `json:"model"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(s.mustPost(context.Background(), t, engineChat("hello", 4, false)).Body).Decode(&answer); err != nil {
+		t.Fatal(err)
+	}
+	if answer.Model != engineModel || answer.Usage.CompletionTokens != 4 {
+		t.Fatalf("through usher: model %q and %d tokens, want %s and 4", answer.Model, answer.Usage.CompletionTokens, engineModel)
+	}
+	body, _ := io.ReadAll(s.mustPost(context.Background(), t, engineChat("hello", 4, true)).Body)
+	chunks := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		payload, ok := strings.CutPrefix(line, "data: ")
+		if !ok || payload == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Model string `json:"model"`
+		}
+		if err := json.Unmarshal([]byte(payload), &chunk); err != nil || chunk.Model != engineModel {
+			t.Fatalf("chunk %s: want model %s", payload, engineModel)
+		}
+		chunks++
+	}
+	if chunks < 4 {
+		t.Fatalf("got %d chunks, want at least 4:\n%s", chunks, body)
+	}
+}

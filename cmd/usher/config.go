@@ -95,6 +95,9 @@ func loadConfig(path string, lookup func(string) (string, bool)) (Config, error)
 	if err := applyEnv(&cfg, lookup); err != nil {
 		return cfg, err
 	}
+	if err := resolveEngineKeys(&cfg.Routing, lookup); err != nil {
+		return cfg, err
+	}
 	cfg.SetDefaults()
 	return cfg, cfg.Validate()
 }

@@ -15,6 +15,11 @@ type tierSetter interface {
 	SetTiers(tiers []tenants.Tier, defaultTier string) error
 }
 
+// jwtSetter is the part of the tenant directory a reload of the JWT keys changes.
+type jwtSetter interface {
+	SetJWT(v *tenants.JWTVerifier)
+}
+
 // workerPool is the part of the worker pool a reload changes.
 type workerPool interface {
 	Add(spec routing.WorkerSpec) error
@@ -24,11 +29,13 @@ type workerPool interface {
 
 var (
 	_ tierSetter = (*tenants.Directory)(nil)
+	_ jwtSetter  = (*tenants.Directory)(nil)
 	_ workerPool = (*routing.Pool)(nil)
 )
 
-// reloader applies a new configuration file to a running gateway (SIGHUP). Two things change
-// without a restart and without dropping a request: the tiers (tiers, default_tier) and the
+// reloader applies a new configuration file to a running gateway (SIGHUP). Three things change
+// without a restart and without dropping a request: the tiers (tiers, default_tier), the JWT
+// verification (jwt: its PEM and JWKS files read again, its JWKS URL fetched again) and the
 // static workers (routing.workers): a new worker is added, a changed one replaced (its requests
 // in flight finish on the old declaration), a removed one retired (no new requests, removed
 // once its requests in flight end). Workers added through the admin API or by discovery are not
@@ -39,6 +46,10 @@ type reloader struct {
 	pool    workerPool
 	tiers   tierSetter
 	logger  *slog.Logger
+	// jwt and newJWT, when set, reload the JWT keys: newJWT builds the verifier of a jwt
+	// section.
+	jwt    jwtSetter
+	newJWT func(tenants.JWTConfig) (*tenants.JWTVerifier, error)
 }
 
 // apply applies next, which has passed Validate. When the new tiers are refused nothing
@@ -49,6 +60,14 @@ func (r *reloader) apply(next Config) {
 		return
 	}
 	r.running.Tenants.Tiers, r.running.Tenants.DefaultTier = next.Tenants.Tiers, next.Tenants.DefaultTier
+	if r.jwt != nil {
+		if v, err := r.newJWT(next.Tenants.JWT); err != nil {
+			r.logger.Error("config reload: the JWT keys stay as they were", "err", err)
+		} else {
+			r.jwt.SetJWT(v)
+			r.running.Tenants.JWT = next.Tenants.JWT
+		}
+	}
 	var added, replaced, retired int
 	old := r.running.Routing.Workers
 	// applied becomes the static workers in effect: a worker the pool refused keeps its old

@@ -53,6 +53,9 @@ func runServe(args []string) int {
 	if msg, ok := noAdminTokenWarning(cfg.Tenants.Admin); ok {
 		logger.Warn(msg)
 	}
+	for _, field := range literalEngineKeys(cfg.Routing) {
+		logger.Warn("an engine key is written in the config file; prefer api_key_env", "field", field)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// After the first signal the default handling comes back: a second one stops at once.
@@ -127,7 +130,8 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if err := pool.SyncRegistry(ctx); err != nil {
 		logger.Warn("workers added through the admin API not loaded yet; retrying in the background", "err", err)
 	}
-	jwt, err := tenants.NewJWTVerifier(cfg.Tenants.JWT, nil)
+	jwtOptions := tenants.JWTOptions{Fetcher: newJWKSFetcher(), Logger: logger}
+	jwt, err := tenants.NewJWTVerifierWith(cfg.Tenants.JWT, jwtOptions)
 	if err != nil {
 		return fmt.Errorf("jwt: %w", err)
 	}
@@ -199,7 +203,10 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	go func() { serveErr <- srv.Serve(ln) }()
 	hooks.ready(ln.Addr())
 
-	reload := &reloader{running: cfg, pool: pool, tiers: directory, logger: logger}
+	reload := &reloader{running: cfg, pool: pool, tiers: directory, logger: logger, jwt: directory,
+		newJWT: func(c tenants.JWTConfig) (*tenants.JWTVerifier, error) {
+			return tenants.NewJWTVerifierWith(c, jwtOptions)
+		}}
 	for ctx.Err() == nil {
 		select {
 		case err := <-serveErr:

@@ -1,5 +1,6 @@
 // Streams one chat completion through usher with the official openai client and prints a JSON
-// summary: the number of content chunks, the text, and the usage the client saw.
+// summary: the number of content chunks, the text, and the usage the client saw; then lists and
+// retrieves the models (an unknown one too), and creates embeddings.
 // Reads OPENAI_BASE_URL, OPENAI_API_KEY and USHER_MODEL from the environment.
 import OpenAI from "openai";
 
@@ -22,5 +23,25 @@ for await (const chunk of stream) {
   }
   if (chunk.usage) usage = chunk.usage;
 }
+const model = process.env.USHER_MODEL ?? "demo-7b";
 const models = await client.models.list();
-console.log(JSON.stringify({ chunks, text, usage, models: models.data.map((m) => m.id) }));
+const retrieved = await client.models.retrieve(model);
+let missingStatus = null;
+try {
+  await client.models.retrieve("no-such-model");
+} catch (err) {
+  missingStatus = err.status;
+}
+const embeddings = await client.embeddings.create({ model, input: ["first text", "second text"] });
+console.log(
+  JSON.stringify({
+    chunks,
+    text,
+    usage,
+    models: models.data.map((m) => m.id),
+    retrieved: retrieved.id,
+    missingStatus,
+    embeddings: embeddings.data.map((d) => d.embedding.length),
+    embeddingTokens: embeddings.usage.prompt_tokens,
+  }),
+);

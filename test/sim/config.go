@@ -39,6 +39,10 @@ const (
 type Config struct {
 	// Model is the one model name the engine serves; requests naming another get 404.
 	Model string
+	// APIKey, when set, is the key every /v1 request must carry as `Authorization: Bearer`, as
+	// vLLM's and llama-server's --api-key ask; others get 401. /health and /metrics stay open,
+	// as vLLM's do.
+	APIKey string
 	// Mode is ModeKV (vLLM, the default) or ModeSlots (llama.cpp).
 	Mode string
 	// MaxNumSeqs caps the sequences in the running batch (vLLM max_num_seqs); ModeKV only.
@@ -199,6 +203,7 @@ func (c Config) withDefaults() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	d := c.withDefaults()
 	fs.StringVar(&c.Model, "model", d.Model, "the one model name served")
+	fs.StringVar(&c.APIKey, "api-key", d.APIKey, "the key every /v1 request must carry as 'Authorization: Bearer KEY' (empty: none)")
 	fs.StringVar(&c.Mode, "mode", d.Mode, "kv: continuous batching bounded by the KV cache, as vLLM and SGLang; slots: fixed slots, as llama.cpp's llama-server")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", d.MaxNumSeqs, "kv mode: maximum sequences in the running batch")
 	fs.IntVar(&c.Slots, "slots", d.Slots, "slots mode: number of slots (llama-server --parallel)")

@@ -89,6 +89,7 @@ func TestRegisterFlags(t *testing.T) {
 				return c.Faults == Faults{ErrorRate: 0.1, HangRate: 0.2, AddedLatency: time.Second, ExitAfter: 3, Unhealthy: true}
 			}},
 		{"model", []string{"--model=llama-70b"}, func(c Config) bool { return c.Model == "llama-70b" }},
+		{"api key", []string{"--api-key=s3cret"}, func(c Config) bool { return c.APIKey == "s3cret" }},
 		{"llama-server's connection quirk", []string{"--close-after-stream"}, func(c Config) bool { return c.CloseAfterStream }},
 	}
 	for _, tt := range tests {

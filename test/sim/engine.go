@@ -336,7 +336,13 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.isDeadNow() {
 		panic(http.ErrAbortHandler)
 	}
+	if !e.authorized(r) {
+		writeError(w, http.StatusUnauthorized, "authentication_error", "invalid_api_key", "missing or wrong API key")
+		return
+	}
 	switch r.URL.Path {
+	case "/v1/embeddings":
+		e.onlyMethod(w, r, http.MethodPost, func() { e.serveEmbeddings(w, r) })
 	case "/v1/chat/completions":
 		e.onlyMethod(w, r, http.MethodPost, func() { e.serveCompletion(w, r, chatEndpoint) })
 	case "/v1/completions":

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -455,4 +456,78 @@ func (rs *responseStream) fail(err error) {
 	_, _ = rs.w.Write(rs.line)
 	_, _ = io.WriteString(rs.w, "data: [DONE]\n\n")
 	_ = http.NewResponseController(rs.w).Flush()
+}
+
+// authorized reports whether r may be served: every /v1 request carries the engine's API key
+// when it has one.
+func (e *Engine) authorized(r *http.Request) bool {
+	if e.cfg.APIKey == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return true
+	}
+	got := []byte(r.Header.Get("Authorization"))
+	return subtle.ConstantTimeCompare(got, []byte("Bearer "+e.cfg.APIKey)) == 1
+}
+
+// embeddingDims is the length of the sim's embedding vectors.
+const embeddingDims = 8
+
+// serveEmbeddings answers /v1/embeddings for the engine's model at once, outside the batch
+// scheduler (an embedding is one forward pass with no decode): one vector per input, derived from
+// its tokens so equal inputs embed alike, and the tokens as usage.
+func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
+	e.stats.requests.Add(1)
+	var req struct {
+		Model string          `json:"model"`
+		Input json.RawMessage `json:"input"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)).Decode(&req); err != nil {
+		e.badRequest(w, http.StatusBadRequest, "invalid_request", "invalid JSON body: "+err.Error())
+		return
+	}
+	if req.Model != "" && req.Model != e.cfg.Model {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found",
+			"the model "+req.Model+" does not exist (this engine serves "+e.cfg.Model+")")
+		return
+	}
+	// A failed decode may leave a partial value: each shape decodes into a fresh one.
+	var texts []string
+	var ids [][]uint64
+	var one string
+	var list []string
+	var batch [][]uint64
+	var flat []uint64
+	switch {
+	case json.Unmarshal(req.Input, &one) == nil:
+		texts = []string{one}
+	case json.Unmarshal(req.Input, &list) == nil:
+		texts = list
+	case json.Unmarshal(req.Input, &batch) == nil:
+		ids = batch
+	case json.Unmarshal(req.Input, &flat) == nil:
+		ids = [][]uint64{flat}
+	default:
+		e.badRequest(w, http.StatusBadRequest, "invalid_request", "input must be a string, strings or token ids")
+		return
+	}
+	for _, t := range texts {
+		ids = append(ids, tokenize(t))
+	}
+	type embedding struct {
+		Object    string    `json:"object"`
+		Index     int       `json:"index"`
+		Embedding []float64 `json:"embedding"`
+	}
+	data := make([]embedding, len(ids))
+	tokens := 0
+	for i, toks := range ids {
+		vec := make([]float64, embeddingDims)
+		for j, id := range toks {
+			vec[(uint64(j)+id)%embeddingDims] += float64(id%1000) / 1000
+		}
+		data[i] = embedding{Object: "embedding", Index: i, Embedding: vec}
+		tokens += len(toks)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data, "model": e.cfg.Model,
+		"usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens}})
 }
