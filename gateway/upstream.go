@@ -108,8 +108,13 @@ func (t *upstreamTransport) exchange(ctx context.Context, host string, pc *upstr
 		}
 		return fail(err)
 	}
+	// A deadline set here would undo the past one a cancel may just have set: the context is
+	// looked at after each change, and the cancel's deadline set again if it fired meanwhile.
 	if t.headerTimeout > 0 {
 		_ = pc.conn.SetReadDeadline(t.now().Add(t.headerTimeout))
+		if ctx.Err() != nil {
+			return fail(ctx.Err())
+		}
 	}
 	if _, err := pc.br.Peek(1); err != nil {
 		if reused && (errors.Is(err, io.EOF) || isConnReset(err)) {
@@ -123,6 +128,10 @@ func (t *upstreamTransport) exchange(ctx context.Context, host string, pc *upstr
 	}
 	if t.headerTimeout > 0 {
 		_ = pc.conn.SetReadDeadline(time.Time{})
+		if ctx.Err() != nil {
+			resp.Body.Close()
+			return fail(ctx.Err())
+		}
 	}
 	resp.Body = &upstreamBody{rc: resp.Body, pc: pc, t: t, ctx: ctx, stop: stop, keep: !resp.Close, host: host}
 	return resp, nil

@@ -359,3 +359,71 @@ func (h *httptraceRecorder) context() context.Context {
 		GotConn: func(info httptrace.GotConnInfo) { h.reused = info.Reused },
 	})
 }
+
+// A cancel that lands while the request is being written must not be undone by the header
+// deadline set after the write: the attempt ends at once, not when the header timeout does.
+// (Seen as a preempted batch request held for the whole header timeout.) The worker's
+// connection cancels the attempt from inside the write and returns once the cancel's past
+// deadline is set, so the header deadline comes after it every time.
+func TestLeanTransportCancelDuringTheWriteIsNotLost(t *testing.T) {
+	release := make(chan struct{})
+	w := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	tr := testLeanTransport(t)
+	tr.headerTimeout = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	dial := tr.dial
+	tr.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cancellingConn{Conn: c, cancel: cancel, deadlineSet: make(chan struct{})}, nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.RoundTrip(post(t, ctx, w.URL, "{}"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("still waiting for headers 10 s after the attempt was cancelled")
+	}
+}
+
+// cancellingConn cancels its attempt during the first write and lets the write return once
+// the cancel has set its deadline.
+type cancellingConn struct {
+	net.Conn
+	cancel      context.CancelFunc
+	once        sync.Once
+	deadlineSet chan struct{}
+}
+
+func (c *cancellingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.once.Do(func() {
+		c.cancel()
+		<-c.deadlineSet
+	})
+	return n, err
+}
+
+func (c *cancellingConn) SetDeadline(t time.Time) error {
+	err := c.Conn.SetDeadline(t)
+	select {
+	case <-c.deadlineSet:
+	default:
+		close(c.deadlineSet)
+	}
+	return err
+}
