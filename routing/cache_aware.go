@@ -7,11 +7,17 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func init() {
 	registerPolicy("cache_aware", func(env policyEnv) (Policy, error) {
-		return NewCacheAware(env.cfg.CacheAware, env.now)
+		c, err := NewCacheAware(env.cfg.CacheAware, env.now)
+		if err == nil && env.metrics != nil {
+			c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		}
+		return c, err
 	})
 }
 
@@ -61,16 +67,20 @@ type CacheAwareConfig struct {
 	BalanceAbsThreshold int64   `yaml:"balance_abs_threshold"`
 	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
 	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least
-	// recently used prefixes go first. Set it to what the worker's prefix cache holds, about 4
-	// bytes per KV-cache token: a larger tree claims prefixes the worker has already dropped, a
-	// smaller one forgets prefixes it still has. Default 1 MiB, about the 262,144 tokens the pool
+	// recently used prefixes go first. It is a ceiling: when a worker's engine reports
+	// (usage.prompt_tokens_details.cached_tokens) holding less of a prompt than the tree
+	// predicted, the policy learns the bytes that engine really keeps and bounds that worker by
+	// them instead (see CacheAware.learn), growing back toward the ceiling while its predictions
+	// hold. About 4 bytes per KV-cache token; a ceiling far above the engines' caches only costs
+	// a few wrong predictions per worker. Default 1 MiB, about the 262,144 tokens the pool
 	// assumes of a worker by default (a 7B model on one 80 GB GPU).
 	MaxBytesPerWorker int64 `yaml:"max_bytes_per_worker"`
-	// EvictionInterval is how often Run trims every worker back to MaxBytesPerWorker. Default 10s.
+	// EvictionInterval is how often Run trims every worker back to its limit (MaxBytesPerWorker
+	// or what was learned of its engine). Default 10s.
 	EvictionInterval time.Duration `yaml:"eviction_interval"`
-	// EvictNowFactor: a worker above EvictNowFactor × MaxBytesPerWorker is trimmed at once,
-	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
-	// MaxBytesPerWorker. >= 1; default 2.
+	// EvictNowFactor: a worker above EvictNowFactor × its limit is trimmed at once, inside the
+	// Pick that grew it, back under that hard cap, and Run is woken to trim it down to the limit.
+	// >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
 }
 
@@ -148,8 +158,12 @@ const evictBatch = 1024
 //     worker takes it (RouteCacheLoadFallback).
 //
 // The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
-// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
-// (background, least recently used first) and within EvictNowFactor times that at all times.
+// the same critical section and from the same descent. The tree stays within each worker's limit
+// through Run (background, least recently used first) and within EvictNowFactor times that at all
+// times. The limit starts at MaxBytesPerWorker and follows the engine: through the Pool, each
+// Pick's prediction of the prefix the chosen worker held is compared with the cached tokens its
+// engine reported when the request ends (learn), and a worker whose engine held less is trimmed
+// to what it really keeps.
 //
 // Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
 // inserts), so a read lock would buy nothing. A Pick holds it for one scan of the workers, one
@@ -165,6 +179,8 @@ type CacheAware struct {
 	now  func() time.Time
 	wake chan struct{} // capacity 1: a Pick asks Run for an eviction pass now
 	hard int64         // EvictNowFactor × MaxBytesPerWorker
+	// predictionError observes learn's error per request; nil records nothing.
+	predictionError prometheus.Observer
 
 	mu   sync.Mutex // guards tree and view
 	tree *radixTree
@@ -226,6 +242,16 @@ func (a candidate) lighter(b candidate) bool {
 // prompt the chosen worker already holds allocates nothing; one that extends the tree costs a node
 // and a copy of the new bytes, plus a node and a copy of the smaller half of a split edge.
 func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	w, route, _ := c.pick(r, workers)
+	return w, route
+}
+
+// pickLearning implements outcomeLearner: Pick, and what the tree expected the chosen worker to hold.
+func (c *CacheAware) pickLearning(_ context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+	return c.pick(r, workers)
+}
+
+func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, prediction) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v := c.viewOf(workers)
@@ -253,7 +279,7 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		}
 	}
 	if least.i < 0 {
-		return nil, RouteCacheMiss
+		return nil, RouteCacheMiss, prediction{}
 	}
 	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
@@ -278,6 +304,8 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	if slot < 0 {
 		slot = c.register(v, chosen.i, workers[chosen.i].ID())
 	}
+	pred := prediction{worker: workers[chosen.i].ID(), prompt: len(r.Prompt)}
+	pred.held, pred.last = c.tree.heldBy(d, slot)
 	if p := r.Prompt; len(p) > 0 {
 		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
@@ -288,7 +316,7 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
 	}
-	return workers[chosen.i], route
+	return workers[chosen.i], route, pred
 }
 
 // overloaded applies the imbalance test of CacheAwareConfig to a load against the minimum.
@@ -387,21 +415,43 @@ func (c *CacheAware) bytesOf(slot int32) int64 {
 	return c.tree.workers[slot].bytes
 }
 
-// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further. The
-// entries released are about as many bytes as the insert added, so the cost is amortised.
+// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further, or, for
+// a worker with a learned limit, under that limit. The entries released are about as many bytes as
+// the insert added, so the cost is amortised.
 // c.mu must be held.
 func (c *CacheAware) capNow(slot int32) {
-	if c.tree.workers[slot].bytes <= c.hard {
+	w := c.tree.workers[slot]
+	if w.limit > 0 {
+		// A learned limit is kept at every insert, as the engine evicts: it is small, and the
+		// tree must not claim what the engine has just dropped until Run comes by.
+		c.tree.evict(slot, w.limit, math.MaxInt)
+		return
+	}
+	if w.bytes <= c.hard {
 		return
 	}
 	c.tree.evict(slot, c.hard, math.MaxInt)
+	c.wakeRun()
+}
+
+// wakeRun asks Run for an eviction pass now.
+func (c *CacheAware) wakeRun() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
 }
 
-// Run trims every worker back to MaxBytesPerWorker every EvictionInterval, and at once when a
+// limitOf returns the bytes the tree may mirror for w: what its engine was found to keep, at most
+// MaxBytesPerWorker.
+func (c *CacheAware) limitOf(w *treeWorker) int64 {
+	if w.limit > 0 {
+		return w.limit
+	}
+	return c.cfg.MaxBytesPerWorker
+}
+
+// Run trims every worker back to its limit every EvictionInterval, and at once when a
 // Pick pushed one over the hard cap, until ctx ends. The owner of the policy runs it once, for as
 // long as the policy is used.
 func (c *CacheAware) Run(ctx context.Context) {
@@ -418,7 +468,7 @@ func (c *CacheAware) Run(ctx context.Context) {
 	}
 }
 
-// Evict trims every worker that mirrors more than MaxBytesPerWorker back to it, least recently
+// Evict trims every worker that mirrors more than its limit back to it, least recently
 // used prefixes first, and returns the number of entries released. It takes the mutex for at
 // most evictBatch releases at a time. Run calls it; so may tests and shutdown code.
 //
@@ -432,8 +482,8 @@ func (c *CacheAware) Evict() int {
 		c.mu.Lock()
 		n := 0
 		for s, w := range c.tree.workers {
-			if w != nil && w.bytes > c.cfg.MaxBytesPerWorker {
-				n += c.tree.evict(int32(s), c.cfg.MaxBytesPerWorker, evictBatch-n)
+			if w != nil && w.bytes > c.limitOf(w) {
+				n += c.tree.evict(int32(s), c.limitOf(w), evictBatch-n)
 				if n >= evictBatch {
 					break
 				}

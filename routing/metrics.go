@@ -22,6 +22,8 @@ type poolMetrics struct {
 	pinErrors *prometheus.CounterVec
 	// discoveryErrors counts failed DNS resolutions of Config.Discovery by name.
 	discoveryErrors *prometheus.CounterVec
+	// cachePredictionError is cache_aware's error about what each chosen worker held, by model.
+	cachePredictionError *prometheus.HistogramVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -63,12 +65,13 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_discovery_errors_total",
 			Help: "Failed DNS resolutions of routing.discovery names; the workers found before stay.",
 		}, []string{"name"}),
+		cachePredictionError: newPredictionErrorHistogram(),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -78,6 +78,9 @@ type Outcome struct {
 	PromptTokens     int
 	CachedTokens     int // usage.prompt_tokens_details.cached_tokens
 	CompletionTokens int
+	// CacheReported: the engine reported CachedTokens (prompt_tokens_details was in its usage);
+	// only then does a count of 0 mean the engine held nothing of the prompt.
+	CacheReported bool
 	// TTFT is the time from sending a streamed request to its first event; 0 when not streamed
 	// or not measured. It feeds the worker's learned concurrency limit.
 	TTFT time.Duration
@@ -94,6 +97,10 @@ type Lease struct {
 	tokens   int64
 	probe    bool // the half-open probe of the worker's circuit breaker
 	released atomic.Bool
+	// learner, when not nil, is the policy that picked the worker and learns from the outcome
+	// what it predicted (pred).
+	learner outcomeLearner
+	pred    prediction
 }
 
 // Release ends the lease with the request's outcome: it uncounts the in-flight request and
@@ -114,6 +121,9 @@ func (l *Lease) Release(o Outcome) {
 		result = "failed"
 	}
 	p.metrics.outcomes.WithLabelValues(w.spec.ID, result).Inc()
+	if l.learner != nil {
+		l.learner.learn(l.pred, o)
+	}
 	if o.PromptTokens > 0 || o.CachedTokens > 0 {
 		w.promptTokens.Add(int64(o.PromptTokens))
 		w.cachedTokens.Add(int64(o.CachedTokens))
@@ -368,14 +378,26 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		p.metrics.decided(r.Model, ms.policyName, "none")
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
 	}
+	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {
-		w, route := ms.policy.Pick(ctx, r, ms.workers)
+		var w *Worker
+		var route Route
+		var pred prediction
+		if lp != nil {
+			w, route, pred = lp.pickLearning(ctx, r, ms.workers)
+		} else {
+			w, route = ms.policy.Pick(ctx, r, ms.workers)
+		}
 		if w == nil {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
 		}
 		if ok, probe := w.tryAcquire(tokens); ok {
-			return p.lease(r.Model, ms, w, route, tokens, probe), nil
+			l := p.lease(r.Model, ms, w, route, tokens, probe)
+			if lp != nil {
+				l.learner, l.pred = lp, pred
+			}
+			return l, nil
 		}
 		if attempt == maxAcquireAttempts {
 			p.metrics.decided(r.Model, ms.policyName, "none")

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 )
 
@@ -38,7 +39,10 @@ type radixTree struct {
 // treeWorker is the per-worker state of a radixTree.
 type treeWorker struct {
 	id    string
-	bytes int64  // label bytes of the nodes this worker holds: what MaxBytesPerWorker bounds
+	bytes int64 // label bytes of the nodes this worker holds: what its limit bounds
+	// limit is the bytes the worker's engine was found to keep (CacheAware.learn), at most
+	// MaxBytesPerWorker; 0 until the engine first proves the ceiling too large.
+	limit int64
 	lru   holder // sentinel of a ring: lru.next is the most recent entry, lru.prev the least
 	// absentSince is when CacheAware first found the worker missing from its snapshot (Unix
 	// nanoseconds), 0 while it is present.
@@ -168,6 +172,34 @@ func commonPrefix(a, b string) int {
 		i++
 	}
 	return i
+}
+
+// heldBy returns how many leading bytes of the prompt of d slot holds, and its last access of the
+// deepest node of them (0 when it holds none). Its cost is a walk up the matched path, scanning
+// each node's holders.
+func (t *radixTree) heldBy(d descent, slot int32) (held int, last int64) {
+	if d.child != nil {
+		if i := slices.Index(d.child.slots, slot); i >= 0 {
+			return d.matched(), d.child.holders[i].last
+		}
+	}
+	for n := d.n; n != &t.root; n = n.parent {
+		if i := slices.Index(n.slots, slot); i >= 0 {
+			return n.end, n.holders[i].last
+		}
+	}
+	return 0, 0
+}
+
+// bytesSince returns the bytes of the entries slot accessed after since: a walk of its LRU list
+// from the most recent entry, as long as those are.
+func (t *radixTree) bytesSince(slot int32, since int64) int64 {
+	w := t.workers[slot]
+	var b int64
+	for h := w.lru.next; h != &w.lru && h.last > since; h = h.next {
+		b += int64(len(h.node.label))
+	}
+	return b
 }
 
 // insert makes slot hold all of prompt, using d, the descent of prompt made under the same lock,
