@@ -35,6 +35,11 @@ const (
 	// RouteCacheLoadFallback: load is imbalanced and no worker that is not overloaded holds Threshold
 	// of the prompt; the least loaded worker took it.
 	RouteCacheLoadFallback Route = "load_fallback"
+	// RouteCacheAffinity: no eligible worker still holds Threshold of the prompt, but one held it
+	// until its engine, smaller than MaxBytesPerWorker, dropped it; that worker took it (among
+	// those that are not overloaded, when imbalanced), so the prompts sharing the prefix keep
+	// meeting on one worker.
+	RouteCacheAffinity Route = "cache_affinity"
 )
 
 // Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
@@ -69,18 +74,18 @@ type CacheAwareConfig struct {
 	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least
 	// recently used prefixes go first. It is a ceiling: when a worker's engine reports
 	// (usage.prompt_tokens_details.cached_tokens) holding less of a prompt than the tree
-	// predicted, the policy learns the bytes that engine really keeps and bounds that worker by
-	// them instead (see CacheAware.learn), growing back toward the ceiling while its predictions
-	// hold. About 4 bytes per KV-cache token; a ceiling far above the engines' caches only costs
-	// a few wrong predictions per worker. Default 1 MiB, about the 262,144 tokens the pool
+	// predicted, the policy learns the bytes that engine really keeps, and only that worker's
+	// most recent entries within them count as held (see CacheAware.learn); the older ones, up
+	// to the ceiling, only remember where a prefix used to live. About 4 bytes per KV-cache
+	// token; a ceiling far above the engines' caches costs a few wrong predictions per worker
+	// and the memory of the remembered entries. Default 1 MiB, about the 262,144 tokens the pool
 	// assumes of a worker by default (a 7B model on one 80 GB GPU).
 	MaxBytesPerWorker int64 `yaml:"max_bytes_per_worker"`
-	// EvictionInterval is how often Run trims every worker back to its limit (MaxBytesPerWorker
-	// or what was learned of its engine). Default 10s.
+	// EvictionInterval is how often Run trims every worker back to MaxBytesPerWorker. Default 10s.
 	EvictionInterval time.Duration `yaml:"eviction_interval"`
-	// EvictNowFactor: a worker above EvictNowFactor × its limit is trimmed at once, inside the
-	// Pick that grew it, back under that hard cap, and Run is woken to trim it down to the limit.
-	// >= 1; default 2.
+	// EvictNowFactor: a worker above EvictNowFactor × MaxBytesPerWorker is trimmed at once,
+	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
+	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
 }
 
@@ -286,7 +291,7 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 
 	d := c.tree.descend(r.Prompt)
 	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
-	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad)
+	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, true)
 
 	chosen, route := least, RouteCacheMiss
 	switch {
@@ -296,6 +301,18 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 		chosen, route = light, RouteCacheHit
 	case imbalanced && light.i >= 0:
 		chosen, route = light, RouteCacheRebalance
+	case c.tree.limited > 0:
+		// Nobody still holds it: its last holder, if the engines dropped it, is still where its
+		// next requests find each other's prefixes (a group of prompts keeps one home).
+		best, light = c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, false)
+		switch {
+		case !imbalanced && best.i >= 0:
+			chosen, route = best, RouteCacheAffinity
+		case imbalanced && light.i >= 0:
+			chosen, route = light, RouteCacheAffinity
+		case imbalanced:
+			route = RouteCacheLoadFallback
+		}
 	case imbalanced:
 		route = RouteCacheLoadFallback
 	}
@@ -305,7 +322,7 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 		slot = c.register(v, chosen.i, workers[chosen.i].ID())
 	}
 	pred := prediction{worker: workers[chosen.i].ID(), prompt: len(r.Prompt)}
-	pred.held, pred.last = c.tree.heldBy(d, slot)
+	pred.held, pred.last = c.tree.heldBy(d, slot, c.tree.workers[slot].horizon)
 	if p := r.Prompt; len(p) > 0 {
 		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
@@ -325,10 +342,12 @@ func (c *CacheAware) overloaded(load, minLoad int64) bool {
 }
 
 // warm walks up the matched path of d, deepest first, and returns the best eligible holder of at
-// least need bytes (best) and, when imbalanced, the best one that is not overloaded (light).
+// least need bytes (best) and, when imbalanced, the best one that is not overloaded (light). With
+// held, only entries the worker's engine still holds count (see treeWorker.horizon); without, its
+// dropped entries count too.
 // At the deepest level where a kind of candidate appears, ties go to the lighter worker, then to
 // the more recent access. The walk stops once both are found or the prefix gets shorter than need.
-func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64) (best, light candidate) {
+func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64, held bool) (best, light candidate) {
 	best, light = candidate{i: -1}, candidate{i: -1}
 	level := func(n *node, depth int) bool {
 		if depth < need {
@@ -337,7 +356,7 @@ func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent,
 		foundBest, foundLight := best.i >= 0, light.i >= 0
 		for j, s := range n.slots {
 			i := v.indexOf[s]
-			if i < 0 || !r.Eligible(workers[i]) {
+			if i < 0 || !r.Eligible(workers[i]) || held && n.holders[j].last < c.tree.workers[s].horizon {
 				continue
 			}
 			w := workers[i]
@@ -415,35 +434,26 @@ func (c *CacheAware) bytesOf(slot int32) int64 {
 	return c.tree.workers[slot].bytes
 }
 
-// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further, or, for
-// a worker with a learned limit, under that limit. The entries released are about as many bytes as
-// the insert added, so the cost is amortised.
-// c.mu must be held.
+// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further, and
+// moves the horizon of a worker with a learned limit. The entries released are about as many bytes
+// as the insert added, so the cost is amortised; the horizon costs a walk of the entries within
+// the limit. c.mu must be held.
 func (c *CacheAware) capNow(slot int32) {
 	w := c.tree.workers[slot]
+	if w.bytes > c.hard {
+		c.tree.evict(slot, c.hard, math.MaxInt)
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
 	if w.limit > 0 {
-		// A learned limit is kept at every insert, as the engine evicts: it is small, and the
-		// tree must not claim what the engine has just dropped until Run comes by.
-		c.tree.evict(slot, w.limit, math.MaxInt)
-		return
-	}
-	if w.bytes <= c.hard {
-		return
-	}
-	c.tree.evict(slot, c.hard, math.MaxInt)
-	c.wakeRun()
-}
-
-// wakeRun asks Run for an eviction pass now.
-func (c *CacheAware) wakeRun() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+		w.horizon = c.tree.horizon(slot, w.limit)
 	}
 }
 
-// limitOf returns the bytes the tree may mirror for w: what its engine was found to keep, at most
-// MaxBytesPerWorker.
+// limitOf returns the bytes of w's most recent entries that count as held: what its engine was
+// found to keep, at most MaxBytesPerWorker.
 func (c *CacheAware) limitOf(w *treeWorker) int64 {
 	if w.limit > 0 {
 		return w.limit
@@ -451,7 +461,7 @@ func (c *CacheAware) limitOf(w *treeWorker) int64 {
 	return c.cfg.MaxBytesPerWorker
 }
 
-// Run trims every worker back to its limit every EvictionInterval, and at once when a
+// Run trims every worker back to MaxBytesPerWorker every EvictionInterval, and at once when a
 // Pick pushed one over the hard cap, until ctx ends. The owner of the policy runs it once, for as
 // long as the policy is used.
 func (c *CacheAware) Run(ctx context.Context) {
@@ -468,7 +478,7 @@ func (c *CacheAware) Run(ctx context.Context) {
 	}
 }
 
-// Evict trims every worker that mirrors more than its limit back to it, least recently
+// Evict trims every worker that mirrors more than MaxBytesPerWorker back to it, least recently
 // used prefixes first, and returns the number of entries released. It takes the mutex for at
 // most evictBatch releases at a time. Run calls it; so may tests and shutdown code.
 //
@@ -482,8 +492,8 @@ func (c *CacheAware) Evict() int {
 		c.mu.Lock()
 		n := 0
 		for s, w := range c.tree.workers {
-			if w != nil && w.bytes > c.limitOf(w) {
-				n += c.tree.evict(int32(s), c.limitOf(w), evictBatch-n)
+			if w != nil && w.bytes > c.cfg.MaxBytesPerWorker {
+				n += c.tree.evict(int32(s), c.cfg.MaxBytesPerWorker, evictBatch-n)
 				if n >= evictBatch {
 					break
 				}

@@ -46,16 +46,20 @@ const (
 //     its cache (least recently used out first, as in every engine) is smaller than what the
 //     worker was sent since that prefix was last used, plus the prefix. The worker's limit
 //     becomes the bytes of those other prompts (at least this prompt, which the engine holds
-//     now), and the tree is trimmed to it at once; every later insert keeps it there. This
-//     prompt itself needs no trim: the engine has just prefilled all of it, as the tree says.
+//     now), and from then on only its most recent entries within the limit count as held (its
+//     horizon, moved at every insert). The older ones stay in the tree, up to
+//     MaxBytesPerWorker, as where their prefixes used to live: a prefix nobody holds any more
+//     goes back to its last holder (RouteCacheAffinity) rather than to a new worker, so a
+//     group of prompts keeps meeting on one engine. This prompt itself needs no correction: the
+//     engine has just prefilled all of it, as the tree says.
 //   - The engine held more than predicted: the limit was too small (or another replica sent the
 //     prefix there); it grows by the difference.
 //   - Right about a held prefix: the limit grows a little (learnProbeShare).
 //
 // The limit never exceeds MaxBytesPerWorker. Without a reported cache count (o.CacheReported
 // false: the engine says nothing about its cache) or with a failed request, nothing is learned.
-// Costs a few operations, plus, when the engine held less, a walk of the worker's entries used
-// since the lost prefix and the eviction of at most evictBatch entries (Run trims the rest).
+// Costs a few operations, plus, when the limit moves, a walk of the worker's entries within it
+// (and, when the engine held less, of those used since the lost prefix).
 func (c *CacheAware) learn(p prediction, o Outcome) {
 	if p.worker == "" || p.prompt == 0 || o.Failed || !o.CacheReported || o.PromptTokens <= 0 {
 		return
@@ -80,15 +84,23 @@ func (c *CacheAware) learn(p prediction, o Outcome) {
 		// bytesSince counts this prompt too (the Pick touched it): the rest displaced the lost
 		// prefix.
 		others := c.tree.bytesSince(s, p.last) - int64(min(p.prompt, int(c.cfg.MaxBytesPerWorker)))
-		w.limit = min(limit, max(others, int64(p.prompt)))
-		if c.tree.evict(s, w.limit, evictBatch) == evictBatch {
-			c.wakeRun()
-		}
+		limit = min(limit, max(others, int64(p.prompt)))
 	case miss < -slack:
-		w.limit = min(c.cfg.MaxBytesPerWorker, limit+int64(-miss))
+		limit += int64(-miss)
 	case p.held > 0:
-		w.limit = min(c.cfg.MaxBytesPerWorker, limit+int64(p.prompt/learnProbeShare))
+		limit += int64(p.prompt / learnProbeShare)
+	default:
+		return
 	}
+	limit = min(limit, c.cfg.MaxBytesPerWorker)
+	if w.limit == 0 {
+		if limit == c.cfg.MaxBytesPerWorker {
+			return
+		}
+		c.tree.limited++
+	}
+	w.limit = limit
+	w.horizon = c.tree.horizon(s, limit)
 }
 
 // Limit returns the bytes the tree may mirror for worker id: MaxBytesPerWorker until its engine

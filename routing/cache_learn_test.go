@@ -57,7 +57,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 		limit     int64 // learned before; 0 for none
 		outcome   Outcome
 		wantLimit int64
-		wantHeld  []string // prompts the worker holds afterwards
+		wantHeld  []string // prompts the worker is taken to hold afterwards
 	}{
 		{name: "engine held less: the limit becomes what displaced the prefix",
 			outcome:   Outcome{PromptTokens: 250, CachedTokens: 0, CacheReported: true},
@@ -72,7 +72,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 		{name: "engine held more than the tree: the limit grows by the difference",
 			limit:     1000,
 			outcome:   Outcome{PromptTokens: 250, CachedTokens: 250, CacheReported: true},
-			wantLimit: 2000, wantHeld: []string{a}},
+			wantLimit: 2000, wantHeld: []string{a, cc}},
 		{name: "no cache count reported: nothing learned",
 			outcome:   Outcome{PromptTokens: 250},
 			wantLimit: 1 << 20, wantHeld: []string{a, b, cc}},
@@ -93,10 +93,11 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 			}
 			if tt.limit > 0 {
 				c.tree.workers[0].limit = tt.limit
-				c.Evict()
+				c.tree.workers[0].horizon = c.tree.horizon(0, tt.limit)
+				c.tree.limited++
 			}
 			clock.advance(time.Second)
-			held := treeHoldings(c.tree, a)["w0"]
+			held, _ := c.tree.heldBy(c.tree.descend(a), 0, c.tree.workers[0].horizon)
 			_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: a}, ws)
 			if pred.worker != "w0" || pred.prompt != 1000 || pred.held != held {
 				t.Fatalf("prediction: got %+v, want w0 holding %d of 1000 bytes", pred, held)
@@ -107,8 +108,11 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 			}
 			var got []string
 			for _, p := range []string{a, b, cc} {
-				if treeHoldings(c.tree, p)["w0"] == len(p) {
+				if held, _ := c.tree.heldBy(c.tree.descend(p), 0, c.tree.workers[0].horizon); held == len(p) {
 					got = append(got, p)
+				}
+				if treeHoldings(c.tree, p)["w0"] != len(p) {
+					t.Errorf("the tree forgot %s...: want it kept as where it lived", p[:1])
 				}
 			}
 			if !slices.Equal(got, tt.wantHeld) {
@@ -217,5 +221,36 @@ func TestPoolFeedsCacheAwareTheOutcome(t *testing.T) {
 	}
 	if got := m.GetHistogram().GetSampleSum(); got != 0.5 {
 		t.Errorf("%s sum: got %v, want 0.5", metric, got)
+	}
+}
+
+// TestCacheAwareDroppedPrefixGoesHome: a prefix past its worker's learned limit no longer counts
+// as held, yet goes back to that worker rather than to an emptier one.
+func TestCacheAwareDroppedPrefixGoesHome(t *testing.T) {
+	c, clock := newTestCacheAware(t, CacheAwareConfig{})
+	ws := cacheWorkers(t, 2)
+	a, b := strings.Repeat("a", 1000), strings.Repeat("b", 1000)
+	for _, p := range []string{a, b} {
+		clock.advance(time.Second)
+		// Both on w0: it is the first idle worker and holds them.
+		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, []*Worker{ws[0]})
+	}
+	clock.advance(time.Second)
+	_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: b}, ws)
+	c.learn(pred, Outcome{PromptTokens: 250, CachedTokens: 249, CacheReported: true}) // right: nothing moves
+	c.tree.workers[0].limit, c.tree.limited = 1000, 1
+	c.tree.workers[0].horizon = c.tree.horizon(0, 1000)
+
+	clock.advance(time.Second)
+	w, route, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: a + "?"}, ws)
+	if w != ws[0] || route != RouteCacheAffinity {
+		t.Errorf("dropped prefix: got %s by %s, want w0 by %s", w.ID(), route, RouteCacheAffinity)
+	}
+	if pred.held != 0 {
+		t.Errorf("prediction of a dropped prefix: got %d bytes held, want 0", pred.held)
+	}
+	clock.advance(time.Second)
+	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: "zzz"}, ws); w != ws[1] || route != RouteCacheMiss {
+		t.Errorf("new prefix: got %s by %s, want w1 by %s", w.ID(), route, RouteCacheMiss)
 	}
 }
