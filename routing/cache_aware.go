@@ -14,10 +14,14 @@ import (
 func init() {
 	registerPolicy("cache_aware", func(env policyEnv) (Policy, error) {
 		c, err := NewCacheAware(env.cfg.CacheAware, env.now)
-		if err == nil && env.metrics != nil {
-			c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		if err != nil {
+			return nil, err
 		}
-		return c, err
+		c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		if env.prefixes != nil && !c.cfg.Local {
+			c.share = newShare(env.prefixes, env)
+		}
+		return c, nil
 	})
 }
 
@@ -50,6 +54,7 @@ const (
 	DefaultMaxBytesPerWorker   = 1 << 20 // prompt bytes; see CacheAwareConfig
 	DefaultEvictionInterval    = 10 * time.Second
 	DefaultEvictNowFactor      = 2
+	DefaultShareInterval       = 50 * time.Millisecond
 )
 
 // CacheAwareConfig holds the parameters of the cache_aware policy. Zero fields take the defaults
@@ -87,6 +92,14 @@ type CacheAwareConfig struct {
 	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
 	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
+	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker and prompt
+	// bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
+	// to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
+	// replica's routing is seen within ShareInterval plus a Redis round trip. Default 50ms.
+	ShareInterval time.Duration `yaml:"share_interval"`
+	// Local keeps the tree to this replica even with Redis: nothing is published (prompt text
+	// then never crosses Redis) and each replica sees only its own traffic.
+	Local bool `yaml:"local"`
 }
 
 // SetDefaults fills the zero fields of c.
@@ -108,6 +121,9 @@ func (c *CacheAwareConfig) SetDefaults() {
 	}
 	if c.EvictNowFactor == 0 {
 		c.EvictNowFactor = DefaultEvictNowFactor
+	}
+	if c.ShareInterval == 0 {
+		c.ShareInterval = DefaultShareInterval
 	}
 }
 
@@ -138,6 +154,9 @@ func (c CacheAwareConfig) validate(prefix string) []error {
 	}
 	if math.IsNaN(c.EvictNowFactor) || c.EvictNowFactor < 1 {
 		bad("evict_now_factor", "must be at least 1")
+	}
+	if c.ShareInterval <= 0 {
+		bad("share_interval", "must be positive")
 	}
 	return errs
 }
@@ -186,10 +205,16 @@ type CacheAware struct {
 	hard int64         // EvictNowFactor × MaxBytesPerWorker
 	// predictionError observes learn's error per request; nil records nothing.
 	predictionError prometheus.Observer
+	// share publishes the inserts to the other gateway replicas and applies theirs; nil when
+	// the tree is this replica's alone.
+	share *share
 
-	mu   sync.Mutex // guards tree and view
+	mu   sync.Mutex // guards tree, view, members and share's pending inserts
 	tree *radixTree
 	view slotView
+	// members are the IDs of the model's workers in the last snapshot WorkersChanged gave: the
+	// only workers another replica's inserts may name.
+	members map[string]bool
 }
 
 // slotView maps the workers of one snapshot to tree slots and back, so a Pick never looks a
@@ -332,6 +357,9 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 		}
 		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
+		if c.share != nil {
+			c.share.add(pred.worker, p)
+		}
 	}
 	return workers[chosen.i], route, pred
 }
@@ -462,9 +490,15 @@ func (c *CacheAware) limitOf(w *treeWorker) int64 {
 }
 
 // Run trims every worker back to MaxBytesPerWorker every EvictionInterval, and at once when a
-// Pick pushed one over the hard cap, until ctx ends. The owner of the policy runs it once, for as
-// long as the policy is used.
+// Pick pushed one over the hard cap, until ctx ends; with a PrefixFeed it also publishes this
+// replica's inserts and applies the others' (runShare), and returns once that has stopped too.
+// The owner of the policy runs it once, for as long as the policy is used.
 func (c *CacheAware) Run(ctx context.Context) {
+	if c.share != nil {
+		shared := make(chan struct{})
+		go func() { defer close(shared); c.runShare(ctx) }()
+		defer func() { <-shared }()
+	}
 	t := time.NewTicker(c.cfg.EvictionInterval)
 	defer t.Stop()
 	for {
@@ -534,13 +568,11 @@ func (c *CacheAware) forgetAbsent() {
 func (c *CacheAware) WorkersChanged(workers []*Worker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.tree.slots) == 0 {
-		return
-	}
 	keep := make(map[string]bool, len(workers))
 	for _, w := range workers {
 		keep[w.ID()] = true
 	}
+	c.members = keep
 	for id := range c.tree.slots {
 		if !keep[id] {
 			c.tree.remove(id)

@@ -24,6 +24,8 @@ type poolMetrics struct {
 	discoveryErrors *prometheus.CounterVec
 	// cachePredictionError is cache_aware's error about what each chosen worker held, by model.
 	cachePredictionError *prometheus.HistogramVec
+	// cacheShared counts cache_aware inserts shared among replicas by model and direction.
+	cacheShared *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -66,12 +68,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Help: "Failed DNS resolutions of routing.discovery names; the workers found before stay.",
 		}, []string{"name"}),
 		cachePredictionError: newPredictionErrorHistogram(),
+		cacheShared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_cache_shared_inserts_total",
+			Help: "cache_aware inserts shared with the other gateway replicas, by model and direction: sent, received (applied from another replica), dropped (over the batch bound or a failed publish).",
+		}, []string{"model", "direction"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -42,6 +42,9 @@ type Options struct {
 	Pins PinStore
 	// Drains shares drain state among gateway replicas (a RedisStore); nil keeps it local.
 	Drains DrainStore
+	// Prefixes shares what cache_aware routes among gateway replicas (a RedisStore); nil keeps
+	// each replica's tree its own.
+	Prefixes PrefixFeed
 	// Resolver resolves the names of Config.Discovery; default net.DefaultResolver.
 	Resolver Resolver
 	// Registry keeps the workers added, changed and removed through the admin API for every
@@ -165,6 +168,7 @@ type Pool struct {
 	rand     randSource
 	pins     PinStore
 	drains   DrainStore // nil: drain state is local
+	prefixes PrefixFeed // nil: cache_aware trees are per replica
 	resolver Resolver
 	metrics  *poolMetrics
 
@@ -221,6 +225,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	p.drains = opts.Drains
 	p.registry, p.announcer = opts.Registry, opts.Announcer
+	p.prefixes = opts.Prefixes
 	p.resolver = opts.Resolver
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -280,7 +285,7 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 }
 
 func (p *Pool) policyEnv(model string, mc ModelConfig) policyEnv {
-	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, metrics: p.metrics}
+	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, prefixes: p.prefixes, metrics: p.metrics}
 }
 
 // publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
