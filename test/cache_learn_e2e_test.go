@@ -22,7 +22,7 @@ type cacheWorkload struct {
 	requests []string // bodies
 }
 
-func newCacheWorkload(groups, questions, systemWords int) cacheWorkload {
+func newCacheWorkload(model string, groups, questions, systemWords int) cacheWorkload {
 	var w cacheWorkload
 	for g := range groups {
 		words := make([]string, systemWords)
@@ -116,7 +116,7 @@ func predictionErrors(t *testing.T, g prometheus.Gatherer) (below, count uint64)
 // it reports: it serves a clearly larger share of prompt tokens from cache than round_robin, and
 // after warm-up its median prediction of what the chosen worker holds is within 10% of the prompt.
 func TestCacheAwareLearnsSmallEngineCaches(t *testing.T) {
-	w := newCacheWorkload(8, 12, 300)
+	w := newCacheWorkload(model, 8, 12, 300)
 	modes := []struct {
 		name string
 		cfg  func(c *sim.Config)

@@ -126,7 +126,7 @@ func TestCacheAwareReplicasShareOneView(t *testing.T) {
 	a, b, c := startCacheReplica(t, specs, rdb), startCacheReplica(t, specs, rdb), startCacheReplica(t, specs, rdb)
 	waitSubscribed(t, rdb, 3)
 
-	w := newCacheWorkload(3, 2, 200)
+	w := newCacheWorkload(model, 3, 2, 200)
 	body := func(g, q int) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`,
 			model, w.systems[g], q)
@@ -155,7 +155,7 @@ func TestCacheAwareReplicasShareOneView(t *testing.T) {
 // previous one's insert has reached every replica, as at 1.5 requests a second). The fleet's
 // cached share must reach 95% of what one replica alone gets.
 func TestCacheAwareFleetHitRate(t *testing.T) {
-	w := newCacheWorkload(8, 12, 300)
+	w := newCacheWorkload(model, 8, 12, 300)
 	run := func(replicas int) float64 {
 		rs := redistest.Start(t)
 		var specs []routing.WorkerSpec
