@@ -58,6 +58,9 @@ type Options struct {
 	Slots   int    // parallel sequences (-np); default 2
 	Context int    // context per slot in tokens; the engine gets Slots x Context (-c); default 4096
 	Threads int    // CPU threads (-t); default 1
+	// Args are more llama-server flags, after those above (e.g. "--cache-ram", "0": each slot
+	// keeps only its last prompt).
+	Args []string
 }
 
 func (o *Options) setDefaults() {
@@ -140,8 +143,9 @@ func launch(bin, model string, o Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{URL: "http://127.0.0.1:" + strconv.Itoa(port), ID: o.ID, log: newTailBuffer(64 << 10), exited: make(chan struct{})}
-	e.cmd = exec.Command(bin, "-m", model, "-a", o.ID, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--metrics", "-np", strconv.Itoa(o.Slots), "-c", strconv.Itoa(o.Slots*o.Context), "-t", strconv.Itoa(o.Threads))
+	args := []string{"-m", model, "-a", o.ID, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--metrics", "-np", strconv.Itoa(o.Slots), "-c", strconv.Itoa(o.Slots * o.Context), "-t", strconv.Itoa(o.Threads)}
+	e.cmd = exec.Command(bin, append(args, o.Args...)...)
 	e.cmd.Stdout, e.cmd.Stderr = e.log, e.log
 	e.cmd.SysProcAttr = dieWithParent()
 	if err := e.cmd.Start(); err != nil {
