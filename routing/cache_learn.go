@@ -116,6 +116,17 @@ func (c *CacheAware) Limit(id string) int64 {
 	return c.limitOf(c.tree.workers[s])
 }
 
+// Limits returns Limit for every worker the tree knows, by ID. Safe for concurrent use.
+func (c *CacheAware) Limits() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, len(c.tree.slots))
+	for id, s := range c.tree.slots {
+		out[id] = c.limitOf(c.tree.workers[s])
+	}
+	return out
+}
+
 // newPredictionErrorHistogram is usher_routing_cache_prediction_error_ratio, by model.
 func newPredictionErrorHistogram() *prometheus.HistogramVec {
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{

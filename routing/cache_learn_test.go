@@ -207,6 +207,13 @@ func TestPoolFeedsCacheAwareTheOutcome(t *testing.T) {
 	if got, want := ca.Limit("w0"), int64(4000+4000/16); got != want {
 		t.Errorf("limit of w0: got %d, want %d", got, want)
 	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP usher_routing_cache_limit_bytes Prompt bytes cache_aware counts as held by the worker: max_bytes_per_worker until the engine's reported cached tokens showed a smaller cache, then what it was found to keep.
+# TYPE usher_routing_cache_limit_bytes gauge
+usher_routing_cache_limit_bytes{model="m",worker="w0"} 4250
+`), "usher_routing_cache_limit_bytes"); err != nil {
+		t.Error(err)
+	}
 	const metric = "usher_routing_cache_prediction_error_ratio"
 	if n, err := testutil.GatherAndCount(reg, metric); err != nil || n != 1 {
 		t.Fatalf("%s: got %d series (%v), want 1", metric, n, err)

@@ -112,6 +112,9 @@ var (
 		"Requests queued inside the worker at its last scrape.", []string{"worker"}, nil)
 	kvUsageDesc = prometheus.NewDesc("usher_routing_worker_reported_kv_usage",
 		"Fraction of the worker's KV cache in use at its last scrape.", []string{"worker"}, nil)
+	cacheLimitDesc = prometheus.NewDesc("usher_routing_cache_limit_bytes",
+		"Prompt bytes cache_aware counts as held by the worker: max_bytes_per_worker until the engine's reported cached tokens showed a smaller cache, then what it was found to keep.",
+		[]string{"model", "worker"}, nil)
 	limitDesc = prometheus.NewDesc("usher_routing_worker_concurrency_limit",
 		"Requests the gateway keeps in flight on the worker at most, now; source: config, engine (its slots) or learned.",
 		[]string{"worker", "source"}, nil)
@@ -131,12 +134,24 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- waitingDesc
 	ch <- kvUsageDesc
 	ch <- limitDesc
+	ch <- cacheLimitDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.mu.Lock()
 	workers := c.p.workers
+	trees := map[string]*CacheAware{}
+	for model, pol := range c.p.policies {
+		if ca, ok := pol.Policy.(*CacheAware); ok {
+			trees[model] = ca
+		}
+	}
 	c.p.mu.Unlock()
+	for model, ca := range trees {
+		for id, limit := range ca.Limits() {
+			ch <- prometheus.MustNewConstMetric(cacheLimitDesc, prometheus.GaugeValue, float64(limit), model, id)
+		}
+	}
 	for _, w := range workers {
 		id := w.spec.ID
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(w.InFlight()), id)
