@@ -140,3 +140,41 @@ func TestCacheAwareShareBounds(t *testing.T) {
 		t.Errorf("after a good batch w0 mirrors %d bytes, want 5", got)
 	}
 }
+
+// TestCacheAwareLearnsAndSharesConcurrently runs picks, their outcomes, other replicas' batches
+// and evictions at once (for the race detector), then checks the tree's invariants.
+func TestCacheAwareLearnsAndSharesConcurrently(t *testing.T) {
+	c, clock := newTestCacheAware(t, CacheAwareConfig{MaxBytesPerWorker: 4000})
+	ws := cacheWorkers(t, 4)
+	p, _ := newTestPool(t, Config{Workers: testWorkers(1, "m")})
+	c.share = newShare(&memFeed{}, policyEnv{model: "m", metrics: p.metrics})
+	c.WorkersChanged(ws)
+	systems := []string{strings.Repeat("alpha ", 60), strings.Repeat("beta ", 60), strings.Repeat("gamma ", 60)}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				clock.advance(time.Millisecond)
+				prompt := fmt.Sprintf("%sq%d", systems[(g+i)%len(systems)], i%7)
+				_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: prompt}, ws)
+				c.learn(pred, Outcome{PromptTokens: len(prompt) / 4, CachedTokens: (i % 3) * len(prompt) / 12, CacheReported: true})
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 200 {
+			c.applyBatch(fmt.Appendf(nil, `{"r":"other","i":[{"w":"w%d","p":"%sremote %d"}]}`, i%4, systems[i%3], i))
+			if i%50 == 0 {
+				c.Evict()
+				c.publish(context.Background())
+			}
+		}
+	})
+	wg.Wait()
+	checkTree(t, c.tree)
+	for id, limit := range c.Limits() {
+		if limit <= 0 || limit > 4000 {
+			t.Errorf("limit of %s: got %d, want in (0, 4000]", id, limit)
+		}
+	}
+}
