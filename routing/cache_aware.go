@@ -182,12 +182,12 @@ const evictBatch = 1024
 //     worker takes it (RouteCacheLoadFallback).
 //
 // The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
-// the same critical section and from the same descent. The tree stays within each worker's limit
-// through Run (background, least recently used first) and within EvictNowFactor times that at all
-// times. The limit starts at MaxBytesPerWorker and follows the engine: through the Pool, each
-// Pick's prediction of the prefix the chosen worker held is compared with the cached tokens its
-// engine reported when the request ends (learn), and a worker whose engine held less is trimmed
-// to what it really keeps.
+// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per
+// worker through Run (background, least recently used first) and within EvictNowFactor times that
+// at all times. What counts as held follows the engine: through the Pool, each Pick's prediction of
+// the prefix the chosen worker held is compared with the cached tokens its engine reported when the
+// request ends (learn); a worker whose engine held less gets a smaller limit, and only its most
+// recent entries within it count as held (RouteCacheAffinity for the older ones).
 //
 // Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
 // inserts), so a read lock would buy nothing. A Pick holds it for one scan of the workers, one
