@@ -60,7 +60,8 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(u.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))
 	s.metrics.tokens.WithLabelValues(cl.model, "cached").Add(float64(u.cachedTokens()))
-	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CompletionTokens: u.CompletionTokens}
+	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CacheReported: u.PromptTokensDetails != nil,
+		CompletionTokens: u.CompletionTokens}
 }
 
 // estimatedUsage is what a stream that ended without its usage chunk (the client left, the

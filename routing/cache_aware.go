@@ -7,11 +7,21 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func init() {
 	registerPolicy("cache_aware", func(env policyEnv) (Policy, error) {
-		return NewCacheAware(env.cfg.CacheAware, env.now)
+		c, err := NewCacheAware(env.cfg.CacheAware, env.now)
+		if err != nil {
+			return nil, err
+		}
+		c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		if env.prefixes != nil && !c.cfg.Local {
+			c.share = newShare(env.prefixes, env)
+		}
+		return c, nil
 	})
 }
 
@@ -29,6 +39,11 @@ const (
 	// RouteCacheLoadFallback: load is imbalanced and no worker that is not overloaded holds Threshold
 	// of the prompt; the least loaded worker took it.
 	RouteCacheLoadFallback Route = "load_fallback"
+	// RouteCacheAffinity: no eligible worker still holds Threshold of the prompt, but one held it
+	// until its engine, smaller than MaxBytesPerWorker, dropped it; that worker took it (among
+	// those that are not overloaded, when imbalanced), so the prompts sharing the prefix keep
+	// meeting on one worker.
+	RouteCacheAffinity Route = "cache_affinity"
 )
 
 // Defaults of CacheAwareConfig, applied by SetDefaults to zero fields.
@@ -39,6 +54,7 @@ const (
 	DefaultMaxBytesPerWorker   = 1 << 20 // prompt bytes; see CacheAwareConfig
 	DefaultEvictionInterval    = 10 * time.Second
 	DefaultEvictNowFactor      = 2
+	DefaultShareInterval       = 50 * time.Millisecond
 )
 
 // CacheAwareConfig holds the parameters of the cache_aware policy. Zero fields take the defaults
@@ -61,9 +77,13 @@ type CacheAwareConfig struct {
 	BalanceAbsThreshold int64   `yaml:"balance_abs_threshold"`
 	BalanceRelThreshold float64 `yaml:"balance_rel_threshold"`
 	// MaxBytesPerWorker bounds the prompt bytes the tree mirrors for each worker; the least
-	// recently used prefixes go first. Set it to what the worker's prefix cache holds, about 4
-	// bytes per KV-cache token: a larger tree claims prefixes the worker has already dropped, a
-	// smaller one forgets prefixes it still has. Default 1 MiB, about the 262,144 tokens the pool
+	// recently used prefixes go first. It is a ceiling: when a worker's engine reports
+	// (usage.prompt_tokens_details.cached_tokens) holding less of a prompt than the tree
+	// predicted, the policy learns the bytes that engine really keeps, and only that worker's
+	// most recent entries within them count as held (see CacheAware.learn); the older ones, up
+	// to the ceiling, only remember where a prefix used to live. About 4 bytes per KV-cache
+	// token; a ceiling far above the engines' caches costs a few wrong predictions per worker
+	// and the memory of the remembered entries. Default 1 MiB, about the 262,144 tokens the pool
 	// assumes of a worker by default (a 7B model on one 80 GB GPU).
 	MaxBytesPerWorker int64 `yaml:"max_bytes_per_worker"`
 	// EvictionInterval is how often Run trims every worker back to MaxBytesPerWorker. Default 10s.
@@ -72,6 +92,14 @@ type CacheAwareConfig struct {
 	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
 	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
+	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker and prompt
+	// bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
+	// to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
+	// replica's routing is seen within ShareInterval plus a Redis round trip. Default 50ms.
+	ShareInterval time.Duration `yaml:"share_interval"`
+	// Local keeps the tree to this replica even with Redis: nothing is published (prompt text
+	// then never crosses Redis) and each replica sees only its own traffic.
+	Local bool `yaml:"local"`
 }
 
 // SetDefaults fills the zero fields of c.
@@ -93,6 +121,9 @@ func (c *CacheAwareConfig) SetDefaults() {
 	}
 	if c.EvictNowFactor == 0 {
 		c.EvictNowFactor = DefaultEvictNowFactor
+	}
+	if c.ShareInterval == 0 {
+		c.ShareInterval = DefaultShareInterval
 	}
 }
 
@@ -124,6 +155,9 @@ func (c CacheAwareConfig) validate(prefix string) []error {
 	if math.IsNaN(c.EvictNowFactor) || c.EvictNowFactor < 1 {
 		bad("evict_now_factor", "must be at least 1")
 	}
+	if c.ShareInterval <= 0 {
+		bad("share_interval", "must be positive")
+	}
 	return errs
 }
 
@@ -148,8 +182,12 @@ const evictBatch = 1024
 //     worker takes it (RouteCacheLoadFallback).
 //
 // The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
-// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per worker through Run
-// (background, least recently used first) and within EvictNowFactor times that at all times.
+// the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per
+// worker through Run (background, least recently used first) and within EvictNowFactor times that
+// at all times. What counts as held follows the engine: through the Pool, each Pick's prediction of
+// the prefix the chosen worker held is compared with the cached tokens its engine reported when the
+// request ends (learn); a worker whose engine held less gets a smaller limit, and only its most
+// recent entries within it count as held (RouteCacheAffinity for the older ones).
 //
 // Locking: one mutex guards the tree and the cached slot map; every Pick writes (access times,
 // inserts), so a read lock would buy nothing. A Pick holds it for one scan of the workers, one
@@ -165,10 +203,18 @@ type CacheAware struct {
 	now  func() time.Time
 	wake chan struct{} // capacity 1: a Pick asks Run for an eviction pass now
 	hard int64         // EvictNowFactor × MaxBytesPerWorker
+	// predictionError observes learn's error per request; nil records nothing.
+	predictionError prometheus.Observer
+	// share publishes the inserts to the other gateway replicas and applies theirs; nil when
+	// the tree is this replica's alone.
+	share *share
 
-	mu   sync.Mutex // guards tree and view
+	mu   sync.Mutex // guards tree, view, members and share's pending inserts
 	tree *radixTree
 	view slotView
+	// members are the IDs of the model's workers in the last snapshot WorkersChanged gave: the
+	// only workers another replica's inserts may name.
+	members map[string]bool
 }
 
 // slotView maps the workers of one snapshot to tree slots and back, so a Pick never looks a
@@ -226,6 +272,16 @@ func (a candidate) lighter(b candidate) bool {
 // prompt the chosen worker already holds allocates nothing; one that extends the tree costs a node
 // and a copy of the new bytes, plus a node and a copy of the smaller half of a split edge.
 func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	w, route, _ := c.pick(r, workers)
+	return w, route
+}
+
+// pickLearning implements outcomeLearner: Pick, and what the tree expected the chosen worker to hold.
+func (c *CacheAware) pickLearning(_ context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+	return c.pick(r, workers)
+}
+
+func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, prediction) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v := c.viewOf(workers)
@@ -253,14 +309,14 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		}
 	}
 	if least.i < 0 {
-		return nil, RouteCacheMiss
+		return nil, RouteCacheMiss, prediction{}
 	}
 	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
 
 	d := c.tree.descend(r.Prompt)
 	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
-	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad)
+	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, true)
 
 	chosen, route := least, RouteCacheMiss
 	switch {
@@ -270,6 +326,18 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		chosen, route = light, RouteCacheHit
 	case imbalanced && light.i >= 0:
 		chosen, route = light, RouteCacheRebalance
+	case c.tree.limited > 0:
+		// Nobody still holds it: its last holder, if the engines dropped it, is still where its
+		// next requests find each other's prefixes (a group of prompts keeps one home).
+		best, light = c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, false)
+		switch {
+		case !imbalanced && best.i >= 0:
+			chosen, route = best, RouteCacheAffinity
+		case imbalanced && light.i >= 0:
+			chosen, route = light, RouteCacheAffinity
+		case imbalanced:
+			route = RouteCacheLoadFallback
+		}
 	case imbalanced:
 		route = RouteCacheLoadFallback
 	}
@@ -278,6 +346,8 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 	if slot < 0 {
 		slot = c.register(v, chosen.i, workers[chosen.i].ID())
 	}
+	pred := prediction{worker: workers[chosen.i].ID(), prompt: len(r.Prompt)}
+	pred.held, pred.last = c.tree.heldBy(d, slot, c.tree.workers[slot].horizon)
 	if p := r.Prompt; len(p) > 0 {
 		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
@@ -287,8 +357,11 @@ func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 		}
 		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
+		if c.share != nil {
+			c.share.add(pred.worker, p)
+		}
 	}
-	return workers[chosen.i], route
+	return workers[chosen.i], route, pred
 }
 
 // overloaded applies the imbalance test of CacheAwareConfig to a load against the minimum.
@@ -297,10 +370,12 @@ func (c *CacheAware) overloaded(load, minLoad int64) bool {
 }
 
 // warm walks up the matched path of d, deepest first, and returns the best eligible holder of at
-// least need bytes (best) and, when imbalanced, the best one that is not overloaded (light).
+// least need bytes (best) and, when imbalanced, the best one that is not overloaded (light). With
+// held, only entries the worker's engine still holds count (see treeWorker.horizon); without, its
+// dropped entries count too.
 // At the deepest level where a kind of candidate appears, ties go to the lighter worker, then to
 // the more recent access. The walk stops once both are found or the prefix gets shorter than need.
-func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64) (best, light candidate) {
+func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64, held bool) (best, light candidate) {
 	best, light = candidate{i: -1}, candidate{i: -1}
 	level := func(n *node, depth int) bool {
 		if depth < need {
@@ -309,7 +384,7 @@ func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent,
 		foundBest, foundLight := best.i >= 0, light.i >= 0
 		for j, s := range n.slots {
 			i := v.indexOf[s]
-			if i < 0 || !r.Eligible(workers[i]) {
+			if i < 0 || !r.Eligible(workers[i]) || held && n.holders[j].last < c.tree.workers[s].horizon {
 				continue
 			}
 			w := workers[i]
@@ -387,24 +462,43 @@ func (c *CacheAware) bytesOf(slot int32) int64 {
 	return c.tree.workers[slot].bytes
 }
 
-// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further. The
-// entries released are about as many bytes as the insert added, so the cost is amortised.
-// c.mu must be held.
+// capNow keeps slot under the hard cap after an insert and wakes Run to trim it further, and
+// moves the horizon of a worker with a learned limit. The entries released are about as many bytes
+// as the insert added, so the cost is amortised; the horizon costs a walk of the entries within
+// the limit. c.mu must be held.
 func (c *CacheAware) capNow(slot int32) {
-	if c.tree.workers[slot].bytes <= c.hard {
-		return
+	w := c.tree.workers[slot]
+	if w.bytes > c.hard {
+		c.tree.evict(slot, c.hard, math.MaxInt)
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
 	}
-	c.tree.evict(slot, c.hard, math.MaxInt)
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if w.limit > 0 {
+		w.horizon = c.tree.horizon(slot, w.limit)
 	}
 }
 
+// limitOf returns the bytes of w's most recent entries that count as held: what its engine was
+// found to keep, at most MaxBytesPerWorker.
+func (c *CacheAware) limitOf(w *treeWorker) int64 {
+	if w.limit > 0 {
+		return w.limit
+	}
+	return c.cfg.MaxBytesPerWorker
+}
+
 // Run trims every worker back to MaxBytesPerWorker every EvictionInterval, and at once when a
-// Pick pushed one over the hard cap, until ctx ends. The owner of the policy runs it once, for as
-// long as the policy is used.
+// Pick pushed one over the hard cap, until ctx ends; with a PrefixFeed it also publishes this
+// replica's inserts and applies the others' (runShare), and returns once that has stopped too.
+// The owner of the policy runs it once, for as long as the policy is used.
 func (c *CacheAware) Run(ctx context.Context) {
+	if c.share != nil {
+		shared := make(chan struct{})
+		go func() { defer close(shared); c.runShare(ctx) }()
+		defer func() { <-shared }()
+	}
 	t := time.NewTicker(c.cfg.EvictionInterval)
 	defer t.Stop()
 	for {
@@ -474,13 +568,11 @@ func (c *CacheAware) forgetAbsent() {
 func (c *CacheAware) WorkersChanged(workers []*Worker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.tree.slots) == 0 {
-		return
-	}
 	keep := make(map[string]bool, len(workers))
 	for _, w := range workers {
 		keep[w.ID()] = true
 	}
+	c.members = keep
 	for id := range c.tree.slots {
 		if !keep[id] {
 			c.tree.remove(id)

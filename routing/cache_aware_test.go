@@ -40,7 +40,7 @@ func TestCacheAwareConfig(t *testing.T) {
 	var def CacheAwareConfig
 	def.SetDefaults()
 	want := CacheAwareConfig{Threshold: 0.5, BalanceAbsThreshold: 8, BalanceRelThreshold: 1.5,
-		MaxBytesPerWorker: 1 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2}
+		MaxBytesPerWorker: 1 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2, ShareInterval: 50 * time.Millisecond}
 	if def != want {
 		t.Errorf("defaults: got %+v, want %+v", def, want)
 	}
@@ -57,13 +57,14 @@ func TestCacheAwareConfig(t *testing.T) {
 		{name: "negative threshold", cfg: CacheAwareConfig{Threshold: -0.1},
 			wantErr: []string{"cache_aware.threshold: must be in (0, 1]"}},
 		{name: "everything negative", cfg: CacheAwareConfig{BalanceAbsThreshold: -1, BalanceRelThreshold: 0.5,
-			MaxBytesPerWorker: -1, EvictionInterval: -time.Second, EvictNowFactor: 0.9},
+			MaxBytesPerWorker: -1, EvictionInterval: -time.Second, EvictNowFactor: 0.9, ShareInterval: -time.Second},
 			wantErr: []string{
 				"cache_aware.balance_abs_threshold: must not be negative",
 				"cache_aware.balance_rel_threshold: must be at least 1",
 				"cache_aware.max_bytes_per_worker: must be positive",
 				"cache_aware.eviction_interval: must be positive",
 				"cache_aware.evict_now_factor: must be at least 1",
+				"cache_aware.share_interval: must be positive",
 			}},
 	}
 	for _, tt := range tests {

@@ -24,10 +24,13 @@
 //   - bucket.go: prompt-length ranges re-cut to equal load.
 //   - pins.go, pins_redis.go, sticky.go: pins of sessions and routing keys (sticky_session,
 //     manual) in memory or Redis.
+//   - cache_aware.go, radix.go, cache_learn.go: the cache_aware policy, its prefix tree, and how
+//     it learns each engine's real cache from the cached tokens the engine reports.
 //   - metrics.go: the pool's Prometheus metrics (names prefixed usher_routing_).
 //
 // Each Lease carries a Route, the value of the X-Usher-Route response header, saying why its
-// worker was picked: the policy's name for the load-only policies, "hash" or "spill" for the
+// worker was picked: the policy's name for the load-only policies, "cache_hit", "cache_miss",
+// "cache_rebalance" or "cache_affinity" for cache_aware, "hash" or "spill" for the
 // rings, "bucket" or "load_fallback", "sticky", "pinned", "assigned", "repinned", and "target"
 // for a request that named its worker.
 package routing

@@ -22,6 +22,10 @@ type poolMetrics struct {
 	pinErrors *prometheus.CounterVec
 	// discoveryErrors counts failed DNS resolutions of Config.Discovery by name.
 	discoveryErrors *prometheus.CounterVec
+	// cachePredictionError is cache_aware's error about what each chosen worker held, by model.
+	cachePredictionError *prometheus.HistogramVec
+	// cacheShared counts cache_aware inserts shared among replicas by model and direction.
+	cacheShared *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -63,12 +67,17 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_discovery_errors_total",
 			Help: "Failed DNS resolutions of routing.discovery names; the workers found before stay.",
 		}, []string{"name"}),
+		cachePredictionError: newPredictionErrorHistogram(),
+		cacheShared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_cache_shared_inserts_total",
+			Help: "cache_aware inserts shared with the other gateway replicas, by model and direction: sent, received (applied from another replica), dropped (over the batch bound or a failed publish).",
+		}, []string{"model", "direction"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -103,6 +112,9 @@ var (
 		"Requests queued inside the worker at its last scrape.", []string{"worker"}, nil)
 	kvUsageDesc = prometheus.NewDesc("usher_routing_worker_reported_kv_usage",
 		"Fraction of the worker's KV cache in use at its last scrape.", []string{"worker"}, nil)
+	cacheLimitDesc = prometheus.NewDesc("usher_routing_cache_limit_bytes",
+		"Prompt bytes cache_aware counts as held by the worker: max_bytes_per_worker until the engine's reported cached tokens showed a smaller cache, then what it was found to keep.",
+		[]string{"model", "worker"}, nil)
 	limitDesc = prometheus.NewDesc("usher_routing_worker_concurrency_limit",
 		"Requests the gateway keeps in flight on the worker at most, now; source: config, engine (its slots) or learned.",
 		[]string{"worker", "source"}, nil)
@@ -122,12 +134,24 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- waitingDesc
 	ch <- kvUsageDesc
 	ch <- limitDesc
+	ch <- cacheLimitDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.mu.Lock()
 	workers := c.p.workers
+	trees := map[string]*CacheAware{}
+	for model, pol := range c.p.policies {
+		if ca, ok := pol.Policy.(*CacheAware); ok {
+			trees[model] = ca
+		}
+	}
 	c.p.mu.Unlock()
+	for model, ca := range trees {
+		for id, limit := range ca.Limits() {
+			ch <- prometheus.MustNewConstMetric(cacheLimitDesc, prometheus.GaugeValue, float64(limit), model, id)
+		}
+	}
 	for _, w := range workers {
 		id := w.spec.ID
 		ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(w.InFlight()), id)

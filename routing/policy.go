@@ -49,14 +49,15 @@ type policyRunner interface {
 
 // policyEnv is what the pool hands every policy it builds.
 type policyEnv struct {
-	model   string
-	cfg     ModelConfig // with the pool's defaults applied
-	now     func() time.Time
-	rand    randSource
-	logger  *slog.Logger
-	maxAge  time.Duration // of a worker's load report (ScrapeConfig.MaxAge)
-	pins    PinStore
-	metrics *poolMetrics
+	model    string
+	cfg      ModelConfig // with the pool's defaults applied
+	now      func() time.Time
+	rand     randSource
+	logger   *slog.Logger
+	maxAge   time.Duration // of a worker's load report (ScrapeConfig.MaxAge)
+	pins     PinStore
+	prefixes PrefixFeed // nil: no other replica to share with
+	metrics  *poolMetrics
 }
 
 // policyConstructor builds the policy of one model.

@@ -42,6 +42,9 @@ type Options struct {
 	Pins PinStore
 	// Drains shares drain state among gateway replicas (a RedisStore); nil keeps it local.
 	Drains DrainStore
+	// Prefixes shares what cache_aware routes among gateway replicas (a RedisStore); nil keeps
+	// each replica's tree its own.
+	Prefixes PrefixFeed
 	// Resolver resolves the names of Config.Discovery; default net.DefaultResolver.
 	Resolver Resolver
 	// Registry keeps the workers added, changed and removed through the admin API for every
@@ -78,6 +81,9 @@ type Outcome struct {
 	PromptTokens     int
 	CachedTokens     int // usage.prompt_tokens_details.cached_tokens
 	CompletionTokens int
+	// CacheReported: the engine reported CachedTokens (prompt_tokens_details was in its usage);
+	// only then does a count of 0 mean the engine held nothing of the prompt.
+	CacheReported bool
 	// TTFT is the time from sending a streamed request to its first event; 0 when not streamed
 	// or not measured. It feeds the worker's learned concurrency limit.
 	TTFT time.Duration
@@ -94,6 +100,10 @@ type Lease struct {
 	tokens   int64
 	probe    bool // the half-open probe of the worker's circuit breaker
 	released atomic.Bool
+	// learner, when not nil, is the policy that picked the worker and learns from the outcome
+	// what it predicted (pred).
+	learner outcomeLearner
+	pred    prediction
 }
 
 // Release ends the lease with the request's outcome: it uncounts the in-flight request and
@@ -114,6 +124,9 @@ func (l *Lease) Release(o Outcome) {
 		result = "failed"
 	}
 	p.metrics.outcomes.WithLabelValues(w.spec.ID, result).Inc()
+	if l.learner != nil {
+		l.learner.learn(l.pred, o)
+	}
 	if o.PromptTokens > 0 || o.CachedTokens > 0 {
 		w.promptTokens.Add(int64(o.PromptTokens))
 		w.cachedTokens.Add(int64(o.CachedTokens))
@@ -155,6 +168,7 @@ type Pool struct {
 	rand     randSource
 	pins     PinStore
 	drains   DrainStore // nil: drain state is local
+	prefixes PrefixFeed // nil: cache_aware trees are per replica
 	resolver Resolver
 	metrics  *poolMetrics
 
@@ -211,6 +225,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	p.drains = opts.Drains
 	p.registry, p.announcer = opts.Registry, opts.Announcer
+	p.prefixes = opts.Prefixes
 	p.resolver = opts.Resolver
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
@@ -270,7 +285,7 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 }
 
 func (p *Pool) policyEnv(model string, mc ModelConfig) policyEnv {
-	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, metrics: p.metrics}
+	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, prefixes: p.prefixes, metrics: p.metrics}
 }
 
 // publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
@@ -368,14 +383,26 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		p.metrics.decided(r.Model, ms.policyName, "none")
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
 	}
+	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {
-		w, route := ms.policy.Pick(ctx, r, ms.workers)
+		var w *Worker
+		var route Route
+		var pred prediction
+		if lp != nil {
+			w, route, pred = lp.pickLearning(ctx, r, ms.workers)
+		} else {
+			w, route = ms.policy.Pick(ctx, r, ms.workers)
+		}
 		if w == nil {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
 		}
 		if ok, probe := w.tryAcquire(tokens); ok {
-			return p.lease(r.Model, ms, w, route, tokens, probe), nil
+			l := p.lease(r.Model, ms, w, route, tokens, probe)
+			if lp != nil {
+				l.learner, l.pred = lp, pred
+			}
+			return l, nil
 		}
 		if attempt == maxAcquireAttempts {
 			p.metrics.decided(r.Model, ms.policyName, "none")

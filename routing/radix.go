@@ -2,6 +2,7 @@ package routing
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 )
 
@@ -31,6 +32,7 @@ type radixTree struct {
 	workers []*treeWorker    // by slot; nil for a released slot
 	free    []int32          // released slots, reused before workers grows
 	gen     uint64           // bumped when a slot is released, so cached slot maps are rebuilt
+	limited int              // workers with a learned limit
 	nodes   int              // nodes in the tree, root excluded
 	labels  int64            // label bytes of those nodes (each counted once, however many hold it)
 }
@@ -43,6 +45,13 @@ type treeWorker struct {
 	// absentSince is when CacheAware first found the worker missing from its snapshot (Unix
 	// nanoseconds), 0 while it is present.
 	absentSince int64
+	// limit is the bytes the worker's engine was found to keep (CacheAware.learn), at most
+	// MaxBytesPerWorker; 0 until the engine first proves the ceiling too large.
+	limit int64
+	// horizon: the worker's entries last accessed before it (Unix nanoseconds) are past its
+	// limit, dropped by its engine; they are kept only as where their prefixes used to live.
+	// 0 while limit is 0.
+	horizon int64
 }
 
 // node is one edge of the tree and the prefix that ends with it.
@@ -170,6 +179,55 @@ func commonPrefix(a, b string) int {
 	return i
 }
 
+// heldBy returns how many leading bytes of the prompt of d slot holds in entries accessed at or
+// after horizon, and its last access of the deepest of them (0 when it holds none). Its cost is a
+// walk up the matched path, scanning each node's holders.
+func (t *radixTree) heldBy(d descent, slot int32, horizon int64) (held int, last int64) {
+	if d.child != nil {
+		if i := slices.Index(d.child.slots, slot); i >= 0 && d.child.holders[i].last >= horizon {
+			return d.matched(), d.child.holders[i].last
+		}
+	}
+	for n := d.n; n != &t.root; n = n.parent {
+		if i := slices.Index(n.slots, slot); i >= 0 && n.holders[i].last >= horizon {
+			return n.end, n.holders[i].last
+		}
+	}
+	return 0, 0
+}
+
+// horizonScan bounds the entries horizon walks; a limit holding more of them ends its horizon
+// early (it counts fewer entries as held than it might).
+const horizonScan = 4096
+
+// horizon returns the access time before which slot's entries fall outside its most recent limit
+// bytes: a walk of its LRU list from the most recent entry.
+func (t *radixTree) horizon(slot int32, limit int64) int64 {
+	w := t.workers[slot]
+	var b int64
+	scanned := 0
+	for h := w.lru.next; h != &w.lru; h = h.next {
+		b += int64(len(h.node.label))
+		scanned++
+		if b > limit || scanned > horizonScan {
+			// Entries of one insert share its time: all of h's insert is past the horizon.
+			return h.last + 1
+		}
+	}
+	return 0
+}
+
+// bytesSince returns the bytes of the entries slot accessed after since: a walk of its LRU list
+// from the most recent entry, as long as those are.
+func (t *radixTree) bytesSince(slot int32, since int64) int64 {
+	w := t.workers[slot]
+	var b int64
+	for h := w.lru.next; h != &w.lru && h.last > since; h = h.next {
+		b += int64(len(h.node.label))
+	}
+	return b
+}
+
 // insert makes slot hold all of prompt, using d, the descent of prompt made under the same lock,
 // so match and insert cost one descent. It splits the partly matched edge, adds a leaf for the
 // unmatched rest and marks the whole path as accessed by slot at now. It returns the bytes slot
@@ -262,6 +320,9 @@ func (t *radixTree) remove(id string) {
 	w := t.workers[s]
 	for w.lru.prev != &w.lru {
 		t.release(w, w.lru.prev)
+	}
+	if w.limit > 0 {
+		t.limited--
 	}
 	delete(t.slots, id)
 	t.workers[s] = nil

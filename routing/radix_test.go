@@ -442,3 +442,39 @@ func TestRadixMatchesModel(t *testing.T) {
 	}
 	checkTree(t, tr)
 }
+
+func TestRadixHorizonAndHeldBy(t *testing.T) {
+	tr := newRadixTree()
+	treePut(tr, "w", "aaaa", 1)
+	treePut(tr, "w", "aaaabbbb", 2) // "bbbb" is a new node under "aaaa", both accessed at 2
+	treePut(tr, "w", "cccc", 3)
+	s := tr.slots["w"]
+	// The LRU list, most recent first: cccc (3), aaaa (2), bbbb (2).
+	for _, tt := range []struct{ limit, want int64 }{
+		{100, 0}, // everything within the limit
+		{12, 0},  // exactly all 12 bytes
+		{11, 3},  // bbbb is past it, and with it all of its insert: aaaa too
+		{4, 3},   // only cccc
+		{3, 4},   // not even the latest insert
+	} {
+		if got := tr.horizon(s, tt.limit); got != tt.want {
+			t.Errorf("horizon(limit %d): got %d, want %d", tt.limit, got, tt.want)
+		}
+	}
+	d := tr.descend("aaaabbbbzz")
+	for _, tt := range []struct {
+		horizon  int64
+		held     int
+		wantLast int64
+	}{{0, 8, 2}, {2, 8, 2}, {3, 0, 0}} {
+		if held, last := tr.heldBy(d, s, tt.horizon); held != tt.held || last != tt.wantLast {
+			t.Errorf("heldBy(horizon %d): got %d bytes, last %d; want %d, %d", tt.horizon, held, last, tt.held, tt.wantLast)
+		}
+	}
+	if got := tr.bytesSince(s, 1); got != 12 {
+		t.Errorf("bytesSince(1): got %d, want 12", got)
+	}
+	if got := tr.bytesSince(s, 2); got != 4 {
+		t.Errorf("bytesSince(2): got %d, want 4", got)
+	}
+}

@@ -13,8 +13,9 @@ import (
 // RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
 // string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
 // percent-encoded) holding the worker ID, with a sliding TTL; the draining workers, a set
-// under `usher:draining`; and the announcements of worker registry changes (WorkersChannel).
-// Each method is one round trip except List, which scans. Safe for concurrent use.
+// under `usher:draining`; the announcements of worker registry changes (WorkersChannel); and, as
+// a PrefixFeed, the Pub/Sub channel `usher:prefixes:<model>`. Each method is one round trip
+// except List, which scans. Safe for concurrent use.
 type RedisStore struct {
 	client redis.UniversalClient
 }
@@ -23,6 +24,7 @@ var (
 	_ PinStore        = (*RedisStore)(nil)
 	_ DrainStore      = (*RedisStore)(nil)
 	_ WorkerAnnouncer = (*RedisStore)(nil)
+	_ PrefixFeed      = (*RedisStore)(nil)
 )
 
 // Keys of RedisStore.
@@ -32,6 +34,9 @@ const (
 	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
 	// WorkerRegistry.
 	WorkersChannel = "usher:workers:changes"
+	// prefixChannelPrefix + model (percent-encoded as pin parts) is the Pub/Sub channel of
+	// cache_aware's shared prefixes.
+	prefixChannelPrefix = "usher:prefixes:"
 )
 
 // NewRedisStore returns a store on client; the caller owns client and closes it.
@@ -192,6 +197,38 @@ func (s *RedisStore) WatchWorkers(ctx context.Context, changed func()) {
 				return
 			}
 			changed()
+		}
+	}
+}
+
+func prefixChannel(model string) string { return prefixChannelPrefix + pinPartEscaper.Replace(model) }
+
+// PublishPrefixes implements PrefixFeed: one PUBLISH.
+func (s *RedisStore) PublishPrefixes(ctx context.Context, model string, batch []byte) error {
+	if err := s.client.Publish(ctx, prefixChannel(model), batch).Err(); err != nil {
+		return fmt.Errorf("redis publish prefixes: %w", err)
+	}
+	return nil
+}
+
+// SubscribePrefixes implements PrefixFeed on a connection of its own. go-redis reconnects and
+// subscribes again after a connection loss; what was published meanwhile is lost.
+func (s *RedisStore) SubscribePrefixes(ctx context.Context, model string, fn func(batch []byte)) error {
+	sub := s.client.Subscribe(ctx, prefixChannel(model))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return fmt.Errorf("redis subscribe prefixes: %w", err)
+	}
+	msgs := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m, ok := <-msgs:
+			if !ok {
+				return errors.New("redis subscribe prefixes: subscription closed")
+			}
+			fn([]byte(m.Payload))
 		}
 	}
 }

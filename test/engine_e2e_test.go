@@ -40,13 +40,19 @@ type engineStack struct {
 type engineStackOptions struct {
 	workers        int
 	slots          int
-	maxConcurrency int  // per worker; 0 leaves usher's default
-	fifo           bool // queue.fifo
+	maxConcurrency int      // per worker; 0 leaves usher's default
+	fifo           bool     // queue.fifo
+	policy         string   // routing.policy; "" leaves usher's default
+	engineArgs     []string // more llama-server flags
 }
 
 func startEngineStack(t *testing.T, o engineStackOptions) *engineStack {
 	t.Helper()
-	s := &engineStack{engines: realengine.Start(t, o.workers, realengine.Options{Model: engineModel, Slots: o.slots})}
+	s := &engineStack{engines: realengine.Start(t, o.workers, realengine.Options{Model: engineModel, Slots: o.slots, Args: o.engineArgs})}
+	policy := ""
+	if o.policy != "" {
+		policy = "  policy: " + o.policy + "\n"
+	}
 	var workers strings.Builder
 	for i, e := range s.engines {
 		id := fmt.Sprintf("llama-%d", i)
@@ -60,7 +66,7 @@ func startEngineStack(t *testing.T, o engineStackOptions) *engineStack {
 	s.gw = startServe(t, "usher serve", func(listen string) string {
 		return fmt.Sprintf(`server: {listen: %q}
 routing:
-  workers:
+%s  workers:
 %squeue: {fifo: %v}
 tenants:
   - id: chat
@@ -68,7 +74,7 @@ tenants:
   - id: bulk
     keys: [{name: k, sha256: %s}]
 log: {level: warn}
-`, listen, workers.String(), o.fifo, tenants.HashKey(chatKey), tenants.HashKey(bulkKey))
+`, listen, policy, workers.String(), o.fifo, tenants.HashKey(chatKey), tenants.HashKey(bulkKey))
 	})
 	return s
 }

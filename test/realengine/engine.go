@@ -59,6 +59,9 @@ type Options struct {
 	Context int    // context per slot in tokens; the engine gets Slots x Context (-c); default 4096
 	Threads int    // CPU threads (-t); default 1
 	APIKey  string // --api-key: requests but /health and the model list must carry it; default none
+	// Args are more llama-server flags, after those above (e.g. "--cache-ram", "0": each slot
+	// keeps only its last prompt).
+	Args []string
 }
 
 func (o *Options) setDefaults() {
@@ -146,7 +149,7 @@ func launch(bin, model string, o Options) (*Engine, error) {
 	if o.APIKey != "" {
 		args = append(args, "--api-key", o.APIKey)
 	}
-	e.cmd = exec.Command(bin, args...)
+	e.cmd = exec.Command(bin, append(args, o.Args...)...)
 	e.cmd.Stdout, e.cmd.Stderr = e.log, e.log
 	e.cmd.SysProcAttr = dieWithParent()
 	if err := e.cmd.Start(); err != nil {
