@@ -128,7 +128,7 @@ func historyCharts(samples []Sample, now time.Time) []historyChart {
 	number := func(v float64) string { return trimFloat(v) }
 	metrics := []metric{
 		{"rps", "Requests/s", func(c ClassSample) float64 { return c.RequestsPerSecond }, number},
-		{"ttft", "TTFT p99 (60 s)", func(c ClassSample) float64 { return c.TTFTP99Seconds * 1000 }, func(v float64) string { return trimFloat(v) + " ms" }},
+		{"ttft", "TTFT p99 (60 s)", func(c ClassSample) float64 { return c.TTFTP99Seconds * 1000 }, milliseconds},
 		{"queued", "Queued", func(c ClassSample) float64 { return float64(c.Queued) }, number},
 		{"shed", "Shed rate (60 s)", func(c ClassSample) float64 { return c.ShedRate * 100 }, func(v float64) string { return trimFloat(v) + "%" }},
 	}
@@ -244,6 +244,14 @@ func roundUp(v float64) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// milliseconds labels a time in ms, from a second on in seconds.
+func milliseconds(v float64) string {
+	if v >= 1000 {
+		return trimFloat(v/1000) + " s"
+	}
+	return trimFloat(v) + " ms"
 }
 
 func trimFloat(v float64) string {

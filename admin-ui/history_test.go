@@ -113,3 +113,16 @@ func TestConsoleOverviewAndForms(t *testing.T) {
 		t.Errorf("favicon: got %d", resp.StatusCode)
 	}
 }
+
+func TestChartLabels(t *testing.T) {
+	for _, tt := range []struct {
+		got, want string
+	}{
+		{milliseconds(20000), "20 s"}, {milliseconds(1500), "1.5 s"}, {milliseconds(50), "50 ms"}, {milliseconds(0.5), "0.5 ms"},
+		{trimFloat(roundUp(0)), "1"}, {trimFloat(roundUp(99.8)), "100"}, {trimFloat(roundUp(0.13)), "0.2"}, {trimFloat(roundUp(200)), "200"},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("got %q, want %q", tt.got, tt.want)
+		}
+	}
+}

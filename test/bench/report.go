@@ -112,8 +112,8 @@ type WorkerLoad struct {
 	CacheHitRate float64 `json:"cache_hit_rate"`
 }
 
-// Timeline is the run in steps of StepSeconds from its start (at most timelineSteps of them,
-// at least 100 ms each).
+// Timeline is the run in steps of StepSeconds from its start: a tenth of the run up to a
+// second, and more when the run is longer than timelineSteps seconds.
 type Timeline struct {
 	StepSeconds float64 `json:"step_seconds"`
 	// Completed counts the requests that ended OK in each step.
@@ -323,7 +323,8 @@ func quantiles(sorted []float64) []float64 {
 
 // timeline sums results up per step of the run.
 func timeline(results []result, elapsed time.Duration) Timeline {
-	step := max(100*time.Millisecond, (elapsed+timelineSteps-1)/timelineSteps)
+	// Steps of a second or more once the run is 10 s long, so rates are not mostly noise.
+	step := max(time.Millisecond, (elapsed+timelineSteps-1)/timelineSteps, min(time.Second, elapsed/10))
 	n := max(1, int((elapsed+step-1)/step))
 	tl := Timeline{StepSeconds: step.Seconds(), Completed: make([]int, n), OutputTokens: make([]float64, n), Outstanding: make([]int, n)}
 	slot := func(d time.Duration) int { return min(n-1, max(0, int(d/step))) }

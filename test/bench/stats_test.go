@@ -194,9 +194,9 @@ func TestTimeline(t *testing.T) {
 		{sentAt: 300 * ms, hasQueueMs: true, e2e: 50 * ms, status: 429},
 		{dropped: true, sentAt: 300 * ms},
 	}
-	tl := timeline(results, 500*ms)
-	want := Timeline{StepSeconds: 0.1, Completed: []int{0, 0, 0, 0, 1}, OutputTokens: []float64{0, 0, 2, 0, 2},
-		Outstanding: []int{1, 1, 1, 2, 1}, Queued: []int{1, 1, 0, 0, 0}}
+	tl := timeline(results, time.Second)
+	want := Timeline{StepSeconds: 0.1, Completed: []int{0, 0, 0, 0, 1, 0, 0, 0, 0, 0}, OutputTokens: []float64{0, 0, 2, 0, 2, 0, 0, 0, 0, 0},
+		Outstanding: []int{1, 1, 1, 2, 1, 0, 0, 0, 0, 0}, Queued: []int{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}}
 	if !reflect.DeepEqual(tl, want) {
 		t.Errorf("got %+v, want %+v", tl, want)
 	}
@@ -242,5 +242,16 @@ func TestWriteHTMLEscapesNames(t *testing.T) {
 	}
 	if err := WriteHTML(&buf, nil); err == nil {
 		t.Error("WriteHTML of no reports: got nil, want an error")
+	}
+}
+
+func TestTimelineSteps(t *testing.T) {
+	for _, tt := range []struct {
+		elapsed time.Duration
+		step    float64
+	}{{time.Second, 0.1}, {26 * time.Second, 1}, {10 * time.Minute, 5}} {
+		if got := timeline(nil, tt.elapsed).StepSeconds; got != tt.step {
+			t.Errorf("run of %v: step %vs, want %vs", tt.elapsed, got, tt.step)
+		}
 	}
 }
