@@ -139,7 +139,7 @@ var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 		if f.Windows == 0 {
 			return "n/a"
 		}
-		return fmt.Sprintf("%.3f (min %.3f, %d windows)", f.JainMean, f.JainMin, f.Windows)
+		return fmt.Sprintf("%.3f (min %.3f)", f.JainMean, f.JainMin)
 	},
 }).Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>usher bench report</title>
@@ -148,8 +148,8 @@ var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;background:#fff}
 h1{font-size:22px;margin:0 0 12px}h2{font-size:17px;margin:28px 0 2px}
 p.note{color:#666;margin:0 0 8px;font-size:12px}
-table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{padding:4px 10px;border-bottom:1px solid #ddd;text-align:right}
-th:first-child,td:first-child{text-align:left}th{white-space:nowrap}
+table{border-collapse:collapse;margin:8px 0;font-size:12px}th,td{padding:3px 6px;border-bottom:1px solid #ddd;text-align:right}
+th:first-child,td:first-child{text-align:left}th,.nowrap{white-space:nowrap}
 .row{display:flex;flex-wrap:wrap;gap:16px}
 svg.chart{background:#fafafa;border:1px solid #e4e4e4;border-radius:4px}
 svg text{font:11px system-ui,sans-serif;fill:#333}
@@ -160,7 +160,7 @@ svg .title{font-size:13px;font-weight:600}svg .grid{stroke:#e6e6e6}svg .axis{str
 <th>TTFT p50</th><th>p99</th><th>E2E p50</th><th>p99</th><th>cache hit</th><th>worker max/mean</th><th>Jain</th></tr></thead><tbody>
 {{range .Runs}}{{$o := .Report.Overall}}<tr><td>{{.Name}}</td><td>{{.Report.Run.Workload}}</td><td>{{printf "%.1f" .Report.ElapsedSeconds}}</td><td>{{$o.Sent}}</td><td>{{$o.OK}}</td><td>{{$o.Failed}}</td><td>{{$o.Dropped}}</td>
 <td>{{f2 $o.RequestsPerSecond}}</td><td>{{printf "%.1f" $o.OutputTokensPerSecond}}</td><td>{{ms $o.TTFT.P50}}</td><td>{{ms $o.TTFT.P99}}</td><td>{{ms $o.E2E.P50}}</td><td>{{ms $o.E2E.P99}}</td>
-<td>{{pct $o.CacheHitRate}}</td><td>{{f2 .Report.WorkerLoadRatio}}</td><td>{{jain .Report.Fairness}}</td></tr>
+<td>{{pct $o.CacheHitRate}}</td><td>{{f2 .Report.WorkerLoadRatio}}</td><td class="nowrap" title="over {{.Report.Fairness.Windows}} windows of {{.Report.Fairness.WindowSeconds}} s">{{jain .Report.Fairness}}</td></tr>
 {{end}}</tbody></table>
 <p class="note">latencies in ms; {{range $i, $r := .Runs}}{{if $i}}; {{end}}{{$r.Name}}: {{$r.Report.Run.URL}} model {{$r.Report.Run.Model}}{{end}}</p>
 {{range .Sections}}<h2>{{.Title}}</h2><p class="note">{{.Note}}</p>
