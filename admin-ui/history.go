@@ -20,8 +20,8 @@ const (
 	historyLen  = 120 // 10 minutes
 )
 
-// Sample is the fleet at one moment of the Overview's history.
-type Sample struct {
+// OverviewSample is the fleet at one moment of the Overview's history.
+type OverviewSample struct {
 	At time.Time `json:"at"`
 	// Classes are in class order, each as the Overview showed it then.
 	Classes []ClassSample `json:"classes"`
@@ -30,7 +30,7 @@ type Sample struct {
 	CacheHitRate *float64 `json:"cache_hit_rate,omitempty"`
 }
 
-// ClassSample is one class in a Sample.
+// ClassSample is one class in an OverviewSample.
 type ClassSample struct {
 	Class             queue.Class `json:"class"`
 	RequestsPerSecond float64     `json:"requests_per_second"` // over the 10 s before
@@ -41,8 +41,8 @@ type ClassSample struct {
 
 // history is the ring of samples. Safe for concurrent use.
 type history struct {
-	mu      sync.Mutex // guards the fields below
-	samples []Sample   // at most historyLen, oldest first
+	mu      sync.Mutex       // guards the fields below
+	samples []OverviewSample // at most historyLen, oldest first
 	// prompt and cached are the fleet's token counters at the last sample; primed once read.
 	prompt, cached int64
 	primed         bool
@@ -50,7 +50,7 @@ type history struct {
 
 // add appends s, with the cache hit rate since the last sample from the fleet's counters (which
 // only grow, unless a worker left: then the step has no rate).
-func (h *history) add(s Sample, prompt, cached int64) {
+func (h *history) add(s OverviewSample, prompt, cached int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if dp, dc := prompt-h.prompt, cached-h.cached; h.primed && dp > 0 && dc >= 0 {
@@ -65,10 +65,10 @@ func (h *history) add(s Sample, prompt, cached int64) {
 }
 
 // list returns a copy of the samples, oldest first.
-func (h *history) list() []Sample {
+func (h *history) list() []OverviewSample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append(make([]Sample, 0, len(h.samples)), h.samples...)
+	return append(make([]OverviewSample, 0, len(h.samples)), h.samples...)
 }
 
 // sampleHistory samples the fleet for the Overview's charts every historyStep until ctx ends;
@@ -94,7 +94,7 @@ func (p *Plane) record() {
 		p.log.Warn("overview sample", "err", err)
 		return
 	}
-	s := Sample{At: o.At, Classes: make([]ClassSample, len(o.Classes))}
+	s := OverviewSample{At: o.At, Classes: make([]ClassSample, len(o.Classes))}
 	for i, c := range o.Classes {
 		s.Classes[i] = ClassSample{Class: c.Class, RequestsPerSecond: c.RequestsPerSecond, TTFTP99Seconds: c.TTFTP99Seconds,
 			ShedRate: c.ShedRate, Queued: c.Queued}
@@ -119,7 +119,7 @@ var classColors = map[queue.Class]string{queue.Interactive: "#2f5bea", queue.Sta
 // historyCharts draws the samples as of now: per class requests/s, TTFT p99, queue depth and
 // shed rate, and the fleet's cache hit rate, each from the oldest sample (at least a minute,
 // at most historyLen steps ago) to now.
-func historyCharts(samples []Sample, now time.Time) []historyChart {
+func historyCharts(samples []OverviewSample, now time.Time) []historyChart {
 	type metric struct {
 		id, title string
 		value     func(ClassSample) float64

@@ -69,7 +69,7 @@ func TestHistoryKeepsTheLastSamples(t *testing.T) {
 	var h history
 	t0 := time.Unix(1_700_000_000, 0)
 	for i := range historyLen + 10 {
-		h.add(Sample{At: t0.Add(time.Duration(i) * historyStep)}, int64(100*i), int64(50*i))
+		h.add(OverviewSample{At: t0.Add(time.Duration(i) * historyStep)}, int64(100*i), int64(50*i))
 	}
 	got := h.list()
 	if len(got) != historyLen || !got[0].At.Equal(t0.Add(10*historyStep)) {
@@ -78,7 +78,7 @@ func TestHistoryKeepsTheLastSamples(t *testing.T) {
 	if r := got[len(got)-1].CacheHitRate; r == nil || *r != 0.5 {
 		t.Errorf("last cache hit rate: got %v, want 0.5", r)
 	}
-	h.add(Sample{At: t0.Add(time.Hour)}, 10, 5)
+	h.add(OverviewSample{At: t0.Add(time.Hour)}, 10, 5)
 	if r := h.list()[historyLen-1].CacheHitRate; r != nil {
 		t.Errorf("cache hit rate after the counters fell: got %v, want none", *r)
 	}

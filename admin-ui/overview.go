@@ -23,7 +23,7 @@ type Overview struct {
 	DeadlineMisses int64 `json:"deadline_misses"`
 	// History is the last minutes of this replica, a sample every 5 s, oldest first (see
 	// Plane.Run); absent while Run has not sampled, and from the reports of the fleet view.
-	History []Sample `json:"history,omitempty"`
+	History []OverviewSample `json:"history,omitempty"`
 	// charts draw History for the console.
 	charts []historyChart
 }

@@ -55,8 +55,8 @@ func WriteHTML(w io.Writer, runs []NamedReport) error {
 					continue
 				}
 				pts := make([]point, len(q))
-				for i, v := range q {
-					pts[i] = point{v, float64(i) / 100}
+				for p, v := range q {
+					pts[p] = point{v, float64(p) / 100}
 				}
 				ss = append(ss, series{Name: s.Name, Color: colorOf(s.Name, i), Points: pts})
 			}
@@ -103,6 +103,9 @@ func WriteHTML(w io.Writer, runs []NamedReport) error {
 		var xmax, ymax float64
 		all := make([][]series, len(runs))
 		for i, run := range runs {
+			if run.Report.Timeline.StepSeconds <= 0 {
+				continue // a report without a timeline (older than it): "no data"
+			}
 			all[i] = o.values(run.Report.Timeline)
 			for _, s := range all[i] {
 				for _, pt := range s.Points {

@@ -240,6 +240,15 @@ func TestWriteHTMLEscapesNames(t *testing.T) {
 	if !strings.Contains(buf.String(), "&lt;b&gt;run&lt;/b&gt;") {
 		t.Error("the run's name is missing")
 	}
+	// A report of an older bench, without percentiles or a timeline, draws empty plots.
+	buf.Reset()
+	if err := WriteHTML(&buf, []NamedReport{{Name: "old", Report: &Report{Classes: []Stats{{Name: "batch"}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "NaN") || strings.Contains(buf.String(), "Inf") || strings.Count(buf.String(), "no data") != 7 {
+		t.Errorf("page of a report without data: %d plots say no data, want 7; NaN or Inf: %v",
+			strings.Count(buf.String(), "no data"), strings.Contains(buf.String(), "NaN"))
+	}
 	if err := WriteHTML(&buf, nil); err == nil {
 		t.Error("WriteHTML of no reports: got nil, want an error")
 	}
