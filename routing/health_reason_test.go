@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestUnhealthyLogSaysWhy: the line that marks a worker unhealthy carries the failed check's
@@ -27,6 +28,7 @@ func TestUnhealthyLogSaysWhy(t *testing.T) {
 	} {
 		var log bytes.Buffer
 		cfg := Config{Policy: "round_robin", Workers: []WorkerSpec{{ID: "w0", URL: tt.url, Models: []string{"m"}}}}
+		cfg.Health.Interval, cfg.Health.Timeout = time.Minute, time.Minute // the reason is the answer, never a timeout of a loaded machine
 		cfg.SetDefaults()
 		p, err := NewPool(cfg, Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
 		if err != nil {
