@@ -88,6 +88,7 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 func TestOpenAPIDescribesAnswers(t *testing.T) {
 	g := startTenantsGatewayRouted(t, "sticky_session")
 	doc := loadOpenAPI(t, g)
+	newBrowser(t, g.url).signIn(rootToken) // a console session to list and end
 	worker := newFakeWorker(t)
 	vars := map[string]string{"{worker_url}": worker.srv.URL}
 	calls := []struct {
@@ -102,6 +103,7 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		{"POST", "/workers", "/workers", `{"id":"w3","url":"{worker_url}","models":["m1"]}`, "", 409},
 		{"POST", "/workers", "/workers", `{"id":"w4","url":"{worker_url}","models":["m1"],"weight":2}`, "", 400},
 		{"GET", "/workers/{id}", "/workers/w3", "", "", 200},
+		{"PUT", "/workers/{id}", "/workers/w3", `{"id":"w3","url":"{worker_url}","models":["m1"],"max_concurrency":8}`, "", 200},
 		{"GET", "/workers/{id}", "/workers/nope", "", "", 404},
 		{"POST", "/workers/{id}/drain", "/workers/w3/drain", "", "", 200},
 		{"POST", "/pins", "/pins", `{"model":"m1","tenant":"acme","key":"s-2","worker":"w3"}`, "", 409}, // w3 is drained
@@ -113,6 +115,9 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		{"DELETE", "/workers/{id}", "/workers/w3", "", "", 204},
 		{"GET", "/queue", "/queue", "", "", 200},
 		{"GET", "/overview", "/overview", "", "", 200},
+		{"GET", "/fleet", "/fleet", "", "", 200},
+		{"GET", "/console-sessions", "/console-sessions", "", "", 200},
+		{"DELETE", "/console-sessions/{id}", "/console-sessions/{session_id}", "", "", 204},
 		{"POST", "/tenants", "/tenants", `{"id":"acme","name":"Acme","tier":"pro"}`, "", 201},
 		{"GET", "/tenants", "/tenants?q=acm", "", "", 200},
 		{"GET", "/tenants/{id}", "/tenants/acme", "", "", 200},
@@ -187,6 +192,9 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		}
 		if m := regexp.MustCompile(`"key":\{"id":"([^"]+)"`).FindSubmatch(got); m != nil {
 			vars["{key_id}"] = string(m[1])
+		}
+		if m := regexp.MustCompile(`"sessions":\[\{"id":"([0-9a-f]+)"`).FindSubmatch(got); m != nil {
+			vars["{session_id}"] = string(m[1])
 		}
 	}
 	for path, item := range doc.Paths.Map() {
