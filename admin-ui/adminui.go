@@ -123,6 +123,7 @@ type Plane struct {
 	replica  string
 	// clientAddr is the address sign-in limits count and logs show (Deps.ClientAddr).
 	clientAddr func(*http.Request) string
+	hist       history // the Overview's last minutes, sampled by Run
 	echo       *echo.Echo
 }
 

@@ -22,11 +22,16 @@ const maxAdminBody = 64 << 10
 
 const actorKey = "usher.admin"
 
+// apiPrefix is the path of the admin JSON API.
+const apiPrefix = "/admin/api/v1"
+
 // registerAPI mounts the admin JSON API under /admin/api/v1: the fleet (workers, pins, queue,
 // overview) for the admin and the viewer, and, with the tenant admin service, tenants, keys,
 // tiers and the audit log. The viewer may only read (GET); its changes are refused with 403.
+// openapi.yaml documents every route, served at openAPIPath.
 func (p *Plane) registerAPI(e *echo.Echo, auth Authenticator) {
-	g := e.Group("/admin/api/v1", p.adminAuth(auth), readOnlyGuard)
+	e.GET(openAPIPath, serveOpenAPI)
+	g := e.Group(apiPrefix, p.adminAuth(auth), readOnlyGuard)
 	fleet := g.Group("", adminOnly)
 	fleet.GET("/workers", p.listWorkers)
 	fleet.POST("/workers", p.addWorker)

@@ -189,3 +189,17 @@ func TestPinnedSessionLandsOnTheChosenWorker(t *testing.T) {
 		}
 	}
 }
+
+// TestPinRefusedOnAModelRoutedWithoutPins: a pin that would be listed but never followed is
+// refused with 409 and a message that says why.
+func TestPinRefusedOnAModelRoutedWithoutPins(t *testing.T) {
+	g, _ := startAdminGateway(t) // round robin
+	resp, out := g.admin(t, "POST", "/pins", adminToken, `{"model":"m1","tenant":"t1","key":"s1","worker":"w1"}`)
+	e, _ := out["error"].(map[string]any)
+	if resp.StatusCode != 409 || e["code"] != "pins_ignored" || !strings.Contains(e["message"].(string), "round_robin") {
+		t.Fatalf("pin on a round-robin model: got %d %v, want 409 pins_ignored naming the policy", resp.StatusCode, out)
+	}
+	if _, out := g.admin(t, "GET", "/pins", adminToken, ""); len(out["pins"].([]any)) != 0 {
+		t.Fatalf("pins after the refusal: got %v, want none", out["pins"])
+	}
+}

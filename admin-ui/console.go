@@ -51,8 +51,10 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 		"workerStates": func() []routing.WorkerState {
 			return []routing.WorkerState{routing.StateHealthy, routing.StateDraining, routing.StateDrained, routing.StateUnhealthy, routing.StateCircuitOpen}
 		},
-		"ms":      func(sec float64) string { return strconv.FormatFloat(sec*1000, 'f', 0, 64) + " ms" },
-		"percent": func(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" },
+		// stateLabel is a worker state for people: circuit_open reads "circuit open".
+		"stateLabel": func(s routing.WorkerState) string { return strings.ReplaceAll(string(s), "_", " ") },
+		"ms":         func(sec float64) string { return strconv.FormatFloat(sec*1000, 'f', 0, 64) + " ms" },
+		"percent":    func(f float64) string { return strconv.FormatFloat(f*100, 'f', 1, 64) + "%" },
 		"ratio": func(a, b int64) float64 {
 			if b == 0 {
 				return 0

@@ -25,16 +25,28 @@ import (
 const viewerToken = "viewer-token-of-24-characters-or-more"
 
 // startTenantsGateway is a gateway with the real tenant directory and admin service (SQLite),
-// an admin and a viewer token, in front of two fake workers w1 and w2.
+// an admin and a viewer token, in front of two fake workers w1 and w2 whose model pins sessions.
 func startTenantsGateway(t *testing.T) *testGateway {
 	t.Helper()
-	g, _ := startTenantsReplica(t, filepath.Join(t.TempDir(), "usher.db"), rootToken)
+	return startTenantsGatewayRouted(t, "sticky_session")
+}
+
+// startTenantsGatewayRouted is startTenantsGateway with the workers routed by policy.
+func startTenantsGatewayRouted(t *testing.T, policy string) *testGateway {
+	t.Helper()
+	g, _ := startTenantsReplicaRouted(t, filepath.Join(t.TempDir(), "usher.db"), rootToken, policy)
 	return g
 }
 
 // startTenantsReplica is startTenantsGateway on the SQLite file db with admin token token: two
 // calls with the same file are two replicas of one deployment. Console sessions are stored.
 func startTenantsReplica(t *testing.T, db, token string) (*testGateway, *tenants.Store) {
+	t.Helper()
+	return startTenantsReplicaRouted(t, db, token, "sticky_session")
+}
+
+// startTenantsReplicaRouted is startTenantsReplica with the workers routed by policy.
+func startTenantsReplicaRouted(t *testing.T, db, token, policy string) (*testGateway, *tenants.Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -59,8 +71,10 @@ func startTenantsReplica(t *testing.T, db, token string) (*testGateway, *tenants
 		t.Fatal(err)
 	}
 	w := newFakeWorker(t)
-	return startGateway(t, []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}, func(s *setup) {
+	specs := []routing.WorkerSpec{w.spec("w1"), w.spec("w2")}
+	return startGateway(t, specs, func(s *setup) {
 		s.Auth, s.Admins, s.Tenants, s.Sessions = dir, admin, admin, store
+		s.Pool = newPool(t, specs, policy)
 	}), store
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -138,9 +139,10 @@ type FleetTotal struct {
 	TTFTP99Seconds float64 `json:"ttft_p99_seconds"`
 }
 
-// report builds this replica's report.
+// report builds this replica's report; its Overview leaves out the history, which stays on the
+// replica (its own Overview page).
 func (p *Plane) report() (ReplicaReport, error) {
-	o, err := p.overview()
+	o, err := p.overviewNow()
 	if err != nil {
 		return ReplicaReport{}, err
 	}
@@ -171,10 +173,13 @@ func (p *Plane) publish(ctx context.Context) error {
 	return p.board.Publish(ctx, p.replica, b, reportTTL)
 }
 
-// Run publishes this replica's report every reportInterval until ctx ends (nothing without a
-// board). Failures are logged once per outage; the other replicas then show this one as stopped
+// Run samples the Overview's history (history.go) and publishes this replica's report every
+// reportInterval until ctx ends (no report without a board). Failures are logged once per outage; the other replicas then show this one as stopped
 // reporting.
 func (p *Plane) Run(ctx context.Context) {
+	var history sync.WaitGroup
+	history.Go(func() { p.sampleHistory(ctx) })
+	defer history.Wait()
 	if p.board == nil {
 		<-ctx.Done()
 		return

@@ -79,7 +79,8 @@ type setup struct {
 }
 
 type testGateway struct {
-	url string
+	url   string
+	plane *Plane // the admin plane mounted on it
 }
 
 // startGateway starts a gateway with the admin plane in front of specs, routed round robin, with
@@ -111,16 +112,19 @@ func startGateway(t *testing.T, specs []routing.WorkerSpec, change func(*setup))
 	s.Config.SetDefaults()
 	cfg := gateway.Config{TrustedProxies: s.TrustedProxies}
 	cfg.SetDefaults()
+	var plane *Plane
 	gw, err := gateway.New(cfg, gateway.Deps{Pool: s.Pool, Auth: s.Auth, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Board: s.Board, Replica: s.Replica, Now: s.Now, Logger: s.Logger,
+		p, err := New(s.Config, Deps{Fleet: s.Pool, Live: live, Admins: s.Admins, Tenants: s.Tenants, Sessions: s.Sessions, Board: s.Board, Replica: s.Replica, Now: s.Now, Logger: s.Logger,
 			ClientAddr: live.ClientAddr})
+		plane = p
+		return p, err
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return &testGateway{url: srv.URL}
+	return &testGateway{url: srv.URL, plane: plane}
 }
 
 func newPool(t *testing.T, specs []routing.WorkerSpec, policy string) *routing.Pool {

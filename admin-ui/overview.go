@@ -21,7 +21,15 @@ type Overview struct {
 	WorkerCount int                         `json:"worker_count"`
 	// DeadlineMisses sums the requests whose deadline passed while queued, since start.
 	DeadlineMisses int64 `json:"deadline_misses"`
+	// History is the last minutes of this replica, a sample every 5 s, oldest first (see
+	// Plane.Run); absent while Run has not sampled, and from the reports of the fleet view.
+	History []OverviewSample `json:"history,omitempty"`
+	// charts draw History for the console.
+	charts []historyChart
 }
+
+// Charts are the console's charts of History.
+func (o Overview) Charts() []historyChart { return o.charts }
 
 // ClassOverview is one class in an Overview. Latencies and shed rate are over the last 60 s,
 // the rate over the last 10 s, the queue is now (all models).
@@ -38,9 +46,20 @@ type ClassOverview struct {
 	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
 }
 
-// overview gathers the Overview. Cost: one queue snapshot per model and a sort of the last
-// minute's latency samples per class.
+// overview gathers the Overview with its history and charts.
 func (p *Plane) overview() (Overview, error) {
+	o, err := p.overviewNow()
+	if err != nil {
+		return Overview{}, err
+	}
+	o.History = p.hist.list()
+	o.charts = historyCharts(o.History, o.At)
+	return o, nil
+}
+
+// overviewNow gathers the Overview of now, without history. Cost: one queue snapshot per model
+// and a sort of the last minute's latency samples per class.
+func (p *Plane) overviewNow() (Overview, error) {
 	o := Overview{At: p.now(), Workers: map[routing.WorkerState]int{}}
 	for _, st := range []routing.WorkerState{routing.StateHealthy, routing.StateUnhealthy, routing.StateCircuitOpen, routing.StateDraining, routing.StateDrained} {
 		o.Workers[st] = 0

@@ -114,6 +114,7 @@ var errorTable = []errorRule{
 	{err: routing.ErrWorkerExists, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_exists", showCause: true},
 	{err: routing.ErrReadOnlyWorker, status: http.StatusConflict, typ: "invalid_request_error", code: "read_only", showCause: true},
 	{err: routing.ErrWorkerDraining, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_draining", showCause: true},
+	{err: routing.ErrPinsIgnored, status: http.StatusConflict, typ: "invalid_request_error", code: "pins_ignored", showCause: true},
 	{err: routing.ErrNoWorker, status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker_available",
 		retry: time.Second, showCause: true},
 	{err: errUpstream, status: http.StatusBadGateway, typ: "server_error", code: "upstream_error", showCause: true},

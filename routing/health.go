@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 )
@@ -32,29 +33,34 @@ func (p *Pool) startPolicy(pol *policy) {
 // check sends one health probe to w and records its result. A probe cut short by ctx records
 // nothing.
 func (p *Pool) check(ctx context.Context, w *Worker) {
-	pass := p.probe(ctx, w)
+	err := p.probe(ctx, w)
 	if ctx.Err() != nil {
 		return
 	}
-	p.recordCheck(w, pass)
+	w.checkErr = err
+	p.recordCheck(w, err == nil)
 }
 
-func (p *Pool) probe(ctx context.Context, w *Worker) bool {
+// probe sends one health check to w: nil when it answered 2xx in time, else why not.
+func (p *Pool) probe(ctx context.Context, w *Worker) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Health.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url.JoinPath(p.cfg.Health.Path).String(), nil)
 	if err != nil {
-		return false
+		return err
 	}
 	w.Authorize(req.Header)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		p.logger.Debug("health check failed", "worker", w.spec.ID, "err", err)
-		return false
+		return err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
-	return resp.StatusCode >= 200 && resp.StatusCode < 300
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		return fmt.Errorf("GET %s answered %s", p.cfg.Health.Path, resp.Status)
+	}
+	return nil
 }
 
 // recordCheck applies one check result to w's health state with the thresholds of HealthConfig.
@@ -90,6 +96,10 @@ func (p *Pool) recordCheck(w *Worker, pass bool) {
 	if next == healthUp {
 		p.logger.Info("worker healthy", "worker", w.spec.ID)
 	} else {
-		p.logger.Warn("worker unhealthy", "worker", w.spec.ID, "consecutive_failures", w.checkFailures)
+		reason := "failed health checks"
+		if w.checkErr != nil {
+			reason = w.checkErr.Error()
+		}
+		p.logger.Warn("worker unhealthy", "worker", w.spec.ID, "consecutive_failures", w.checkFailures, "reason", reason)
 	}
 }

@@ -345,7 +345,7 @@ func TestReplaceKeepsLeasesAndDrainState(t *testing.T) {
 }
 
 func TestDrainRetireAndRemoveReleasePins(t *testing.T) {
-	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(4, "m")})
+	p, _ := newTestPool(t, Config{Policy: "manual", Workers: testWorkers(4, "m")})
 	ctx := context.Background()
 	for key, worker := range map[string]string{"a": "w0", "b": "w0", "c": "w1", "d": "w2", "e": "w3"} {
 		if err := p.Pin(ctx, "m", "t", key, worker, time.Minute); err != nil {

@@ -176,6 +176,16 @@ func sortPins(pins []Pin) {
 // new requests: the pin would only move at the key's next request.
 var ErrWorkerDraining = errors.New("the worker is draining and takes no new sessions; undrain it or pin to another worker")
 
+// ErrPinsIgnored: Pin was asked to pin a key of a model whose policy routes without pins: the
+// pin would be stored and listed, and never followed.
+var ErrPinsIgnored = errors.New("the model's routing policy does not follow pins; route it by sticky_session or manual to pin sessions and keys")
+
+// pinFollower is a policy that routes by the pins Pool.Pin sets (sticky_session, manual).
+type pinFollower interface{ followsPins() }
+
+func (*StickySession) followsPins() {}
+func (*Manual) followsPins()        {}
+
 // Pin pins key (a session ID or routing key) of tenant to workerID for model, replacing any pin
 // it had, for ttl (0: the model's PinConfig.TTL). Errors wrap ErrUnknownModel or ErrUnknownWorker
 // when the model has no such worker, ErrWorkerDraining when the worker drains or retires, or come
@@ -184,6 +194,9 @@ func (p *Pool) Pin(ctx context.Context, model, tenant, key, workerID string, ttl
 	ms := p.snap.Load().models[model]
 	if ms == nil {
 		return fmt.Errorf("model %q: %w", model, ErrUnknownModel)
+	}
+	if _, ok := ms.policy.(pinFollower); !ok {
+		return fmt.Errorf("model %q is routed by %s: %w", model, ms.policyName, ErrPinsIgnored)
 	}
 	w := ms.byID[workerID]
 	if w == nil {

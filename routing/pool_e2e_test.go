@@ -55,8 +55,11 @@ func TestPoolAgainstLiveWorkers(t *testing.T) {
 	cfg := Config{
 		Policy:  "power_of_two",
 		Workers: specs,
-		Health:  HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1},
-		Scrape:  ScrapeConfig{Interval: 10 * time.Millisecond},
+		// Checks and readings must not fail by the machine's load alone: a healthy engine gets
+		// 200 ms to answer its check, and a reading stays fresh for the whole test (an engine
+		// turned unhealthy answers 503 at once).
+		Health: HealthConfig{Interval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, HealthyThreshold: 1, UnhealthyThreshold: 1},
+		Scrape: ScrapeConfig{Interval: 10 * time.Millisecond, MaxAge: time.Minute},
 	}
 	p, _ := newTestPool(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -207,3 +207,20 @@ func TestManual(t *testing.T) {
 		t.Errorf("pins of the drained w0: got %v, want none", pins)
 	}
 }
+
+// TestPinRefusedWhenThePolicyIgnoresPins: a pin on a model routed without pins would be listed
+// and never followed, so it is refused; the models that follow pins take it.
+func TestPinRefusedWhenThePolicyIgnoresPins(t *testing.T) {
+	ctx := context.Background()
+	for _, policy := range []string{"round_robin", "least_request", "cache_aware", "consistent_hash", "sticky_session", "manual"} {
+		p, _ := newTestPool(t, Config{Policy: policy, Workers: testWorkers(2, "m")})
+		err := p.Pin(ctx, "m", "t", "k", "w1", 0)
+		follows := policy == "sticky_session" || policy == "manual"
+		if follows && err != nil || !follows && !errors.Is(err, ErrPinsIgnored) {
+			t.Errorf("Pin on a model routed by %s: got %v, want %v", policy, err, map[bool]error{true: nil, false: ErrPinsIgnored}[follows])
+		}
+		if pins, _ := p.Pins(ctx, PinFilter{}); follows != (len(pins) == 1) {
+			t.Errorf("pins after Pin on a model routed by %s: got %v", policy, pins)
+		}
+	}
+}

@@ -53,9 +53,10 @@ type Worker struct {
 	promptTokens atomic.Int64
 	cachedTokens atomic.Int64
 
-	// checkPasses and checkFailures count consecutive check results; only the worker's own health
-	// goroutine touches them.
+	// checkPasses and checkFailures count consecutive check results, and checkErr says why the
+	// last check failed; only the worker's own health goroutine touches them.
 	checkPasses, checkFailures int
+	checkErr                   error
 
 	// stop ends the worker's background goroutines; guarded by Pool.mu.
 	stop context.CancelFunc

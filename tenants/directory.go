@@ -185,8 +185,9 @@ func NewDirectory(ctx context.Context, cfg Config, store *Store, opts DirectoryO
 		return nil, err
 	}
 	d.tiers.Store(ts)
+	loaded := d.now()
 	for _, t := range cfg.Tenants {
-		d.configIDs[t.ID] = Tenant{ID: t.ID, Name: t.Name, Tier: t.Tier, Status: StatusActive, ReadOnly: true}
+		d.configIDs[t.ID] = Tenant{ID: t.ID, Name: t.Name, Tier: t.Tier, Status: StatusActive, Created: loaded, ReadOnly: true}
 	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "usher_tenants_" + name, Help: help})

@@ -50,10 +50,12 @@ const (
 
 // Tenant is a tenant as the store and the admin API see it.
 type Tenant struct {
-	ID      string    `json:"id"`
-	Name    string    `json:"name"`
-	Tier    string    `json:"tier"`
-	Status  string    `json:"status"` // StatusActive or StatusSuspended
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	Tier   string `json:"tier"`
+	Status string `json:"status"` // StatusActive or StatusSuspended
+	// Created is when the tenant was created; for a tenant of the config file, when the
+	// configuration was loaded.
 	Created time.Time `json:"created"`
 	// ReadOnly marks a tenant declared in the config file; the admin API cannot change it.
 	ReadOnly bool `json:"read_only"`
@@ -87,7 +89,9 @@ type AuditEntry struct {
 	Object string    `json:"object"` // for example "tenant:acme", "key:AbC123"
 	// TenantID is the tenant the object belongs to.
 	TenantID string `json:"tenant_id"`
-	Details  string `json:"details"`
+	// Details is the JSON object the change recorded (for example a new key's name and tier);
+	// nil, and absent from JSON, when it recorded none.
+	Details json.RawMessage `json:"details,omitempty"`
 }
 
 // Open connects to the database named by url and returns a Store; it does not migrate (call
@@ -617,10 +621,14 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 	for rows.Next() {
 		var e AuditEntry
 		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.TenantID, &e.Object, &e.Details); err != nil {
+		var details string
+		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.TenantID, &e.Object, &details); err != nil {
 			return AuditPage{}, fmt.Errorf("query audit log: %w", err)
 		}
 		e.At = time.UnixMilli(at)
+		if details != "" && details != "null" {
+			e.Details = json.RawMessage(details)
+		}
 		page.Entries = append(page.Entries, e)
 	}
 	if err := rows.Err(); err != nil {

@@ -228,7 +228,7 @@ func testStoreKeys(t *testing.T, s *Store) {
 	}
 	page, _ := s.Audit(ctx, AuditQuery{})
 	for _, e := range page.Entries {
-		if strings.Contains(e.Details, secret) || strings.Contains(e.Details, key) {
+		if strings.Contains(string(e.Details), secret) || strings.Contains(string(e.Details), key) {
 			t.Errorf("audit entry %+v contains the secret", e)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -233,6 +234,43 @@ func TestDemoShowsHeadlineFeatures(t *testing.T) {
 		h := d.chat(t, d.key, nil)
 		if got := h.Get("X-Usher-Route"); !strings.HasPrefix(got, "cache_") && got != "load_fallback" {
 			t.Errorf("X-Usher-Route without a session: got %q, want a cache_aware route", got)
+		}
+	})
+
+	// The admin plane of the real binary: its OpenAPI document without a token, and the
+	// Overview's history, sampled from the start.
+	t.Run("admin plane", func(t *testing.T) {
+		m := regexp.MustCompile(`admin token: (usher-admin-\S+)`).FindStringSubmatch(d.banner)
+		if m == nil || !strings.Contains(d.banner, "/admin/api/v1/openapi.json") {
+			t.Fatalf("the banner names no admin token or OpenAPI document:\n%s", d.banner)
+		}
+		base := strings.TrimSuffix(d.baseURL, "/v1")
+		resp, err := http.Get(base + "/admin/api/v1/openapi.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			OpenAPI string         `json:"openapi"`
+			Paths   map[string]any `json:"paths"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&doc)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.HasPrefix(doc.OpenAPI, "3.") || doc.Paths["/overview"] == nil {
+			t.Fatalf("openapi.json: got %d %v %q with %d paths", resp.StatusCode, err, doc.OpenAPI, len(doc.Paths))
+		}
+		req, _ := http.NewRequest("GET", base+"/admin/api/v1/overview", nil)
+		req.Header.Set("Authorization", "Bearer "+m[1])
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var o struct {
+			History []map[string]any `json:"history"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&o)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || len(o.History) == 0 {
+			t.Errorf("overview: got %d %v with %d history samples, want at least the first", resp.StatusCode, err, len(o.History))
 		}
 	})
 }

@@ -89,13 +89,17 @@ func startConsoleStack(t *testing.T) string {
 	}
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
+	var plane *adminui.Plane
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admin: func(live *gateway.Server) (http.Handler, error) {
-		return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+		p, err := adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+		plane = p
+		return p, err
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wg.Go(func() { gw.Run(ctx) })
+	wg.Go(func() { plane.Run(ctx) })
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 	return srv.URL
@@ -340,7 +344,11 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	do(t, ctx, "queue page", chromedp.Navigate(base+"/admin/queue"), chromedp.WaitVisible(chromedp.CSS("#queue-"+model)))
 	screenshot(t, ctx, "05-queue")
-	do(t, ctx, "overview page", chromedp.Navigate(base+"/admin/overview"), chromedp.WaitVisible(chromedp.CSS("#class-standard")))
+	do(t, ctx, "overview page", chromedp.Navigate(base+"/admin/overview"), chromedp.WaitVisible(chromedp.CSS("#class-standard")),
+		chromedp.WaitVisible(chromedp.CSS("#chart-rps svg")), chromedp.WaitVisible(chromedp.CSS("#chart-cache svg")))
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`+document.querySelector('#chart-ttft svg').dataset.points`)); err != nil || n == 0 {
+		t.Errorf("the overview's TTFT chart after the test's traffic: %d points (%v), want some", n, err)
+	}
 	screenshot(t, ctx, "00-overview")
 
 	t.Run("revoke the key", func(t *testing.T) {

@@ -186,6 +186,7 @@ The same as batch:
 Console: %[1]s/admin/  (sign in with the admin token)
 Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  admin token: %[14]s
   curl -s %[1]s/admin/api/v1/pins -H "Authorization: Bearer %[14]s"
+  every call, its body and answer: %[1]s/admin/api/v1/openapi.json (OpenAPI 3, no token needed)
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz
 Ctrl-C stops everything.
 

@@ -36,6 +36,8 @@ type Report struct {
 	WorkerLoadRatio float64 `json:"worker_load_ratio,omitempty"`
 
 	Fairness Fairness `json:"fairness"`
+	// Timeline is the run over time.
+	Timeline Timeline `json:"timeline"`
 	// Scrape is present when workers' metrics were scraped.
 	Scrape *ScrapeReport `json:"scrape,omitempty"`
 }
@@ -79,6 +81,10 @@ type Stats struct {
 	E2E  Summary `json:"e2e_ms"`
 	// Queue is the gateway's queueing time from X-Usher-Queue-Ms, when it sent one.
 	Queue Summary `json:"queue_ms"`
+	// TTFTQuantiles and E2EQuantiles are the 0th to 100th percentiles, one per percent (101
+	// values; none without samples): the distributions' CDFs, as the HTML report plots them.
+	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
+	E2EQuantiles  []float64 `json:"e2e_quantiles_ms,omitempty"`
 
 	PromptTokens int64 `json:"prompt_tokens"`
 	CachedTokens int64 `json:"cached_tokens"`
@@ -96,17 +102,41 @@ type FailureCount struct {
 	Count  int    `json:"count"`
 }
 
-// WorkerLoad is the number of requests one worker served.
+// WorkerLoad is the number of requests one worker served, and the prompt tokens of the ones
+// that succeeded with how many of them its prefix cache held.
 type WorkerLoad struct {
-	Worker   string `json:"worker"`
-	Requests int    `json:"requests"`
+	Worker       string  `json:"worker"`
+	Requests     int     `json:"requests"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	CachedTokens int64   `json:"cached_tokens"`
+	CacheHitRate float64 `json:"cache_hit_rate"`
 }
+
+// Timeline is the run in steps of StepSeconds from its start: a tenth of the run up to a
+// second, and more when the run is longer than timelineSteps seconds.
+type Timeline struct {
+	StepSeconds float64 `json:"step_seconds"`
+	// Completed counts the requests that ended OK in each step.
+	Completed []int `json:"completed"`
+	// OutputTokens counts the output tokens received in each step (a request's spread over its
+	// content chunks).
+	OutputTokens []float64 `json:"output_tokens"`
+	// Outstanding counts the requests sent and not yet ended at some time in each step.
+	Outstanding []int `json:"outstanding"`
+	// Queued counts the requests waiting in the gateway's queue (X-Usher-Queue-Ms) at some time
+	// in each step; absent when the gateway sent no queueing times.
+	Queued []int `json:"queued,omitempty"`
+}
+
+// timelineSteps bounds the steps of a Timeline.
+const timelineSteps = 120
 
 // Fairness is the tokens each tenant was served per window and Jain's index over them. A
 // request's prompt tokens count when its first token arrives, its output tokens spread over
 // its content chunks. In each window the index is taken over the tenants that were backlogged
-// then, each tenant's tokens divided by its share: fairness only means something between
-// tenants that all wanted more than they got.
+// then: fairness only means something between tenants that all wanted more than they got. Each
+// tenant's tokens are divided by its share, except in a trace workload, where the share only
+// sets the mix of the trace's arrivals and every tenant weighs the same (Weighted false).
 type Fairness struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	// Basis says how backlogged is told: "queued" when the gateway reported queueing times
@@ -118,8 +148,10 @@ type Fairness struct {
 	Tokens map[string][]float64 `json:"tokens"`
 	// Jain is the index per window; 0 where no tenant was backlogged.
 	Jain []float64 `json:"jain"`
+	// Weighted says whether tenants' tokens were divided by their shares.
+	Weighted bool `json:"weighted"`
 	// Windows counts the windows where some tenant was backlogged; JainMean and JainMin are
-	// over those.
+	// over those (0 when there are none).
 	Windows  int     `json:"windows"`
 	JainMean float64 `json:"jain_mean"`
 	JainMin  float64 `json:"jain_min"`
@@ -175,6 +207,7 @@ func buildReport(cfg Config, results []result, elapsed time.Duration) *Report {
 	}
 	rep.Workers, rep.WorkerLoadRatio = workerLoads(results, len(cfg.Scrape))
 	rep.Fairness = fairness(cfg, results, elapsed)
+	rep.Timeline = timeline(results, elapsed)
 	return rep
 }
 
@@ -272,17 +305,84 @@ func stats(name string, results []result, elapsed time.Duration) Stats {
 	}
 	s.CacheHitRate = ratio(float64(s.CachedTokens), float64(s.PromptTokens))
 	s.TTFT, s.ITL, s.E2E, s.Queue = summarize(ttft), summarize(itl), summarize(e2e), summarize(queue)
+	s.TTFTQuantiles, s.E2EQuantiles = quantiles(ttft), quantiles(e2e)
 	return s
+}
+
+// quantiles returns the 0th to 100th percentiles of sorted, one per percent; nil for none.
+func quantiles(sorted []float64) []float64 {
+	if len(sorted) == 0 {
+		return nil
+	}
+	out := make([]float64, 101)
+	for p := range out {
+		out[p] = Percentile(sorted, float64(p))
+	}
+	return out
+}
+
+// timeline sums results up per step of the run.
+func timeline(results []result, elapsed time.Duration) Timeline {
+	// Steps of a second or more once the run is 10 s long, so rates are not mostly noise.
+	step := max(time.Millisecond, (elapsed+timelineSteps-1)/timelineSteps, min(time.Second, elapsed/10))
+	n := max(1, int((elapsed+step-1)/step))
+	tl := Timeline{StepSeconds: step.Seconds(), Completed: make([]int, n), OutputTokens: make([]float64, n), Outstanding: make([]int, n)}
+	slot := func(d time.Duration) int { return min(n-1, max(0, int(d/step))) }
+	for i := range results {
+		r := &results[i]
+		if r.dropped {
+			continue
+		}
+		for w := slot(r.sentAt); w <= slot(r.sentAt+r.e2e); w++ {
+			tl.Outstanding[w]++
+		}
+		if r.hasQueueMs && r.queueMs > 0 {
+			if tl.Queued == nil {
+				tl.Queued = make([]int, n)
+			}
+			end := r.sentAt + time.Duration(r.queueMs*float64(time.Millisecond))
+			for w := slot(r.sentAt); w <= slot(end); w++ {
+				tl.Queued[w]++
+			}
+		}
+		if !r.ok {
+			continue
+		}
+		tl.Completed[slot(r.sentAt+r.e2e)]++
+		if len(r.chunks) == 0 {
+			tl.OutputTokens[slot(r.sentAt+r.e2e)] += float64(r.outputTokens)
+			continue
+		}
+		per := float64(r.outputTokens) / float64(len(r.chunks))
+		for _, c := range r.chunks {
+			tl.OutputTokens[slot(r.sentAt+c)] += per
+		}
+	}
+	if tl.Queued == nil && slices.ContainsFunc(results, func(r result) bool { return r.hasQueueMs }) {
+		tl.Queued = make([]int, n)
+	}
+	return tl
 }
 
 // workerLoads counts requests per worker (X-Usher-Worker) and the max/mean ratio over the
 // fleet: the workers seen, or fleet (the scraped workers) when more, so a worker that got
 // nothing counts as a load of 0 rather than being left out of the mean.
 func workerLoads(results []result, fleet int) ([]WorkerLoad, float64) {
-	counts := map[string]int{}
+	counts := map[string]*WorkerLoad{}
 	for i := range results {
-		if w := results[i].worker; w != "" {
-			counts[w]++
+		r := &results[i]
+		if r.worker == "" {
+			continue
+		}
+		l := counts[r.worker]
+		if l == nil {
+			l = &WorkerLoad{Worker: r.worker}
+			counts[r.worker] = l
+		}
+		l.Requests++
+		if r.ok {
+			l.PromptTokens += int64(r.promptTokens)
+			l.CachedTokens += int64(r.cachedTokens)
 		}
 	}
 	if len(counts) == 0 {
@@ -290,10 +390,11 @@ func workerLoads(results []result, fleet int) ([]WorkerLoad, float64) {
 	}
 	loads := make([]WorkerLoad, 0, len(counts))
 	total, most := 0, 0
-	for w, n := range counts {
-		loads = append(loads, WorkerLoad{Worker: w, Requests: n})
-		total += n
-		most = max(most, n)
+	for _, l := range counts {
+		l.CacheHitRate = ratio(float64(l.CachedTokens), float64(l.PromptTokens))
+		loads = append(loads, *l)
+		total += l.Requests
+		most = max(most, l.Requests)
 	}
 	slices.SortFunc(loads, func(a, b WorkerLoad) int { return cmp.Compare(a.Worker, b.Worker) })
 	return loads, float64(most) / (float64(total) / float64(max(len(counts), fleet)))
@@ -302,7 +403,7 @@ func workerLoads(results []result, fleet int) ([]WorkerLoad, float64) {
 func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
 	win := cfg.Window
 	n := max(1, int((elapsed+win-1)/win))
-	f := Fairness{WindowSeconds: win.Seconds(), Tokens: map[string][]float64{}, Jain: make([]float64, n)}
+	f := Fairness{WindowSeconds: win.Seconds(), Tokens: map[string][]float64{}, Jain: make([]float64, n), Weighted: cfg.Workload != WorkloadTrace}
 	tokens := make([][]float64, len(cfg.Tenants))
 	demand := make([][]bool, len(cfg.Tenants))
 	for i := range tokens {
@@ -352,8 +453,13 @@ func fairness(cfg Config, results []result, elapsed time.Duration) Fairness {
 	for w := 0; w < n; w++ {
 		var xs []float64
 		for i, t := range cfg.Tenants {
-			if demand[i][w] {
+			if !demand[i][w] {
+				continue
+			}
+			if f.Weighted {
 				xs = append(xs, tokens[i][w]/t.Share)
+			} else {
+				xs = append(xs, tokens[i][w])
 			}
 		}
 		if len(xs) == 0 {

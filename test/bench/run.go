@@ -5,8 +5,9 @@
 // their keys, priority classes, rates and deadlines, and measures each stream: time to first
 // token, gaps between tokens, end-to-end latency, token usage and cached prompt tokens, and the
 // headers through which usher says which worker served a request and why. The Report sums it up
-// overall, per tenant and per class, with fairness over time windows and, when asked, the
-// workers' own prefix-cache counters.
+// overall, per tenant and per class, with fairness over time windows, a timeline and, when
+// asked, the workers' own prefix-cache counters; WriteTable, WriteJSON and WriteHTML (plots, one
+// run or several side by side) present it.
 //
 // Workloads: "random" (independent prompts), "shared-prefix" (SGLang's generated shared prefix:
 // groups of prompts sharing a system prompt) and "trace" (Mooncake or Azure production traces;

@@ -242,7 +242,8 @@ func TestRunReadsUsherHeaders(t *testing.T) {
 	cfg := smallRandom(srv.URL, 8)
 	cfg.Random.InputLen = 10
 	rep := run(t, cfg)
-	wantWorkers := []bench.WorkerLoad{{Worker: "w1", Requests: 6}, {Worker: "w2", Requests: 2}}
+	wantWorkers := []bench.WorkerLoad{{Worker: "w1", Requests: 6, PromptTokens: 60, CachedTokens: 30, CacheHitRate: 0.5},
+		{Worker: "w2", Requests: 2, PromptTokens: 20, CachedTokens: 10, CacheHitRate: 0.5}}
 	if !reflect.DeepEqual(rep.Workers, wantWorkers) {
 		t.Errorf("workers: got %+v, want %+v", rep.Workers, wantWorkers)
 	}
@@ -344,7 +345,7 @@ func TestReportJSONRoundTrip(t *testing.T) {
 	}
 	var table bytes.Buffer
 	rep.WriteTable(&table)
-	for _, want := range []string{"overall", "tenant x", "tenant y", "class batch", "workers: a 10, b 10", "fairness: Jain"} {
+	for _, want := range []string{"overall", "tenant x", "tenant y", "class batch", "workers: a 10 (", ", b 10 (", "fairness: Jain"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

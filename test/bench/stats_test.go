@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -147,5 +148,119 @@ func TestScheduleTimedKeepsTraceTimes(t *testing.T) {
 	}
 	if b := perTenant[1]; b < 2850 || b > 3150 {
 		t.Errorf("tenant b (share 3 of 4): got %d of 4000, want about 3000", b)
+	}
+}
+
+// TestFairnessTraceWeighsTenantsEqually: in a trace workload the share sets the arrival mix,
+// so a tenant with ten times the share that gets as many tokens is treated fairly, not ten
+// times worse.
+func TestFairnessTraceWeighsTenantsEqually(t *testing.T) {
+	ms := time.Millisecond
+	results := []result{
+		{tenant: 0, ok: true, chunks: []time.Duration{100 * ms}, e2e: 200 * ms, promptTokens: 10, outputTokens: 10},
+		{tenant: 1, ok: true, chunks: []time.Duration{100 * ms}, e2e: 200 * ms, promptTokens: 10, outputTokens: 10},
+	}
+	tenants := []Tenant{{Name: "big", Share: 10}, {Name: "small", Share: 1}}
+	for _, tt := range []struct {
+		workload string
+		weighted bool
+		want     float64
+	}{
+		{WorkloadTrace, false, 1},
+		{WorkloadRandom, true, JainIndex([]float64{20.0 / 10, 20})},
+	} {
+		f := fairness(Config{Window: time.Second, Workload: tt.workload, Tenants: tenants}, results, time.Second)
+		if f.Weighted != tt.weighted || f.Windows != 1 || math.Abs(f.JainMean-tt.want) > 1e-12 {
+			t.Errorf("%s: got weighted %v, %d windows, Jain %v; want %v, 1, %v", tt.workload, f.Weighted, f.Windows, f.JainMean, tt.weighted, tt.want)
+		}
+	}
+}
+
+func TestTableSaysNAWithoutBackloggedWindows(t *testing.T) {
+	rep := buildReport(Config{Window: time.Second, Tenants: []Tenant{{Name: "a", Share: 1}}}, nil, time.Second)
+	var buf strings.Builder
+	rep.WriteTable(&buf)
+	if !strings.Contains(buf.String(), "fairness: Jain n/a") || strings.Contains(buf.String(), "0.000") {
+		t.Errorf("fairness without backlogged windows: got\n%s\nwant n/a, no 0.000", buf.String())
+	}
+}
+
+func TestTimeline(t *testing.T) {
+	ms := time.Millisecond
+	results := []result{
+		// Sent at 0, queued 150 ms, first token at 250 ms, done at 450 ms: 4 tokens over 2 chunks.
+		{ok: true, sentAt: 0, hasQueueMs: true, queueMs: 150, chunks: []time.Duration{250 * ms, 450 * ms}, e2e: 450 * ms, outputTokens: 4},
+		// Sent at 300 ms, failed at 350 ms.
+		{sentAt: 300 * ms, hasQueueMs: true, e2e: 50 * ms, status: 429},
+		{dropped: true, sentAt: 300 * ms},
+	}
+	tl := timeline(results, time.Second)
+	want := Timeline{StepSeconds: 0.1, Completed: []int{0, 0, 0, 0, 1, 0, 0, 0, 0, 0}, OutputTokens: []float64{0, 0, 2, 0, 2, 0, 0, 0, 0, 0},
+		Outstanding: []int{1, 1, 1, 2, 1, 0, 0, 0, 0, 0}, Queued: []int{1, 1, 0, 0, 0, 0, 0, 0, 0, 0}}
+	if !reflect.DeepEqual(tl, want) {
+		t.Errorf("got %+v, want %+v", tl, want)
+	}
+}
+
+func TestAxes(t *testing.T) {
+	for _, tt := range []struct {
+		a    axis
+		want []float64
+	}{
+		{linearAxis(0, 0.95, "s"), []float64{0, 0.2, 0.4, 0.6000000000000001, 0.8, 1}},
+		{linearAxis(0, 37, "s"), []float64{0, 10, 20, 30, 40}},
+		{linearAxis(0, 0, ""), []float64{0, 0.2, 0.4, 0.6000000000000001, 0.8, 1}},
+		{logAxis(3, 480, "ms"), []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}},
+		{logAxis(0, 0, "ms"), []float64{1, 2, 5, 10}},
+	} {
+		if got := tt.a.ticks(); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%+v: ticks %v, want %v", tt.a, got, tt.want)
+		}
+	}
+	if f := logAxis(1, 100, "").frac(10); math.Abs(f-0.5) > 1e-12 {
+		t.Errorf("10 on a 1-100 log axis: got %v, want 0.5", f)
+	}
+}
+
+// TestWriteHTMLEscapesNames: run, tenant and worker names reach the page as text, never markup.
+func TestWriteHTMLEscapesNames(t *testing.T) {
+	ms := time.Millisecond
+	results := []result{{tenant: 0, ok: true, chunks: []time.Duration{10 * ms}, e2e: 20 * ms, promptTokens: 4, outputTokens: 1,
+		worker: `w"><script>alert(1)</script>`, class: "interactive"}}
+	rep := buildReport(Config{Window: time.Second, Tenants: []Tenant{{Name: "<img src=x onerror=alert(2)>", Share: 1}}}, results, time.Second)
+	var buf strings.Builder
+	if err := WriteHTML(&buf, []NamedReport{{Name: "<b>run</b>", Report: rep}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"<script>", "<img", "<b>run"} {
+		if strings.Contains(buf.String(), bad) {
+			t.Errorf("the page holds %q unescaped", bad)
+		}
+	}
+	if !strings.Contains(buf.String(), "&lt;b&gt;run&lt;/b&gt;") {
+		t.Error("the run's name is missing")
+	}
+	// A report of an older bench, without percentiles or a timeline, draws empty plots.
+	buf.Reset()
+	if err := WriteHTML(&buf, []NamedReport{{Name: "old", Report: &Report{Classes: []Stats{{Name: "batch"}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "NaN") || strings.Contains(buf.String(), "Inf") || strings.Count(buf.String(), "no data") != 7 {
+		t.Errorf("page of a report without data: %d plots say no data, want 7; NaN or Inf: %v",
+			strings.Count(buf.String(), "no data"), strings.Contains(buf.String(), "NaN"))
+	}
+	if err := WriteHTML(&buf, nil); err == nil {
+		t.Error("WriteHTML of no reports: got nil, want an error")
+	}
+}
+
+func TestTimelineSteps(t *testing.T) {
+	for _, tt := range []struct {
+		elapsed time.Duration
+		step    float64
+	}{{time.Second, 0.1}, {26 * time.Second, 1}, {10 * time.Minute, 5}} {
+		if got := timeline(nil, tt.elapsed).StepSeconds; got != tt.step {
+			t.Errorf("run of %v: step %vs, want %vs", tt.elapsed, got, tt.step)
+		}
 	}
 }

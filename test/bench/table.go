@@ -63,7 +63,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	if len(r.Workers) > 0 {
 		var parts []string
 		for _, l := range r.Workers {
-			parts = append(parts, fmt.Sprintf("%s %d", l.Worker, l.Requests))
+			part := fmt.Sprintf("%s %d", l.Worker, l.Requests)
+			if l.PromptTokens > 0 {
+				part += fmt.Sprintf(" (%.0f%% cached)", 100*l.CacheHitRate)
+			}
+			parts = append(parts, part)
 		}
 		fmt.Fprintf(w, "workers: %s; max/mean load %.2f\n", strings.Join(parts, ", "), r.WorkerLoadRatio)
 	}
@@ -71,8 +75,16 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "routes: %s\n", formatCounts(r.Overall.Routes))
 	}
 	f := r.Fairness
-	fmt.Fprintf(w, "fairness: Jain mean %.3f, min %.3f over %d backlogged (%s) windows of %gs\n",
-		f.JainMean, f.JainMin, f.Windows, f.Basis, f.WindowSeconds)
+	weights := "tokens over shares"
+	if !f.Weighted {
+		weights = "equal weights"
+	}
+	if f.Windows == 0 {
+		fmt.Fprintf(w, "fairness: Jain n/a (no window of %gs had a backlogged (%s) tenant)\n", f.WindowSeconds, f.Basis)
+	} else {
+		fmt.Fprintf(w, "fairness: Jain mean %.3f, min %.3f over %d backlogged (%s) windows of %gs, %s\n",
+			f.JainMean, f.JainMin, f.Windows, f.Basis, f.WindowSeconds, weights)
+	}
 	if s := r.Scrape; s != nil {
 		fmt.Fprintf(w, "fleet prefix cache: %.0f hits / %.0f queries = %.1f%%\n", s.Hits, s.Queries, 100*s.HitRate)
 		for _, sw := range s.Workers {
