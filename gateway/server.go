@@ -41,6 +41,8 @@ type Deps struct {
 	Admin func(*Server) (http.Handler, error)
 	// Limits enforces the tiers' rate, token and concurrency limits; nil enforces none.
 	Limits Limits
+	// Ledger records every call's usage; nil records none.
+	Ledger Ledger
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
@@ -59,6 +61,7 @@ type Server struct {
 	now       func() time.Time
 	metrics   *metrics
 	limits    Limits
+	ledger    Ledger
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
 	traffic    *traffic
 	dispatcher *dispatcher
@@ -106,6 +109,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		dispatcher: disp,
 		limits:     d.Limits,
+		ledger:     d.Ledger,
 		cfg:        cfg,
 		pool:       d.Pool,
 		auth:       d.Auth,

@@ -13,7 +13,7 @@ import (
 
 // settle is the last stage of every call, whatever happened before: it gives back what admit
 // held (the queue's capacity and the tenant's limits, charged with the tokens really served),
-// answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
+// counts the call in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
 // and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
@@ -23,6 +23,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	if cl.hold != nil {
 		cl.hold.Done(int64(served))
 	}
+	s.recordUsage(cl, err)
 	status := c.Response().Status
 	switch {
 	case errors.Is(err, errClientGone):

@@ -135,9 +135,10 @@ func (l *Ledger) take() map[UsageKey]UsageCounts {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	rows := l.pending
-	if len(rows) > 0 {
-		l.pending = make(map[UsageKey]UsageCounts, len(rows))
+	if len(rows) == 0 {
+		return nil
 	}
+	l.pending = make(map[UsageKey]UsageCounts, len(rows))
 	return rows
 }
 

@@ -1,0 +1,201 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	adminui "github.com/usherllm/usher/admin-ui"
+	"github.com/usherllm/usher/gateway"
+	"github.com/usherllm/usher/migrations"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+	"github.com/usherllm/usher/test/sim"
+	"github.com/usherllm/usher/test/sim/simtest"
+)
+
+const meteredKey = "sk-metered-tenant-key"
+
+// meteredGateway is a gateway with the real tenant parts and the usage ledger: a config tenant
+// "acme" with key meteredKey at tier, its own store handle on dbURL, Redis when rdb is set.
+type meteredGateway struct {
+	url    string
+	store  *tenants.Store
+	ledger *tenants.Ledger
+}
+
+func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, workerURL string, tier tenants.Tier) *meteredGateway {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	cfg := tenants.Config{
+		Tiers:   []tenants.Tier{tier},
+		Tenants: []tenants.TenantSpec{{ID: "acme", Tier: tier.Name, Keys: []tenants.KeySpec{{Name: "main", SHA256: tenants.HashKey(meteredKey)}}}},
+		Admin:   tenants.AdminConfig{Token: e2eAdminToken},
+		Usage:   tenants.UsageConfig{FlushInterval: 20 * time.Millisecond},
+	}
+	cfg.Database.URL = dbURL
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := tenants.Open(ctx, dbURL, migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if err := store.MigrateUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { _ = dir.Run(ctx) })
+	admin, err := tenants.NewAdmin(cfg.Admin, store, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger := tenants.NewLedger(cfg.Usage, store, tenants.LedgerOptions{Redis: rdb})
+	wg.Go(func() { ledger.Run(ctx) })
+	rcfg := routing.Config{Workers: []routing.WorkerSpec{{ID: "sim-0", URL: workerURL, Models: []string{model}}}}
+	rcfg.SetDefaults()
+	pool, err := routing.NewPool(rcfg, routing.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { pool.Run(ctx) })
+	var gcfg gateway.Config
+	gcfg.SetDefaults()
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger,
+		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
+		Admin: func(live *gateway.Server) (http.Handler, error) {
+			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	return &meteredGateway{url: srv.URL, store: store, ledger: ledger}
+}
+
+// ledgerTotal sums the ledger's rows for tenant acme.
+func ledgerTotal(t *testing.T, s *tenants.Store) tenants.UsageCounts {
+	t.Helper()
+	rows, err := s.Usage(context.Background(), tenants.UsageQuery{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum tenants.UsageCounts
+	for _, r := range rows {
+		sum.Add(r.UsageCounts)
+	}
+	return sum
+}
+
+// streamAndHangUp streams a long answer, reads `keep` content chunks and disconnects. It returns
+// the status, the error code of a refusal, and the content tokens (words) received.
+func streamAndHangUp(t *testing.T, url string, keep int) (status int, code string, tokens int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(chat("tell me a long story about the sea", 4*keep, true)))
+	req.Header.Set("Authorization", "Bearer "+meteredKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e.Error.Code, 0
+	}
+	events := newSSEReader(resp.Body)
+	for tokens < keep {
+		data, ok := events.next()
+		if !ok {
+			t.Fatalf("the stream ended after %d content tokens, before the client hung up", tokens)
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(data), &chunk) == nil && len(chunk.Choices) > 0 {
+			tokens += len(strings.Fields(chunk.Choices[0].Delta.Content))
+		}
+	}
+	return http.StatusOK, "", tokens
+}
+
+// Issue 12: a client that hangs up mid-stream is charged what it was served, so a tight
+// tokens-per-minute limit stops it, and the ledger counts what it received.
+func TestStreamsCutByTheClientAreChargedWhatTheyGot(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.5
+	_, worker := simtest.Start(t, cfg)
+	const tpm, keep, attempts = 1000, 30, 100
+	g := startMeteredGateway(t, "sqlite:"+filepath.Join(t.TempDir(), "usher.db"), nil, worker.URL,
+		tenants.Tier{Name: "tight", TokensPerMinute: tpm})
+
+	start := time.Now()
+	served, refused, received, firstRefusal := 0, 0, 0, -1
+	var perRequest []int // content tokens of each served request, in order
+	for i := range attempts {
+		status, code, tokens := streamAndHangUp(t, g.url, keep)
+		switch {
+		case status == http.StatusOK:
+			served++
+			received += tokens
+			perRequest = append(perRequest, tokens)
+		case status == http.StatusTooManyRequests && code == "rate_limit_exceeded":
+			refused++
+			if firstRefusal < 0 {
+				firstRefusal = len(perRequest)
+			}
+		default:
+			t.Fatalf("attempt %d: status %d %s", i, status, code)
+		}
+	}
+	elapsed := time.Since(start)
+	eventually(t, 5*time.Second, "the ledger holds every attempt", func() bool { return ledgerTotal(t, g.store).Requests == attempts })
+	got := ledgerTotal(t, g.store)
+	t.Logf("%d served, %d refused in %v; client received %d content tokens, ledger %+v", served, refused, elapsed, received, got)
+
+	if refused == 0 {
+		t.Fatalf("never refused: %d streams cut after %d tokens each went through a limit of %d tokens a minute", served, keep, tpm)
+	}
+	if got.Estimated != int64(served) || got.RefusedLimit != int64(refused) {
+		t.Errorf("ledger: %d estimated and %d refused, want %d and %d", got.Estimated, got.RefusedLimit, served, refused)
+	}
+	if diff := got.CompletionTokens - int64(received); diff < 0 || float64(diff) > 0.05*float64(received) {
+		t.Errorf("ledger completion tokens %d, client received %d: want within 5%% (and not fewer)", got.CompletionTokens, received)
+	}
+	// Served before the first refusal: what the bucket held, less at most one request's
+	// reservation (the prompt and max_tokens), plus what refilled meanwhile.
+	prompt := int(got.PromptTokens) / served
+	before := 0
+	for _, n := range perRequest[:firstRefusal] {
+		before += prompt + n
+	}
+	refill := int(float64(tpm) * elapsed.Minutes())
+	if reservation := prompt + 4*keep; before < tpm-reservation || before > tpm+refill {
+		t.Errorf("first refusal after %d tokens served, want between %d and %d", before, tpm-reservation, tpm+refill)
+	}
+}
