@@ -43,6 +43,8 @@ type Deps struct {
 	Limits Limits
 	// Ledger records every call's usage; nil records none.
 	Ledger Ledger
+	// Budgets enforces the tiers' day and month budgets; nil enforces none.
+	Budgets Budgets
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
@@ -62,6 +64,7 @@ type Server struct {
 	metrics   *metrics
 	limits    Limits
 	ledger    Ledger
+	budgets   Budgets
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
 	traffic    *traffic
 	dispatcher *dispatcher
@@ -110,6 +113,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		dispatcher: disp,
 		limits:     d.Limits,
 		ledger:     d.Ledger,
+		budgets:    d.Budgets,
 		cfg:        cfg,
 		pool:       d.Pool,
 		auth:       d.Auth,

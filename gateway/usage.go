@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"context"
 	"errors"
+
+	"github.com/labstack/echo/v4"
 
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
@@ -14,19 +17,41 @@ type Ledger interface {
 	Record(tenants.UsageRecord)
 }
 
+// Budgets enforces the tiers' day and month budgets; *tenants.Budgets implements it.
+type Budgets interface {
+	// Check admits a request of p (a nil Spend: no budget applies) or refuses it with a
+	// *tenants.BudgetError.
+	Check(ctx context.Context, p tenants.Principal) (*tenants.Spend, error)
+}
+
+// checkBudget refuses the call when its tenant's budget is spent; settle charges what it was
+// served.
+func (s *Server) checkBudget(c echo.Context, cl *call) error {
+	if s.budgets == nil {
+		return nil
+	}
+	spend, err := s.budgets.Check(c.Request().Context(), cl.principal)
+	cl.spend = spend
+	return err
+}
+
 // recordUsage counts the call in the ledger: every call that reached a queue, with what it was
-// served (the engine's usage, or what the stream relayed when that never came) and how it ended.
+// served (the engine's usage, or what the stream relayed when that never came) and how it ended;
+// and charges a served call to its tenant's budget.
 func (s *Server) recordUsage(cl *call, err error) {
+	u, outcome := cl.usage, outcomeOf(err)
+	if outcome == tenants.OutcomeServed {
+		cl.spend.Done(int64(u.PromptTokens) + int64(u.CompletionTokens))
+	}
 	if s.ledger == nil || !cl.classed {
 		return
 	}
-	u := cl.usage
 	s.ledger.Record(tenants.UsageRecord{
 		Tenant: cl.principal.TenantID, Key: cl.principal.KeyID, Model: cl.model, Class: cl.class.String(),
 		At:           cl.start,
 		PromptTokens: int64(u.PromptTokens), CachedTokens: int64(u.cachedTokens()), CompletionTokens: int64(u.CompletionTokens),
 		Estimated: u.estimated,
-		Outcome:   outcomeOf(err),
+		Outcome:   outcome,
 	})
 }
 
@@ -37,6 +62,8 @@ func outcomeOf(err error) tenants.Outcome {
 		return tenants.OutcomeServed
 	case errors.Is(err, tenants.ErrRateLimited):
 		return tenants.OutcomeRefusedLimit
+	case errors.Is(err, tenants.ErrBudgetExceeded):
+		return tenants.OutcomeRefusedBudget
 	case errors.Is(err, queue.ErrQueueFull):
 		return tenants.OutcomeQueueFull
 	case errors.Is(err, queue.ErrDeadlineExceeded), errors.Is(err, queue.ErrDeadlineUnreachable):

@@ -18,6 +18,7 @@ import (
 	"github.com/usherllm/usher/migrations"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
+	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
 	"github.com/usherllm/usher/test/sim/simtest"
 )
@@ -78,6 +79,7 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger,
+		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store}),
 		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
@@ -198,4 +200,52 @@ func TestStreamsCutByTheClientAreChargedWhatTheyGot(t *testing.T) {
 	if reservation := prompt + 4*keep; before < tpm-reservation || before > tpm+refill {
 		t.Errorf("first refusal after %d tokens served, want between %d and %d", before, tpm-reservation, tpm+refill)
 	}
+}
+
+// Issue 12: a budget of N tokens a day stops a tenant within one request of N, on every replica
+// sharing one Redis.
+func TestBudgetStopsATenantOnEveryReplica(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.01
+	_, worker := simtest.Start(t, cfg)
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	const budget = 2000
+	tier := tenants.Tier{Name: "metered", Budget: tenants.Budget{TokensPerDay: budget}}
+	replicas := []*meteredGateway{
+		startMeteredGateway(t, dbURL, rdb, worker.URL, tier),
+		startMeteredGateway(t, dbURL, rdb, worker.URL, tier),
+	}
+	served, largest := 0, 0
+	for i := 0; ; i++ {
+		if i > 1000 {
+			t.Fatal("never refused")
+		}
+		resp, out := call(t, "POST", replicas[i%2].url+"/v1/chat/completions", meteredKey, chat("count the waves", 40, false))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			e, _ := out["error"].(map[string]any)
+			if e["code"] != "budget_exceeded" || e["type"] != "insufficient_quota" || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("refusal: %v, Retry-After %q; want budget_exceeded with Retry-After", out, resp.Header.Get("Retry-After"))
+			}
+			break
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %v", i, resp.StatusCode, out)
+		}
+		u, _ := out["usage"].(map[string]any)
+		n := int(u["total_tokens"].(float64))
+		served += n
+		largest = max(largest, n)
+	}
+	if served < budget || served >= budget+largest {
+		t.Errorf("served %d tokens before the refusal, want within one request (%d) of %d", served, largest, budget)
+	}
+	for i, r := range replicas {
+		if resp, _ := call(t, "POST", r.url+"/v1/chat/completions", meteredKey, chat("again", 5, false)); resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("replica %d after the budget: got %d, want 429", i, resp.StatusCode)
+		}
+	}
+	eventually(t, 5*time.Second, "the ledger counts the refusals", func() bool { return ledgerTotal(t, replicas[0].store).RefusedBudget == 3 })
 }

@@ -162,6 +162,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	ledger := tenants.NewLedger(cfg.Tenants.Usage, store, tenants.LedgerOptions{Redis: lopts.Redis, Logger: logger, Registerer: reg})
 	gw, err = gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger,
+		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg}),
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
