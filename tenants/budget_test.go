@@ -87,7 +87,7 @@ func TestBudgetStartsFromTheLedger(t *testing.T) {
 	now := time.Date(2026, 11, 23, 15, 30, 0, 0, time.UTC)
 	ctx := context.Background()
 	rows := map[UsageKey]UsageCounts{
-		{Tenant: "acme", Key: "k", Model: "m", Class: "standard", Start: hourOf(now)}:                 {Requests: 3, PromptTokens: 100, CompletionTokens: 900},
+		{Tenant: "acme", Key: "k", Model: "m", Class: "standard", Start: hourOf(now)}:                   {Requests: 3, PromptTokens: 100, CompletionTokens: 900},
 		{Tenant: "acme", Key: "k", Model: "m", Class: "standard", Start: hourOf(now.AddDate(0, 0, -1))}: {Requests: 1, CompletionTokens: 5000},
 	}
 	if err := store.AddUsage(ctx, "", rows); err != nil {

@@ -80,7 +80,7 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	gcfg.SetDefaults()
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger,
 		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store}),
-		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
+		Limits:  tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
 		}})

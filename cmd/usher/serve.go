@@ -163,7 +163,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	gw, err = gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger,
 		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg}),
-		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
+		Logger:  logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
 				Replica: replicaName(ln.Addr()), Logger: logger, ClientAddr: live.ClientAddr}
