@@ -11,7 +11,8 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// registerTenantAdmin mounts tenants, keys, tiers and the audit log on the admin group. The
+// registerTenantAdmin mounts tenants, keys, tiers, the audit log and the usage ledger on the
+// admin group. The
 // admin service decides what each actor may do (a tenant sees only itself and manages its own
 // keys) and writes every change to the audit log; the handlers only translate HTTP.
 func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
@@ -28,6 +29,7 @@ func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
 	g.DELETE("/tenants/:id/keys/:key", h.revokeKey)
 	g.GET("/tiers", h.tiers)
 	g.GET("/audit", h.audit)
+	g.GET("/usage", h.usage)
 }
 
 type tenantAdmin struct{ ta *tenants.Admin }

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -248,4 +249,92 @@ func TestBudgetStopsATenantOnEveryReplica(t *testing.T) {
 		}
 	}
 	eventually(t, 5*time.Second, "the ledger counts the refusals", func() bool { return ledgerTotal(t, replicas[0].store).RefusedBudget == 3 })
+}
+
+// get calls url with a bearer token and returns the status and body.
+func get(t *testing.T, url, token, accept string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+// Issue 12: the admin reads everyone's usage, as JSON and CSV; a tenant's own key reads only its
+// own.
+func TestUsageAPIAndTenantIsolation(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.01
+	_, worker := simtest.Start(t, cfg)
+	g := startMeteredGateway(t, "sqlite:"+filepath.Join(t.TempDir(), "usher.db"), nil, worker.URL, tenants.Tier{Name: "pro"})
+	api := g.url + "/admin/api/v1"
+	if resp, out := call(t, "POST", api+"/tenants", e2eAdminToken, `{"id":"beta","tier":"pro"}`); resp.StatusCode != 201 {
+		t.Fatalf("create tenant: %d %v", resp.StatusCode, out)
+	}
+	resp, out := call(t, "POST", api+"/tenants/beta/keys", e2eAdminToken, `{"name":"ci"}`)
+	if resp.StatusCode != 201 {
+		t.Fatalf("create key: %d %v", resp.StatusCode, out)
+	}
+	betaKey, _ := out["secret"].(string)
+	for i, key := range []string{meteredKey, meteredKey, betaKey} {
+		if resp, out := call(t, "POST", g.url+"/v1/chat/completions", key, chat("hello there", 5, false)); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %v", i, resp.StatusCode, out)
+		}
+	}
+	type usageAnswer struct {
+		Usage []tenants.UsageRow
+		Total tenants.UsageCounts
+	}
+	read := func(token, query string) (int, usageAnswer) {
+		status, _, body := get(t, api+"/usage"+query, token, "")
+		var a usageAnswer
+		_ = json.Unmarshal([]byte(body), &a)
+		return status, a
+	}
+	eventually(t, 5*time.Second, "the ledger holds the three requests", func() bool {
+		_, a := read(e2eAdminToken, "")
+		return a.Total.Requests == 3
+	})
+
+	if _, a := read(e2eAdminToken, "?tenant=beta"); a.Total.Requests != 1 || len(a.Usage) != 1 || a.Usage[0].Tenant != "beta" || a.Usage[0].CompletionTokens == 0 {
+		t.Errorf("admin, tenant=beta: got %+v, want beta's one request", a)
+	}
+	if _, a := read(e2eAdminToken, "?from=2000-01-01&to=2001-01-01"); a.Total.Requests != 0 {
+		t.Errorf("admin, a range long past: got %d requests, want 0", a.Total.Requests)
+	}
+	status, a := read(meteredKey, "")
+	if status != 200 || a.Total.Requests != 2 {
+		t.Errorf("acme's key: got %d with %d requests, want 200 with its own 2", status, a.Total.Requests)
+	}
+	for _, r := range a.Usage {
+		if r.Tenant != "acme" {
+			t.Errorf("acme's key reads a row of %q", r.Tenant)
+		}
+	}
+	if status, _ := read(meteredKey, "?tenant=beta"); status != http.StatusNotFound {
+		t.Errorf("acme's key asking for beta: got %d, want 404", status)
+	}
+	if status, a := read(betaKey, ""); status != 200 || a.Total.Requests != 1 {
+		t.Errorf("beta's key: got %d with %d requests, want its own 1", status, a.Total.Requests)
+	}
+
+	for _, tc := range []struct{ query, accept string }{{"?format=csv", ""}, {"", "text/csv"}} {
+		status, h, body := get(t, api+"/usage"+tc.query, e2eAdminToken, tc.accept)
+		lines := strings.Split(strings.TrimSpace(body), "\n")
+		if status != 200 || !strings.HasPrefix(h.Get("Content-Type"), "text/csv") || len(lines) != 3 ||
+			!strings.HasPrefix(lines[0], "period,start,tenant,key,model,class,requests,prompt_tokens") {
+			t.Errorf("CSV (%q, Accept %q): got %d %q\n%s", tc.query, tc.accept, status, h.Get("Content-Type"), body)
+		}
+	}
+	if status, _, _ := get(t, api+"/usage?from=yesterday", e2eAdminToken, ""); status != http.StatusBadRequest {
+		t.Errorf("from=yesterday: got %d, want 400", status)
+	}
 }
