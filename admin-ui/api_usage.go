@@ -101,3 +101,34 @@ func csvSafe(s string) string {
 	}
 	return s
 }
+
+// Budgets set through the admin API: PUT, GET and DELETE /tenants/{id}/budget and
+// /tenants/{id}/keys/{key}/budget. The body of PUT is {"tokens_per_day", "tokens_per_month",
+// "requests_per_day", "requests_per_month"}; 0 means no cap.
+
+func (h tenantAdmin) setBudget(c echo.Context) error {
+	var o tenants.BudgetOverride
+	if err := decodeAdminBody(c, &o); err != nil {
+		return adminError(c, err)
+	}
+	o.TenantID, o.KeyID = c.Param("id"), c.Param("key")
+	if err := h.ta.SetBudget(c.Request().Context(), actorOf(c), o); err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, o)
+}
+
+func (h tenantAdmin) getBudget(c echo.Context) error {
+	o, err := h.ta.Budget(c.Request().Context(), actorOf(c), c.Param("id"), c.Param("key"))
+	if err != nil {
+		return adminError(c, err)
+	}
+	return c.JSON(http.StatusOK, o)
+}
+
+func (h tenantAdmin) deleteBudget(c echo.Context) error {
+	if err := h.ta.DeleteBudget(c.Request().Context(), actorOf(c), c.Param("id"), c.Param("key")); err != nil {
+		return adminError(c, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ var ErrBudgetExceeded = errors.New("budget exceeded")
 // BudgetError is the refusal of a spent budget: which cap, and when the period ends.
 type BudgetError struct {
 	Cap   string // "tokens_per_day", "tokens_per_month", "requests_per_day" or "requests_per_month"
+	Key   string // the key whose own budget is spent; "": the tenant's
 	Limit int64
 	// Reset is when the period ends and the budget is whole again.
 	Reset time.Time
@@ -28,7 +30,11 @@ type BudgetError struct {
 }
 
 func (e *BudgetError) Error() string {
-	return fmt.Sprintf("the budget of %d %s is spent; it resets at %s", e.Limit, capWords[e.Cap],
+	whose := "the tenant's"
+	if e.Key != "" {
+		whose = "this key's"
+	}
+	return fmt.Sprintf("%s budget of %d %s is spent; it resets at %s", whose, e.Limit, capWords[e.Cap],
 		e.Reset.UTC().Format(time.RFC3339))
 }
 
@@ -56,6 +62,8 @@ type BudgetsOptions struct {
 	// RedisTimeout bounds one round trip; past it this replica's own counts decide. Default
 	// 100ms.
 	RedisTimeout time.Duration
+	// Refresh is how often Run reads the budgets set through the admin API; default 2s.
+	Refresh time.Duration
 }
 
 // Budgets enforces the tiers' budgets (Tier.Budget): tokens and requests per tenant per UTC day
@@ -79,13 +87,18 @@ type Budgets struct {
 	local map[periodKey]*spending
 	soft  map[softKey]bool
 
+	// overrides are the budgets set through the admin API, by tenant and key (Run refreshes
+	// them from the store).
+	overrides atomic.Pointer[map[[2]string]BudgetOverride]
+
 	softCrossed    *prometheus.CounterVec
 	redisFallbacks prometheus.Counter
 }
 
-// periodKey names one tenant's spending in one period.
+// periodKey names the spending of one tenant, or of one of its keys, in one period.
 type periodKey struct {
 	tenant string
+	key    string // "": the tenant's own spending
 	period string // PeriodDay or "month"
 	start  time.Time
 }
@@ -114,7 +127,11 @@ func NewBudgets(opts BudgetsOptions) *Budgets {
 	if opts.RedisTimeout == 0 {
 		opts.RedisTimeout = 100 * time.Millisecond
 	}
+	if opts.Refresh == 0 {
+		opts.Refresh = 2 * time.Second
+	}
 	b := &Budgets{opts: opts, log: opts.Logger, local: map[periodKey]*spending{}, soft: map[softKey]bool{}}
+	b.overrides.Store(&map[[2]string]BudgetOverride{})
 	b.softCrossed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_budget_soft_threshold_total",
 		Help: "Budgets whose soft threshold a tenant crossed, once per period, by cap.",
@@ -129,47 +146,93 @@ func NewBudgets(opts BudgetsOptions) *Budgets {
 	return b
 }
 
-// Spend is an admitted request's place in its tenant's budget. Call Done once when it ends.
+// Spend is an admitted request's place in its budgets. Call Done once when it ends.
 type Spend struct {
-	b       *Budgets
-	tenant  string
-	budget  Budget
-	periods [2]periodKey
+	b      *Budgets
+	scopes []budgetScope
 }
 
-// periods returns the day and the month now is in, and when each ends.
-func periods(tenant string, now time.Time) (day, month periodKey, dayEnd, monthEnd time.Time) {
+// budgetScope is one budget a request counts against: its tenant's, or its key's.
+type budgetScope struct {
+	limits  BudgetOverride // the caps (TenantID, KeyID name the scope)
+	soft    float64
+	periods [2]periodKey // the day and the month
+	ends    [2]time.Time
+}
+
+// budgetCap is one cap of a scope in one of its periods.
+type budgetCap struct {
+	name  string // "tokens_per_day", ...
+	limit int64
+	count func(spending) int64
+	at    int // index of the period: 0 day, 1 month
+}
+
+func (sc budgetScope) caps() []budgetCap {
+	tokens := func(s spending) int64 { return s.tokens }
+	requests := func(s spending) int64 { return s.requests }
+	return []budgetCap{
+		{"tokens_per_day", sc.limits.TokensPerDay, tokens, 0},
+		{"requests_per_day", sc.limits.RequestsPerDay, requests, 0},
+		{"tokens_per_month", sc.limits.TokensPerMonth, tokens, 1},
+		{"requests_per_month", sc.limits.RequestsPerMonth, requests, 1},
+	}
+}
+
+// scopes returns the budgets a request of p counts against at now: its tenant's (the override
+// set through the admin API, else its tier's) and its key's, when one is set.
+func (b *Budgets) scopes(p Principal, now time.Time) []budgetScope {
+	overrides := *b.overrides.Load()
 	d := dayOf(now)
 	m := time.Date(d.Year(), d.Month(), 1, 0, 0, 0, 0, time.UTC)
-	return periodKey{tenant, PeriodDay, d}, periodKey{tenant, periodMonth, m}, d.AddDate(0, 0, 1), m.AddDate(0, 1, 0)
+	scope := func(caps BudgetOverride, soft float64) budgetScope {
+		return budgetScope{limits: caps, soft: soft,
+			periods: [2]periodKey{{caps.TenantID, caps.KeyID, PeriodDay, d}, {caps.TenantID, caps.KeyID, periodMonth, m}},
+			ends:    [2]time.Time{d.AddDate(0, 0, 1), m.AddDate(0, 1, 0)}}
+	}
+	soft := 0.8
+	tenant := BudgetOverride{TenantID: p.TenantID}
+	if t := p.TierSpec; t != nil {
+		soft = t.Budget.SoftThreshold
+		tenant.TokensPerDay, tenant.TokensPerMonth = t.Budget.TokensPerDay, t.Budget.TokensPerMonth
+		tenant.RequestsPerDay, tenant.RequestsPerMonth = t.Budget.RequestsPerDay, t.Budget.RequestsPerMonth
+	}
+	if o, ok := overrides[[2]string{p.TenantID, ""}]; ok {
+		tenant = o
+	}
+	var out []budgetScope
+	if tenant.capped() {
+		out = append(out, scope(tenant, soft))
+	}
+	if o, ok := overrides[[2]string{p.TenantID, p.KeyID}]; ok && p.KeyID != "" && o.capped() {
+		out = append(out, scope(o, soft))
+	}
+	return out
 }
 
-// Check admits a request of p or refuses it with a *BudgetError. A tier without budget costs
-// nothing and returns nil, nil; otherwise one Redis round trip (with Redis), or a map lookup
-// (without), and once per tenant and period a query of the usage ledger.
+// Check admits a request of p or refuses it with a *BudgetError. A request no budget applies
+// to costs a map lookup and returns nil, nil; otherwise one Redis round trip (with Redis), or a
+// map lookup (without), and once per tenant (or key) and period a query of the usage ledger.
 func (b *Budgets) Check(ctx context.Context, p Principal) (*Spend, error) {
-	if p.TierSpec == nil || !p.TierSpec.Budget.Capped() {
+	now := b.opts.Now()
+	scopes := b.scopes(p, now)
+	if len(scopes) == 0 {
 		return nil, nil
 	}
-	bud := p.TierSpec.Budget
-	now := b.opts.Now()
-	day, month, dayEnd, monthEnd := periods(p.TenantID, now)
-	spent := b.spent(ctx, []periodKey{day, month})
-	for _, c := range []struct {
-		cap          string
-		limit, spent int64
-		end          time.Time
-	}{
-		{"tokens_per_day", bud.TokensPerDay, spent[0].tokens, dayEnd},
-		{"requests_per_day", bud.RequestsPerDay, spent[0].requests, dayEnd},
-		{"tokens_per_month", bud.TokensPerMonth, spent[1].tokens, monthEnd},
-		{"requests_per_month", bud.RequestsPerMonth, spent[1].requests, monthEnd},
-	} {
-		if c.limit > 0 && c.spent >= c.limit {
-			return nil, &BudgetError{Cap: c.cap, Limit: c.limit, Reset: c.end, RetryAfter: c.end.Sub(now)}
+	var ps []periodKey
+	for _, sc := range scopes {
+		ps = append(ps, sc.periods[:]...)
+	}
+	spent := b.spent(ctx, ps)
+	for i, sc := range scopes {
+		for _, c := range sc.caps() {
+			if c.limit > 0 && c.count(spent[2*i+c.at]) >= c.limit {
+				end := sc.ends[c.at]
+				return nil, &BudgetError{Cap: c.name, Key: sc.limits.KeyID, Limit: c.limit, Reset: end, RetryAfter: end.Sub(now)}
+			}
 		}
 	}
-	return &Spend{b: b, tenant: p.TenantID, budget: bud, periods: [2]periodKey{day, month}}, nil
+	return &Spend{b: b, scopes: scopes}, nil
 }
 
 // Done adds the request's tokens (prompt plus completion, as served) and the request itself to
@@ -179,28 +242,62 @@ func (s *Spend) Done(tokens int64) {
 		return
 	}
 	tokens = max(tokens, 0)
-	b := s.b
-	before, after := b.add(s.periods[:], tokens)
-	for i, p := range s.periods {
-		tokenCap, requestCap := s.budget.TokensPerDay, s.budget.RequestsPerDay
-		if p.period == periodMonth {
-			tokenCap, requestCap = s.budget.TokensPerMonth, s.budget.RequestsPerMonth
+	var ps []periodKey
+	for _, sc := range s.scopes {
+		ps = append(ps, sc.periods[:]...)
+	}
+	before, after := s.b.add(ps, tokens)
+	for i, sc := range s.scopes {
+		for _, c := range sc.caps() {
+			j := 2*i + c.at
+			threshold := toInt64(float64(c.limit) * sc.soft)
+			if c.limit > 0 && c.count(before[j]) < threshold && c.count(after[j]) >= threshold {
+				s.b.crossed(ps[j], c.name, c.limit, c.count(after[j]))
+			}
 		}
-		b.checkSoft(p, "tokens_per_"+p.period, tokenCap, before[i].tokens, after[i].tokens, s.budget.SoftThreshold)
-		b.checkSoft(p, "requests_per_"+p.period, requestCap, before[i].requests, after[i].requests, s.budget.SoftThreshold)
 	}
 }
 
-// checkSoft reports the soft threshold of a cap when a request took its count across it.
-func (b *Budgets) checkSoft(p periodKey, cap string, limit, before, after int64, share float64) {
-	threshold := toInt64(float64(limit) * share)
-	if limit > 0 && before < threshold && after >= threshold {
-		b.crossed(p, cap, limit, after)
+// Run reads the budgets set through the admin API from the store now and every Refresh until
+// ctx ends; without a store it returns at once. A failed read keeps the last one.
+func (b *Budgets) Run(ctx context.Context) {
+	if b.opts.Store == nil {
+		return
 	}
+	t := time.NewTicker(b.opts.Refresh)
+	defer t.Stop()
+	for {
+		b.Reload(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Reload reads the budgets set through the admin API from the store.
+func (b *Budgets) Reload(ctx context.Context) {
+	list, err := b.opts.Store.BudgetOverrides(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("budget: reading the overrides failed; the last ones stay", "err", err)
+		}
+		return
+	}
+	m := make(map[[2]string]BudgetOverride, len(list))
+	for _, o := range list {
+		m[[2]string{o.TenantID, o.KeyID}] = o
+	}
+	b.overrides.Store(&m)
 }
 
 func (b *Budgets) redisKey(p periodKey) string {
-	return b.opts.RedisPrefix + p.tenant + ":" + p.period + ":" + strconv.FormatInt(p.start.UnixMilli(), 10)
+	scope := p.tenant
+	if p.key != "" {
+		scope += "/" + p.key
+	}
+	return b.opts.RedisPrefix + scope + ":" + p.period + ":" + strconv.FormatInt(p.start.UnixMilli(), 10)
 }
 
 // keep is how long a period's counts outlive its start in Redis: a month and a day.
@@ -296,7 +393,7 @@ func (b *Budgets) ledgerSpending(ctx context.Context, p periodKey) spending {
 	if b.opts.Store == nil {
 		return spending{}
 	}
-	rows, err := b.opts.Store.Usage(ctx, UsageQuery{Tenant: p.tenant, From: p.start})
+	rows, err := b.opts.Store.Usage(ctx, UsageQuery{Tenant: p.tenant, Key: p.key, From: p.start})
 	if err != nil {
 		b.log.Warn("budget: reading the usage ledger failed; the period counts from 0", "tenant", p.tenant, "err", err)
 		return spending{}
@@ -387,14 +484,18 @@ func (b *Budgets) crossed(p periodKey, cap string, limit, spent int64) {
 		return
 	}
 	b.softCrossed.WithLabelValues(cap).Inc()
-	b.log.Info("budget soft threshold crossed", "tenant", p.tenant, "cap", cap, "limit", limit, "spent", spent)
+	b.log.Info("budget soft threshold crossed", "tenant", p.tenant, "key", p.key, "cap", cap, "limit", limit, "spent", spent)
 	if b.opts.Store == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	details := map[string]any{"cap": cap, "limit": limit, "spent": spent, "period_start": p.start}
-	if err := b.opts.Store.RecordFor(ctx, "usher", "budget.soft_threshold", p.tenant, "tenant:"+p.tenant, details); err != nil {
+	object := "tenant:" + p.tenant
+	if p.key != "" {
+		object = "key:" + p.key
+	}
+	if err := b.opts.Store.RecordFor(ctx, "usher", "budget.soft_threshold", p.tenant, object, details); err != nil {
 		b.log.Warn("budget: writing the audit entry failed", "tenant", p.tenant, "err", err)
 	}
 }

@@ -64,11 +64,6 @@ type Budget struct {
 	SoftThreshold float64 `yaml:"soft_threshold"`
 }
 
-// Capped reports whether the budget caps anything.
-func (b Budget) Capped() bool {
-	return b.TokensPerDay > 0 || b.TokensPerMonth > 0 || b.RequestsPerDay > 0 || b.RequestsPerMonth > 0
-}
-
 // ClassDeadlines holds one default deadline per class.
 type ClassDeadlines struct {
 	Interactive time.Duration `yaml:"interactive"` // default 30s

@@ -79,8 +79,9 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	wg.Go(func() { pool.Run(ctx) })
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger,
-		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store}),
+	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store, Refresh: 20 * time.Millisecond})
+	wg.Go(func() { budgets.Run(ctx) })
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger, Budgets: budgets,
 		Limits:  tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
@@ -336,5 +337,67 @@ func TestUsageAPIAndTenantIsolation(t *testing.T) {
 	}
 	if status, _, _ := get(t, api+"/usage?from=yesterday", e2eAdminToken, ""); status != http.StatusBadRequest {
 		t.Errorf("from=yesterday: got %d, want 400", status)
+	}
+}
+
+// Budgets set through the admin API override the tier's on every replica: a tenant's replaces
+// it, a key's caps that key too; the tenant reads its own and cannot change it.
+func TestBudgetsSetThroughTheAdminAPI(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.TimeScale = model, 0.01
+	_, worker := simtest.Start(t, cfg)
+	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	tier := tenants.Tier{Name: "pro"}
+	a := startMeteredGateway(t, dbURL, rdb, worker.URL, tier)
+	b := startMeteredGateway(t, dbURL, rdb, worker.URL, tier)
+	infer := func(url string) (int, map[string]any) {
+		resp, out := call(t, "POST", url+"/v1/chat/completions", meteredKey, chat("count the waves", 20, false))
+		return resp.StatusCode, out
+	}
+	if status, out := infer(a.url); status != 200 {
+		t.Fatalf("before any budget: %d %v", status, out)
+	}
+
+	if resp, out := call(t, "PUT", a.url+"/admin/api/v1/tenants/acme/keys/main/budget", meteredKey, `{"tokens_per_day":1}`); resp.StatusCode != 403 {
+		t.Fatalf("the tenant setting its own budget: got %d %v, want 403", resp.StatusCode, out)
+	}
+	if resp, out := call(t, "PUT", a.url+"/admin/api/v1/tenants/acme/keys/main/budget", e2eAdminToken, `{"tokens_per_day":1}`); resp.StatusCode != 200 {
+		t.Fatalf("set the key's budget: %d %v", resp.StatusCode, out)
+	}
+	if resp, out := call(t, "GET", b.url+"/admin/api/v1/tenants/acme/keys/main/budget", meteredKey, ""); resp.StatusCode != 200 || out["tokens_per_day"] != 1.0 {
+		t.Fatalf("the tenant reading its key's budget: %d %v", resp.StatusCode, out)
+	}
+	// The first request is admitted (the key has spent nothing yet today), then both replicas
+	// refuse the key.
+	eventually(t, 5*time.Second, "both replicas refuse the key", func() bool {
+		sa, _ := infer(a.url)
+		sb, out := infer(b.url)
+		e, _ := out["error"].(map[string]any)
+		msg, _ := e["message"].(string)
+		return sa == 429 && sb == 429 && strings.Contains(msg, "this key's budget")
+	})
+	if resp, _ := call(t, "DELETE", a.url+"/admin/api/v1/tenants/acme/keys/main/budget", e2eAdminToken, ""); resp.StatusCode != 204 {
+		t.Fatalf("delete the key's budget: %d", resp.StatusCode)
+	}
+	eventually(t, 5*time.Second, "the key works again", func() bool { s, _ := infer(b.url); return s == 200 })
+
+	// A tenant budget replaces the tier's (which has none).
+	if resp, out := call(t, "PUT", b.url+"/admin/api/v1/tenants/acme/budget", e2eAdminToken, `{"requests_per_day":2}`); resp.StatusCode != 200 {
+		t.Fatalf("set the tenant's budget: %d %v", resp.StatusCode, out)
+	}
+	eventually(t, 5*time.Second, "the tenant is refused on both replicas", func() bool {
+		sa, _ := infer(a.url)
+		sb, out := infer(b.url)
+		e, _ := out["error"].(map[string]any)
+		return sa == 429 && sb == 429 && e["code"] == "budget_exceeded"
+	})
+	if resp, out := call(t, "PUT", a.url+"/admin/api/v1/tenants/nobody/budget", e2eAdminToken, `{"requests_per_day":2}`); resp.StatusCode != 404 {
+		t.Errorf("a budget for an unknown tenant: got %d %v, want 404", resp.StatusCode, out)
+	}
+	if resp, out := call(t, "PUT", a.url+"/admin/api/v1/tenants/acme/budget", e2eAdminToken, `{"requests_per_day":-1}`); resp.StatusCode != 400 {
+		t.Errorf("a negative cap: got %d %v, want 400", resp.StatusCode, out)
 	}
 }

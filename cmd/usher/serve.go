@@ -159,11 +159,11 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	}
 	defer ln.Close()
 	var plane *adminui.Plane
+	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg})
 	ledger := tenants.NewLedger(cfg.Tenants.Usage, store, tenants.LedgerOptions{Redis: lopts.Redis, Logger: logger, Registerer: reg})
 	gw, err = gateway.New(cfg.Server, gateway.Deps{
-		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger,
-		Budgets: tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg}),
-		Logger:  logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
+		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger, Budgets: budgets,
+		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
 				Replica: replicaName(ln.Addr()), Logger: logger, ClientAddr: live.ClientAddr}
@@ -193,6 +193,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	background.Go(func() { gw.Run(bgCtx) })
 	background.Go(func() { plane.Run(bgCtx) })
 	background.Go(func() { ledger.Run(bgCtx) })
+	background.Go(func() { budgets.Run(bgCtx) })
 	background.Go(func() {
 		if err := directory.Run(bgCtx); err != nil && !errors.Is(err, context.Canceled) {
 			logger.Error("tenant directory stopped", "err", err)
