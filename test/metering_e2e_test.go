@@ -82,7 +82,7 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store, Refresh: 20 * time.Millisecond})
 	wg.Go(func() { budgets.Run(ctx) })
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger, Budgets: budgets,
-		Limits:  tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
+		Limits: tenants.NewLimiter(cfg.Limits, tenants.LimiterOptions{Redis: rdb}),
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
 		}})
