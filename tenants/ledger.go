@@ -27,17 +27,17 @@ type LedgerOptions struct {
 }
 
 // Ledger records the usage of every request (UsageRecord) and writes it to the store's usage
-// ledger in batches, off the request path: Record only adds to counters in memory (a map update
-// under a mutex, no I/O).
+// ledger in batches, off the request path: Record adds to counters in memory (a map update
+// under a mutex, no SQL) and, with Redis, waits for them to reach Redis.
 //
 // Without Redis, Run writes those counters to the store every FlushInterval: a replica killed
 // with SIGKILL loses at most the usage of its last FlushInterval (default 1s). A clean shutdown
 // writes everything; a write the store fails is merged back and retried.
 //
 // With Redis, a writer moves the counters to one Redis hash as soon as they are recorded (one
-// MULTI/EXEC of HINCRBY per round trip, grouping whatever was recorded meanwhile), so a replica
-// killed outright loses only what was recorded during its last Redis round trip (about a
-// millisecond). Every FlushInterval one replica at a time (a Redis lock) renames that hash aside
+// MULTI/EXEC of HINCRBY per round trip, grouping whatever was recorded meanwhile), and Record
+// returns once its count is there: a request is in Redis before its handler returns, so a
+// replica killed outright loses nothing it answered. Every FlushInterval one replica at a time (a Redis lock) renames that hash aside
 // and adds it to the store as one named batch, then deletes it; a batch added but not deleted
 // (the replica died in between) is recognised by its name and added once. While Redis fails,
 // the counters go to the store directly, as without Redis.
@@ -60,6 +60,8 @@ type Ledger struct {
 	mu sync.Mutex
 	// pending holds the usage recorded and not yet handed to Redis or the store (guarded by mu).
 	pending map[UsageKey]UsageCounts
+	// batch is what the records in pending wait on (guarded by mu).
+	batch *batch
 
 	redisFallbacks prometheus.Counter
 	writeErrors    prometheus.Counter
@@ -70,7 +72,7 @@ type Ledger struct {
 func NewLedger(cfg UsageConfig, store *Store, opts LedgerOptions) *Ledger {
 	cfg.setDefaults()
 	l := &Ledger{cfg: cfg, store: store, redis: opts.Redis, log: opts.Logger, now: opts.Now, token: newToken(),
-		wake: make(chan struct{}, 1), pending: map[UsageKey]UsageCounts{}}
+		wake: make(chan struct{}, 1), pending: map[UsageKey]UsageCounts{}, batch: newBatch()}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -97,7 +99,10 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Record counts one request: a map update under a mutex, no I/O.
+// Record counts one request. Without Redis it is a map update under a mutex, no I/O (about a
+// microsecond). With Redis it then waits until the writer has moved the count to Redis (one
+// round trip, shared by every request recorded meanwhile), at most RedisTimeout, so a request
+// whose answer is complete is counted in Redis; it does not wait while Redis is failing.
 func (l *Ledger) Record(r UsageRecord) {
 	k := UsageKey{Tenant: r.Tenant, Key: r.Key, Model: r.Model, Class: r.Class, Start: hourOf(r.At)}
 	c := countsOf(r)
@@ -105,8 +110,21 @@ func (l *Ledger) Record(r UsageRecord) {
 	sum := l.pending[k]
 	sum.Add(c)
 	l.pending[k] = sum
+	written := l.batch.written
 	l.mu.Unlock()
+	if l.redis == nil {
+		return
+	}
 	l.wakeWriter()
+	if l.redisDown.Load() {
+		return
+	}
+	t := time.NewTimer(l.cfg.RedisTimeout)
+	defer t.Stop()
+	select {
+	case <-written:
+	case <-t.C:
+	}
 }
 
 func (l *Ledger) wakeWriter() {
@@ -130,16 +148,22 @@ func (l *Ledger) putBack(rows map[UsageKey]UsageCounts) {
 	l.mu.Unlock()
 }
 
-// take hands over what is pending.
-func (l *Ledger) take() map[UsageKey]UsageCounts {
+// batch is one hand-over of pending usage; written is closed once its write was tried.
+type batch struct{ written chan struct{} }
+
+func newBatch() *batch { return &batch{written: make(chan struct{})} }
+
+// take hands over what is pending; the caller closes the batch's written once it tried to
+// write the rows.
+func (l *Ledger) take() (map[UsageKey]UsageCounts, *batch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	rows := l.pending
+	rows, b := l.pending, l.batch
 	if len(rows) == 0 {
-		return nil
+		return nil, nil
 	}
-	l.pending = make(map[UsageKey]UsageCounts, len(rows))
-	return rows
+	l.pending, l.batch = make(map[UsageKey]UsageCounts, len(rows)), newBatch()
+	return rows, b
 }
 
 // The ledger's Redis keys share one hash tag, so a cluster keeps them on one node (RENAME).
@@ -156,10 +180,11 @@ const batchField = "#batch"
 // push moves what is pending to the live hash in Redis, all or nothing (MULTI/EXEC); on failure
 // it is pending again.
 func (l *Ledger) push(ctx context.Context) error {
-	rows := l.take()
+	rows, b := l.take()
 	if len(rows) == 0 {
 		return nil
 	}
+	defer close(b.written)
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	defer cancel()
 	live := l.liveKey()
@@ -242,8 +267,10 @@ func (l *Ledger) Run(ctx context.Context) {
 // are logged and counted; what failed is kept and retried by the next Flush.
 func (l *Ledger) Flush(ctx context.Context) {
 	if l.redis == nil || l.redisDown.Load() {
-		if rows := l.take(); len(rows) > 0 {
-			if err := l.store.AddUsage(ctx, "", rows); err != nil {
+		if rows, b := l.take(); len(rows) > 0 {
+			err := l.store.AddUsage(ctx, "", rows)
+			close(b.written)
+			if err != nil {
 				l.putBack(rows)
 				l.writeErrors.Inc()
 				l.log.Warn("writing usage failed; it is kept and retried", "err", err)

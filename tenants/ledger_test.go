@@ -192,7 +192,7 @@ func TestLedgerFoldsAPendingBatchOnce(t *testing.T) {
 	rdb := newRedisClient(t, srv)
 	s := openSQLite(t)
 	ctx := context.Background()
-	l := NewLedger(UsageConfig{}, s, LedgerOptions{Redis: rdb})
+	l := NewLedger(UsageConfig{RedisTimeout: 20 * time.Millisecond}, s, LedgerOptions{Redis: rdb}) // no writer: each Record waits this long
 	record(l, "acme", 5)
 	if err := l.push(ctx); err != nil {
 		t.Fatal(err)
