@@ -66,10 +66,10 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 }
 
 // estimatedUsage is what a stream that ended without its usage chunk (the client left, the
-// worker cut it) is charged: the prompt estimate, since the engine started answering, and one
-// completion token per content event relayed, which is how OpenAI-compatible engines stream
-// (one event per generated token). So a client that hangs up early is charged what it was
-// served, not nothing.
+// worker cut it, the engine never sends usage) is charged: the prompt estimate, since the
+// engine started answering, and one completion token per event relayed that carried output
+// (carriesOutput), which is how OpenAI-compatible engines stream (one event per generated
+// token). So a client that hangs up early is charged what it was served, not nothing.
 func estimatedUsage(cl *call, events int) usage {
 	return usage{PromptTokens: cl.promptTokens, CompletionTokens: events, TotalTokens: cl.promptTokens + events, estimated: true}
 }
