@@ -82,9 +82,6 @@ var outputKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"reason
 // a non-empty string, or a tool call. The chunks engines send around the output (the role
 // alone, the finish reason alone) carry none. It scans the bytes without decoding them.
 func carriesOutput(payload []byte) bool {
-	if bytes.Contains(payload, []byte(`"tool_calls"`)) {
-		return true
-	}
 	for _, key := range outputKeys {
 		rest := payload
 		for {
@@ -101,5 +98,7 @@ func carriesOutput(payload []byte) bool {
 			}
 		}
 	}
-	return false
+	return bytes.Contains(payload, toolCallsKey)
 }
+
+var toolCallsKey = []byte(`"tool_calls"`)
