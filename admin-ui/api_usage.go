@@ -35,7 +35,8 @@ func (h tenantAdmin) usage(c echo.Context) error {
 	if rows == nil {
 		rows = []tenants.UsageRow{}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"usage": rows, "total": total})
+	// truncated: the filter matched more rows than one answer holds; the oldest are left out.
+	return c.JSON(http.StatusOK, map[string]any{"usage": rows, "total": total, "truncated": len(rows) == tenants.MaxUsageRows})
 }
 
 // usageQuery reads the filter of a usage request.

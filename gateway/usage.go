@@ -40,6 +40,9 @@ func (s *Server) checkBudget(c echo.Context, cl *call) error {
 // and charges a served call to its tenant's budget.
 func (s *Server) recordUsage(cl *call, err error) {
 	u, outcome := cl.usage, outcomeOf(err)
+	if outcome == tenants.OutcomeServed && errors.Is(err, errClientGone) && u.PromptTokens+u.CompletionTokens == 0 {
+		outcome = tenants.OutcomeOther // the client left before anything was served
+	}
 	if outcome == tenants.OutcomeServed {
 		cl.spend.Done(int64(u.PromptTokens) + int64(u.CompletionTokens))
 	}

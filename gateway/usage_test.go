@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,5 +131,31 @@ func BenchmarkCarriesOutput(b *testing.B) {
 		if !carriesOutput(chunk) {
 			b.Fatal("no output found")
 		}
+	}
+}
+
+// A client that leaves before anything was served is recorded, but not as served.
+func TestClientGoneBeforeAnswerIsNotServed(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = make(chan struct{}) })
+	ledger := &memLedger{}
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w")}, nil, func(d *Deps) { d.Ledger = ledger })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	eventuallyTrue(t, func() bool { return w.started.Load() == 1 })
+	cancel()
+	<-done
+	var got []tenants.UsageRecord
+	eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == 1 })
+	if got[0].Outcome != tenants.OutcomeOther || got[0].CompletionTokens != 0 {
+		t.Errorf("recorded %+v, want OutcomeOther with no tokens", got[0])
 	}
 }

@@ -77,7 +77,8 @@ const (
 	OutcomeDeadline
 	// OutcomeWorkerError: no worker could answer it (502, 503).
 	OutcomeWorkerError
-	// OutcomeOther: any other end without an answer (a bad header, shutdown).
+	// OutcomeOther: any other end without an answer (a bad header, shutdown, a client that left
+	// before anything was served).
 	OutcomeOther
 )
 
