@@ -309,9 +309,10 @@ return 0`)
 
 // fold adds the usage counted in Redis to the store, if this replica gets the fold lock.
 func (l *Ledger) fold(ctx context.Context) error {
-	// The lock outlives any fold; were it to expire mid-fold, the batch's name still keeps the
-	// other replica from adding it twice.
-	ok, err := l.redis.SetNX(ctx, l.lockKey(), l.token, max(30*time.Second, 10*l.cfg.FlushInterval)).Result()
+	// The lock is short, so a replica killed while folding holds up the others for moments
+	// only; were it to expire mid-fold, the batch's name still keeps the next folder from adding
+	// the same batch twice.
+	ok, err := l.redis.SetNX(ctx, l.lockKey(), l.token, foldLockTTL(l.cfg.FlushInterval)).Result()
 	if err != nil || !ok {
 		return err
 	}
@@ -348,6 +349,9 @@ func (l *Ledger) fold(ctx context.Context) error {
 	}
 	return forgetScript.Run(ctx, l.redis, []string{pending}, batchField, name).Err()
 }
+
+// foldLockTTL is how long the fold lock lives: a few flush intervals, and at least 2s.
+func foldLockTTL(flush time.Duration) time.Duration { return max(2*time.Second, 3*flush) }
 
 // parseField reads a hash field written by recordRedis: the row it counts for and the index of
 // its column.
