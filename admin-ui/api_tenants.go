@@ -11,7 +11,8 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// registerTenantAdmin mounts tenants, keys, tiers and the audit log on the admin group. The
+// registerTenantAdmin mounts tenants, keys, tiers, the audit log, the usage ledger and budgets
+// on the admin group. The
 // admin service decides what each actor may do (a tenant sees only itself and manages its own
 // keys) and writes every change to the audit log; the handlers only translate HTTP.
 func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
@@ -28,6 +29,12 @@ func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
 	g.DELETE("/tenants/:id/keys/:key", h.revokeKey)
 	g.GET("/tiers", h.tiers)
 	g.GET("/audit", h.audit)
+	g.GET("/usage", h.usage)
+	for _, path := range []string{"/tenants/:id/budget", "/tenants/:id/keys/:key/budget"} {
+		g.GET(path, h.getBudget)
+		g.PUT(path, h.setBudget)
+		g.DELETE(path, h.deleteBudget)
+	}
 }
 
 type tenantAdmin struct{ ta *tenants.Admin }

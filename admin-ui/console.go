@@ -38,7 +38,7 @@ type console struct {
 }
 
 // consolePages are the page templates parsed with the layout.
-var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "error"}
+var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "usage", "error"}
 
 const consoleSessionKey = "usher.console.session"
 
@@ -80,6 +80,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 			}
 			return worst
 		},
+		"list": func(s ...string) []string { return s },
 		"dur": func(d time.Duration) string {
 			if d < 10*time.Second {
 				return d.Round(time.Millisecond).String()
@@ -140,6 +141,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 		in.GET("/tenants", con.tenantsPage)
 		in.GET("/tenants/:id", con.tenantPage)
 		in.GET("/audit", con.auditPage)
+		in.GET("/usage", con.usagePage)
 		ch.POST("/tenants", con.act("/admin/tenants", con.createTenant))
 		ch.POST("/tenants/:id/suspend", con.act("/admin/tenants", con.suspend))
 		ch.POST("/tenants/:id/resume", con.act("/admin/tenants", con.resume))

@@ -91,6 +91,9 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := s.classAndDeadline(cl, h); err != nil {
 		return err
 	}
+	if err := s.checkBudget(c, cl); err != nil {
+		return err
+	}
 	if err := s.holdLimits(c, cl); err != nil {
 		return err
 	}

@@ -52,9 +52,10 @@ type call struct {
 	class     queue.Class
 	classed   bool // class is resolved: the request reached the queue
 	deadline  time.Time
-	hold      *tenants.Hold // the tenant's limits held for this call; nil: none
-	grant     *queue.Grant  // the queue's capacity held for this call
-	queued    time.Duration // time waited in the queue, preemptions included
+	hold      *tenants.Hold  // the tenant's limits held for this call; nil: none
+	spend     *tenants.Spend // the tenant's budget charged at the end; nil: none
+	grant     *queue.Grant   // the queue's capacity held for this call
+	queued    time.Duration  // time waited in the queue, preemptions included
 
 	// dispatch and proxy
 	route    routing.Request

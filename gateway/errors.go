@@ -94,6 +94,8 @@ var errorTable = []errorRule{
 		param: "model", message: "your tier does not include this model"},
 	{err: tenants.ErrPromptTooLong, status: http.StatusBadRequest, typ: "invalid_request_error",
 		code: "context_length_exceeded", param: "messages", message: "the prompt is longer than your tier allows"},
+	{err: tenants.ErrBudgetExceeded, status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exceeded",
+		showCause: true},
 	{err: errTargetNotAllowed, status: http.StatusForbidden, typ: "permission_error", code: "target_worker_not_allowed", showCause: true},
 	// The queue.
 	{err: queue.ErrQueueFull, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full",
@@ -159,6 +161,10 @@ func ErrorFor(err error) *APIError {
 		var rej *queue.Rejection
 		if errors.As(err, &rej) && rej.RetryAfter > 0 {
 			out.RetryAfter = rej.RetryAfter
+		}
+		var spent *tenants.BudgetError
+		if errors.As(err, &spent) && spent.RetryAfter > 0 {
+			out.RetryAfter = spent.RetryAfter
 		}
 		return out
 	}

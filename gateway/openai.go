@@ -73,3 +73,32 @@ func isUsageOnlyChunk(payload []byte) bool {
 	}
 	return len(v.Choices) == 0 && len(v.Usage) > 0 && !isNull(v.Usage)
 }
+
+// outputKeys are the members of a stream chunk that carry generated output: chat's delta
+// content (and the reasoning some engines stream apart), completions' text.
+var outputKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"reasoning_content"`)}
+
+// carriesOutput reports whether a stream chunk carries generated output: one of outputKeys with
+// a non-empty string, or a tool call. The chunks engines send around the output (the role
+// alone, the finish reason alone) carry none. It scans the bytes without decoding them.
+func carriesOutput(payload []byte) bool {
+	for _, key := range outputKeys {
+		rest := payload
+		for {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
+			if len(rest) > 0 && rest[0] == ':' {
+				v := bytes.TrimLeft(rest[1:], " \t\r\n")
+				if len(v) > 1 && v[0] == '"' && v[1] != '"' {
+					return true
+				}
+			}
+		}
+	}
+	return bytes.Contains(payload, toolCallsKey)
+}
+
+var toolCallsKey = []byte(`"tool_calls"`)

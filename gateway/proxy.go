@@ -256,7 +256,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 						skipBlank = true
 						continue
 					}
-				} else {
+				} else if carriesOutput(payload) {
 					events++
 				}
 			}

@@ -41,6 +41,10 @@ type Deps struct {
 	Admin func(*Server) (http.Handler, error)
 	// Limits enforces the tiers' rate, token and concurrency limits; nil enforces none.
 	Limits Limits
+	// Ledger records every call's usage; nil records none.
+	Ledger Ledger
+	// Budgets enforces the tiers' day and month budgets; nil enforces none.
+	Budgets Budgets
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
@@ -59,6 +63,8 @@ type Server struct {
 	now       func() time.Time
 	metrics   *metrics
 	limits    Limits
+	ledger    Ledger
+	budgets   Budgets
 	// traffic counts the last minute's requests by class for the admin plane (live.go).
 	traffic    *traffic
 	dispatcher *dispatcher
@@ -106,6 +112,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		dispatcher: disp,
 		limits:     d.Limits,
+		ledger:     d.Ledger,
+		budgets:    d.Budgets,
 		cfg:        cfg,
 		pool:       d.Pool,
 		auth:       d.Auth,

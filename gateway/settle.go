@@ -13,7 +13,7 @@ import (
 
 // settle is the last stage of every call, whatever happened before: it gives back what admit
 // held (the queue's capacity and the tenant's limits, charged with the tokens really served),
-// answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
+// counts the call in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
 // and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
@@ -23,6 +23,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	if cl.hold != nil {
 		cl.hold.Done(int64(served))
 	}
+	s.recordUsage(cl, err)
 	status := c.Response().Status
 	switch {
 	case errors.Is(err, errClientGone):
@@ -65,10 +66,10 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 }
 
 // estimatedUsage is what a stream that ended without its usage chunk (the client left, the
-// worker cut it) is charged: the prompt estimate, since the engine started answering, and one
-// completion token per content event relayed, which is how OpenAI-compatible engines stream
-// (one event per generated token). So a client that hangs up early is charged what it was
-// served, not nothing.
+// worker cut it, the engine never sends usage) is charged: the prompt estimate, since the
+// engine started answering, and one completion token per event relayed that carried output
+// (carriesOutput), which is how OpenAI-compatible engines stream (one event per generated
+// token). So a client that hangs up early is charged what it was served, not nothing.
 func estimatedUsage(cl *call, events int) usage {
 	return usage{PromptTokens: cl.promptTokens, CompletionTokens: events, TotalTokens: cl.promptTokens + events, estimated: true}
 }

@@ -25,6 +25,8 @@ type Config struct {
 	JWT JWTConfig `yaml:"jwt"`
 	// Limits configures how tier limits are enforced.
 	Limits LimitsConfig `yaml:"limits"`
+	// Usage configures the usage ledger.
+	Usage UsageConfig `yaml:"usage"`
 	// Admin configures the bootstrap admin token.
 	Admin AdminConfig `yaml:"admin"`
 }
@@ -67,6 +69,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 func (c *Config) SetDefaults() {
 	c.JWT.setDefaults()
 	c.Limits.setDefaults()
+	c.Usage.setDefaults()
 	if c.Database.URL == "" {
 		c.Database.URL = DefaultDatabaseURL
 	}
@@ -112,6 +115,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.JWT.validate()...)
 	errs = append(errs, c.Limits.validate()...)
+	errs = append(errs, c.Usage.validate()...)
 	errs = append(errs, c.Admin.validate()...)
 	tiers := map[string]int{}
 	for i := range c.Tiers {

@@ -17,6 +17,13 @@
 //     Client numbers are added with saturation, never wrapping.
 //   - admin.go: Admin, the admin service behind the gateway's /admin/api/v1 handlers. Keys are
 //     minted only within the creating credential's tier, expiry and permission.
+//     admin_metering.go: its usage and budget calls (a tenant reads only its own).
+//   - usage.go, ledger.go, usage_store.go: the usage ledger. Ledger records every request's usage
+//     in memory and writes it in batches (through Redis when present, folded into SQL by one
+//     replica at a time); the store keeps it per tenant, key, model, class and hour, rolled up
+//     into days.
+//   - budget.go, budget_store.go: Budgets, tokens and requests per tenant (and key) per UTC day
+//     and month, from the tier or set through the admin API, counted in Redis or per replica.
 //   - static.go: Static, the config-keys-only Authenticator of the first gateway.
 //
 // Credentials are secrets: no error, log line or metric label of this package contains one.

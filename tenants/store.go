@@ -284,12 +284,18 @@ func (s *Store) Changes(ctx context.Context, after, upTo int64) ([]Change, error
 // Record writes an audit entry for a change made outside the store (a worker drained, a pin
 // set): the audit log then tells every operator action, not only those on tenants and keys.
 func (s *Store) Record(ctx context.Context, actor, action, object string, details any) error {
+	return s.RecordFor(ctx, actor, action, "", object, details)
+}
+
+// RecordFor is Record of an event about an object of tenantID, which the tenant then sees in
+// its audit log.
+func (s *Store) RecordFor(ctx context.Context, actor, action, tenantID, object string, details any) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
-	if err := s.audit(ctx, tx, s.now(), actor, action, "", object, details); err != nil {
+	if err := s.audit(ctx, tx, s.now(), actor, action, tenantID, object, details); err != nil {
 		return err
 	}
 	return tx.Commit()

@@ -47,6 +47,21 @@ type Tier struct {
 	Models []string `yaml:"models"`
 	// MayTargetWorker allows the X-Usher-Target-Worker header.
 	MayTargetWorker bool `yaml:"may_target_worker"`
+	// Budget caps what each tenant of the tier spends per UTC day and month.
+	Budget Budget `yaml:"budget"`
+}
+
+// Budget caps the tokens (prompt plus completion, as served) and requests a tenant spends per
+// UTC calendar day and month; 0 means no cap. A request is refused (429 budget_exceeded) once
+// the period's spending has reached a cap, until the period ends.
+type Budget struct {
+	TokensPerDay     int64 `yaml:"tokens_per_day"`
+	TokensPerMonth   int64 `yaml:"tokens_per_month"`
+	RequestsPerDay   int64 `yaml:"requests_per_day"`
+	RequestsPerMonth int64 `yaml:"requests_per_month"`
+	// SoftThreshold is the share of a cap whose crossing is reported once per period (a metric
+	// and an audit entry), before anything is refused; default 0.8.
+	SoftThreshold float64 `yaml:"soft_threshold"`
 }
 
 // ClassDeadlines holds one default deadline per class.
@@ -91,6 +106,9 @@ func (t *Tier) setDefaults() {
 	if len(t.Models) == 0 {
 		t.Models = []string{"*"}
 	}
+	if t.Budget.SoftThreshold == 0 {
+		t.Budget.SoftThreshold = 0.8
+	}
 }
 
 func (t *Tier) validate(f string) []error {
@@ -119,6 +137,8 @@ func (t *Tier) validate(f string) []error {
 		{"requests_per_minute", t.RequestsPerMinute}, {"tokens_per_minute", t.TokensPerMinute},
 		{"max_concurrent", t.MaxConcurrent}, {"max_queued", t.MaxQueued},
 		{"max_prompt_tokens", t.MaxPromptTokens}, {"expected_output_tokens", t.ExpectedOutputTokens},
+		{"budget.tokens_per_day", t.Budget.TokensPerDay}, {"budget.tokens_per_month", t.Budget.TokensPerMonth},
+		{"budget.requests_per_day", t.Budget.RequestsPerDay}, {"budget.requests_per_month", t.Budget.RequestsPerMonth},
 	} {
 		if f.v < 0 {
 			bad(f.name, "must not be negative (0 means unlimited)")
@@ -126,6 +146,9 @@ func (t *Tier) validate(f string) []error {
 		if f.v > maxLimit {
 			bad(f.name, "must be at most 2^53 (0 means unlimited)")
 		}
+	}
+	if !(t.Budget.SoftThreshold > 0 && t.Budget.SoftThreshold <= 1) {
+		bad("budget.soft_threshold", "must be above 0 and at most 1")
 	}
 	for _, f := range []struct {
 		name string

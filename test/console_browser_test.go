@@ -87,10 +87,12 @@ func startConsoleStack(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ledger := tenants.NewLedger(tenants.UsageConfig{FlushInterval: 50 * time.Millisecond}, store, tenants.LedgerOptions{})
+	wg.Go(func() { ledger.Run(ctx) })
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
 	var plane *adminui.Plane
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Admin: func(live *gateway.Server) (http.Handler, error) {
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir, Ledger: ledger, Admin: func(live *gateway.Server) (http.Handler, error) {
 		p, err := adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin})
 		plane = p
 		return p, err
@@ -369,6 +371,22 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("audit log: got %q, want tenant.create and key.revoke", page)
 	}
 	screenshot(t, ctx, "06-audit")
+
+	// The usage page draws what the ledger holds: acme's requests, as bars of tokens.
+	eventually(t, 10*time.Second, "the usage page shows acme's requests", func() bool {
+		do(t, ctx, "usage page", chromedp.Navigate(base+"/admin/usage?days=1"), chromedp.WaitVisible(chromedp.CSS("#usage-by-tenant")))
+		return text(t, ctx, "#usage-requests") != "0"
+	})
+	if top := text(t, ctx, "#usage-top"); !strings.Contains(top, "acme") {
+		t.Errorf("top tenants: got %q, want acme", top)
+	}
+	do(t, ctx, "the charts have bars",
+		chromedp.WaitVisible(chromedp.CSS("#usage-by-tenant rect[fill='#4e79a7']")),
+		chromedp.WaitVisible(chromedp.CSS("#usage-by-class rect[fill]:not(.usage-frame)")))
+	if share := text(t, ctx, "#usage-cached-share"); !strings.HasSuffix(share, "%") {
+		t.Errorf("cached share: got %q, want a percentage", share)
+	}
+	screenshot(t, ctx, "07-usage")
 
 	t.Run("viewer is refused every change", func(t *testing.T) {
 		do(t, ctx, "sign out and in as the viewer",

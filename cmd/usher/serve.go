@@ -98,7 +98,8 @@ type serveHooks struct {
 //     after which the remaining connections are closed;
 //  3. the worker pool's health checks, discovery and retirements, the gateway's capacity refresh
 //     and the tenant directory's refresh stop (the directory writes its last batch of key
-//     last-used times), then the store and Redis close.
+//     last-used times), the usage ledger writes what it still holds, then the store and Redis
+//     close.
 func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHooks) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -158,8 +159,10 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	}
 	defer ln.Close()
 	var plane *adminui.Plane
+	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg})
+	ledger := tenants.NewLedger(cfg.Tenants.Usage, store, tenants.LedgerOptions{Redis: lopts.Redis, Logger: logger, Registerer: reg})
 	gw, err = gateway.New(cfg.Server, gateway.Deps{
-		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts),
+		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger, Budgets: budgets,
 		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
@@ -189,6 +192,8 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	background.Go(func() { pool.Run(bgCtx) })
 	background.Go(func() { gw.Run(bgCtx) })
 	background.Go(func() { plane.Run(bgCtx) })
+	background.Go(func() { ledger.Run(bgCtx) })
+	background.Go(func() { budgets.Run(bgCtx) })
 	background.Go(func() {
 		if err := directory.Run(bgCtx); err != nil && !errors.Is(err, context.Canceled) {
 			logger.Error("tenant directory stopped", "err", err)

@@ -1,0 +1,161 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+func TestCarriesOutput(t *testing.T) {
+	tests := []struct {
+		payload string
+		want    bool
+	}{
+		{`{"choices":[{"delta":{"role":"assistant","content":""}}]}`, false},
+		{`{"choices":[{"delta":{"role":"assistant"}}]}`, false},
+		{`{"choices":[{"delta":{},"finish_reason":"stop"}]}`, false},
+		{`{"choices":[{"delta":{"content":null},"finish_reason":"length"}]}`, false},
+		{`{"choices":[{"delta":{"content":"Hi"}}]}`, true},
+		{`{"choices":[{"delta":{"content" : "\n"}}]}`, true},
+		{`{"choices":[{"text":" the","index":0}]}`, true},
+		{`{"choices":[{"text":"","finish_reason":"stop"}]}`, false},
+		{`{"choices":[{"delta":{"reasoning_content":"hm"}}]}`, true},
+		{`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`, true},
+		{`{"choices":[{"delta":{"content":""},"logprobs":{"content":[{"token":"a"}]}}]}`, false},
+	}
+	for _, tt := range tests {
+		if got := carriesOutput([]byte(tt.payload)); got != tt.want {
+			t.Errorf("carriesOutput(%s) = %v, want %v", tt.payload, got, tt.want)
+		}
+	}
+}
+
+// memLedger is an in-memory Ledger.
+type memLedger struct {
+	mu      sync.Mutex
+	records []tenants.UsageRecord
+}
+
+func (l *memLedger) Record(r tenants.UsageRecord) {
+	l.mu.Lock()
+	l.records = append(l.records, r)
+	l.mu.Unlock()
+}
+
+func (l *memLedger) all() []tenants.UsageRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]tenants.UsageRecord(nil), l.records...)
+}
+
+// An engine that never sends usage, streaming as vLLM does (a role-only chunk first, the finish
+// reason alone last): the call is charged one completion token per chunk with content, and the
+// ledger marks it estimated.
+func TestStreamWithoutUsageIsCountedFromItsContent(t *testing.T) {
+	const contentChunks = 7
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+		for i := range contentChunks {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w%d \"}}]}\n\n", i)
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(engine.Close)
+	ledger := &memLedger{}
+	g := startGatewayWith(t, []routing.WorkerSpec{{ID: "w", URL: engine.URL, Models: []string{testModel}}}, nil,
+		func(d *Deps) { d.Ledger = ledger })
+	resp := g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"hello there"}]}`, nil)
+	if _, err := io.ReadAll(resp.Body); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	var got []tenants.UsageRecord
+	eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == 1 })
+	r := got[0]
+	if r.CompletionTokens != contentChunks || !r.Estimated || r.PromptTokens == 0 || r.Outcome != tenants.OutcomeServed ||
+		r.Tenant != "t1" || r.Key != "k" || r.Model != testModel || r.Class != "standard" {
+		t.Errorf("recorded %+v, want %d estimated completion tokens, the prompt estimate, served, t1/k/m1/standard", r, contentChunks)
+	}
+}
+
+// eventuallyTrue waits for cond, which settle makes true once the handler ends, after the
+// client has read the whole answer.
+func eventuallyTrue(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("still not true after 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestOutcomeOf(t *testing.T) {
+	tests := []struct {
+		err  error
+		want tenants.Outcome
+	}{
+		{nil, tenants.OutcomeServed},
+		{errClientGone, tenants.OutcomeServed},
+		{&tenants.LimitError{Limit: tenants.LimitTokens}, tenants.OutcomeRefusedLimit},
+		{&tenants.BudgetError{Cap: "tokens_per_day"}, tenants.OutcomeRefusedBudget},
+		{fmt.Errorf("x: %w", errUpstream), tenants.OutcomeWorkerError},
+		{routing.ErrNoWorker, tenants.OutcomeWorkerError},
+		{BadRequest("", "bad"), tenants.OutcomeOther},
+	}
+	for _, tt := range tests {
+		if got := outcomeOf(tt.err); got != tt.want {
+			t.Errorf("outcomeOf(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+// BenchmarkCarriesOutput is the cost of counting one relayed stream event.
+func BenchmarkCarriesOutput(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m1","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}`)
+	for b.Loop() {
+		if !carriesOutput(chunk) {
+			b.Fatal("no output found")
+		}
+	}
+}
+
+// A client that leaves before anything was served is recorded, but not as served.
+func TestClientGoneBeforeAnswerIsNotServed(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = make(chan struct{}) })
+	ledger := &memLedger{}
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w")}, nil, func(d *Deps) { d.Ledger = ledger })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	eventuallyTrue(t, func() bool { return w.started.Load() == 1 })
+	cancel()
+	<-done
+	var got []tenants.UsageRecord
+	eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == 1 })
+	if got[0].Outcome != tenants.OutcomeOther || got[0].CompletionTokens != 0 {
+		t.Errorf("recorded %+v, want OutcomeOther with no tokens", got[0])
+	}
+}
