@@ -253,19 +253,20 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		bc, evicted, refused := l.bounds.admit(c)
+		// Counted before closing, so whoever sees the close sees the count.
 		if evicted != nil {
-			_ = evicted.Conn.Close()
 			l.bounds.evicted.Inc()
+			_ = evicted.Conn.Close()
 		}
 		if bc != nil {
 			return bc, nil
 		}
-		_ = c.Close()
 		if refused == refusedPerClient {
 			l.bounds.refusedPerClient.Inc()
 		} else {
 			l.bounds.refusedGlobal.Inc()
 		}
+		_ = c.Close()
 	}
 }
 
