@@ -77,6 +77,11 @@ func startServeCommand(t *testing.T, name string, config func(listen string) str
 		configPath: filepath.Join(t.TempDir(), "usher.yaml")}
 	p.writeConfig(config(listen))
 	p.cmd = command(bin, p.configPath)
+	if p.cmd.Dir == "" {
+		// A config without a database gets the default sqlite:usher.db, relative to the working
+		// directory: each process gets its own, not one file shared by every test and run.
+		p.cmd.Dir = filepath.Dir(p.configPath)
+	}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
