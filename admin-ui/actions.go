@@ -2,8 +2,11 @@ package adminui
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,20 +67,68 @@ func (p *Plane) undrainWorkerAction(c echo.Context, id string) error {
 	return nil
 }
 
-// findPins lists the pins f selects, narrowed to the session or routing key key when it is set,
-// ordered by model, tenant and key. Never nil.
-func (p *Plane) findPins(ctx context.Context, f routing.PinFilter, key string) ([]routing.Pin, error) {
+// Pin listings come a page at a time: a store may hold millions of pins (one per session).
+const (
+	defaultPinPage = 100
+	maxPinPage     = 1000
+)
+
+// findPins lists a page of the pins f selects, narrowed to the session or routing key key when
+// it is set, ordered by model, tenant and key, and says where the next page starts: "" when
+// this one is the last. after is the cursor of the page before ("" for the first). Never nil.
+func (p *Plane) findPins(ctx context.Context, f routing.PinFilter, key, after string, limit int) ([]routing.Pin, string, error) {
+	f.Key, f.Limit = key, limit+1 // one more than the page tells whether another follows
+	if after != "" {
+		k, err := decodePinCursor(after)
+		if err != nil {
+			return nil, "", err
+		}
+		f.After = &k
+	}
 	pins, err := p.fleet.Pins(ctx, f)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	out := make([]routing.Pin, 0, len(pins))
-	for _, p := range pins {
-		if key == "" || p.Key == key {
-			out = append(out, p)
-		}
+	next := ""
+	if len(pins) > limit {
+		pins = pins[:limit]
+		next = encodePinCursor(pins[len(pins)-1].PinKey)
 	}
-	return out, nil
+	if pins == nil {
+		pins = []routing.Pin{}
+	}
+	return pins, next, nil
+}
+
+// encodePinCursor makes the opaque cursor of the page after k.
+func encodePinCursor(k routing.PinKey) string {
+	b, _ := json.Marshal([3]string{k.Model, k.Tenant, k.Key})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodePinCursor(s string) (routing.PinKey, error) {
+	var parts [3]string
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(b, &parts)
+	}
+	if err != nil || len(s) > 4096 {
+		return routing.PinKey{}, gateway.BadRequest("after", "after must be the next value of a previous page")
+	}
+	return routing.PinKey{Model: parts[0], Tenant: parts[1], Key: parts[2]}, nil
+}
+
+// pinPageSize reads the limit parameter of a pin listing: default defaultPinPage, at most
+// maxPinPage.
+func pinPageSize(v string) (int, error) {
+	if v == "" {
+		return defaultPinPage, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxPinPage {
+		return 0, gateway.BadRequest("limit", "limit must be an integer from 1 to %d", maxPinPage)
+	}
+	return n, nil
 }
 
 func (p *Plane) pinAction(c echo.Context, r pinRequest) error {

@@ -240,11 +240,19 @@ type pinRequest struct {
 
 func (p *Plane) listPins(c echo.Context) error {
 	f := routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")}
-	pins, err := p.findPins(c.Request().Context(), f, c.QueryParam("key"))
+	limit, err := pinPageSize(c.QueryParam("limit"))
 	if err != nil {
 		return adminError(c, err)
 	}
-	return c.JSON(http.StatusOK, map[string]any{"pins": pinsJSON(pins)})
+	pins, next, err := p.findPins(c.Request().Context(), f, c.QueryParam("key"), c.QueryParam("after"), limit)
+	if err != nil {
+		return adminError(c, err)
+	}
+	out := map[string]any{"pins": pinsJSON(pins)}
+	if next != "" {
+		out["next"] = next
+	}
+	return c.JSON(http.StatusOK, out)
 }
 
 func (p *Plane) pin(c echo.Context) error {

@@ -61,7 +61,7 @@ type workersView struct {
 
 func (con *console) workersView(c echo.Context) (workersView, error) {
 	v := workersView{Workers: con.p.fleet.Workers(), Pinned: map[string]int{}}
-	pins, err := con.p.findPins(c.Request().Context(), routing.PinFilter{}, "")
+	pins, err := con.p.fleet.Pins(c.Request().Context(), routing.PinFilter{})
 	if err != nil {
 		return v, err
 	}
@@ -88,13 +88,19 @@ func (con *console) workersLive(c echo.Context) error {
 	return con.render(c, http.StatusOK, "workers", "workers-live", con.pageData(c, "workers", v))
 }
 
+// sessionsPage is how many pins the Sessions page shows at once.
+const sessionsPage = 200
+
 // sessionsView is the Sessions page: the pins a search finds, and the choices of its forms.
 type sessionsView struct {
-	Filter  routing.PinFilter
-	Key     string
-	Pins    []routing.Pin
-	Workers []string
-	Models  []string
+	Filter routing.PinFilter
+	Key    string
+	Pins   []routing.Pin
+	// Next is the cursor of the next page ("" on the last); NextQuery the query string that
+	// shows it.
+	Next, NextQuery string
+	Workers         []string
+	Models          []string
 }
 
 func (con *console) sessionsPage(c echo.Context) error {
@@ -108,11 +114,16 @@ func (con *console) sessionsPage(c echo.Context) error {
 	for _, w := range ws {
 		v.Workers = append(v.Workers, w.ID)
 	}
-	pins, err := con.p.findPins(c.Request().Context(), v.Filter, v.Key)
+	pins, next, err := con.p.findPins(c.Request().Context(), v.Filter, v.Key, c.QueryParam("after"), sessionsPage)
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
-	v.Pins = pins
+	v.Pins, v.Next = pins, next
+	if next != "" {
+		q := c.Request().URL.Query()
+		q.Set("after", next)
+		v.NextQuery = q.Encode()
+	}
 	return con.page(c, "sessions", v)
 }
 

@@ -110,6 +110,10 @@ func TestOpenAPIDescribesAnswers(t *testing.T) {
 		{"POST", "/workers/{id}/undrain", "/workers/w3/undrain", "", "", 200},
 		{"POST", "/pins", "/pins", `{"model":"m1","tenant":"acme","key":"s-1","worker":"w1","ttl_seconds":600}`, "", 200},
 		{"GET", "/pins", "/pins?model=m1&tenant=acme", "", "", 200},
+		{"POST", "/pins", "/pins", `{"model":"m1","tenant":"acme","key":"s-3","worker":"w1"}`, "", 200},
+		{"GET", "/pins", "/pins?limit=1", "", "", 200}, // a page with a next
+		{"GET", "/pins", "/pins?limit=0", "", "", 400},
+		{"GET", "/pins", "/pins?after=nonsense", "", "", 400},
 		{"POST", "/pins/move", "/pins/move", `{"from":"w1","to":"w2"}`, "", 200},
 		{"DELETE", "/pins", "/pins?model=m1&tenant=acme&key=s-1", "", "", 204},
 		{"DELETE", "/workers/{id}", "/workers/w3", "", "", 204},

@@ -25,15 +25,42 @@ type Pin struct {
 	TTL    time.Duration `json:"ttl"` // time left; a pin's TTL slides on every use
 }
 
-// PinFilter selects pins; empty fields match every pin.
+// PinFilter selects pins; empty fields match every pin. After and Limit page through a large
+// store: each page holds at most Limit pins, and the next one starts after the last pin of the
+// page before.
 type PinFilter struct {
 	Model  string
 	Tenant string
 	Worker string
+	// Key keeps only the pins of that session or routing key.
+	Key string
+	// After keeps only the pins ordered after it (by model, tenant and key).
+	After *PinKey
+	// Limit caps the pins listed, the first in order; 0 lists them all.
+	Limit int
+}
+
+// matchKey reports whether f selects k, whatever its worker.
+func (f PinFilter) matchKey(k PinKey) bool {
+	return (f.Model == "" || f.Model == k.Model) && (f.Tenant == "" || f.Tenant == k.Tenant) &&
+		(f.Key == "" || f.Key == k.Key) && (f.After == nil || comparePinKeys(k, *f.After) > 0)
 }
 
 func (f PinFilter) match(k PinKey, worker string) bool {
-	return (f.Model == "" || f.Model == k.Model) && (f.Tenant == "" || f.Tenant == k.Tenant) && (f.Worker == "" || f.Worker == worker)
+	return f.matchKey(k) && (f.Worker == "" || f.Worker == worker)
+}
+
+func comparePinKeys(a, b PinKey) int {
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key))
+}
+
+// firstPins keeps the Limit first of pins in order (all when Limit is 0), sorted.
+func (f PinFilter) firstPins(pins []Pin) []Pin {
+	sortPins(pins)
+	if f.Limit > 0 && len(pins) > f.Limit {
+		pins = pins[:f.Limit]
+	}
+	return pins
 }
 
 // PinStore keeps the pins of sticky sessions and routing keys where every gateway replica sees
@@ -49,8 +76,9 @@ type PinStore interface {
 	Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error
 	// Delete removes the pin of k, if any.
 	Delete(ctx context.Context, k PinKey) error
-	// List returns the pins f selects, ordered by model, tenant and key. It reads the whole
-	// store: an admin operation, not for the pick path.
+	// List returns the pins f selects, ordered by model, tenant and key, at most f.Limit of
+	// them. It reads the whole store, keeping in memory no more than a page of pins (Redis) or
+	// the pins that match (memory): an admin operation, not for the pick path.
 	List(ctx context.Context, f PinFilter) ([]Pin, error)
 }
 
@@ -162,14 +190,11 @@ func (s *MemoryPinStore) List(_ context.Context, f PinFilter) ([]Pin, error) {
 			out = append(out, Pin{PinKey: k, Worker: p.worker, TTL: p.expires.Sub(now)})
 		}
 	}
-	sortPins(out)
-	return out, nil
+	return f.firstPins(out), nil
 }
 
 func sortPins(pins []Pin) {
-	slices.SortFunc(pins, func(a, b Pin) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key))
-	})
+	slices.SortFunc(pins, func(a, b Pin) int { return comparePinKeys(a.PinKey, b.PinKey) })
 }
 
 // ErrWorkerDraining: Pin was asked to pin a key to a draining or retiring worker, which takes no

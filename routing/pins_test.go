@@ -2,6 +2,8 @@ package routing
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -130,5 +132,67 @@ func TestRedisPinKeyRoundTrip(t *testing.T) {
 		if !ok || got != k {
 			t.Errorf("key %+v: got %+v (ok=%v) back", k, got, ok)
 		}
+	}
+}
+
+// TestPinStoresPage holds both stores to the paging contract: pages in order, none missed or
+// repeated, a worker filter that leaves a store page short still fills the page, and the key
+// filter.
+func TestPinStoresPage(t *testing.T) {
+	stores := []struct {
+		name string
+		new  func(t *testing.T) PinStore
+	}{
+		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t))) }},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := st.new(t)
+			const n = 1000 // w1 holds every tenth pin: 100 of them
+			for i := range n {
+				w := "w2"
+				if i%10 == 0 {
+					w = "w1"
+				}
+				if err := s.Set(ctx, PinKey{Model: "m", Tenant: "t", Key: fmt.Sprintf("s%04d", i)}, w, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range []struct {
+				worker string
+				want   int
+			}{{"", n}, {"w1", n / 10}} {
+				var seen []string
+				f := PinFilter{Worker: c.worker, Limit: 30} // 30 of w1 span more than one store page (256 keys)
+				for pages := 0; ; pages++ {
+					if pages > n {
+						t.Fatal("paging does not end")
+					}
+					page, err := s.List(ctx, f)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(page) > f.Limit {
+						t.Fatalf("a page of %d pins, limit %d", len(page), f.Limit)
+					}
+					for _, p := range page {
+						seen = append(seen, p.Key)
+					}
+					if len(page) < f.Limit {
+						break
+					}
+					f.After = &page[len(page)-1].PinKey
+				}
+				if len(seen) != c.want || !slices.IsSorted(seen) || len(slices.Compact(slices.Clone(seen))) != c.want {
+					t.Errorf("worker %q: paged through %d pins (sorted %v), want %d distinct in order", c.worker, len(seen), slices.IsSorted(seen), c.want)
+				}
+			}
+			got, err := s.List(ctx, PinFilter{Key: "s0420"})
+			if err != nil || len(got) != 1 || got[0].Worker != "w1" {
+				t.Errorf("List by key: got %v, %v; want s0420 on w1", got, err)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,45 +110,84 @@ func (s *RedisStore) Delete(ctx context.Context, k PinKey) error {
 	return nil
 }
 
-// List implements PinStore: a SCAN over the pin keys, then one pipelined GET and PTTL per match.
+// List implements PinStore: a SCAN over the pin keys keeping the first keys in order (a page),
+// then one pipelined GET and PTTL per key kept. A worker filter can only be checked after the
+// GET: when it leaves the page short, the next keys are read the same way.
 func (s *RedisStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
-	var keys []string
-	var pks []PinKey
+	page := 0 // keys read per round: all of them when f.Limit is 0
+	if f.Limit > 0 {
+		page = max(f.Limit, 256)
+	}
+	var out []Pin
+	for {
+		keys, pks, err := s.firstPinKeys(ctx, f, page)
+		if err != nil {
+			return nil, err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		gets := make([]*redis.StringCmd, len(keys))
+		ttls := make([]*redis.DurationCmd, len(keys))
+		_, err = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for i, key := range keys {
+				gets[i] = pipe.Get(ctx, key)
+				ttls[i] = pipe.PTTL(ctx, key)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("list pins: %w", err)
+		}
+		for i, pk := range pks {
+			worker, err := gets[i].Result()
+			if err != nil || !f.match(pk, worker) {
+				continue // expired between the scan and the read, or not the worker asked for
+			}
+			out = append(out, Pin{PinKey: pk, Worker: worker, TTL: ttls[i].Val()})
+		}
+		if page == 0 || len(out) >= f.Limit || len(keys) < page {
+			break
+		}
+		f.After = &pks[len(pks)-1]
+	}
+	return f.firstPins(out), nil
+}
+
+// firstPinKeys scans the pin keys f selects (its worker aside) and returns the first n of them
+// in order (all when n is 0), holding at most 2n in memory.
+func (s *RedisStore) firstPinKeys(ctx context.Context, f PinFilter, n int) ([]string, []PinKey, error) {
+	type entry struct {
+		key string
+		pk  PinKey
+	}
+	var kept []entry
+	trim := func() {
+		slices.SortFunc(kept, func(a, b entry) int { return comparePinKeys(a.pk, b.pk) })
+		if n > 0 && len(kept) > n {
+			kept = kept[:n]
+		}
+	}
 	iter := s.client.Scan(ctx, 0, pinKeyPrefix+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		pk, ok := parseRedisPinKey(iter.Val())
-		if ok && f.match(pk, f.Worker) {
-			keys, pks = append(keys, iter.Val()), append(pks, pk)
+		if !ok || !f.matchKey(pk) {
+			continue
+		}
+		kept = append(kept, entry{iter.Val(), pk})
+		if n > 0 && len(kept) >= 2*n {
+			trim()
 		}
 	}
 	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("list pins: %w", err)
+		return nil, nil, fmt.Errorf("list pins: %w", err)
 	}
-	if len(keys) == 0 {
-		return nil, nil
+	trim()
+	keys, pks := make([]string, len(kept)), make([]PinKey, len(kept))
+	for i, e := range kept {
+		keys[i], pks[i] = e.key, e.pk
 	}
-	gets := make([]*redis.StringCmd, len(keys))
-	ttls := make([]*redis.DurationCmd, len(keys))
-	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, key := range keys {
-			gets[i] = pipe.Get(ctx, key)
-			ttls[i] = pipe.PTTL(ctx, key)
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("list pins: %w", err)
-	}
-	var out []Pin
-	for i, pk := range pks {
-		worker, err := gets[i].Result()
-		if err != nil || !f.match(pk, worker) {
-			continue // expired between the scan and the read
-		}
-		out = append(out, Pin{PinKey: pk, Worker: worker, TTL: ttls[i].Val()})
-	}
-	sortPins(out)
-	return out, nil
+	return keys, pks, nil
 }
 
 // SetDraining implements DrainStore.
