@@ -26,6 +26,9 @@ type poolMetrics struct {
 	cachePredictionError *prometheus.HistogramVec
 	// cacheShared counts cache_aware inserts shared among replicas by model and direction.
 	cacheShared *prometheus.CounterVec
+	// kvBlocks is, by model and worker, the KV blocks kv_aware's index holds from the worker's
+	// events.
+	kvBlocks *prometheus.GaugeVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -72,12 +75,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_cache_shared_inserts_total",
 			Help: "cache_aware inserts shared with the other gateway replicas, by model and direction: sent, received (applied from another replica), dropped (over the batch bound or a failed publish).",
 		}, []string{"model", "direction"}),
+		kvBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "usher_routing_kv_blocks",
+			Help: "KV-cache blocks each worker's engine holds according to its KV events (kv_aware), by model and worker.",
+		}, []string{"model", "worker"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
