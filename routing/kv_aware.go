@@ -35,7 +35,7 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		k.model, k.blocks = env.model, env.metrics.kvBlocks
+		k.model, k.blocks, k.events = env.model, env.metrics.kvBlocks, env.metrics.kvEvents
 		return k, nil
 	})
 }
@@ -176,6 +176,8 @@ type KVAware struct {
 	changed  chan struct{} // capacity 1: WorkersChanged asks Run to start subscribers
 	// blocks, when not nil, shows each worker's indexed blocks under the label model.
 	blocks *prometheus.GaugeVec
+	// events, when not nil, counts the events applied, by model, worker and event.
+	events *prometheus.CounterVec
 	model  string
 
 	mu      sync.Mutex // guards workers
@@ -249,6 +251,7 @@ func (k *KVAware) WorkersChanged(workers []*Worker) {
 			delete(k.workers, id)
 			if k.blocks != nil {
 				k.blocks.DeleteLabelValues(k.model, id)
+				k.events.DeletePartialMatch(prometheus.Labels{"model": k.model, "worker": id})
 			}
 		}
 	}
@@ -324,6 +327,11 @@ func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
 		if err == nil {
 			err = sub.SetOption(zmq4.OptionSubscribe, "")
 		}
+		if err == nil && kw.replay != "" {
+			// What was published before the subscription took effect (all of it on the first
+			// connection, the gap on a later one) is only on the replay socket.
+			last = k.replay(ctx, kw, last, math.MaxInt64, &batch)
+		}
 		for err == nil {
 			var msg zmq4.Msg
 			if msg, err = sub.Recv(); err != nil {
@@ -336,11 +344,13 @@ func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
 			}
 			seq := int64(binary.BigEndian.Uint64(msg.Frames[1]))
 			switch {
-			case last >= 0 && seq > last+1:
+			case seq > last+1:
 				last = k.catchUp(ctx, kw, last, seq, &batch)
-			case last >= 0 && seq <= last:
+			case seq == 0 && last >= 0:
 				// The publisher started over (the engine restarted): its cache is new.
 				k.reset(kw)
+			case seq <= last:
+				continue // already applied from the replay socket
 			}
 			k.applyPayload(kw, msg.Frames[2], &batch)
 			last = seq
@@ -370,6 +380,25 @@ func (k *KVAware) applyPayload(kw *kvWorker, payload []byte, batch *kvBatch) {
 	kw.mu.Unlock()
 	kw.live.Store(true)
 	k.showBlocks(kw, n)
+	if k.events != nil {
+		var stored, removed, cleared int
+		for _, ev := range batch.events {
+			switch {
+			case ev.skip:
+			case ev.kind == kvStored:
+				stored += len(ev.hashes)
+			case ev.kind == kvRemoved:
+				removed += len(ev.hashes)
+			case ev.kind == kvCleared:
+				cleared++
+			}
+		}
+		for event, n := range map[string]int{"stored": stored, "removed": removed, "cleared": cleared} {
+			if n > 0 {
+				k.events.WithLabelValues(k.model, kw.id, event).Add(float64(n))
+			}
+		}
+	}
 }
 
 func (k *KVAware) reset(kw *kvWorker) {
@@ -407,6 +436,9 @@ func (k *KVAware) catchUp(ctx context.Context, kw *kvWorker, last, seq int64, ba
 	return seq - 1
 }
 
+// replay asks kw's replay socket for the batches after last and before seq, applies them in
+// order, and returns the last sequence number applied. It stops at the end of what the socket
+// has, at an error, or after kvReplayTimeout.
 func (k *KVAware) replay(ctx context.Context, kw *kvWorker, last, seq int64, batch *kvBatch) int64 {
 	ctx, cancel := context.WithTimeout(ctx, kvReplayTimeout)
 	defer cancel()

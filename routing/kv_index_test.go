@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -369,5 +370,35 @@ func BenchmarkKVIndexMatch(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		x.match(prompt)
+	}
+}
+
+// BenchmarkKVAwareTokenize is the /tokenize round trip of a 4 KB prompt (1024 token ids back)
+// to a loopback HTTP server: the I/O kv_aware adds to a request's Pick.
+func BenchmarkKVAwareTokenize(b *testing.B) {
+	ids := seqTokens(1_000_000, 1024)
+	answer, _ := json.Marshal(map[string]any{"count": len(ids), "tokens": ids})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write(answer)
+	}))
+	defer srv.Close()
+	specs := testWorkers(1, "m")
+	specs[0].URL = srv.URL
+	p, _ := newTestPool(b, Config{Workers: specs})
+	w := modelWorkers(b, p, "m")[0]
+	fallback, _ := NewCacheAware(CacheAwareConfig{}, nil)
+	k, err := NewKVAware(KVAwareConfig{}, fallback, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := &Request{Model: "m", Prompt: strings.Repeat("word ", 1024)[:4096]}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		got, err := k.tokenize(context.Background(), w, r)
+		if err != nil || len(got) != len(ids) {
+			b.Fatalf("tokenize: %d ids, %v", len(got), err)
+		}
 	}
 }

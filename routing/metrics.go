@@ -29,6 +29,9 @@ type poolMetrics struct {
 	// kvBlocks is, by model and worker, the KV blocks kv_aware's index holds from the worker's
 	// events.
 	kvBlocks *prometheus.GaugeVec
+	// kvEvents counts the blocks of the KV events kv_aware applied, by model, worker and event
+	// (stored, removed; cleared counts AllBlocksCleared events).
+	kvEvents *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -79,12 +82,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_kv_blocks",
 			Help: "KV-cache blocks each worker's engine holds according to its KV events (kv_aware), by model and worker.",
 		}, []string{"model", "worker"}),
+		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_kv_events_total",
+			Help: "KV events kv_aware applied, by model, worker and event: blocks stored, blocks removed, caches cleared.",
+		}, []string{"model", "worker", "event"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
