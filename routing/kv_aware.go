@@ -251,6 +251,8 @@ func (k *KVAware) WorkersChanged(workers []*Worker) {
 			delete(k.workers, id)
 			if k.blocks != nil {
 				k.blocks.DeleteLabelValues(k.model, id)
+			}
+			if k.events != nil {
 				k.events.DeletePartialMatch(prometheus.Labels{"model": k.model, "worker": id})
 			}
 		}
