@@ -156,8 +156,11 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	workers := c.p.workers
 	trees := map[string]*CacheAware{}
 	for model, pol := range c.p.policies {
-		if ca, ok := pol.Policy.(*CacheAware); ok {
-			trees[model] = ca
+		switch p := pol.Policy.(type) {
+		case *CacheAware:
+			trees[model] = p
+		case *KVAware:
+			trees[model] = p.fallback
 		}
 	}
 	c.p.mu.Unlock()
