@@ -66,6 +66,7 @@ type ModelConfig struct {
 	StickySession  StickySessionConfig  `yaml:"sticky_session"`
 	Manual         ManualConfig         `yaml:"manual"`
 	CacheAware     CacheAwareConfig     `yaml:"cache_aware"`
+	KVAware        KVAwareConfig        `yaml:"kv_aware"`
 	// Pins sets the pins of sticky_session and manual.
 	Pins PinConfig `yaml:"pins"`
 }
@@ -78,6 +79,7 @@ func (mc *ModelConfig) SetDefaults() {
 	mc.StickySession.setDefaults()
 	mc.Manual.setDefaults()
 	mc.CacheAware.SetDefaults()
+	mc.KVAware.SetDefaults()
 	mc.Pins.setDefaults()
 }
 
@@ -91,6 +93,7 @@ func (mc ModelConfig) validate(prefix string) []error {
 	errs = append(errs, mc.PrefixHash.validate(prefix+".prefix_hash")...)
 	errs = append(errs, mc.Bucket.validate(prefix+".bucket")...)
 	errs = append(errs, mc.CacheAware.validate(prefix+".cache_aware")...)
+	errs = append(errs, mc.KVAware.validate(prefix+".kv_aware")...)
 	errs = append(errs, mc.StickySession.validate(prefix+".sticky_session")...)
 	errs = append(errs, mc.Manual.validate(prefix+".manual")...)
 	errs = append(errs, mc.Pins.validate(prefix+".pins")...)

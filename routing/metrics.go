@@ -26,6 +26,12 @@ type poolMetrics struct {
 	cachePredictionError *prometheus.HistogramVec
 	// cacheShared counts cache_aware inserts shared among replicas by model and direction.
 	cacheShared *prometheus.CounterVec
+	// kvBlocks is, by model and worker, the KV blocks kv_aware's index holds from the worker's
+	// events.
+	kvBlocks *prometheus.GaugeVec
+	// kvEvents counts the blocks of the KV events kv_aware applied, by model, worker and event
+	// (stored, removed; cleared counts AllBlocksCleared events).
+	kvEvents *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -72,12 +78,20 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_cache_shared_inserts_total",
 			Help: "cache_aware inserts shared with the other gateway replicas, by model and direction: sent, received (applied from another replica), dropped (over the batch bound or a failed publish).",
 		}, []string{"model", "direction"}),
+		kvBlocks: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "usher_routing_kv_blocks",
+			Help: "KV-cache blocks each worker's engine holds according to its KV events (kv_aware), by model and worker.",
+		}, []string{"model", "worker"}),
+		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_kv_events_total",
+			Help: "KV events kv_aware applied, by model, worker and event: blocks stored, blocks removed, caches cleared.",
+		}, []string{"model", "worker", "event"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -142,8 +156,11 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	workers := c.p.workers
 	trees := map[string]*CacheAware{}
 	for model, pol := range c.p.policies {
-		if ca, ok := pol.Policy.(*CacheAware); ok {
-			trees[model] = ca
+		switch p := pol.Policy.(type) {
+		case *CacheAware:
+			trees[model] = p
+		case *KVAware:
+			trees[model] = p.fallback
 		}
 	}
 	c.p.mu.Unlock()

@@ -72,6 +72,9 @@ type Request struct {
 	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
 	// Exclude, but not held against them (a pin to one stays).
 	full []string
+	// kvTokens holds the prompt's token ids once kv_aware asked the engine (nil inside when
+	// that failed), so the retries of one request ask once.
+	kvTokens *[]uint64
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.

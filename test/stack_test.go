@@ -39,6 +39,8 @@ type stackOptions struct {
 	policy  string
 	sim     func(i int, c *sim.Config)
 	server  func(c *gateway.Config)
+	// routing, when not nil, changes the routing config, knowing the engines started.
+	routing func(c *routing.Config, engines []*sim.Engine)
 }
 
 func startStack(t *testing.T, o stackOptions) *stack {
@@ -70,6 +72,9 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		specs = append(specs, routing.WorkerSpec{ID: id, URL: srv.URL, Models: []string{model}})
 	}
 	rcfg := routing.Config{Workers: specs, Policy: o.policy}
+	if o.routing != nil {
+		o.routing(&rcfg, s.engines)
+	}
 	rcfg.SetDefaults()
 	if err := rcfg.Validate(); err != nil {
 		t.Fatal(err)

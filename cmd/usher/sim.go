@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -41,6 +42,7 @@ func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(n
 	fs := flag.NewFlagSet("usher sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:9001", "address to serve the OpenAI API, /health and /metrics on")
+	kvPort := fs.Int("kv-events-port", 0, "publish KV-cache events as vLLM does (ZeroMQ PUB on this port of the --listen host, replay ROUTER on the next port); 0: none")
 	var cfg sim.Config
 	cfg.RegisterFlags(fs)
 	fs.Usage = func() {
@@ -56,6 +58,18 @@ func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(n
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "usher sim: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *kvPort < 0 || *kvPort > 65534 {
+		fmt.Fprintf(stderr, "usher sim: --kv-events-port must be a port in 0..65534, got %d\n", *kvPort)
+		return 2
+	}
+	if *kvPort > 0 {
+		host, _, err := net.SplitHostPort(*listen)
+		if err != nil {
+			fmt.Fprintf(stderr, "usher sim: --listen: %v\n", err)
+			return 2
+		}
+		cfg.KVEvents = net.JoinHostPort(host, strconv.Itoa(*kvPort))
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "usher sim: %v\n", err)

@@ -44,6 +44,8 @@ func TestSimBadFlags(t *testing.T) {
 		{"bad mode", []string{"--mode=paged"}, "sim.mode"},
 		{"slots with priority", []string{"--mode=slots", "--scheduling-policy=priority"}, "sim.scheduling_policy"},
 		{"stray argument", []string{"extra"}, `unexpected argument "extra"`},
+		{"kv events port out of range", []string{"--kv-events-port=65535"}, "--kv-events-port must be a port in 0..65534"},
+		{"kv events in slots mode", []string{"--mode=slots", "--kv-events-port=5557"}, "sim.kv_events"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

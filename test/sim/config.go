@@ -84,6 +84,10 @@ type Config struct {
 	// that pools the connection finds it closed when it sends its next request on it. Off by
 	// default in both modes, so a test opts in to the quirk it is about.
 	CloseAfterStream bool
+	// KVEvents, when set, is the host:port where the engine publishes its KV-cache events as
+	// vLLM does (ZeroMQ PUB, msgpack batches), with the replay socket on the next port; port 0
+	// picks free ports (Engine.KVEventsAddrs tells them). ModeKV only.
+	KVEvents string
 	// Seed seeds the fault dice, so a run's injected faults are repeatable.
 	Seed uint64
 	// Faults are the faults injected from the start; Engine.SetFaults changes them later.
@@ -258,6 +262,9 @@ func (c Config) Validate() error {
 		bad("time_scale", "must not be negative")
 	}
 	d := c.withDefaults()
+	if d.KVEvents != "" && d.Mode != ModeKV {
+		bad("kv_events", "needs mode "+ModeKV+" (llama-server publishes no KV events)")
+	}
 	if d.Mode != ModeKV && d.Mode != ModeSlots {
 		bad("mode", fmt.Sprintf("must be %q or %q, got %q", ModeKV, ModeSlots, d.Mode))
 	}

@@ -41,6 +41,9 @@ type Engine struct {
 	loopDone  chan struct{} // closed when the scheduler goroutine returns
 	closeOnce sync.Once
 
+	// kv publishes the block pool's KV events; nil without Config.KVEvents.
+	kv *kvPublisher
+
 	faultsMu sync.Mutex // guards faults, dice, arrived, dead and priorities
 	faults   Faults
 	dice     *rand.Rand
@@ -82,8 +85,33 @@ func New(cfg Config, opts Options) (*Engine, error) {
 	latency := e.registerMetrics(reg)
 	e.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	e.sched = newScheduler(cfg, &e.stats, latency, e.now)
+	if cfg.KVEvents != "" {
+		events := newKVEventLog()
+		kv, err := listenKVEvents(cfg.KVEvents, cfg.BlockSize, events)
+		if err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		e.kv, e.sched.pool.events = kv, events
+	}
 	go e.run()
 	return e, nil
+}
+
+// KVEventsAddrs returns the addresses (host:port) of the KV-event publisher and its replay
+// socket; "" without Config.KVEvents.
+func (e *Engine) KVEventsAddrs() (events, replay string) {
+	if e.kv == nil {
+		return "", ""
+	}
+	return e.kv.addrs()
+}
+
+// ResetPrefixCache empties the prefix cache, as vLLM's POST /reset_prefix_cache, and publishes
+// AllBlocksCleared.
+func (e *Engine) ResetPrefixCache() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sched.pool.reset()
 }
 
 // Config is the engine's configuration with defaults filled in.
@@ -100,6 +128,9 @@ func (e *Engine) Close() {
 		e.closed = true
 		e.sched.failAll(errClosed)
 		e.mu.Unlock()
+		if e.kv != nil {
+			e.kv.close()
+		}
 	})
 }
 
@@ -330,8 +361,8 @@ func (e *Engine) isDeadNow() bool {
 	return e.isDead
 }
 
-// ServeHTTP is the engine's whole HTTP surface: the OpenAI endpoints, /health, /metrics and,
-// in ModeSlots, /props and /slots.
+// ServeHTTP is the engine's whole HTTP surface: the OpenAI endpoints, /health, /metrics,
+// /tokenize and /reset_prefix_cache (as vLLM's) and, in ModeSlots, /props and /slots.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.isDeadNow() {
 		panic(http.ErrAbortHandler)
@@ -347,6 +378,10 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.onlyMethod(w, r, http.MethodPost, func() { e.serveCompletion(w, r, chatEndpoint) })
 	case "/v1/completions":
 		e.onlyMethod(w, r, http.MethodPost, func() { e.serveCompletion(w, r, textEndpoint) })
+	case "/tokenize":
+		e.onlyMethod(w, r, http.MethodPost, func() { e.serveTokenize(w, r) })
+	case "/reset_prefix_cache":
+		e.onlyMethod(w, r, http.MethodPost, func() { e.ResetPrefixCache() })
 	case "/v1/models":
 		e.onlyMethod(w, r, http.MethodGet, func() { e.serveModels(w) })
 	case "/health":

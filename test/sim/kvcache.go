@@ -33,6 +33,9 @@ type blockPool struct {
 	nfree      int
 	cached     map[uint64]*block
 	evictions  int64
+	// events, when not nil, receives the pool's KV events (BlockRemoved, AllBlocksCleared; the
+	// scheduler adds BlockStored, which needs the tokens).
+	events *kvEventLog
 }
 
 func newBlockPool(numBlocks, blockSize int) *blockPool {
@@ -131,6 +134,9 @@ func (p *blockPool) allocate(n int) []*block {
 		p.unlink(b)
 		if b.hashed {
 			delete(p.cached, b.hash)
+			if p.events != nil {
+				p.events.add(kvEvent{kind: "BlockRemoved", hashes: []uint64{b.hash}})
+			}
 			b.hashed, b.hash = false, 0
 			p.evictions++
 		}
@@ -156,15 +162,32 @@ func (p *blockPool) release(blks []*block) {
 	}
 }
 
-// cache records that b holds the full block whose chained hash is h. If another block already
-// holds that content, b stays unhashed: the first copy serves later hits.
-func (p *blockPool) cache(b *block, h uint64) {
+// cache records that b holds the full block whose chained hash is h, and reports whether it is
+// new in the prefix cache. If another block already holds that content, b stays unhashed: the
+// first copy serves later hits.
+func (p *blockPool) cache(b *block, h uint64) bool {
 	if b.hashed {
-		return
+		return false
 	}
 	if _, dup := p.cached[h]; dup {
-		return
+		return false
 	}
 	b.hash, b.hashed = h, true
 	p.cached[h] = b
+	return true
+}
+
+// reset empties the prefix cache, as vLLM's POST /reset_prefix_cache: every cached block
+// forgets its content (blocks in use keep serving their sequences, uncached).
+func (p *blockPool) reset() {
+	for i := range p.blocks {
+		b := &p.blocks[i]
+		if b.hashed {
+			b.hashed, b.hash = false, 0
+		}
+	}
+	clear(p.cached)
+	if p.events != nil {
+		p.events.add(kvEvent{kind: "AllBlocksCleared"})
+	}
 }

@@ -117,6 +117,35 @@ func (e *Engine) serveModels(w http.ResponseWriter) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
+// serveTokenize answers POST /tokenize as vLLM does ({"prompt": text} or llama-server's
+// {"content": text}) with the engine's token ids of the text: {"count", "max_model_len",
+// "tokens"}.
+func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Prompt  *string `json:"prompt"`
+		Content *string `json:"content"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)).Decode(&req); err != nil {
+		e.badRequest(w, http.StatusBadRequest, "invalid_json", "body must be a JSON object: "+err.Error())
+		return
+	}
+	text := req.Prompt
+	if text == nil {
+		text = req.Content
+	}
+	if text == nil {
+		e.badRequest(w, http.StatusBadRequest, "missing_prompt", "prompt (or content) is required")
+		return
+	}
+	ids := tokenize(*text)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint64 `json:"tokens"`
+	}{len(ids), e.cfg.MaxModelLen, ids})
+}
+
 // parsePrompt reads a completions prompt: a string or an array of strings, of which the first
 // is used.
 func parsePrompt(raw json.RawMessage) (string, error) {

@@ -315,8 +315,17 @@ func (s *scheduler) registerFull(q *sequence, upto int) {
 	}
 	full := upto / s.cfg.BlockSize
 	s.ensureHashes(q, full)
+	bs := s.cfg.BlockSize
 	for ; q.cachedUpTo < full; q.cachedUpTo++ {
-		s.pool.cache(q.blocks[q.cachedUpTo], q.hashes[q.cachedUpTo])
+		i := q.cachedUpTo
+		if s.pool.cache(q.blocks[i], q.hashes[i]) && s.pool.events != nil {
+			ev := kvEvent{kind: "BlockStored", hashes: []uint64{q.hashes[i]}, root: i == 0,
+				tokens: append([]uint64(nil), q.tokens[i*bs:(i+1)*bs]...)}
+			if i > 0 {
+				ev.parent = q.hashes[i-1]
+			}
+			s.pool.events.add(ev)
+		}
 	}
 }
 

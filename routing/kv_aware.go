@@ -1,0 +1,637 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func init() {
+	registerPolicy("kv_aware", func(env policyEnv) (Policy, error) {
+		fallback, err := NewCacheAware(env.cfg.CacheAware, env.now)
+		if err != nil {
+			return nil, err
+		}
+		fallback.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		if env.prefixes != nil && !fallback.cfg.Local {
+			fallback.share = newShare(env.prefixes, env)
+		}
+		k, err := NewKVAware(env.cfg.KVAware, fallback, env.logger)
+		if err != nil {
+			return nil, err
+		}
+		k.model, k.blocks, k.events = env.model, env.metrics.kvBlocks, env.metrics.kvEvents
+		return k, nil
+	})
+}
+
+// Routes of the kv_aware policy; when no worker's events show Threshold of the prompt held, the
+// routes are cache_aware's.
+const (
+	// RouteKVHit: the worker whose engine holds the longest run of the prompt's leading blocks
+	// (at least CacheAwareConfig.Threshold of its tokens) took it, load being balanced or that
+	// worker not overloaded.
+	RouteKVHit Route = "kv_hit"
+	// RouteKVRebalance: load is imbalanced and the longest holder is overloaded; the worker that
+	// is not overloaded and holds the most of the prompt (at least Threshold) took it.
+	RouteKVRebalance Route = "kv_rebalance"
+)
+
+// Defaults of KVAwareConfig.
+const (
+	DefaultKVEventsPort         = 5557 // vLLM's --kv-events-config endpoint "tcp://*:5557"
+	DefaultKVReplayPort         = 5558 // vLLM's replay_endpoint in its examples
+	DefaultKVMaxBlocksPerWorker = 262144
+	DefaultKVTokenizePath       = "/tokenize"
+	DefaultKVTokenizeTimeout    = 500 * time.Millisecond
+)
+
+// KVAwareConfig sets the kv_aware policy (`routing.models[m].kv_aware`); it also uses the
+// model's cache_aware section, for its Threshold and balance tests and for the workers that
+// publish no events.
+type KVAwareConfig struct {
+	// EventsPort is the port of each worker's KV-event publisher (vLLM's ZeroMQ PUB socket),
+	// on the host of the worker's URL; default 5557.
+	EventsPort int `yaml:"events_port"`
+	// ReplayPort is the port of its replay socket (ROUTER), asked for the batches missed in a
+	// gap of sequence numbers; default 5558. -1: none (a gap empties the worker's index).
+	ReplayPort int `yaml:"replay_port"`
+	// BlockSize is the engines' KV block size in tokens; 0 (default) takes it from their events.
+	// When set, events of another size are dropped.
+	BlockSize int `yaml:"block_size"`
+	// MaxBlocksPerWorker bounds each worker's index (about 150 bytes a block); past it the
+	// blocks stored first are forgotten first. Default 262144.
+	MaxBlocksPerWorker int `yaml:"max_blocks_per_worker"`
+	// TokenizePath is the engines' tokenizer endpoint (vLLM's and llama-server's
+	// POST /tokenize), asked once per request; default /tokenize.
+	TokenizePath string `yaml:"tokenize_path"`
+	// TokenizeTimeout bounds that call; past it the request is routed as cache_aware would.
+	// Default 500ms.
+	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
+	// Endpoints overrides, per worker ID, where its events are read: "host:port" of the
+	// publisher, and optionally the replay socket's after a comma ("host:5557,host:5558").
+	Endpoints map[string]string `yaml:"endpoints"`
+}
+
+// SetDefaults fills the zero fields of c.
+func (c *KVAwareConfig) SetDefaults() {
+	if c.EventsPort == 0 {
+		c.EventsPort = DefaultKVEventsPort
+	}
+	if c.ReplayPort == 0 {
+		c.ReplayPort = DefaultKVReplayPort
+	}
+	if c.MaxBlocksPerWorker == 0 {
+		c.MaxBlocksPerWorker = DefaultKVMaxBlocksPerWorker
+	}
+	if c.TokenizePath == "" {
+		c.TokenizePath = DefaultKVTokenizePath
+	}
+	if c.TokenizeTimeout == 0 {
+		c.TokenizeTimeout = DefaultKVTokenizeTimeout
+	}
+}
+
+func (c KVAwareConfig) validate(prefix string) []error {
+	var errs []error
+	if c.EventsPort < 1 || c.EventsPort > 65535 {
+		errs = append(errs, fieldError(prefix, "events_port", "must be a port in 1..65535, got %d", c.EventsPort))
+	}
+	if c.ReplayPort != -1 && (c.ReplayPort < 1 || c.ReplayPort > 65535) {
+		errs = append(errs, fieldError(prefix, "replay_port", "must be a port in 1..65535 or -1, got %d", c.ReplayPort))
+	}
+	if c.BlockSize < 0 {
+		errs = append(errs, fieldError(prefix, "block_size", "must not be negative, got %d", c.BlockSize))
+	}
+	if c.MaxBlocksPerWorker < 1 {
+		errs = append(errs, fieldError(prefix, "max_blocks_per_worker", "must be at least 1, got %d", c.MaxBlocksPerWorker))
+	}
+	if len(c.TokenizePath) == 0 || c.TokenizePath[0] != '/' {
+		errs = append(errs, fieldError(prefix, "tokenize_path", "must start with /, got %q", c.TokenizePath))
+	}
+	if c.TokenizeTimeout < 0 {
+		errs = append(errs, fieldError(prefix, "tokenize_timeout", "must not be negative, got %s", c.TokenizeTimeout))
+	}
+	for _, id := range sortedKeys(c.Endpoints) {
+		if _, _, err := splitKVEndpoints(c.Endpoints[id]); err != nil {
+			errs = append(errs, fieldError(prefix, fmt.Sprintf("endpoints[%q]", id), "%v", err))
+		}
+	}
+	return errs
+}
+
+// splitKVEndpoints reads "host:port[,host:port]" into the publisher's and the replay socket's
+// ZeroMQ endpoints (replay "" for none).
+func splitKVEndpoints(s string) (events, replay string, err error) {
+	ev, rp, _ := bytes.Cut([]byte(s), []byte(","))
+	for i, hp := range [][]byte{ev, rp} {
+		if i == 1 && len(hp) == 0 {
+			break
+		}
+		if _, port, err := net.SplitHostPort(string(hp)); err != nil || port == "" {
+			return "", "", fmt.Errorf("want host:port[,host:port], got %q", s)
+		}
+	}
+	events = "tcp://" + string(ev)
+	if len(rp) > 0 {
+		replay = "tcp://" + string(rp)
+	}
+	return events, replay, nil
+}
+
+// KVAware is the kv_aware policy: it routes a prompt to the worker whose engine holds the longest
+// run of its leading KV blocks, as that engine's own KV-cache events tell (vLLM's format, over
+// ZeroMQ), weighed against load as CacheAware weighs its tree's matches.
+//
+// Pick does I/O: one POST to a worker's /tokenize per request (bounded by TokenizeTimeout; the
+// ids are kept on the Request, so a retry does not ask again), so the prompt's blocks are hashed
+// from the engine's own token ids. When no worker publishes events, the tokenizer fails, or no
+// worker's events show Threshold of the prompt held, the request goes to the wrapped CacheAware
+// (whose tree then records it), so a fleet of engines without events routes as cache_aware.
+//
+// Each worker's events are read by one goroutine that Run owns: a ZeroMQ SUB socket to the
+// worker's publisher; a gap in sequence numbers asks the replay socket for the batches missed,
+// and empties the worker's index if it cannot. Indexes are per worker, each behind its own lock,
+// so a Pick never waits for more than one batch being applied.
+type KVAware struct {
+	cfg      KVAwareConfig
+	fallback *CacheAware
+	logger   *slog.Logger
+	client   *http.Client
+	changed  chan struct{} // capacity 1: WorkersChanged asks Run to start subscribers
+	// blocks, when not nil, shows each worker's indexed blocks under the label model.
+	blocks *prometheus.GaugeVec
+	// events, when not nil, counts the events applied, by model, worker and event.
+	events *prometheus.CounterVec
+	model  string
+
+	mu      sync.Mutex // guards workers
+	workers map[string]*kvWorker
+}
+
+var (
+	_ Policy          = (*KVAware)(nil)
+	_ outcomeLearner  = (*KVAware)(nil)
+	_ workersObserver = (*KVAware)(nil)
+	_ policyRunner    = (*KVAware)(nil)
+)
+
+// NewKVAware returns a kv_aware policy with cfg (defaults applied to zero fields) that routes
+// what the events do not decide with fallback. Start its subscribers with Run; tell it the
+// workers with WorkersChanged.
+func NewKVAware(cfg KVAwareConfig, fallback *CacheAware, logger *slog.Logger) (*KVAware, error) {
+	cfg.SetDefaults()
+	if errs := cfg.validate("kv_aware"); len(errs) > 0 {
+		return nil, errs[0]
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &KVAware{
+		cfg:      cfg,
+		fallback: fallback,
+		logger:   logger,
+		client:   &http.Client{Timeout: cfg.TokenizeTimeout},
+		changed:  make(chan struct{}, 1),
+		workers:  make(map[string]*kvWorker),
+	}, nil
+}
+
+// kvWorker is the event subscription and block index of one worker.
+type kvWorker struct {
+	id             string
+	events, replay string // ZeroMQ endpoints; replay "" for none
+	stop           chan struct{}
+	started        bool // guarded by KVAware.mu
+
+	// live: a batch has been received, so the index speaks for the engine.
+	live atomic.Bool
+	mu   sync.RWMutex // guards index
+	idx  *kvIndex
+}
+
+// WorkersChanged implements workersObserver: it subscribes to the events of the workers new in
+// workers and stops those of the workers gone, and passes the snapshot on to the fallback.
+func (k *KVAware) WorkersChanged(workers []*Worker) {
+	k.fallback.WorkersChanged(workers)
+	k.mu.Lock()
+	keep := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		events, replay := k.endpointsOf(w)
+		keep[w.ID()] = true
+		if old := k.workers[w.ID()]; old != nil {
+			if old.events == events && old.replay == replay {
+				continue
+			}
+			close(old.stop)
+		}
+		k.workers[w.ID()] = &kvWorker{
+			id: w.ID(), events: events, replay: replay, stop: make(chan struct{}),
+			idx: newKVIndex(k.cfg.BlockSize, k.cfg.MaxBlocksPerWorker),
+		}
+	}
+	for id, kw := range k.workers {
+		if !keep[id] {
+			close(kw.stop)
+			delete(k.workers, id)
+			if k.blocks != nil {
+				k.blocks.DeleteLabelValues(k.model, id)
+			}
+			if k.events != nil {
+				k.events.DeletePartialMatch(prometheus.Labels{"model": k.model, "worker": id})
+			}
+		}
+	}
+	k.mu.Unlock()
+	select {
+	case k.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (k *KVAware) endpointsOf(w *Worker) (events, replay string) {
+	if s, ok := k.cfg.Endpoints[w.ID()]; ok {
+		events, replay, _ = splitKVEndpoints(s) // validated
+		return events, replay
+	}
+	host := w.URL().Hostname()
+	events = "tcp://" + net.JoinHostPort(host, strconv.Itoa(k.cfg.EventsPort))
+	if k.cfg.ReplayPort > 0 {
+		replay = "tcp://" + net.JoinHostPort(host, strconv.Itoa(k.cfg.ReplayPort))
+	}
+	return events, replay
+}
+
+// Run runs the fallback's background work and one event subscriber per worker (started as
+// WorkersChanged reports them, stopped when they leave) until ctx ends, and returns when all of
+// them have stopped.
+func (k *KVAware) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { k.fallback.Run(ctx) })
+	for {
+		k.mu.Lock()
+		for _, kw := range k.workers {
+			if !kw.started {
+				kw.started = true
+				wg.Go(func() { k.subscribe(ctx, kw) })
+			}
+		}
+		k.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.changed:
+		}
+	}
+}
+
+// kvRedial bounds the wait before dialling a publisher again.
+const (
+	kvRedialMin = 250 * time.Millisecond
+	kvRedialMax = 10 * time.Second
+)
+
+// subscribe reads kw's events until ctx ends or kw is stopped, dialling again (with backoff)
+// whenever the publisher cannot be reached.
+func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-kw.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	quiet := log.New(io.Discard, "", 0)
+	last := int64(-1)
+	var batch kvBatch
+	wait := kvRedialMin
+	for ctx.Err() == nil {
+		sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithAutomaticReconnect(true), zmq4.WithLogger(quiet))
+		err := sub.Dial(kw.events)
+		if err == nil {
+			err = sub.SetOption(zmq4.OptionSubscribe, "")
+		}
+		if err == nil && kw.replay != "" {
+			// What was published before the subscription took effect (all of it on the first
+			// connection, the gap on a later one) is only on the replay socket.
+			last = k.replay(ctx, kw, last, math.MaxInt64, &batch)
+		}
+		for err == nil {
+			var msg zmq4.Msg
+			if msg, err = sub.Recv(); err != nil {
+				break
+			}
+			wait = kvRedialMin
+			if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+				k.logger.Warn("kv_aware: dropped a malformed event message", "worker", kw.id, "frames", len(msg.Frames))
+				continue
+			}
+			seq := int64(binary.BigEndian.Uint64(msg.Frames[1]))
+			switch {
+			case seq > last+1:
+				last = k.catchUp(ctx, kw, last, seq, &batch)
+			case seq == 0 && last >= 0:
+				// The publisher started over (the engine restarted): its cache is new.
+				k.reset(kw)
+			case seq <= last:
+				continue // already applied from the replay socket
+			}
+			k.applyPayload(kw, msg.Frames[2], &batch)
+			last = seq
+		}
+		sub.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		k.logger.Debug("kv_aware: event subscription lost", "worker", kw.id, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, kvRedialMax)
+	}
+}
+
+func (k *KVAware) applyPayload(kw *kvWorker, payload []byte, batch *kvBatch) {
+	if err := decodeKVBatch(payload, batch); err != nil {
+		k.logger.Warn("kv_aware: dropped an event batch", "worker", kw.id, "err", err)
+		return
+	}
+	kw.mu.Lock()
+	kw.idx.apply(batch)
+	n := kw.idx.blocks()
+	kw.mu.Unlock()
+	kw.live.Store(true)
+	k.showBlocks(kw, n)
+	if k.events != nil {
+		var stored, removed, cleared int
+		for _, ev := range batch.events {
+			switch {
+			case ev.skip:
+			case ev.kind == kvStored:
+				stored += len(ev.hashes)
+			case ev.kind == kvRemoved:
+				removed += len(ev.hashes)
+			case ev.kind == kvCleared:
+				cleared++
+			}
+		}
+		for event, n := range map[string]int{"stored": stored, "removed": removed, "cleared": cleared} {
+			if n > 0 {
+				k.events.WithLabelValues(k.model, kw.id, event).Add(float64(n))
+			}
+		}
+	}
+}
+
+func (k *KVAware) reset(kw *kvWorker) {
+	kw.mu.Lock()
+	kw.idx.clear()
+	kw.mu.Unlock()
+	k.showBlocks(kw, 0)
+}
+
+func (k *KVAware) showBlocks(kw *kvWorker, n int) {
+	select {
+	case <-kw.stop: // gone from the pool: its series was deleted
+		return
+	default:
+	}
+	if k.blocks != nil {
+		k.blocks.WithLabelValues(k.model, kw.id).Set(float64(n))
+	}
+}
+
+// kvReplayTimeout bounds one catch-up from a replay socket.
+const kvReplayTimeout = 2 * time.Second
+
+// catchUp asks kw's replay socket for the batches after last and before seq and applies them.
+// If it cannot get all of them, it empties kw's index: what the engine holds is then unknown,
+// and the events from seq on rebuild it. It returns the last sequence number applied.
+func (k *KVAware) catchUp(ctx context.Context, kw *kvWorker, last, seq int64, batch *kvBatch) int64 {
+	if kw.replay != "" {
+		last = k.replay(ctx, kw, last, seq, batch)
+	}
+	if last < seq-1 {
+		k.logger.Warn("kv_aware: missed events; the worker's index starts over", "worker", kw.id, "missed", seq-1-last)
+		k.reset(kw)
+	}
+	return seq - 1
+}
+
+// replay asks kw's replay socket for the batches after last and before seq, applies them in
+// order, and returns the last sequence number applied. It stops at the end of what the socket
+// has, at an error, or after kvReplayTimeout.
+func (k *KVAware) replay(ctx context.Context, kw *kvWorker, last, seq int64, batch *kvBatch) int64 {
+	ctx, cancel := context.WithTimeout(ctx, kvReplayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	defer d.Close()
+	if err := d.Dial(kw.replay); err != nil {
+		return last
+	}
+	start := make([]byte, 8)
+	binary.BigEndian.PutUint64(start, uint64(last+1))
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start)); err != nil {
+		return last
+	}
+	for last < seq-1 {
+		msg, err := d.Recv()
+		if err != nil || len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 || len(msg.Frames[2]) == 0 {
+			return last // an error, or the end of what the publisher still has
+		}
+		s := int64(binary.BigEndian.Uint64(msg.Frames[1]))
+		if s < 0 {
+			return last
+		}
+		if s == last+1 {
+			k.applyPayload(kw, msg.Frames[2], batch)
+			last = s
+		}
+	}
+	return last
+}
+
+// promptTokens returns r's prompt as the engines' token ids, asking the /tokenize endpoint of
+// the first live, healthy worker once per request; nil when there is none or it fails.
+func (k *KVAware) promptTokens(ctx context.Context, r *Request, workers []*Worker, kws []*kvWorker) []uint64 {
+	if r.kvTokens != nil {
+		return *r.kvTokens
+	}
+	var ids []uint64
+	for i, w := range workers {
+		if kws[i] == nil || !kws[i].live.Load() || !w.Healthy() {
+			continue
+		}
+		var err error
+		if ids, err = k.tokenize(ctx, w, r); err != nil {
+			k.logger.Debug("kv_aware: tokenize failed", "worker", w.ID(), "err", err)
+			ids = nil
+		}
+		break
+	}
+	r.kvTokens = &ids
+	return ids
+}
+
+// kvMaxTokenizeBody bounds a /tokenize answer.
+const kvMaxTokenizeBody = 16 << 20
+
+func (k *KVAware) tokenize(ctx context.Context, w *Worker, r *Request) ([]uint64, error) {
+	body, err := json.Marshal(map[string]string{
+		"model": w.EngineModel(r.Model),
+		// vLLM reads prompt, llama-server content.
+		"prompt":  r.Prompt,
+		"content": r.Prompt,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.cfg.TokenizeTimeout)
+	defer cancel()
+	u := w.URL().JoinPath(k.cfg.TokenizePath)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	w.Authorize(req.Header)
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("tokenize: status %d", resp.StatusCode)
+	}
+	var out struct {
+		Tokens []uint64 `json:"tokens"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, kvMaxTokenizeBody)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("tokenize: %w", err)
+	}
+	return out.Tokens, nil
+}
+
+// Pick implements Policy; see KVAware for what it costs.
+func (k *KVAware) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	w, route, _ := k.pickLearning(ctx, r, workers)
+	return w, route
+}
+
+// pickLearning implements outcomeLearner: the fallback's picks learn as cache_aware's do; the
+// event-driven picks predict nothing (the events already are the engine's truth).
+func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+	kws := make([]*kvWorker, len(workers))
+	anyLive := false
+	k.mu.Lock()
+	for i, w := range workers {
+		kws[i] = k.workers[w.ID()]
+		anyLive = anyLive || kws[i] != nil && kws[i].live.Load()
+	}
+	k.mu.Unlock()
+	if !anyLive {
+		return k.fallback.pickLearning(ctx, r, workers)
+	}
+	tokens := k.promptTokens(ctx, r, workers, kws)
+	if w, route := k.pickByEvents(r, workers, kws, tokens); w != nil {
+		return w, route, prediction{}
+	}
+	return k.fallback.pickLearning(ctx, r, workers)
+}
+
+// learn implements outcomeLearner: the fallback learns from its own picks (an event-driven pick
+// predicted nothing, so it learns nothing).
+func (k *KVAware) learn(p prediction, o Outcome) { k.fallback.learn(p, o) }
+
+// pickByEvents chooses among the eligible workers whose events show at least Threshold of the
+// prompt's tokens held; nil when none does.
+func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, tokens []uint64) (*Worker, Route) {
+	if len(tokens) == 0 {
+		return nil, ""
+	}
+	need := max(int64(math.Ceil(k.fallback.cfg.Threshold*float64(len(tokens)))), 1)
+	type held struct {
+		candidate
+		tokens int64
+	}
+	best, light := held{candidate: candidate{i: -1}}, held{candidate: candidate{i: -1}}
+	minLoad, maxLoad := int64(math.MaxInt64), int64(-1)
+	var holders []held
+	for i, w := range workers {
+		if !r.Eligible(w) {
+			continue
+		}
+		load := w.InFlight()
+		minLoad, maxLoad = min(minLoad, load), max(maxLoad, load)
+		kw := kws[i]
+		if kw == nil || !kw.live.Load() {
+			continue
+		}
+		kw.mu.RLock()
+		n := int64(kw.idx.match(tokens) * kw.idx.blockSize)
+		kw.mu.RUnlock()
+		if n < need {
+			continue
+		}
+		holders = append(holders, held{candidate: candidate{i: i, load: load, tokens: w.InFlightTokens()}, tokens: n})
+	}
+	if len(holders) == 0 {
+		return nil, ""
+	}
+	imbalanced := k.fallback.overloaded(maxLoad, minLoad)
+	better := func(a, b held) bool { // more of the prompt held, then lighter
+		if a.tokens != b.tokens {
+			return a.tokens > b.tokens
+		}
+		return a.lighter(b.candidate)
+	}
+	for _, h := range holders {
+		if best.i < 0 || better(h, best) {
+			best = h
+		}
+		if !k.fallback.overloaded(h.load, minLoad) && (light.i < 0 || better(h, light)) {
+			light = h
+		}
+	}
+	switch {
+	case !imbalanced || light.i == best.i:
+		return workers[best.i], RouteKVHit
+	case light.i >= 0:
+		return workers[light.i], RouteKVRebalance
+	}
+	return nil, "" // every holder is overloaded: the fallback balances
+}
+
+// HeldBlocks returns the blocks the events say worker id holds and whether it publishes
+// events at all, for tests and metrics. Safe for concurrent use.
+func (k *KVAware) HeldBlocks(id string) (blocks int, live bool) {
+	k.mu.Lock()
+	kw := k.workers[id]
+	k.mu.Unlock()
+	if kw == nil {
+		return 0, false
+	}
+	kw.mu.RLock()
+	defer kw.mu.RUnlock()
+	return kw.idx.blocks(), kw.live.Load()
+}

@@ -1,0 +1,404 @@
+package routing
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Hand-built events in vLLM's layout (msgspec array_like, tag first).
+
+func stored(hashes []any, parent any, tokens []uint64, blockSize int, tail ...any) []any {
+	return append([]any{"BlockStored", hashes, parent, tokens, blockSize}, tail...)
+}
+
+func removed(hashes ...any) []any { return []any{"BlockRemoved", hashes, nil} }
+
+func cleared() []any { return []any{"AllBlocksCleared"} }
+
+// kvPayload encodes events as one batch [ts, events] (plus extra trailing elements).
+func kvPayload(t testing.TB, events []any, extra ...any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(append([]any{1732390000.5, events}, extra...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func applyPayload(t testing.TB, x *kvIndex, payload []byte) {
+	t.Helper()
+	var b kvBatch
+	if err := decodeKVBatch(payload, &b); err != nil {
+		t.Fatalf("decodeKVBatch: %v", err)
+	}
+	x.apply(&b)
+}
+
+// seqTokens returns n token ids from start.
+func seqTokens(start, n int) []uint64 {
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = uint64(start + i)
+	}
+	return ids
+}
+
+func TestKVIndexFollowsEvents(t *testing.T) {
+	const bs = 4
+	prompt := seqTokens(100, 4*bs+2) // 4 full blocks and a partial one
+	x := newKVIndex(0, 1000)
+	if got := x.match(prompt); got != 0 {
+		t.Fatalf("empty index matched %d blocks", got)
+	}
+	// The first two blocks in one event (integer hashes, lora_id and medium given as nil), the
+	// next two in another chained on the engine's hash of block 2 (bytes hashes, the trailing
+	// defaults left out as msgspec's omit_defaults does).
+	applyPayload(t, x, kvPayload(t, []any{
+		stored([]any{11, 12}, nil, prompt[:2*bs], bs, nil, nil),
+	}))
+	if got := x.match(prompt); got != 2 {
+		t.Fatalf("after 2 blocks stored: matched %d blocks, want 2", got)
+	}
+	applyPayload(t, x, kvPayload(t, []any{
+		stored([]any{[]byte("h3"), []byte("h4")}, 12, prompt[2*bs:4*bs], bs),
+	}, 0 /* data-parallel rank */))
+	if got := x.match(prompt); got != 4 {
+		t.Fatalf("after 4 blocks stored: matched %d blocks, want 4", got)
+	}
+	other := append(append([]uint64{}, prompt[:bs]...), seqTokens(900, 3*bs)...)
+	if got := x.match(other); got != 1 {
+		t.Fatalf("a prompt sharing only block 1: matched %d blocks, want 1", got)
+	}
+	applyPayload(t, x, kvPayload(t, []any{removed([]byte("h3"))}))
+	if got := x.match(prompt); got != 2 {
+		t.Fatalf("after block 3 removed: matched %d blocks, want 2", got)
+	}
+	applyPayload(t, x, kvPayload(t, []any{cleared()}))
+	if got, n := x.match(prompt), x.blocks(); got != 0 || n != 0 {
+		t.Fatalf("after AllBlocksCleared: matched %d blocks of %d indexed, want none", got, n)
+	}
+}
+
+func TestKVIndexIgnoresWhatAPromptCannotHit(t *testing.T) {
+	const bs = 2
+	prompt := seqTokens(1, 3*bs)
+	tests := []struct {
+		name   string
+		events []any
+		want   int
+	}{
+		{"unknown parent (a missed event)", []any{stored([]any{2}, 99, prompt[bs:2*bs], bs)}, 0},
+		{"a LoRA adapter's blocks", []any{stored([]any{1}, nil, prompt[:bs], bs, 7, nil)}, 0},
+		{"offloaded to CPU", []any{stored([]any{1}, nil, prompt[:bs], bs, nil, "CPU")}, 0},
+		{"GPU medium", []any{stored([]any{1}, nil, prompt[:bs], bs, nil, "GPU")}, 1},
+		{"fewer tokens than blocks", []any{stored([]any{1, 2}, nil, prompt[:bs+1], bs)}, 1},
+		{"a removal on CPU leaves the GPU copy", []any{stored([]any{1}, nil, prompt[:bs], bs), []any{"BlockRemoved", []any{1}, "CPU"}}, 1},
+		{"fields of a later version", []any{stored([]any{1}, nil, prompt[:bs], bs, nil, nil, "extra", 3)}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := newKVIndex(0, 100)
+			applyPayload(t, x, kvPayload(t, tt.events))
+			if got := x.match(prompt); got != tt.want {
+				t.Fatalf("matched %d blocks, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestKVIndexBlockSize(t *testing.T) {
+	prompt := seqTokens(1, 8)
+	t.Run("configured: another size is dropped", func(t *testing.T) {
+		x := newKVIndex(4, 100)
+		applyPayload(t, x, kvPayload(t, []any{stored([]any{1}, nil, prompt[:2], 2)}))
+		if x.blocks() != 0 || x.match(prompt) != 0 {
+			t.Fatalf("indexed %d blocks of size 2 in an index of size 4", x.blocks())
+		}
+	})
+	t.Run("learned: a new size starts over", func(t *testing.T) {
+		x := newKVIndex(0, 100)
+		applyPayload(t, x, kvPayload(t, []any{stored([]any{1}, nil, prompt[:2], 2)}))
+		applyPayload(t, x, kvPayload(t, []any{stored([]any{5}, nil, prompt[:4], 4)}))
+		if got, n := x.match(prompt), x.blocks(); got != 1 || n != 1 {
+			t.Fatalf("matched %d blocks of %d indexed, want 1 of 1", got, n)
+		}
+	})
+}
+
+func TestKVIndexBoundedForgetsOldestFirst(t *testing.T) {
+	const bs, max = 2, 8
+	x := newKVIndex(0, max)
+	var prompts [][]uint64
+	for p := range 20 { // 20 one-block prompts, 2 blocks each: far past the bound
+		prompt := seqTokens(1000*p, 2*bs)
+		prompts = append(prompts, prompt)
+		applyPayload(t, x, kvPayload(t, []any{stored([]any{2 * p, 2*p + 1}, nil, prompt, bs)}))
+		if x.blocks() > max {
+			t.Fatalf("after prompt %d: %d blocks indexed, bound %d", p, x.blocks(), max)
+		}
+	}
+	if got := x.match(prompts[19]); got != 2 {
+		t.Fatalf("newest prompt matched %d blocks, want 2", got)
+	}
+	if got := x.match(prompts[0]); got != 0 {
+		t.Fatalf("oldest prompt matched %d blocks, want 0 (forgotten)", got)
+	}
+	if len(x.order)-x.head > 2*max+1024 {
+		t.Fatalf("insertion order holds %d entries for %d blocks", len(x.order)-x.head, x.blocks())
+	}
+}
+
+func TestDecodeKVBatchRefusesMalformed(t *testing.T) {
+	raw := func(v any) []byte { b, _ := msgpack.Marshal(v); return b }
+	tests := []struct {
+		name    string
+		payload []byte
+	}{
+		{"empty", nil},
+		{"not an array", raw("x")},
+		{"no events", raw([]any{1.0})},
+		{"events not an array", raw([]any{1.0, 3})},
+		{"untagged event", raw([]any{1.0, []any{[]any{}}})},
+		{"unknown tag", raw([]any{1.0, []any{[]any{"BlockMoved", []any{1}}}})},
+		{"stored without tokens", raw([]any{1.0, []any{[]any{"BlockStored", []any{1}, nil}}})},
+		{"zero block size", raw([]any{1.0, []any{stored([]any{1}, nil, []uint64{1}, 0)}})},
+		{"hash of a map", raw([]any{1.0, []any{removed(map[string]int{"a": 1})}})},
+		{"token id a string", raw([]any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{"t"}, 1}}})},
+		{"truncated", raw([]any{1.0, []any{stored([]any{1, 2}, nil, seqTokens(0, 8), 4)}})[:12]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b kvBatch
+			if err := decodeKVBatch(tt.payload, &b); !errors.Is(err, errKVBatch) {
+				t.Fatalf("got %v, want errKVBatch", err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeKVBatch(f *testing.F) {
+	f.Add(kvPayload(f, []any{stored([]any{1, []byte("h2")}, nil, seqTokens(0, 8), 4), removed(1), cleared()}))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		var b kvBatch
+		if decodeKVBatch(payload, &b) == nil {
+			newKVIndex(0, 64).apply(&b)
+		}
+	})
+}
+
+// kvTestPolicy is a KVAware over workers whose indexes tests fill directly.
+func kvTestPolicy(t *testing.T, workers []*Worker) *KVAware {
+	t.Helper()
+	fallback, _ := newTestCacheAware(t, CacheAwareConfig{})
+	k, err := NewKVAware(KVAwareConfig{}, fallback, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.WorkersChanged(workers)
+	return k
+}
+
+func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
+	const bs = 4
+	prompt := seqTokens(1, 10*bs)
+	// One tokenizer for the fleet: every worker's /tokenize answers the prompt's ids.
+	var asked atomic.Int32
+	tok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		var req struct{ Prompt string }
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if r.URL.Path != "/tokenize" || req.Prompt != "the prompt" {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": prompt})
+	}))
+	defer tok.Close()
+	specs := testWorkers(3, "m")
+	for i := range specs {
+		specs[i].URL = tok.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	k := kvTestPolicy(t, ws)
+	hold := func(id string, blocks int) {
+		kw := k.workers[id]
+		hashes := make([]any, blocks)
+		for i := range hashes {
+			hashes[i] = i + 1
+		}
+		applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
+		kw.live.Store(true)
+	}
+	r := &Request{Model: "m", Prompt: "the prompt"}
+
+	hold("w0", 3) // under Threshold (half of 10 blocks)
+	hold("w1", 8)
+	hold("w2", 6)
+	if w, route := k.Pick(context.Background(), r, ws); w.ID() != "w1" || route != RouteKVHit {
+		t.Fatalf("got %s (%s), want w1 (kv_hit): the longest holder", w.ID(), route)
+	}
+	if asked.Load() != 1 {
+		t.Fatalf("tokenize asked %d times, want 1", asked.Load())
+	}
+	// w1 overloaded against the others: the lighter holder of enough takes it.
+	ws[1].inFlight.Store(40)
+	ws[2].inFlight.Store(1)
+	if w, route := k.Pick(context.Background(), r, ws); w.ID() != "w2" || route != RouteKVRebalance {
+		t.Fatalf("got %s (%s), want w2 (kv_rebalance)", w.ID(), route)
+	}
+	if asked.Load() != 1 {
+		t.Fatalf("tokenize asked %d times for one request, want 1", asked.Load())
+	}
+	// Nobody holds enough: cache_aware decides.
+	ws[1].inFlight.Store(0)
+	ws[2].inFlight.Store(0)
+	hold("w1", 1)
+	hold("w2", 1)
+	if _, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); strings.HasPrefix(string(route), "kv_") {
+		t.Fatalf("route %s, want one of cache_aware's", route)
+	}
+}
+
+func TestKVAwareWithoutEventsIsCacheAware(t *testing.T) {
+	ws := cacheWorkers(t, 3)
+	k := kvTestPolicy(t, ws)
+	r := &Request{Model: "m", Prompt: strings.Repeat("shared system prompt ", 20)}
+	first, _ := k.Pick(context.Background(), r, ws)
+	again, route := k.Pick(context.Background(), r, ws)
+	if again != first || route != RouteCacheHit {
+		t.Fatalf("repeat went to %s (%s), want %s (cache_hit)", again.ID(), route, first.ID())
+	}
+	if r.kvTokens != nil {
+		t.Fatal("tokenized with no worker publishing events")
+	}
+}
+
+func TestKVAwareConfig(t *testing.T) {
+	var c KVAwareConfig
+	c.SetDefaults()
+	if errs := c.validate("kv_aware"); len(errs) > 0 {
+		t.Fatalf("defaults invalid: %v", errs)
+	}
+	bad := c
+	bad.EventsPort, bad.MaxBlocksPerWorker, bad.TokenizePath = 70000, -1, "tokenize"
+	bad.Endpoints = map[string]string{"w0": "nohost"}
+	errs := bad.validate("routing.models[\"m\"].kv_aware")
+	var all bytes.Buffer
+	for _, e := range errs {
+		all.WriteString(e.Error() + "\n")
+	}
+	for _, field := range []string{".kv_aware.events_port", ".kv_aware.max_blocks_per_worker", ".kv_aware.tokenize_path", `.kv_aware.endpoints["w0"]`} {
+		if !strings.Contains(all.String(), field) {
+			t.Errorf("no error names %s in:\n%s", field, all.String())
+		}
+	}
+	ev, rp, err := splitKVEndpoints("10.0.0.1:6000,10.0.0.1:6001")
+	if err != nil || ev != "tcp://10.0.0.1:6000" || rp != "tcp://10.0.0.1:6001" {
+		t.Fatalf("endpoints: got %q %q %v", ev, rp, err)
+	}
+}
+
+// benchIndex returns an index holding about n blocks of 16 tokens, in prompts of 64 blocks,
+// and one prompt of 4 KB (1024 tokens) it holds.
+func benchIndex(b *testing.B, n int) (*kvIndex, []uint64) {
+	const bs = 16
+	x := newKVIndex(bs, 2*n)
+	var batch kvBatch
+	h := 0
+	var prompt []uint64
+	for p := 0; x.blocks() < n; p++ {
+		prompt = seqTokens(p*1_000_000, 64*bs)
+		hashes := make([]any, 64)
+		for i := range hashes {
+			h++
+			hashes[i] = h
+		}
+		if err := decodeKVBatch(kvPayload(b, []any{stored(hashes, nil, prompt, bs)}), &batch); err != nil {
+			b.Fatal(err)
+		}
+		x.apply(&batch)
+	}
+	return x, prompt
+}
+
+// BenchmarkKVIndexApply is the decode and index update of one batch (a 4 KB prompt's 64 blocks
+// stored, 64 older ones removed) at 100k indexed blocks.
+func BenchmarkKVIndexApply(b *testing.B) {
+	x, _ := benchIndex(b, 100_000)
+	const bs = 16
+	payloads := make([][]byte, 64)
+	next := 10_000_000
+	for i := range payloads {
+		hashes, gone := make([]any, 64), make([]any, 64)
+		for j := range hashes {
+			next++
+			hashes[j] = next
+			gone[j] = i*64 + j + 1
+		}
+		payloads[i] = kvPayload(b, []any{stored(hashes, nil, seqTokens(next, 64*bs), bs), removed(gone...)})
+	}
+	var batch kvBatch
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := decodeKVBatch(payloads[i%len(payloads)], &batch); err != nil {
+			b.Fatal(err)
+		}
+		x.apply(&batch)
+	}
+}
+
+// BenchmarkKVIndexMatch is the match of a 4 KB prompt (1024 tokens, 64 blocks, all held) at
+// 100k indexed blocks.
+func BenchmarkKVIndexMatch(b *testing.B) {
+	x, prompt := benchIndex(b, 100_000)
+	if x.match(prompt) != 64 {
+		b.Fatalf("matched %d blocks, want 64", x.match(prompt))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		x.match(prompt)
+	}
+}
+
+// BenchmarkKVAwareTokenize is the /tokenize round trip of a 4 KB prompt (1024 token ids back)
+// to a loopback HTTP server: the I/O kv_aware adds to a request's Pick.
+func BenchmarkKVAwareTokenize(b *testing.B) {
+	ids := seqTokens(1_000_000, 1024)
+	answer, _ := json.Marshal(map[string]any{"count": len(ids), "tokens": ids})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write(answer)
+	}))
+	defer srv.Close()
+	specs := testWorkers(1, "m")
+	specs[0].URL = srv.URL
+	p, _ := newTestPool(b, Config{Workers: specs})
+	w := modelWorkers(b, p, "m")[0]
+	fallback, _ := NewCacheAware(CacheAwareConfig{}, nil)
+	k, err := NewKVAware(KVAwareConfig{}, fallback, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := &Request{Model: "m", Prompt: strings.Repeat("word ", 1024)[:4096]}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		got, err := k.tokenize(context.Background(), w, r)
+		if err != nil || len(got) != len(ids) {
+			b.Fatalf("tokenize: %d ids, %v", len(got), err)
+		}
+	}
+}
