@@ -347,7 +347,9 @@ func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
 			seq := int64(binary.BigEndian.Uint64(msg.Frames[1]))
 			switch {
 			case seq > last+1:
-				last = k.catchUp(ctx, kw, last, seq, &batch)
+				// Filled up to seq-1, or the index started over: either way this message is
+				// applied next and last becomes seq.
+				k.catchUp(ctx, kw, last, seq, &batch)
 			case seq == 0 && last >= 0:
 				// The publisher started over (the engine restarted): its cache is new.
 				k.reset(kw)
