@@ -92,7 +92,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Gatherer = prometheus.NewRegistry()
 	}
 	if d.Transport == nil {
-		d.Transport = newLeanTransport(cfg, time.Now) // I/O deadlines are real time, whatever the clock
+		d.Transport = newUpstreamTransport(cfg)
 	}
 	if d.Now == nil {
 		d.Now = time.Now

@@ -349,7 +349,11 @@ func TestEngineProtectsInteractiveUnderBatchFloodByDefault(t *testing.T) {
 		batchUsers  = 16 // closed loop; 2 engines x 2 slots: 4x what they run at once
 		interactive = 6
 	)
-	s := startEngineStack(t, engineStackOptions{workers: 2, slots: slots})
+	// llama-server serves HTTP on n_parallel + 4 threads, and each keep-alive connection holds
+	// one while idle, for up to 5 s: the gateway's upstream connections, its health checks and
+	// scrapes took them all now and then, and this test's own metrics reader waited seconds for
+	// a thread (0 samples). The reader is the test's instrument, so the engines get room for it.
+	s := startEngineStack(t, engineStackOptions{workers: 2, slots: slots, engineArgs: []string{"--threads-http", "16"}})
 	ctx, stopFlood := context.WithTimeout(context.Background(), 90*time.Second)
 	defer stopFlood()
 	var (
