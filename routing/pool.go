@@ -32,7 +32,7 @@ var (
 type Options struct {
 	Logger     *slog.Logger          // default: discard
 	Registerer prometheus.Registerer // default: a private registry nobody scrapes
-	Client     *http.Client          // for health checks; default: a plain http.Client
+	Client     *http.Client          // for health checks and scrapes; default: one that keeps no connection alive
 	Now        func() time.Time      // default: time.Now
 	// Rand is the randomness of the policies. The pool serialises access to it; the default, nil,
 	// uses the runtime's lock-free generator.
@@ -218,7 +218,10 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.logger = slog.New(slog.DiscardHandler)
 	}
 	if p.client == nil {
-		p.client = &http.Client{}
+		// Health checks and scrapes keep no connection open between them: an idle keep-alive
+		// connection holds one of an engine's HTTP threads (llama-server has n_parallel + 4),
+		// which the engine's own clients then wait for.
+		p.client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
 	}
 	if p.now == nil {
 		p.now = time.Now
