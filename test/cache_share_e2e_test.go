@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherllm/usher/gateway"
 	"github.com/usherllm/usher/routing"
-	"github.com/usherllm/usher/tenants"
 	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
 	"github.com/usherllm/usher/test/sim/simtest"
@@ -34,28 +31,7 @@ func startCacheReplica(t *testing.T, specs []routing.WorkerSpec, rdb redis.Unive
 	cfg.SetDefaults()
 	store := routing.NewRedisStore(rdb)
 	r := &cacheReplica{reg: prometheus.NewRegistry()}
-	pool, err := routing.NewPool(cfg, routing.Options{Pins: store, Drains: store, Prefixes: store, Registerer: r.reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); pool.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	auth, err := tenants.NewStatic([]tenants.TenantSpec{{ID: "e2e", Keys: []tenants.KeySpec{{Name: "k", SHA256: tenants.HashKey(apiKey)}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gcfg gateway.Config
-	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gw.Run(ctx)
-	srv := httptest.NewServer(gw)
-	t.Cleanup(srv.Close)
-	r.url = srv.URL
+	r.url = serveReplica(t, cfg, routing.Options{Pins: store, Drains: store, Prefixes: store, Registerer: r.reg})
 	return r
 }
 

@@ -20,7 +20,6 @@ import (
 
 	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
-	"github.com/usherllm/usher/migrations"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 	"github.com/usherllm/usher/test/sim"
@@ -70,14 +69,7 @@ func startConsoleStack(t *testing.T) string {
 	if err := tcfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := tenants.Open(ctx, tcfg.Database.URL, migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if err := store.MigrateUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := openMigratedStore(t, ctx, tcfg.Database.URL)
 	dir, err := tenants.NewDirectory(ctx, tcfg, store, tenants.DirectoryOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,6 @@ import (
 
 	adminui "github.com/usherllm/usher/admin-ui"
 	"github.com/usherllm/usher/gateway"
-	"github.com/usherllm/usher/migrations"
-	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 	"github.com/usherllm/usher/test/redistest"
 	"github.com/usherllm/usher/test/sim"
@@ -51,14 +49,7 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := tenants.Open(ctx, dbURL, migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if err := store.MigrateUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := openMigratedStore(t, ctx, dbURL)
 	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{Redis: rdb})
 	if err != nil {
 		t.Fatal(err)
@@ -70,13 +61,7 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	}
 	ledger := tenants.NewLedger(cfg.Usage, store, tenants.LedgerOptions{Redis: rdb})
 	wg.Go(func() { ledger.Run(ctx) })
-	rcfg := routing.Config{Workers: []routing.WorkerSpec{{ID: "sim-0", URL: workerURL, Models: []string{model}}}}
-	rcfg.SetDefaults()
-	pool, err := routing.NewPool(rcfg, routing.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { pool.Run(ctx) })
+	pool := runOneWorkerPool(t, ctx, &wg, workerURL)
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
 	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: rdb, Store: store, Refresh: 20 * time.Millisecond})

@@ -38,7 +38,14 @@ func startReplica(t *testing.T, specs []routing.WorkerSpec, policy string, rdb r
 	cfg.Models = map[string]routing.ModelConfig{model: {Policy: policy, Pins: routing.PinConfig{Timeout: 500 * time.Millisecond}}}
 	cfg.SetDefaults()
 	store := routing.NewRedisStore(rdb)
-	pool, err := routing.NewPool(cfg, routing.Options{Pins: store, Drains: store})
+	return &replica{url: serveReplica(t, cfg, routing.Options{Pins: store, Drains: store})}
+}
+
+// serveReplica runs a pool of cfg with opts and, in front of it, a gateway for the tenant "e2e"
+// with key apiKey; both stop when the test ends. It returns the gateway's URL.
+func serveReplica(t *testing.T, cfg routing.Config, opts routing.Options) string {
+	t.Helper()
+	pool, err := routing.NewPool(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +66,7 @@ func startReplica(t *testing.T, specs []routing.WorkerSpec, policy string, rdb r
 	go gw.Run(ctx)
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return &replica{url: srv.URL}
+	return srv.URL
 }
 
 // session sends one request of a session and returns the worker that served it.

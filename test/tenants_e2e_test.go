@@ -44,14 +44,7 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := tenants.Open(ctx, dbURL, migrations.FS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	if err := store.MigrateUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store := openMigratedStore(t, ctx, dbURL)
 	dopts := tenants.DirectoryOptions{Redis: rdb}
 	if !hearing {
 		dopts = tenants.DirectoryOptions{PollInterval: time.Hour}
@@ -65,13 +58,7 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcfg := routing.Config{Workers: []routing.WorkerSpec{{ID: "sim-0", URL: workerURL, Models: []string{model}}}}
-	rcfg.SetDefaults()
-	pool, err := routing.NewPool(rcfg, routing.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { pool.Run(ctx) })
+	pool := runOneWorkerPool(t, ctx, &wg, workerURL)
 	var gcfg gateway.Config
 	gcfg.SetDefaults()
 	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: dir,
@@ -85,6 +72,35 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// openMigratedStore opens the tenant store at dbURL, migrated up; it is closed when the test
+// ends.
+func openMigratedStore(t *testing.T, ctx context.Context, dbURL string) *tenants.Store {
+	t.Helper()
+	store, err := tenants.Open(ctx, dbURL, migrations.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	if err := store.MigrateUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return store
+}
+
+// runOneWorkerPool starts a pool of one worker, sim-0 at workerURL serving model, running on wg
+// until ctx ends.
+func runOneWorkerPool(t *testing.T, ctx context.Context, wg *sync.WaitGroup, workerURL string) *routing.Pool {
+	t.Helper()
+	rcfg := routing.Config{Workers: []routing.WorkerSpec{{ID: "sim-0", URL: workerURL, Models: []string{model}}}}
+	rcfg.SetDefaults()
+	pool, err := routing.NewPool(rcfg, routing.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { pool.Run(ctx) })
+	return pool
 }
 
 func call(t *testing.T, method, url, token, body string) (*http.Response, map[string]any) {
