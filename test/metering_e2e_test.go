@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -94,8 +95,10 @@ func ledgerTotal(t *testing.T, s *tenants.Store) tenants.UsageCounts {
 }
 
 // streamAndHangUp streams a long answer, reads `keep` content chunks and disconnects. It returns
-// the status, the error code of a refusal, and the content tokens (words) received.
-func streamAndHangUp(t *testing.T, url string, keep int) (status int, code string, tokens int) {
+// the status, the error code of a refusal, the content tokens (words) received, and the tokens
+// the gateway said remain in the tenant's tokens-per-minute bucket (x-ratelimit-remaining-tokens;
+// -1 without the header).
+func streamAndHangUp(t *testing.T, url string, keep int) (status int, code string, tokens, remaining int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -108,12 +111,16 @@ func streamAndHangUp(t *testing.T, url string, keep int) (status int, code strin
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	remaining = -1
+	if v := resp.Header.Get("x-ratelimit-remaining-tokens"); v != "" {
+		remaining, _ = strconv.Atoi(v)
+	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct {
 			Error struct{ Code string } `json:"error"`
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&e)
-		return resp.StatusCode, e.Error.Code, 0
+		return resp.StatusCode, e.Error.Code, 0, remaining
 	}
 	events := newSSEReader(resp.Body)
 	for tokens < keep {
@@ -130,7 +137,7 @@ func streamAndHangUp(t *testing.T, url string, keep int) (status int, code strin
 			tokens += len(strings.Fields(chunk.Choices[0].Delta.Content))
 		}
 	}
-	return http.StatusOK, "", tokens
+	return http.StatusOK, "", tokens, remaining
 }
 
 // Issue 12: a client that hangs up mid-stream is charged what it was served, so a tight
@@ -146,10 +153,14 @@ func TestStreamsCutByTheClientAreChargedWhatTheyGot(t *testing.T) {
 	start := time.Now()
 	served, refused, received, firstRefusal := 0, 0, 0, -1
 	var perRequest []int // content tokens of each served request, in order
+	reservation := -1    // what the gateway reserves for one request: its prompt estimate and max_tokens
 	for i := range attempts {
-		status, code, tokens := streamAndHangUp(t, g.url, keep)
+		status, code, tokens, remaining := streamAndHangUp(t, g.url, keep)
 		switch {
 		case status == http.StatusOK:
+			if served == 0 && remaining >= 0 {
+				reservation = tpm - remaining // the first request found the bucket full
+			}
 			served++
 			received += tokens
 			perRequest = append(perRequest, tokens)
@@ -161,6 +172,10 @@ func TestStreamsCutByTheClientAreChargedWhatTheyGot(t *testing.T) {
 		default:
 			t.Fatalf("attempt %d: status %d %s", i, status, code)
 		}
+		// The next attempt waits until the gateway has settled this one (the limiter is
+		// charged before the ledger records it): otherwise it can arrive while this one,
+		// hung up on, still holds its whole reservation, and the refusal comes a request early.
+		eventually(t, 5*time.Second, "the attempt is settled", func() bool { return ledgerTotal(t, g.store).Requests == int64(i+1) })
 	}
 	elapsed := time.Since(start)
 	eventually(t, 5*time.Second, "the ledger holds every attempt", func() bool { return ledgerTotal(t, g.store).Requests == attempts })
@@ -177,14 +192,19 @@ func TestStreamsCutByTheClientAreChargedWhatTheyGot(t *testing.T) {
 		t.Errorf("ledger completion tokens %d, client received %d: want within 5%% (and not fewer)", got.CompletionTokens, received)
 	}
 	// Served before the first refusal: what the bucket held, less at most one request's
-	// reservation (the prompt and max_tokens), plus what refilled meanwhile.
+	// reservation, plus what refilled meanwhile. The reservation is the gateway's own (its
+	// prompt estimate, which may exceed the engine's count, and max_tokens), read from the
+	// quota it reported after the first request.
+	if reservation < 0 {
+		t.Fatal("the first served request carried no x-ratelimit-remaining-tokens")
+	}
 	prompt := int(got.PromptTokens) / served
 	before := 0
 	for _, n := range perRequest[:firstRefusal] {
 		before += prompt + n
 	}
 	refill := int(float64(tpm) * elapsed.Minutes())
-	if reservation := prompt + 4*keep; before < tpm-reservation || before > tpm+refill {
+	if before < tpm-reservation || before > tpm+refill {
 		t.Errorf("first refusal after %d tokens served, want between %d and %d", before, tpm-reservation, tpm+refill)
 	}
 }
