@@ -62,6 +62,7 @@ type call struct {
 	worker   string
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
+	preempts int // times an attempt was cancelled for an interactive call and requeued
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
 	atWorker time.Duration // time from sending to a worker to the end of its answer, all attempts

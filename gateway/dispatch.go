@@ -179,7 +179,10 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			// Not an attempt that failed: the call gave its capacity to a higher class and
 			// waits in the queue again, ahead of its tenant's later requests.
 			cl.attempts--
+			cl.preempts++
 			s.metrics.preempted.WithLabelValues(cl.model, cl.class.String()).Inc()
+			s.log.Info("preempted", "id", c.Response().Header().Get(echo.HeaderXRequestID),
+				"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker)
 			if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
 				cl.grant = nil
 				return err

@@ -48,8 +48,9 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	}
 	s.log.Info("request",
 		"id", c.Response().Header().Get(echo.HeaderXRequestID),
-		"tenant", cl.principal.TenantID, "model", cl.model, "worker", cl.worker,
-		"status", status, "attempts", cl.attempts, "ms", s.now().Sub(cl.start).Milliseconds(),
+		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
+		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "ms", s.now().Sub(cl.start).Milliseconds(),
+		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated)
 	return err

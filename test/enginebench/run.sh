@@ -16,6 +16,8 @@
 #
 #   test/enginebench/run.sh
 #   DURATION=20 PREFILL=0 test/enginebench/run.sh
+#   RUNS="alone default" test/enginebench/run.sh      # only those runs (capacity is always measured)
+#   USHER=/tmp/usher-old test/enginebench/run.sh       # that binary, not one built here
 #
 # The engine is built by test/realengine/build.sh when missing (about 6 minutes, once).
 # Reports (bench JSON, gateway and engine logs) go to $OUT_DIR.
@@ -42,13 +44,15 @@ PREFILL=${PREFILL:-1}              # 1: run 3
 BATCH_ANSWER=${BATCH_ANSWER:-whole} # batch asks for whole answers, as batch jobs do (usher may
                                    # preempt one until its answer is sent); "stream" streams
 SEED=${SEED:-1}
+RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone is always made
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
 
 for tool in jq curl awk; do
   command -v "$tool" >/dev/null 2>&1 || { echo "enginebench needs $tool" >&2; exit 1; }
 done
 dir=$(test/realengine/build.sh)
-go build -o bin/usher ./cmd/usher
+if [ -z "${USHER:-}" ]; then go build -o bin/usher ./cmd/usher; fi
+USHER=${USHER:-bin/usher}          # the usher binary under test
 mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
@@ -66,7 +70,7 @@ engines=()
 for i in $(seq "$WORKERS"); do
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
-    --metrics -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" >"$OUT_DIR/llama-$i.log" 2>&1 &
+    --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" >"$OUT_DIR/llama-$i.log" 2>&1 &
   pids+=($!)
   engines+=("127.0.0.1:$port")
 done
@@ -105,7 +109,7 @@ start_gateway() {
     done
     echo "log: {level: info, format: json}"
   } >"$OUT_DIR/$1.yaml"
-  bin/usher serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  "$USHER" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pid=$!
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -117,7 +121,7 @@ stop_gateway() {
 # bench NAME IN OUT ARGS...: one bench process against the current gateway; report in NAME.json.
 bench() {
   local name=$1 in=$2 out=$3; shift 3
-  bin/usher bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
+  "$USHER" bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
     --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
 }
@@ -149,15 +153,16 @@ run() {
 
 R=$(capacity capacity "$B_IN" "$B_OUT")
 BR=$(awk -v r="$R" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
+wanted() { [[ " $RUNS " == *" $1 "* ]]; }
 run alone false ""
-run default false "" "$B_IN" "$B_OUT" "$BR"
-run fifo true "" "$B_IN" "$B_OUT" "$BR"
-runs=(alone default fifo)
-if [ -n "$MAXCONC" ]; then
+runs=(alone)
+if wanted default; then run default false "" "$B_IN" "$B_OUT" "$BR"; runs+=(default); fi
+if wanted fifo; then run fifo true "" "$B_IN" "$B_OUT" "$BR"; runs+=(fifo); fi
+if [ -n "$MAXCONC" ] && wanted maxconc; then
   run maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"
   runs+=(maxconc)
 fi
-if [ "$PREFILL" = 1 ]; then
+if [ "$PREFILL" = 1 ] && wanted prefill; then
   RP=$(capacity capacity-prefill "$P_IN" "$P_OUT")
   PR=$(awk -v r="$RP" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
   run prefill false "" "$P_IN" "$P_OUT" "$PR"
