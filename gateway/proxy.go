@@ -54,7 +54,8 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
 	}
 	begin := func() bool { return true }
-	if cl.class != queue.Interactive && !s.cfg.DisablePreemption {
+	preemptible := cl.class != queue.Interactive && !s.cfg.DisablePreemption
+	if preemptible {
 		v := s.preemption.add(cl.model, cancel)
 		begin = func() bool { return s.preemption.done(cl.model, v) }
 		defer begin()
@@ -64,7 +65,14 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
 	sent := s.now()
 	defer func() { cl.atWorker += s.now().Sub(sent) }()
-	resp, reused, err := s.send(ctx, w, cl, c.Request().Header)
+	body := cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))
+	assembled := false
+	if !cl.stream && preemptible && w.SlotEngine() && !cl.ep.embed {
+		if streamed, ok := streamedBody(body); ok {
+			body, assembled = streamed, true
+		}
+	}
+	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
 	if err != nil && preempted() {
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
@@ -93,9 +101,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	h.Set(headerWorker, w.ID())
 	h.Set(headerRoute, string(lease.Route))
 	var out routing.Outcome
-	if cl.stream && resp.StatusCode == http.StatusOK {
+	switch {
+	case cl.stream && resp.StatusCode == http.StatusOK:
 		out, err = s.relayStream(c, cl, resp, sent, begin, idle)
-	} else {
+	case assembled && resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
+		out, err = s.relayAssembled(c, cl, resp, sent, begin)
+	default:
 		out, err = s.relayAnswer(c, cl, resp, begin)
 	}
 	resp.Body.Close()
@@ -112,12 +123,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 // which net/http does not send), so the transport itself resends it on a fresh connection when a
 // reused one turns out closed before any answer. reused reports whether the attempt went out on
 // a reused connection.
-func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, in http.Header) (resp *http.Response, reused bool, err error) {
+func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (resp *http.Response, reused bool, err error) {
 	u := *w.URL()
 	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
 	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
-		bytes.NewReader(cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))))
+		bytes.NewReader(body))
 	if err != nil {
 		return nil, false, err
 	}

@@ -46,6 +46,9 @@ type fakeWorker struct {
 	// the client goes away: a hung engine.
 	hangAfter int
 
+	// slots, when non-zero, is reported at GET /props as llama.cpp's server reports its slots.
+	slots int
+
 	mu       sync.Mutex // guards lastBody
 	lastBody map[string]any
 }
@@ -62,7 +65,11 @@ func newFakeWorker(t testing.TB, mutate func(*fakeWorker)) *fakeWorker {
 }
 
 func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost { // health checks and metric scrapes
+	if r.Method != http.MethodPost { // health checks, metric scrapes and /props
+		if r.URL.Path == "/props" && w.slots > 0 {
+			fmt.Fprintf(rw, `{"total_slots":%d}`, w.slots)
+			return
+		}
 		rw.WriteHeader(http.StatusOK)
 		return
 	}

@@ -162,3 +162,9 @@ func (w *Worker) release(tokens int64) {
 	w.inFlight.Add(-1)
 	w.inFlightTokens.Add(-tokens)
 }
+
+// SlotEngine reports whether the worker's engine reported fixed slots (llama.cpp's server; see
+// LimitEngine). Such an engine notices a client that went away only when it next writes to it,
+// or, while it prepares a whole (non-streamed) answer, about once a second: a whole answer
+// cancelled there keeps its slot for up to that second.
+func (w *Worker) SlotEngine() bool { return w.LimitSource() == LimitEngine }

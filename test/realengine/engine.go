@@ -272,6 +272,11 @@ type Slot struct {
 	ID           int  `json:"id"`
 	NCtx         int  `json:"n_ctx"`
 	IsProcessing bool `json:"is_processing"`
+	// Params are the sampling parameters of the slot's task; Stream says whether it was asked
+	// for a stream.
+	Params struct {
+		Stream bool `json:"stream"`
+	} `json:"params"`
 }
 
 // Slots reads the engine's slots.

@@ -1,0 +1,198 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/usherllm/usher/routing"
+)
+
+func TestStreamedBodyAsksForAStreamWithUsage(t *testing.T) {
+	cases := []struct {
+		name, body string
+		ok         bool
+	}{
+		{"chat", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, true},
+		{"stream false and options replaced", `{"model":"m","stream":false,"stream_options":{"include_usage":false},"prompt":"x"}`, true},
+		{"n 1", `{"model":"m","prompt":"x","n":1}`, true},
+		{"n 2: two choices", `{"model":"m","prompt":"x","n":2}`, false},
+		{"tools", `{"model":"m","messages":[],"tools":[{"type":"function"}]}`, false},
+		{"logprobs", `{"model":"m","messages":[],"logprobs":true}`, false},
+		{"llama.cpp probabilities", `{"model":"m","prompt":"x","n_probs":3}`, false},
+		{"unknown member", `{"model":"m","prompt":"x","whatever":1}`, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := streamedBody([]byte(c.body))
+			if ok != c.ok {
+				t.Fatalf("ok %v, want %v (%s)", ok, c.ok, got)
+			}
+			if !ok {
+				return
+			}
+			var v map[string]any
+			if err := json.Unmarshal(got, &v); err != nil {
+				t.Fatalf("%s: %v", got, err)
+			}
+			if v["stream"] != true || !reflect.DeepEqual(v["stream_options"], map[string]any{"include_usage": true}) {
+				t.Errorf("%s: want stream true with include_usage", got)
+			}
+			var in map[string]any
+			_ = json.Unmarshal([]byte(c.body), &in)
+			for k, want := range in {
+				if k != "stream" && k != "stream_options" && !reflect.DeepEqual(v[k], want) {
+					t.Errorf("%s: %s = %v, want %v as sent", got, k, v[k], want)
+				}
+			}
+			if len(v) != len(in)+boolToInt(in["stream"] == nil)+boolToInt(in["stream_options"] == nil) {
+				t.Errorf("%s: members added or lost against %s", got, c.body)
+			}
+		})
+	}
+}
+
+func boolToInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// llama.cpp's server streams a chat answer this way (chunks as b6xxx sends them, with its
+// timings in the usage chunk).
+var llamaChatStream = []string{
+	`{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1700000000,"id":"chatcmpl-1","model":"small","system_fingerprint":"b1","object":"chat.completion.chunk"}`,
+	`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"Hel"}}],"created":1700000000,"id":"chatcmpl-1","model":"small","system_fingerprint":"b1","object":"chat.completion.chunk"}`,
+	`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"lo \"you\"\n"}}],"created":1700000000,"id":"chatcmpl-1","model":"small","system_fingerprint":"b1","object":"chat.completion.chunk"}`,
+	`{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"created":1700000000,"id":"chatcmpl-1","model":"small","system_fingerprint":"b1","object":"chat.completion.chunk"}`,
+	`{"choices":[],"created":1700000000,"id":"chatcmpl-1","model":"small","system_fingerprint":"b1","object":"chat.completion.chunk","usage":{"completion_tokens":2,"prompt_tokens":9,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4}},"timings":{"prompt_n":5}}`,
+}
+
+func TestAssemblerBuildsTheWholeChatAnswer(t *testing.T) {
+	a := newAssembler(true, 1<<20)
+	for _, c := range llamaChatStream {
+		if err := a.add([]byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got map[string]any
+	if err := json.Unmarshal(a.answer(), &got); err != nil {
+		t.Fatalf("%s: %v", a.answer(), err)
+	}
+	var want map[string]any
+	_ = json.Unmarshal([]byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"small",
+		"system_fingerprint":"b1","choices":[{"index":0,"message":{"role":"assistant","content":"Hello \"you\"\n"},
+		"logprobs":null,"finish_reason":"length"}],"usage":{"completion_tokens":2,"prompt_tokens":9,"total_tokens":11,
+		"prompt_tokens_details":{"cached_tokens":4}},"timings":{"prompt_n":5}}`), &want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("assembled\n%s\nwant\n%v", a.answer(), want)
+	}
+	if u, ok := parseUsage(a.answer()); !ok || u.PromptTokens != 9 || u.cachedTokens() != 4 {
+		t.Errorf("usage of the assembled answer: %+v %v", u, ok)
+	}
+	if a.events != 2 {
+		t.Errorf("events %d, want 2 chunks with output", a.events)
+	}
+}
+
+func TestAssemblerBuildsTheWholeCompletion(t *testing.T) {
+	a := newAssembler(false, 1<<20)
+	for _, c := range []string{
+		`{"id":"c1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","finish_reason":null}]}`,
+		`{"id":"c1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"b","finish_reason":"stop"}]}`,
+	} {
+		if err := a.add([]byte(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got struct {
+		Object  string
+		Choices []struct {
+			Text         string
+			FinishReason string `json:"finish_reason"`
+		}
+	}
+	if err := json.Unmarshal(a.answer(), &got); err != nil {
+		t.Fatalf("%s: %v", a.answer(), err)
+	}
+	if got.Object != "text_completion" || len(got.Choices) != 1 || got.Choices[0].Text != "ab" || got.Choices[0].FinishReason != "stop" {
+		t.Errorf("assembled %s", a.answer())
+	}
+}
+
+func TestAssemblerRefusesWhatItCannotAssemble(t *testing.T) {
+	cases := map[string]string{
+		"error":         `{"error":{"message":"context exceeded","code":500}}`,
+		"second choice": `{"choices":[{"index":1,"delta":{"content":"x"}}]}`,
+		"not an object": `[1,2]`,
+		"not JSON":      `{"choices":`,
+		"duplicate key": `{"id":"a","id":"b","choices":[]}`,
+	}
+	for name, chunk := range cases {
+		a := newAssembler(true, 1<<20)
+		if err := a.add([]byte(chunk)); !errors.Is(err, errAssembly) {
+			t.Errorf("%s: %v, want errAssembly", name, err)
+		}
+	}
+	a := newAssembler(true, 150)
+	big := `{"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 60) + `"}}]}`
+	if err := a.add([]byte(big)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.add([]byte(big)); !errors.Is(err, errAnswerTooLarge) {
+		t.Errorf("past the bound: %v, want errAnswerTooLarge", err)
+	}
+}
+
+// A batch request that wants a whole answer from a worker reporting fixed slots (llama.cpp's
+// server) is asked of the worker as a stream, so a preemption stops it within a token, and the
+// client gets the whole answer assembled; an interactive one, never preempted, goes as it came.
+func TestWholeBatchAnswerIsStreamedFromASlotEngine(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.slots = 2 })
+	g := startTierGateway(t, []routing.WorkerSpec{w.spec("w")}, everyClassTier)
+	waitFor(t, "the pool learns the engine's slots", func() bool {
+		st, err := g.srv.pool.Worker("w")
+		return err == nil && st.LimitSource == routing.LimitEngine
+	})
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("batch: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	var answer struct {
+		Object  string
+		Choices []struct {
+			Message struct{ Role, Content string }
+		}
+		Usage usage
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
+		t.Fatal(err)
+	}
+	if answer.Object != "chat.completion" || len(answer.Choices) != 1 || answer.Choices[0].Message.Content != "t0 t1 t2 " ||
+		answer.Choices[0].Message.Role != "assistant" || answer.Usage.CompletionTokens != 3 {
+		t.Errorf("assembled answer %+v", answer)
+	}
+	if b := w.body(); b["stream"] != true || !reflect.DeepEqual(b["stream_options"], map[string]any{"include_usage": true}) {
+		t.Errorf("the worker was asked %v, want a stream with usage", b)
+	}
+	// A whole answer a stream would not carry (log-probabilities) goes as it came.
+	resp = g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","logprobs":true,"messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{headerPriority: "batch"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("batch with logprobs: %d", resp.StatusCode)
+	}
+	if b := w.body(); b["stream"] != nil || b["logprobs"] != true {
+		t.Errorf("the batch request with logprobs reached the worker as %v, want it as sent", b)
+	}
+	resp = g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("interactive: %d", resp.StatusCode)
+	}
+	if b := w.body(); b["stream"] != nil {
+		t.Errorf("the interactive request reached the worker as %v, want it as sent", b)
+	}
+}

@@ -1,0 +1,107 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A batch request that wants a whole answer goes to llama-server as a stream (the engine notices
+// a cancelled stream at its next token, a cancelled whole answer only at its once-a-second
+// check), and usher assembles the whole answer: the client gets what the engine answers a
+// direct whole request, token for token. Preempted by an interactive request, the batch request
+// is cancelled at the engine, sent again and still answered whole.
+func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
+	s := startEngineStack(t, engineStackOptions{workers: 1, slots: 1})
+	e := s.engines[0]
+	body := engineChat("count to ten", 24, false)
+
+	direct := wholeAnswer(t, func() (*http.Response, error) {
+		return http.Post(e.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	})
+	via := wholeAnswer(t, func() (*http.Response, error) {
+		return s.post(context.Background(), http.DefaultClient, bulkKey, "batch", body)
+	})
+	if via.Object != "chat.completion" || len(via.Choices) != 1 || len(direct.Choices) != 1 {
+		t.Fatalf("through usher %+v, direct %+v", via, direct)
+	}
+	if got, want := via.Choices[0], direct.Choices[0]; got.Message != want.Message || got.FinishReason != want.FinishReason {
+		t.Errorf("through usher %+v, want the engine's own whole answer %+v", got, want)
+	}
+	if via.Usage.CompletionTokens != direct.Usage.CompletionTokens || via.Usage.PromptTokens != direct.Usage.PromptTokens {
+		t.Errorf("usage through usher %+v, direct %+v", via.Usage, direct.Usage)
+	}
+	if via.Model != direct.Model {
+		t.Errorf("model through usher %q, direct %q", via.Model, direct.Model)
+	}
+
+	// Preemption: the one slot holds a long batch answer; an interactive request takes it.
+	long := make(chan chatAnswer, 1)
+	go func() {
+		long <- wholeAnswer(t, func() (*http.Response, error) {
+			return s.post(context.Background(), http.DefaultClient, bulkKey, "batch", engineChat("a very long answer please", 200, false))
+		})
+	}()
+	eventually(t, 10*time.Second, "the engine generates the batch answer", func() bool {
+		return metrics(t, e).RequestsProcessing == 1
+	})
+	slots, err := e.Slots(context.Background())
+	if err != nil || len(slots) != 1 || !slots[0].IsProcessing || !slots[0].Params.Stream {
+		t.Fatalf("the engine's slot %+v (%v): want it streaming the batch request that asked for a whole answer", slots, err)
+	}
+	inter := wholeAnswer(t, func() (*http.Response, error) {
+		return s.post(context.Background(), http.DefaultClient, chatKey, "interactive", engineChat("hi", 4, false))
+	})
+	if len(inter.Choices) != 1 {
+		t.Fatalf("interactive answer %+v", inter)
+	}
+	if !strings.Contains(e.Log(), "cancel task") {
+		t.Fatalf("the engine logged no cancel of the preempted batch answer; log tail:\n%s", e.Log())
+	}
+	select {
+	case a := <-long:
+		if len(a.Choices) != 1 || a.Usage.CompletionTokens != 200 || a.Choices[0].FinishReason != "length" {
+			t.Errorf("the preempted batch request, sent again: %+v, want its whole answer of 200 tokens", a)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the preempted batch request was not answered")
+	}
+}
+
+// chatAnswer is a whole chat completion as the tests read it.
+type chatAnswer struct {
+	Object  string `json:"object"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Message struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// wholeAnswer makes the request and decodes its 200 answer; it fails t otherwise.
+func wholeAnswer(t *testing.T, do func() (*http.Response, error)) chatAnswer {
+	t.Helper()
+	resp, err := do()
+	if err != nil {
+		t.Error(err)
+		return chatAnswer{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var a chatAnswer
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &a) != nil {
+		t.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return a
+}
