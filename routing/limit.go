@@ -246,6 +246,13 @@ func (l *learner) probeFailed() {
 	l.mu.Unlock()
 }
 
+// reportedSlots is the slots the engine reported; 0: none (yet).
+func (l *learner) reportedSlots() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.slots
+}
+
 func (l *learner) source() LimitSource {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -286,13 +293,10 @@ func (p *Pool) engineSlots(ctx context.Context, w *Worker) (int64, error) {
 	return min(max(props.TotalSlots, 0), maxSlots), nil
 }
 
-// learnLimit runs after every scrape of w: it asks the engine's slots when due, then applies the
-// control law and announces a changed limit.
+// learnLimit runs after every scrape of w: it asks the engine's slots when due, then, unless the
+// config fixes w's limit, applies the control law and announces a changed limit.
 func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 	l := w.learner
-	if l == nil {
-		return
-	}
 	if l.probeDue(p.now()) {
 		n, err := p.engineSlots(ctx, w)
 		if err != nil {
@@ -302,6 +306,9 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 		} else {
 			l.setSlots(n)
 		}
+	}
+	if w.fixed {
+		return
 	}
 	sig := loadSignals{now: p.now(), fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
 	if fresh {

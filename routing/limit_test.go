@@ -189,6 +189,35 @@ func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
 	}
 }
 
+// A worker whose limit the config fixes keeps it, yet the pool still learns that its engine has
+// fixed slots (SlotEngine: the gateway asks such an engine for streams it can cancel).
+func TestFixedLimitWorkerStillLearnsItsEngineHasSlots(t *testing.T) {
+	eng := &slotEngine{}
+	eng.slots.Store(2)
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}, MaxConcurrency: 5}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := p.find("w")
+	if w.SlotEngine() {
+		t.Fatal("a slot engine before any scrape")
+	}
+	p.scrapeOnce(context.Background(), w)
+	if got, src := w.MaxConcurrency(), w.LimitSource(); got != 5 || src != LimitConfig {
+		t.Errorf("limit %d from %s, want 5 from the config", got, src)
+	}
+	if !w.SlotEngine() {
+		t.Error("the engine reported its slots, but the worker is not a slot engine")
+	}
+	p2, w2 := newEnginePool(t, &slotEngine{})
+	p2.scrapeOnce(context.Background(), w2)
+	if w2.SlotEngine() {
+		t.Error("an engine without /props is a slot engine")
+	}
+}
+
 func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	eng := &slotEngine{}
 	p, w := newEnginePool(t, eng)

@@ -119,7 +119,7 @@ func (l *Lease) Release(o Outcome) {
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
 	defer p.released.notify()
-	if o.TTFT > 0 && w.learner != nil {
+	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
 	}
 	result := "ok"

@@ -32,8 +32,10 @@ type Worker struct {
 	maxTokens int64
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
-	// config, or learned by learner (nil when fixed; see ConcurrencyConfig).
+	// config (fixed), or learned by learner (see ConcurrencyConfig). A fixed worker's learner
+	// only asks the engine's slots, for SlotEngine.
 	limit   atomic.Int64
+	fixed   bool // immutable
 	learner *learner
 	// peak is the most requests in flight since the learner's last step: whether the limit was
 	// binding.
@@ -75,10 +77,11 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	}
 	w := &Worker{spec: spec, url: u, maxTokens: int64(spec.MaxTokensInFlight)}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
+	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency))
 	if spec.MaxConcurrency > 0 {
+		w.fixed = true
 		w.limit.Store(int64(spec.MaxConcurrency))
 	} else {
-		w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency))
 		w.limit.Store(w.learner.initial())
 	}
 	if w.maxTokens == 0 {
@@ -106,7 +109,7 @@ func (w *Worker) MaxConcurrency() int64 { return w.limit.Load() }
 // LimitSource says whether MaxConcurrency is fixed by the config, reported by the engine or
 // learned.
 func (w *Worker) LimitSource() LimitSource {
-	if w.learner == nil {
+	if w.fixed {
 		return LimitConfig
 	}
 	return w.learner.source()
@@ -164,7 +167,7 @@ func (w *Worker) release(tokens int64) {
 }
 
 // SlotEngine reports whether the worker's engine reported fixed slots (llama.cpp's server; see
-// LimitEngine). Such an engine notices a client that went away only when it next writes to it,
+// LimitEngine), whether or not the config fixes its limit. Such an engine notices a client that went away only when it next writes to it,
 // or, while it prepares a whole (non-streamed) answer, about once a second: a whole answer
 // cancelled there keeps its slot for up to that second.
-func (w *Worker) SlotEngine() bool { return w.LimitSource() == LimitEngine }
+func (w *Worker) SlotEngine() bool { return w.learner.reportedSlots() > 0 }
