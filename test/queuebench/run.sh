@@ -381,7 +381,9 @@ if wants 4; then
   ip() { jget "$1" ".classes[] | select(.name==\"interactive\") | .ttft_ms.$2"; }
   for mode in $MODES; do
     case $mode in
-      slots) start_sims --mode slots --slots "$M_SLOTS"; shape="$M_SLOTS slots per worker (llama-server)" ;;
+      # --cancel-poll: llama-server checks for the client of a whole answer once a second.
+      slots) start_sims --mode slots --slots "$M_SLOTS" --cancel-poll 1s --close-after-stream
+        shape="$M_SLOTS slots per worker (llama-server, its 1 s cancel check and closes after streams)" ;;
       kv)
         start_sims --mode kv --max-num-seqs "$KV_SEQS" --kv-cache-tokens "$KV_TOKENS" --max-num-batched-tokens "$KV_BATCHED"
         shape="max_num_seqs $KV_SEQS, $KV_TOKENS KV tokens, $KV_BATCHED tokens a step per worker (vLLM)" ;;

@@ -84,6 +84,12 @@ type Config struct {
 	// that pools the connection finds it closed when it sends its next request on it. Off by
 	// default in both modes, so a test opts in to the quirk it is about.
 	CloseAfterStream bool
+	// CancelPoll, when set, is how often the engine checks whether the client of a whole
+	// (non-streamed) answer went away, as llama-server does once a second: until the check
+	// after the client left, the sequence keeps its slot and is generated on. A stream's client
+	// is noticed at once (llama-server notices it at its next token). Off by default in both
+	// modes, like CloseAfterStream. Wall-clock time: TimeScale does not apply.
+	CancelPoll time.Duration
 	// KVEvents, when set, is the host:port where the engine publishes its KV-cache events as
 	// vLLM does (ZeroMQ PUB, msgpack batches), with the replay socket on the next port; port 0
 	// picks free ports (Engine.KVEventsAddrs tells them). ModeKV only.
@@ -224,6 +230,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", d.SchedulingPolicy, "fcfs or priority (lower request priority value first)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "maximum request body size")
 	fs.BoolVar(&c.CloseAfterStream, "close-after-stream", d.CloseAfterStream, "close the connection after each streamed answer although it announced keep-alive, as llama-server does")
+	fs.DurationVar(&c.CancelPoll, "cancel-poll", d.CancelPoll, "check for the client of a whole answer having left only this often (llama-server: 1s); 0: at once")
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the fault dice")
 	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", d.Faults.ErrorRate, "fault: fraction of requests answered 500")
 	fs.Float64Var(&c.Faults.HangRate, "hang-rate", d.Faults.HangRate, "fault: fraction of requests never answered")

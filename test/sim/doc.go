@@ -34,7 +34,9 @@
 //     fit the slot is refused (llama-server would stop generating when the slot is full).
 //     Config.CloseAfterStream (--close-after-stream, off by default) adds llama-server's
 //     connection quirk: the connection is closed after each complete streamed answer although
-//     the answer announced keep-alive.
+//     the answer announced keep-alive. Config.CancelPoll (--cancel-poll 1s, off by default)
+//     adds its cancel check: the client of a whole answer that went away is noticed only at
+//     the next check, and its slot is generated on until then.
 //
 // The scheduler, the cost of a step and the HTTP surface below are common to both modes.
 //

@@ -201,6 +201,22 @@ func (e *Engine) submit(prompt []uint64, maxTokens, priority int) (*sequence, er
 }
 
 // cancel removes a sequence whose client went away, freeing its slot and blocks at once.
+// noticeLate waits until the engine's next check (Config.CancelPoll, counted from arrived)
+// for a whole answer whose client went away, or until the engine stops; no wait without
+// CancelPoll. The sequence runs on meanwhile.
+func (e *Engine) noticeLate(arrived time.Time) {
+	poll := e.cfg.CancelPoll
+	if poll <= 0 {
+		return
+	}
+	t := time.NewTimer(poll - e.now().Sub(arrived)%poll)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-e.stop:
+	}
+}
+
 func (e *Engine) cancel(q *sequence) {
 	e.mu.Lock()
 	removed := e.sched.cancel(q)

@@ -394,3 +394,40 @@ func TestSlotsModeFreesSlotsOfCancelledAndFailedRequests(t *testing.T) {
 		t.Errorf("completed: got %d, want 2", got)
 	}
 }
+
+// With CancelPoll, as llama-server, a whole answer whose client left keeps its slot (and is
+// generated on) until the engine's next check; a stream's client is noticed at once.
+func TestCancelPollHoldsAWholeAnswersSlotUntilTheCheck(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Mode, cfg.Slots, cfg.CancelPoll = ModeSlots, 1, 3*time.Second
+	cfg.DecodeBase = 5 * time.Millisecond // 1,500 tokens outlast the check
+	e, srv := startEngine(t, cfg)
+	for _, stream := range []bool{false, true} {
+		before := e.Stats().Cancelled
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			resp, err := send(ctx, srv, "/v1/chat/completions", chat(words("x", 20), 1500, map[string]any{"stream": stream}))
+			if err == nil {
+				if stream {
+					_, _ = io.Copy(io.Discard, resp.Body)
+				}
+				resp.Body.Close()
+			}
+		}()
+		waitFor(t, "the request runs", func() bool { return e.Stats().Running == 1 })
+		cancel()
+		<-done
+		if stream {
+			waitFor(t, "the stream's slot is freed", func() bool { s := e.Stats(); return s.Cancelled == before+1 && s.Running == 0 })
+			continue
+		}
+		time.Sleep(200 * time.Millisecond)
+		if s := e.Stats(); s.Cancelled != before || s.Running != 1 {
+			t.Fatalf("just after its client left, the whole answer was cancelled (%d) or stopped running (%d): want it held until the check",
+				s.Cancelled-before, s.Running)
+		}
+		waitFor(t, "the check cancels the whole answer", func() bool { s := e.Stats(); return s.Cancelled == before+1 && s.Running == 0 })
+	}
+}

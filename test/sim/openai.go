@@ -220,7 +220,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		return
 	}
 	rs := responseStream{
-		e: e, w: w, kind: kind, promptLen: len(prompt),
+		e: e, w: w, kind: kind, promptLen: len(prompt), arrived: e.now(),
 		id:      e.responseID(kind, q.arrival),
 		created: e.now().Unix(),
 		stream:  req.Stream,
@@ -327,6 +327,7 @@ type responseStream struct {
 	promptLen int
 	stream    bool
 	usage     bool
+	arrived   time.Time // when the request came: CancelPoll's checks are counted from it
 
 	started   bool // headers sent
 	generated int
@@ -353,6 +354,9 @@ func (rs *responseStream) serve(r *http.Request, q *sequence) {
 		select {
 		case <-q.out.notify:
 		case <-r.Context().Done():
+			if !rs.stream {
+				rs.e.noticeLate(rs.arrived)
+			}
 			rs.e.cancel(q)
 			return
 		}
