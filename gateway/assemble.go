@@ -267,8 +267,8 @@ func truncate(b []byte, n int) []byte {
 // assembles the answer and sends it to the client whole, as relayAnswer does. sent is when the
 // request went to the worker: the first chunk's time feeds the worker's learned limit. Until the
 // answer is whole the call may be preempted; cancelling it closes the stream, which the engine
-// notices at its next token.
-func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool) (routing.Outcome, error) {
+// notices at its next token; decoding is called at the first chunk, from when it does.
+func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, decoding func()) (routing.Outcome, error) {
 	var out routing.Outcome
 	a := newAssembler(cl.ep.chat, int(s.cfg.MaxResponseBytes))
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
@@ -284,6 +284,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		default:
 			if out.TTFT == 0 {
 				out.TTFT = s.now().Sub(sent)
+				decoding()
 			}
 			if aerr := a.add(payload); aerr != nil {
 				out.Failed = !errors.Is(aerr, errAnswerTooLarge)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -384,5 +385,28 @@ func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
 	}
 	if failed != 1 {
 		t.Errorf("failed attempts counted: %v, want 1", failed)
+	}
+}
+
+// A preemption cancels the newest attempt whose engine is generating tokens (it stops at the
+// next one), and only when none is, the newest attempt (still in prefill, or waiting).
+func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
+	var p preemption
+	var cancelled []int
+	add := func(i int) *victim {
+		return p.add("m", func(error) { cancelled = append(cancelled, i) })
+	}
+	add(0)
+	second := add(1)
+	add(2)
+	p.decoding(second)
+	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1}) {
+		t.Fatalf("cancelled %v, want the decoding attempt 1", cancelled)
+	}
+	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2}) {
+		t.Fatalf("cancelled %v, then want the newest, 2", cancelled)
+	}
+	if !p.preemptOne("m") || p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2, 0}) {
+		t.Fatalf("cancelled %v, want 0 last and then nothing", cancelled)
 	}
 }

@@ -53,11 +53,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		defer t.Stop()
 		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
 	}
-	begin := func() bool { return true }
+	begin, decoding := func() bool { return true }, func() {}
 	preemptible := cl.class != queue.Interactive && !s.cfg.DisablePreemption
 	if preemptible {
 		v := s.preemption.add(cl.model, cancel)
 		begin = func() bool { return s.preemption.done(cl.model, v) }
+		decoding = func() { s.preemption.decoding(v) }
 		defer begin()
 	}
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
@@ -105,7 +106,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	case cl.stream && resp.StatusCode == http.StatusOK:
 		out, err = s.relayStream(c, cl, resp, sent, begin, idle)
 	case assembled && resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
-		out, err = s.relayAssembled(c, cl, resp, sent, begin)
+		out, err = s.relayAssembled(c, cl, resp, sent, begin, decoding)
 	default:
 		out, err = s.relayAnswer(c, cl, resp, begin)
 	}
