@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -50,6 +51,10 @@ type Config struct {
 	// shared-prefix workload without a Duration, one pass over its Groups*PromptsPerGroup
 	// prompts).
 	Requests int
+	// LocalAddr, when set, is the IP address the bench connects from (for example 127.0.0.2 on
+	// loopback), so that two bench processes count as two clients for the gateway's
+	// per-client connection bound.
+	LocalAddr string
 	// MaxInflight bounds the requests outstanding at once; an arrival that finds it full is
 	// dropped and counted, never delayed (default 1024).
 	MaxInflight int
@@ -213,6 +218,9 @@ func (c Config) Validate() error {
 	if d.Model == "" {
 		bad("model", "required")
 	}
+	if d.LocalAddr != "" && net.ParseIP(d.LocalAddr) == nil {
+		bad("local_addr", "not an IP address")
+	}
 	if d.Endpoint != EndpointChat && d.Endpoint != EndpointCompletions {
 		bad("endpoint", "must be %q or %q, got %q", EndpointChat, EndpointCompletions, d.Endpoint)
 	}
@@ -336,6 +344,7 @@ func validClass(c string) bool {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.URL, "url", c.URL, "OpenAI base URL of the target, e.g. http://127.0.0.1:8080/v1 (required)")
 	fs.StringVar(&c.Model, "model", c.Model, "model name sent with every request (required)")
+	fs.StringVar(&c.LocalAddr, "local-addr", c.LocalAddr, "IP address to connect from (e.g. 127.0.0.2), so two bench processes are two clients")
 	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "chat (/chat/completions, default) or completions (/completions)")
 	fs.StringVar(&c.Workload, "workload", c.Workload, "random (default), shared-prefix or trace")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed of every pseudo-random choice")

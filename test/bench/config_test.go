@@ -90,6 +90,8 @@ func TestValidate(t *testing.T) {
 		{"no url", func(c *bench.Config) { c.URL = "" }, "bench.url: must be an absolute http(s) URL"},
 		{"relative url", func(c *bench.Config) { c.URL = "127.0.0.1:8080" }, "bench.url"},
 		{"no model", func(c *bench.Config) { c.Model = "" }, "bench.model: required"},
+		{"local address", func(c *bench.Config) { c.LocalAddr = "127.0.0.2" }, ""},
+		{"local address not an IP", func(c *bench.Config) { c.LocalAddr = "localhost" }, "bench.local_addr: not an IP address"},
 		{"endpoint", func(c *bench.Config) { c.Endpoint = "embeddings" }, "bench.endpoint"},
 		{"workload", func(c *bench.Config) { c.Workload = "replay" }, "bench.workload"},
 		{"random unbounded", func(c *bench.Config) { c.Requests = 0 }, "bench.duration: the random workload needs"},

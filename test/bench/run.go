@@ -44,11 +44,15 @@ type Options struct {
 }
 
 // NewClient returns an http.Client whose transport keeps up to maxStreams connections per host
-// alive, so that many concurrent streams do not churn connections. It has no overall timeout:
-// each request is bounded by its context.
-func NewClient(maxStreams int) *http.Client {
+// alive, so that many concurrent streams do not churn connections, connecting from localIP when
+// it is not empty. It has no overall timeout: each request is bounded by its context.
+func NewClient(maxStreams int, localIP string) *http.Client {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	if localIP != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
+	}
 	return &http.Client{Transport: &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           d.DialContext,
 		MaxIdleConns:          maxStreams,
 		MaxIdleConnsPerHost:   maxStreams,
 		IdleConnTimeout:       90 * time.Second,
@@ -79,7 +83,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Report, error) {
 	}
 	client := opts.Client
 	if client == nil {
-		client = NewClient(cfg.MaxInflight)
+		client = NewClient(cfg.MaxInflight, cfg.LocalAddr)
 		defer client.CloseIdleConnections()
 	}
 	wl, err := NewWorkload(cfg)

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"runtime"
 	"strings"
@@ -349,5 +352,23 @@ func TestReportJSONRoundTrip(t *testing.T) {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
+	}
+}
+
+// With a local address the bench connects from it: a second bench process is a second client.
+func TestClientConnectsFromTheLocalAddress(t *testing.T) {
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		got <- host
+	}))
+	defer srv.Close()
+	resp, err := bench.NewClient(1, "127.0.0.2").Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if h := <-got; h != "127.0.0.2" {
+		t.Errorf("connected from %s, want 127.0.0.2", h)
 	}
 }

@@ -406,8 +406,10 @@ if wants 4; then
       esac
       IR=$(calc "$Ri * 0.1" 3)
       BR=$(calc "$Rb * 3" 3)
+      # The interactive bench connects from another loopback address: it is not the batch
+      # client, whose backlog may reach usher's per-client connection bound.
       inter=(--tenant "i1=$(key i1)::interactive:$IR" --tenant "i2=$(key i2)::interactive:$IR" --tenant "i3=$(key i3)::interactive:$IR"
-        --duration "${M_DURATION}s" --window "${WINDOW}s")
+        --duration "${M_DURATION}s" --window "${WINDOW}s" --local-addr 127.0.0.2)
       name="m4-$mode-$batch"
       start_default_gateway "$name-a"
       run_bench "$name-a" "${inter[@]}"
