@@ -95,8 +95,9 @@ func newAssembler(chat bool, limit int) *assembler {
 	return &assembler{chat: chat, limit: limit, text: map[string]*strings.Builder{}}
 }
 
-// add takes one chunk's payload (the data of one event, [DONE] excluded). A chunk that is not
-// a JSON object, carries an error or another choice than index 0 ends the assembly.
+// add takes one chunk's payload (the data of one event, [DONE] excluded); it keeps copies of
+// what it needs, so payload may be reused afterwards. A chunk that is not a JSON object,
+// carries an error or another choice than index 0 ends the assembly.
 func (a *assembler) add(payload []byte) error {
 	a.size += len(payload)
 	if a.size > a.limit {
@@ -135,7 +136,7 @@ func (a *assembler) add(payload []byte) error {
 			return fmt.Errorf("%w: a chunk carries choice %d", errAssembly, c.Index)
 		}
 		if len(c.FinishReason) > 0 && !isNull(c.FinishReason) {
-			a.finish = c.FinishReason
+			a.finish = c.FinishReason // decoded by encoding/json: a copy already
 		}
 		if c.Text != nil {
 			a.join("text", *c.Text)
@@ -166,7 +167,8 @@ func (a *assembler) add(payload []byte) error {
 	return nil
 }
 
-func (a *assembler) setTop(k string, v json.RawMessage) {
+func (a *assembler) setTop(k string, v []byte) {
+	v = bytes.Clone(v)
 	for i := range a.top {
 		if a.top[i].key == k {
 			a.top[i].value = v
@@ -176,7 +178,8 @@ func (a *assembler) setTop(k string, v json.RawMessage) {
 	a.top = append(a.top, member{k, v})
 }
 
-func (a *assembler) setPart(k string, v json.RawMessage) {
+func (a *assembler) setPart(k string, v []byte) {
+	v = bytes.Clone(v)
 	for i := range a.parts {
 		if a.parts[i].key == k {
 			a.parts[i].value = v

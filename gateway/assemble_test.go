@@ -74,8 +74,15 @@ var llamaChatStream = []string{
 
 func TestAssemblerBuildsTheWholeChatAnswer(t *testing.T) {
 	a := newAssembler(true, 1<<20)
-	for _, c := range llamaChatStream {
-		if err := a.add([]byte(c)); err != nil {
+	// Each chunk arrives in the same buffer, as the line reader reuses its own: the assembler
+	// must keep copies, not slices of it.
+	buf := make([]byte, 0, 4096)
+	for _, c := range append(llamaChatStream, "[DONE] and what else the next line brings") {
+		buf = append(buf[:0], c...)
+		if c[0] == '[' {
+			break
+		}
+		if err := a.add(buf); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -35,6 +35,9 @@ func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
 	if via.Usage.CompletionTokens != direct.Usage.CompletionTokens || via.Usage.PromptTokens != direct.Usage.PromptTokens {
 		t.Errorf("usage through usher %+v, direct %+v", via.Usage, direct.Usage)
 	}
+	if !strings.HasPrefix(via.ID, "chatcmpl-") || via.Created == 0 {
+		t.Errorf("id %q, created %d through usher, want the engine's", via.ID, via.Created)
+	}
 	if via.Model != direct.Model {
 		t.Errorf("model through usher %q, direct %q", via.Model, direct.Model)
 	}
@@ -74,8 +77,10 @@ func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
 
 // chatAnswer is a whole chat completion as the tests read it.
 type chatAnswer struct {
+	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Model   string `json:"model"`
+	Created int64  `json:"created"`
 	Choices []struct {
 		Message struct {
 			Role    string `json:"role"`

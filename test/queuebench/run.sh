@@ -414,8 +414,9 @@ if wants 4; then
       start_default_gateway "$name-a"
       run_bench "$name-a" "${inter[@]}"
       start_default_gateway "$name-b"
+      # At most 250 outstanding, under usher's per-client connection bound (256).
       run_bench "$name-b-batch" --tenant "bulk=$(key bulk)::batch:$BR::$BATCH_ANSWER" --random-input-len "$b_in" --random-output-len "$b_out" \
-        --duration "${M_DURATION}s" --window "${WINDOW}s" &
+        --duration "${M_DURATION}s" --window "${WINDOW}s" --max-inflight 250 &
       batch_pid=$!
       engine_signals "$name-b" "$((M_DURATION / 2))" &
       sig_pid=$!
