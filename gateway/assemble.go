@@ -138,11 +138,13 @@ func (a *assembler) add(payload []byte) error {
 		if len(c.FinishReason) > 0 && !isNull(c.FinishReason) {
 			a.finish = c.FinishReason // decoded by encoding/json: a copy already
 		}
-		if c.Text != nil {
+		// A chat choice carries a delta, a completion's its text; the other is ignored, so no
+		// member of the answer's choice can appear twice.
+		if c.Text != nil && !a.chat {
 			a.join("text", *c.Text)
 		}
 		var delta []jsonField
-		if len(c.Delta) > 0 && !isNull(c.Delta) {
+		if a.chat && len(c.Delta) > 0 && !isNull(c.Delta) {
 			if delta, err = objectFields(c.Delta, nil); err != nil {
 				return fmt.Errorf("%w: a delta: %v", errAssembly, err)
 			}

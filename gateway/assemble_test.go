@@ -203,3 +203,24 @@ func TestWholeBatchAnswerIsStreamedFromASlotEngine(t *testing.T) {
 		t.Errorf("the interactive request reached the worker as %v, want it as sent", b)
 	}
 }
+
+// Whatever chunks a worker sends, the assembler either refuses them or builds valid JSON.
+func FuzzAssemblerAnswerIsValidJSON(f *testing.F) {
+	f.Add(strings.Join(llamaChatStream, "\n"), true)
+	f.Add(`{"choices":[{"index":0,"text":"a\u00e9","finish_reason":"stop"}],"x":[1,{"y":null}]}`, false)
+	f.Add(`{"choices":[{"index":0,"delta":{"content":"\ud800","tool":{"a":1}}}]}`, true)
+	f.Fuzz(func(t *testing.T, stream string, chat bool) {
+		a := newAssembler(chat, 1<<16)
+		buf := make([]byte, 0, 1024)
+		for _, line := range strings.Split(stream, "\n") {
+			buf = append(buf[:0], line...)
+			if a.add(buf) != nil {
+				return
+			}
+		}
+		clear(buf[:cap(buf)])
+		if out := a.answer(); !json.Valid(out) {
+			t.Fatalf("invalid answer %s from %q", out, stream)
+		}
+	})
+}
