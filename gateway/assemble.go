@@ -169,26 +169,19 @@ func (a *assembler) add(payload []byte) error {
 	return nil
 }
 
-func (a *assembler) setTop(k string, v []byte) {
-	v = bytes.Clone(v)
-	for i := range a.top {
-		if a.top[i].key == k {
-			a.top[i].value = v
-			return
-		}
-	}
-	a.top = append(a.top, member{k, v})
-}
+func (a *assembler) setTop(k string, v []byte)  { setMember(&a.top, k, v) }
+func (a *assembler) setPart(k string, v []byte) { setMember(&a.parts, k, v) }
 
-func (a *assembler) setPart(k string, v []byte) {
+// setMember sets a copy of v as k's value in list, in place if k is there, else at the end.
+func setMember(list *[]member, k string, v []byte) {
 	v = bytes.Clone(v)
-	for i := range a.parts {
-		if a.parts[i].key == k {
-			a.parts[i].value = v
+	for i := range *list {
+		if (*list)[i].key == k {
+			(*list)[i].value = v
 			return
 		}
 	}
-	a.parts = append(a.parts, member{k, v})
+	*list = append(*list, member{k, v})
 }
 
 func (a *assembler) join(k, s string) {
