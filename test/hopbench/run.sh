@@ -5,6 +5,12 @@
 #
 #   test/hopbench/run.sh                 # defaults: 2 rounds, 10s runs, 64 connections
 #   MODE=stream DURATION=20s test/hopbench/run.sh
+#   OPEN_RATE=0 test/hopbench/run.sh     # skip the open-loop added-latency phase
+#
+# Then, unless OPEN_RATE is 0, the added latency at a steady open loop: usher bench at OPEN_RATE
+# req/s (Poisson arrivals) for OPEN_DURATION, once straight at a worker and once through usher;
+# it prints both sides' latency percentiles and usher's own histogram of the time a request spent
+# in usher itself (usher_gateway_overhead_seconds, bucket bounds).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -14,6 +20,8 @@ ROUNDS=${ROUNDS:-2}
 MODE=${MODE:-chat}          # chat (non-streaming) or stream (SSE)
 TOKENS=${TOKENS:-16}        # output tokens per request
 BASE_PORT=${BASE_PORT:-18000}
+OPEN_RATE=${OPEN_RATE:-1000}   # req/s of the open-loop phase; 0 skips it
+OPEN_DURATION=${OPEN_DURATION:-20s}
 
 for tool in nginx wrk; do
   if ! command -v "$tool" >/dev/null 2>&1; then
@@ -112,3 +120,23 @@ for name in direct nginx usher; do
 done
 mean() { awk '{s=0; for(i=1;i<=NF;i++) s+=$i; print s/NF}' <<<"$1"; }
 echo "usher/nginx throughput ratio: $(awk -v u="$(mean "${rps[usher]}")" -v n="$(mean "${rps[nginx]}")" 'BEGIN{printf "%.2f", u/n}')"
+
+if [ "$OPEN_RATE" != 0 ]; then
+  open_bench() { # name url: one open-loop run; prints its E2E p50 and p99 (µs)
+    bin/usher bench --url "$2/v1" --model demo-7b --random-input-len 8 --random-output-len "$TOKENS" --ignore-eos \
+      --rate "$OPEN_RATE" --duration "$OPEN_DURATION" --max-inflight 4096 --quiet --out "$tmp/open-$1.json" \
+      --tenant "bench=$key:::::whole" >"$tmp/open-$1.txt" 2>&1 || { cat "$tmp/open-$1.txt"; exit 1; }
+    jq -r '"\(.overall.ok) ok, \(.overall.failed + .overall.dropped) failed or dropped; E2E p50 \(.overall.e2e_ms.p50 * 1000 | round) µs, p99 \(.overall.e2e_ms.p99 * 1000 | round) µs"' "$tmp/open-$1.json"
+  }
+  echo
+  echo "added latency, open loop at $OPEN_RATE req/s for $OPEN_DURATION (mode chat, $TOKENS tokens):"
+  echo "  direct: $(open_bench direct "http://127.0.0.1:$sim1")"
+  before=$(curl -fs "http://127.0.0.1:$usher_port/metrics" | grep '^usher_gateway_overhead_seconds_bucket' || true)
+  echo "  usher:  $(open_bench usher "http://127.0.0.1:$usher_port")"
+  # usher's own view: the overhead histogram's buckets, this run only (after less before).
+  curl -fs "http://127.0.0.1:$usher_port/metrics" | grep '^usher_gateway_overhead_seconds_bucket' |
+    awk -v before="$before" 'BEGIN { n = split(before, lines, "\n"); for (i = 1; i <= n; i++) { split(lines[i], f, " "); b[f[1]] = f[2] } }
+      { le = $1; sub(/.*le="/, "", le); sub(/".*/, "", le); c[++k] = $2 - b[$1]; bound[k] = le }
+      END { total = c[k]; for (i = 1; i <= k; i++) { if (!p50 && c[i] >= total * 0.5) p50 = bound[i]; if (!p99 && c[i] >= total * 0.99) p99 = bound[i] }
+        printf "  usher_gateway_overhead_seconds over %d requests: p50 <= %s s, p99 <= %s s (bucket bounds)\n", total, p50, p99 }'
+fi
