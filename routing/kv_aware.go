@@ -74,7 +74,7 @@ type KVAwareConfig struct {
 	// BlockSize is the engines' KV block size in tokens; 0 (default) takes it from their events.
 	// When set, events of another size are dropped.
 	BlockSize int `yaml:"block_size"`
-	// MaxBlocksPerWorker bounds each worker's index (about 150 bytes a block); past it the
+	// MaxBlocksPerWorker bounds each worker's index (at most about 160 bytes a block); past it the
 	// blocks stored first are forgotten first. Default 262144.
 	MaxBlocksPerWorker int `yaml:"max_blocks_per_worker"`
 	// TokenizePath is the engines' tokenizer endpoint (vLLM's and llama-server's
@@ -579,6 +579,10 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 	best, light := held{candidate: candidate{i: -1}}, held{candidate: candidate{i: -1}}
 	minLoad, maxLoad := int64(math.MaxInt64), int64(-1)
 	var holders []held
+	// The prompt's block keys, hashed once for all the workers of one block size (keysOf).
+	var hasher kvHasher
+	var keys []uint64
+	keysOf := 0
 	for i, w := range workers {
 		if !r.Eligible(w) {
 			continue
@@ -590,7 +594,10 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 			continue
 		}
 		kw.mu.RLock()
-		n := int64(kw.idx.match(tokens) * kw.idx.blockSize)
+		if bs := kw.idx.blockSize; bs != keysOf {
+			keys, keysOf = hasher.blockKeys(keys[:0], tokens, bs), bs
+		}
+		n := int64(kw.idx.matchKeys(keys) * keysOf)
 		kw.mu.RUnlock()
 		if n < need {
 			continue

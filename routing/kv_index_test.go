@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,6 +43,12 @@ func applyPayload(t testing.TB, x *kvIndex, payload []byte) {
 		t.Fatalf("decodeKVBatch: %v", err)
 	}
 	x.apply(&b)
+}
+
+// match returns the number of leading full blocks of tokens x holds.
+func (x *kvIndex) match(tokens []uint64) int {
+	var h kvHasher
+	return x.matchKeys(h.blockKeys(nil, tokens, x.blockSize))
 }
 
 // seqTokens returns n token ids from start.
@@ -360,16 +367,19 @@ func BenchmarkKVIndexApply(b *testing.B) {
 }
 
 // BenchmarkKVIndexMatch is the match of a 4 KB prompt (1024 tokens, 64 blocks, all held) at
-// 100k indexed blocks.
+// 100k indexed blocks: the hashing of its blocks and their lookup.
 func BenchmarkKVIndexMatch(b *testing.B) {
 	x, prompt := benchIndex(b, 100_000)
 	if x.match(prompt) != 64 {
 		b.Fatalf("matched %d blocks, want 64", x.match(prompt))
 	}
+	var h kvHasher
+	var keys []uint64
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		x.match(prompt)
+		keys = h.blockKeys(keys[:0], prompt, 16)
+		x.matchKeys(keys)
 	}
 }
 
@@ -400,5 +410,49 @@ func BenchmarkKVAwareTokenize(b *testing.B) {
 		if err != nil || len(got) != len(ids) {
 			b.Fatalf("tokenize: %d ids, %v", len(got), err)
 		}
+	}
+}
+
+// TestKVTableAgreesWithAMap runs random inserts and deletes, over few keys so that probe runs
+// collide and wrap, against a Go map.
+func TestKVTableAgreesWithAMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tab kvTable[int32]
+	want := map[uint64]int32{}
+	for op := range 200_000 {
+		key := rng.Uint64N(3000)
+		if rng.IntN(3) == 0 { // sequential keys too, as engines' integer hashes may be
+			key = uint64(op % 500)
+		}
+		if rng.IntN(2) == 0 {
+			i, existed := tab.upsert(key)
+			if _, ok := want[key]; ok != existed {
+				t.Fatalf("op %d: upsert(%d) existed=%v, want %v", op, key, existed, ok)
+			}
+			*tab.at(i) = int32(op)
+			want[key] = int32(op)
+		} else if i := tab.find(key); i >= 0 {
+			if _, ok := want[key]; !ok {
+				t.Fatalf("op %d: found %d, which was deleted", op, key)
+			}
+			tab.deleteAt(i)
+			delete(want, key)
+		} else if _, ok := want[key]; ok {
+			t.Fatalf("op %d: did not find %d", op, key)
+		}
+		if op%1000 == 0 {
+			if tab.len() != len(want) {
+				t.Fatalf("op %d: %d entries, want %d", op, tab.len(), len(want))
+			}
+			for k, v := range want {
+				if i := tab.find(k); i < 0 || *tab.at(i) != v {
+					t.Fatalf("op %d: key %d lost or wrong", op, k)
+				}
+			}
+		}
+	}
+	tab.reset()
+	if tab.len() != 0 || tab.find(1) >= 0 {
+		t.Fatal("reset left entries")
 	}
 }
