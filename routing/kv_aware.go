@@ -159,8 +159,10 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // ZeroMQ), weighed against load as CacheAware weighs its tree's matches.
 //
 // Pick does I/O: one POST to a worker's /tokenize per request (bounded by TokenizeTimeout; the
-// ids are kept on the Request, so a retry does not ask again), so the prompt's blocks are hashed
-// from the engine's own token ids. When no worker publishes events, the tokenizer fails, or no
+// ids are kept on the Request, so a retry does not ask again; the calls rotate over the workers
+// that publish events), so the prompt's blocks are hashed from the engine's own token ids. A
+// chat request's messages are sent as they came, for the engine to apply its chat template.
+// That call costs about 0.5 ms for a 4 KB prompt on loopback (BenchmarkKVAwareTokenize). When no worker publishes events, the tokenizer fails, or no
 // worker's events show Threshold of the prompt held, the request goes to the wrapped CacheAware
 // (whose tree then records it), so a fleet of engines without events routes as cache_aware.
 //
@@ -174,6 +176,8 @@ type KVAware struct {
 	logger   *slog.Logger
 	client   *http.Client
 	changed  chan struct{} // capacity 1: WorkersChanged asks Run to start subscribers
+	// tokenizeTurn rotates the /tokenize calls over the workers that may take them.
+	tokenizeTurn atomic.Uint64
 	// blocks, when not nil, shows each worker's indexed blocks under the label model.
 	blocks *prometheus.GaugeVec
 	// events, when not nil, counts the events applied, by model, worker and event.
@@ -473,38 +477,72 @@ func (k *KVAware) replay(ctx context.Context, kw *kvWorker, last, seq int64, bat
 	return last
 }
 
-// promptTokens returns r's prompt as the engines' token ids, asking the /tokenize endpoint of
-// the first live, healthy worker once per request; nil when there is none or it fails.
+// promptTokens returns r's prompt as the engines' token ids, asked once per request (the
+// answer, or nil when it failed, is kept on r for its retries) of the /tokenize endpoint of one
+// worker that publishes events, is healthy and admits requests: those below their concurrency
+// limit first, taken in turn, so the tokenizing is spread over the fleet and spares a worker
+// that is busy. nil when there is none or the call fails.
 func (k *KVAware) promptTokens(ctx context.Context, r *Request, workers []*Worker, kws []*kvWorker) []uint64 {
 	if r.kvTokens != nil {
 		return *r.kvTokens
 	}
 	var ids []uint64
-	for i, w := range workers {
-		if kws[i] == nil || !kws[i].live.Load() || !w.Healthy() {
-			continue
-		}
+	if w := k.tokenizer(workers, kws); w != nil {
 		var err error
 		if ids, err = k.tokenize(ctx, w, r); err != nil {
 			k.logger.Debug("kv_aware: tokenize failed", "worker", w.ID(), "err", err)
 			ids = nil
 		}
-		break
 	}
 	r.kvTokens = &ids
 	return ids
+}
+
+// tokenizer returns the worker to ask for the next request's token ids (see promptTokens), or
+// nil.
+func (k *KVAware) tokenizer(workers []*Worker, kws []*kvWorker) *Worker {
+	var free, busy []*Worker
+	for i, w := range workers {
+		if kws[i] == nil || !kws[i].live.Load() || !w.Healthy() || w.CircuitOpen() {
+			continue
+		}
+		if w.InFlight() < w.MaxConcurrency() {
+			free = append(free, w)
+		} else {
+			busy = append(busy, w)
+		}
+	}
+	if len(free) == 0 {
+		free = busy
+	}
+	if len(free) == 0 {
+		return nil
+	}
+	return free[k.tokenizeTurn.Add(1)%uint64(len(free))]
 }
 
 // kvMaxTokenizeBody bounds a /tokenize answer.
 const kvMaxTokenizeBody = 16 << 20
 
 func (k *KVAware) tokenize(ctx context.Context, w *Worker, r *Request) ([]uint64, error) {
-	body, err := json.Marshal(map[string]string{
-		"model": w.EngineModel(r.Model),
-		// vLLM reads prompt, llama-server content.
-		"prompt":  r.Prompt,
-		"content": r.Prompt,
-	})
+	var payload any
+	if len(r.Messages) > 0 {
+		// vLLM's TokenizeChatRequest: the engine renders the messages with its chat template,
+		// as its /v1/chat/completions does, so the ids are those whose blocks it caches.
+		payload = struct {
+			Model               string          `json:"model"`
+			Messages            json.RawMessage `json:"messages"`
+			AddGenerationPrompt bool            `json:"add_generation_prompt"`
+		}{w.EngineModel(r.Model), r.Messages, true}
+	} else {
+		payload = map[string]string{
+			"model": w.EngineModel(r.Model),
+			// vLLM reads prompt, llama-server content.
+			"prompt":  r.Prompt,
+			"content": r.Prompt,
+		}
+	}
+	body, err := json.Marshal(payload)
 	if err != nil {
 		return nil, err
 	}
