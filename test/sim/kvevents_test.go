@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"net/http"
 	"reflect"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
