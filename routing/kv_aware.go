@@ -168,7 +168,9 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 //
 // Each worker's events are read by one goroutine that Run owns: a ZeroMQ SUB socket to the
 // worker's publisher; a gap in sequence numbers asks the replay socket for the batches missed,
-// and empties the worker's index if it cannot. Indexes are per worker, each behind its own lock,
+// and empties the worker's index if it cannot; a number below the last one received (the
+// publisher started over: a restarted engine) empties it too, and replays the new publisher's
+// batches before that one. Indexes are per worker, each behind its own lock,
 // so a Pick never waits for more than one batch being applied.
 type KVAware struct {
 	cfg      KVAwareConfig
@@ -324,7 +326,10 @@ func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
 		}
 	}()
 	quiet := log.New(io.Discard, "", 0)
-	last := int64(-1)
+	// last is the last sequence number applied, live or replayed; live the last one received
+	// live. The publisher numbers its batches in order, so a live number below live means it
+	// started over (a restarted engine, whose cache is new), whatever number it started from.
+	last, live := int64(-1), int64(-1)
 	var batch kvBatch
 	wait := kvRedialMin
 	for ctx.Err() == nil {
@@ -344,24 +349,32 @@ func (k *KVAware) subscribe(ctx context.Context, kw *kvWorker) {
 				break
 			}
 			wait = kvRedialMin
-			if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+			if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 || msg.Frames[1][0] >= 0x80 {
 				k.logger.Warn("kv_aware: dropped a malformed event message", "worker", kw.id, "frames", len(msg.Frames))
 				continue
 			}
 			seq := int64(binary.BigEndian.Uint64(msg.Frames[1]))
 			switch {
+			case seq < live:
+				// The publisher started over: what the index holds is the old cache's. Start
+				// over too, from the new publisher's first batch if its replay socket still
+				// has the ones before this.
+				k.logger.Info("kv_aware: the event sequence went back; the worker's index starts over", "worker", kw.id, "from", live, "to", seq)
+				k.reset(kw)
+				k.count(kw, "restarted")
+				if seq > 0 {
+					k.catchUp(ctx, kw, -1, seq, &batch)
+				}
 			case seq > last+1:
 				// Filled up to seq-1, or the index started over: either way this message is
 				// applied next and last becomes seq.
 				k.catchUp(ctx, kw, last, seq, &batch)
-			case seq == 0 && last >= 0:
-				// The publisher started over (the engine restarted): its cache is new.
-				k.reset(kw)
 			case seq <= last:
-				continue // already applied from the replay socket
+				live = max(live, seq)
+				continue // already applied from the replay socket (or sent twice)
 			}
 			k.applyPayload(kw, msg.Frames[2], &batch)
-			last = seq
+			last, live = seq, seq
 		}
 		sub.Close()
 		if ctx.Err() != nil {
@@ -416,6 +429,19 @@ func (k *KVAware) reset(kw *kvWorker) {
 	k.showBlocks(kw, 0)
 }
 
+// count counts one event of kw that is not a block's: a publisher that started over
+// ("restarted") or a gap no replay filled ("lost").
+func (k *KVAware) count(kw *kvWorker, event string) {
+	select {
+	case <-kw.stop: // gone from the pool: its series were deleted
+		return
+	default:
+	}
+	if k.events != nil {
+		k.events.WithLabelValues(k.model, kw.id, event).Inc()
+	}
+}
+
 func (k *KVAware) showBlocks(kw *kvWorker, n int) {
 	select {
 	case <-kw.stop: // gone from the pool: its series was deleted
@@ -440,6 +466,7 @@ func (k *KVAware) catchUp(ctx context.Context, kw *kvWorker, last, seq int64, ba
 	if last < seq-1 {
 		k.logger.Warn("kv_aware: missed events; the worker's index starts over", "worker", kw.id, "missed", seq-1-last)
 		k.reset(kw)
+		k.count(kw, "lost")
 	}
 	return seq - 1
 }
