@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -277,6 +278,54 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	}
 }
 
+// TestKVAwareTokenizesOnTheWorkersInTurn: the /tokenize calls rotate over the workers that
+// publish events and are up, those below their concurrency limit first.
+func TestKVAwareTokenizesOnTheWorkersInTurn(t *testing.T) {
+	specs := testWorkers(4, "m")
+	var asked [4]atomic.Int32
+	for i := range specs {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			asked[i].Add(1)
+			_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
+		}))
+		t.Cleanup(srv.Close)
+		specs[i].URL = srv.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	k := kvTestPolicy(t, ws)
+	for _, id := range []string{"w0", "w1", "w2"} { // w3 publishes no events
+		k.workers[id].live.Store(true)
+	}
+	counts := func() [4]int32 {
+		var c [4]int32
+		for i := range asked {
+			c[i] = asked[i].Swap(0)
+		}
+		return c
+	}
+	pick := func(n int) {
+		for range n {
+			k.Pick(context.Background(), &Request{Model: "m", Prompt: "p"}, ws)
+		}
+	}
+	pick(9)
+	if got := counts(); got != [4]int32{3, 3, 3, 0} {
+		t.Fatalf("9 requests tokenized on %v, want [3 3 3 0]", got)
+	}
+	ws[0].inFlight.Store(ws[0].MaxConcurrency()) // at its limit
+	markDown(ws[2])
+	pick(4)
+	if got := counts(); got != [4]int32{0, 4, 0, 0} {
+		t.Fatalf("w0 at its limit, w2 down: tokenized on %v, want [0 4 0 0]", got)
+	}
+	ws[1].inFlight.Store(ws[1].MaxConcurrency())
+	pick(4)
+	if got := counts(); got != [4]int32{2, 2, 0, 0} {
+		t.Fatalf("w0 and w1 at their limits: tokenized on %v, want [2 2 0 0] (busy ones rather than none)", got)
+	}
+}
+
 func TestKVAwareWithoutEventsIsCacheAware(t *testing.T) {
 	ws := cacheWorkers(t, 3)
 	k := kvTestPolicy(t, ws)
@@ -454,5 +503,31 @@ func TestKVTableAgreesWithAMap(t *testing.T) {
 	tab.reset()
 	if tab.len() != 0 || tab.find(1) >= 0 {
 		t.Fatal("reset left entries")
+	}
+}
+
+func TestParseTokenIDs(t *testing.T) {
+	tests := []struct {
+		raw  string
+		want []uint64
+		ok   bool
+	}{
+		{`[]`, []uint64{}, true},
+		{` [ 1, 2 ,3 ]`, []uint64{1, 2, 3}, true},
+		{"[18446744073709551615]", []uint64{18446744073709551615}, true},
+		{"[18446744073709551616]", nil, false},
+		{`[1.5]`, nil, false},
+		{`[-1]`, nil, false},
+		{`[1,]`, nil, false},
+		{`[{"id":1}]`, nil, false},
+		{`"1 2"`, nil, false},
+		{`null`, nil, false},
+		{``, nil, false},
+	}
+	for _, tt := range tests {
+		got, err := parseTokenIDs([]byte(tt.raw))
+		if (err == nil) != tt.ok || tt.ok && !slices.Equal(got, tt.want) {
+			t.Errorf("%s: got %v, %v; want %v (ok %v)", tt.raw, got, err, tt.want, tt.ok)
+		}
 	}
 }
