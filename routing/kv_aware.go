@@ -163,16 +163,17 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // ids are kept on the Request, so a retry does not ask again; the calls rotate over the workers
 // that publish events), so the prompt's blocks are hashed from the engine's own token ids. A
 // chat request's messages are sent as they came, for the engine to apply its chat template.
-// That call costs about 0.3 ms for a 4 KB prompt on loopback (BenchmarkKVAwareTokenize). When no worker publishes events, the tokenizer fails, or no
-// worker's events show Threshold of the prompt held, the request goes to the wrapped CacheAware
-// (whose tree then records it), so a fleet of engines without events routes as cache_aware.
+// That call costs about 0.3 ms for a 4 KB prompt on loopback (BenchmarkKVAwareTokenize). When
+// no worker publishes events, the tokenizer fails, or no worker's events show Threshold of the
+// prompt held, the request goes to the wrapped CacheAware (whose tree then records it), so a
+// fleet of engines without events routes as cache_aware.
 //
 // Each worker's events are read by one goroutine that Run owns: a ZeroMQ SUB socket to the
 // worker's publisher; a gap in sequence numbers asks the replay socket for the batches missed,
 // and empties the worker's index if it cannot; a number below the last one received (the
 // publisher started over: a restarted engine) empties it too, and replays the new publisher's
-// batches before that one. Indexes are per worker, each behind its own lock,
-// so a Pick never waits for more than one batch being applied.
+// batches before that one. Indexes are per worker, each behind its own lock, so a Pick never
+// waits for more than one batch being applied.
 type KVAware struct {
 	cfg      KVAwareConfig
 	fallback *CacheAware
