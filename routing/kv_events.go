@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // KV-cache events in vLLM's wire format (vllm/distributed/kv_events.py). A batch is a msgpack
@@ -51,7 +52,9 @@ type kvEvent struct {
 	hashes    []uint64
 	parent    uint64
 	hasParent bool // false when the first block starts the prompt
-	tokens    []uint64
+	// tokens are the token ids, 8 little-endian bytes each: the bytes our block keys hash
+	// (kvBlockKey), so a store hashes them as they are.
+	tokens    []byte
 	blockSize int
 	// skip: the blocks are not the worker's GPU cache of the base model (a LoRA adapter's, or
 	// another medium's such as CPU offload), which a prompt of the base model does not hit.
@@ -132,7 +135,7 @@ func (d *kvDecoder) event(ev *kvEvent) error {
 		if err != nil || nt > kvMaxTokens {
 			return fmt.Errorf("%w: token_ids is not an array of at most %d", errKVBatch, kvMaxTokens)
 		}
-		if ev.tokens, err = d.uints(ev.tokens, nt); err != nil {
+		if ev.tokens, err = d.tokenBytes(ev.tokens, nt); err != nil {
 			return fmt.Errorf("%w: token id: %v", errKVBatch, err)
 		}
 		if !field() {
@@ -349,52 +352,50 @@ func (d *kvDecoder) uint() (uint64, error) {
 	return 0, fmt.Errorf("%w: want an integer, got code %#x", errKVBatch, c)
 }
 
-// uints appends n integers to dst, the common widths (fixint, uint16, uint32, uint64) in a tight
-// loop.
-func (d *kvDecoder) uints(dst []uint64, n int) ([]uint64, error) {
-	if n > len(d.buf)-d.pos { // each takes a byte at least
+// tokenBytes appends n integers to dst, 8 little-endian bytes each, the common widths (fixint,
+// uint16, uint32, uint64) in a tight loop over a local cursor.
+func (d *kvDecoder) tokenBytes(dst []byte, n int) ([]byte, error) {
+	buf, pos := d.buf, d.pos
+	if n > len(buf)-pos { // each takes a byte at least
 		return dst, errKVShort
 	}
-	dst = growUints(dst, n)
-	buf := d.buf
-	for range n {
-		if d.pos >= len(buf) {
-			return dst, errKVShort
+	base := len(dst)
+	dst = slices.Grow(dst, 8*n)[:base+8*n]
+	out := dst[base:]
+	for i := 0; i+8 <= len(out); i += 8 {
+		if pos >= len(buf) {
+			d.pos = pos
+			return dst[:base+i], errKVShort
 		}
-		switch c := buf[d.pos]; {
+		var v uint64
+		switch c := buf[pos]; {
 		case c <= 0x7f:
-			d.pos++
-			dst = append(dst, uint64(c))
-		case c == mpUint16 && len(buf)-d.pos >= 3:
-			dst = append(dst, uint64(binary.BigEndian.Uint16(buf[d.pos+1:])))
-			d.pos += 3
-		case c == mpUint32 && len(buf)-d.pos >= 5:
-			dst = append(dst, uint64(binary.BigEndian.Uint32(buf[d.pos+1:])))
-			d.pos += 5
-		case c == mpUint64 && len(buf)-d.pos >= 9: // msgpack libraries that do not compact
-			dst = append(dst, binary.BigEndian.Uint64(buf[d.pos+1:]))
-			d.pos += 9
+			v = uint64(c)
+			pos++
+		case c == mpUint16 && len(buf)-pos >= 3:
+			v = uint64(binary.BigEndian.Uint16(buf[pos+1:]))
+			pos += 3
+		case c == mpUint32 && len(buf)-pos >= 5:
+			v = uint64(binary.BigEndian.Uint32(buf[pos+1:]))
+			pos += 5
+		case c == mpUint64 && len(buf)-pos >= 9: // msgpack libraries that do not compact
+			v = binary.BigEndian.Uint64(buf[pos+1:])
+			pos += 9
 		default:
-			v, err := d.uint()
+			d.pos = pos
+			u, err := d.uint()
 			if err != nil {
-				return dst, err
+				return dst[:base+i], err
 			}
-			dst = append(dst, v)
+			v = u
+			pos = d.pos
 		}
+		binary.LittleEndian.PutUint64(out[i:], v)
 	}
+	d.pos = pos
 	return dst, nil
 }
 
-func growUints(s []uint64, n int) []uint64 {
-	if cap(s)-len(s) >= n {
-		return s
-	}
-	out := make([]uint64, len(s), len(s)+n)
-	copy(out, s)
-	return out
-}
-
-// arrayLen reads an array header.
 func (d *kvDecoder) arrayLen() (int, error) {
 	c, err := d.peek()
 	if err != nil {

@@ -36,7 +36,6 @@ type kvIndex struct {
 	next  uint64
 	// orphans counts stored blocks dropped because their parent was unknown (a missed event).
 	orphans int64
-	hasher  kvHasher
 }
 
 type kvEntry struct {
@@ -86,7 +85,12 @@ func (k *kvHasher) blockKey(parent uint64, tokens []uint64) uint64 {
 	for i, t := range tokens {
 		binary.LittleEndian.PutUint64(b[8*i:], t)
 	}
-	return kvMix(parent, maphash.Bytes(kvSeed, b))
+	return kvBlockKey(parent, b)
+}
+
+// kvBlockKey is blockKey of the tokens given as 8 little-endian bytes each.
+func kvBlockKey(parent uint64, tokens []byte) uint64 {
+	return kvMix(parent, maphash.Bytes(kvSeed, tokens))
 }
 
 // blockKeys appends to dst the keys of the leading full blocks of bs tokens of tokens.
@@ -144,13 +148,13 @@ func (x *kvIndex) store(ev *kvEvent) {
 		}
 		parent = x.byEngine.at(i).ours
 	}
-	bs := ev.blockSize
+	bs := 8 * ev.blockSize // bytes
 	for i, h := range ev.hashes {
 		if (i+1)*bs > len(ev.tokens) {
 			x.orphans += int64(len(ev.hashes) - i)
 			break
 		}
-		ours := x.hasher.blockKey(parent, ev.tokens[i*bs:(i+1)*bs])
+		ours := kvBlockKey(parent, ev.tokens[i*bs:(i+1)*bs])
 		parent = ours
 		s, dup := x.byEngine.upsert(h)
 		e := x.byEngine.at(s)

@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -27,14 +28,17 @@ func removed(hashes ...any) []any { return []any{"BlockRemoved", hashes, nil} }
 
 func cleared() []any { return []any{"AllBlocksCleared"} }
 
-// kvPayload encodes events as one batch [ts, events] (plus extra trailing elements).
+// kvPayload encodes events as one batch [ts, events] (plus extra trailing elements), integers
+// in their smallest form as vLLM's msgspec writes them.
 func kvPayload(t testing.TB, events []any, extra ...any) []byte {
 	t.Helper()
-	b, err := msgpack.Marshal(append([]any{1732390000.5, events}, extra...))
-	if err != nil {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(append([]any{1732390000.5, events}, extra...)); err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return buf.Bytes()
 }
 
 func applyPayload(t testing.TB, x *kvIndex, payload []byte) {
@@ -94,6 +98,33 @@ func TestKVIndexFollowsEvents(t *testing.T) {
 	applyPayload(t, x, kvPayload(t, []any{cleared()}))
 	if got, n := x.match(prompt), x.blocks(); got != 0 || n != 0 {
 		t.Fatalf("after AllBlocksCleared: matched %d blocks of %d indexed, want none", got, n)
+	}
+}
+
+// TestKVIndexReadsEveryIntegerWidth: token ids, hashes and block sizes may come in any msgpack
+// integer form (msgspec compacts them; other encoders write uint64).
+func TestKVIndexReadsEveryIntegerWidth(t *testing.T) {
+	ids := []uint64{5, 200, 70_000, 5_000_000_000, 1 << 63, 300, 127, 128}
+	for _, compact := range []bool{false, true} {
+		var buf bytes.Buffer
+		enc := msgpack.NewEncoder(&buf)
+		enc.UseCompactInts(compact)
+		ev := []any{"BlockStored", []any{int64(-7), uint64(1 << 40)}, nil, ids, int8(4)}
+		if err := enc.Encode([]any{1.5, []any{ev}}); err != nil {
+			t.Fatal(err)
+		}
+		var b kvBatch
+		if err := decodeKVBatch(buf.Bytes(), &b); err != nil {
+			t.Fatalf("compact %v: %v", compact, err)
+		}
+		got := b.events[0]
+		var tokens []uint64
+		for i := 0; i+8 <= len(got.tokens); i += 8 {
+			tokens = append(tokens, binary.LittleEndian.Uint64(got.tokens[i:]))
+		}
+		if !slices.Equal(tokens, ids) || got.blockSize != 4 || !slices.Equal(got.hashes, []uint64{^uint64(6), 1 << 40}) {
+			t.Fatalf("compact %v: got tokens %v hashes %v block size %d", compact, tokens, got.hashes, got.blockSize)
+		}
 	}
 }
 
@@ -388,30 +419,46 @@ func benchIndex(b *testing.B, n int) (*kvIndex, []uint64) {
 	return x, prompt
 }
 
-// BenchmarkKVIndexApply is the decode and index update of one batch (a 4 KB prompt's 64 blocks
-// stored, 64 older ones removed) at 100k indexed blocks.
+// BenchmarkKVIndexApply is the decode and index update of one batch at 100k indexed blocks: a 4
+// KB prompt's 64 blocks stored, none of them held, and 64 held blocks removed. Its batches
+// cycle over 65 groups of 64 blocks, batch i storing group i and removing group i+1, so every
+// store and every removal does its whole work.
 func BenchmarkKVIndexApply(b *testing.B) {
 	x, _ := benchIndex(b, 100_000)
-	const bs = 16
-	payloads := make([][]byte, 64)
-	next := 10_000_000
-	for i := range payloads {
-		hashes, gone := make([]any, 64), make([]any, 64)
-		for j := range hashes {
-			next++
-			hashes[j] = next
-			gone[j] = i*64 + j + 1
+	const bs, groups = 16, 65
+	hashes := func(g int) []any {
+		h := make([]any, 64)
+		for j := range h {
+			h[j] = 10_000_000 + g*64 + j
 		}
-		payloads[i] = kvPayload(b, []any{stored(hashes, nil, seqTokens(next, 64*bs), bs), removed(gone...)})
+		return h
+	}
+	payloads := make([][]byte, groups)
+	for i := range payloads {
+		stores := stored(hashes(i), nil, seqTokens(20_000_000+i*100_000, 64*bs), bs)
+		payloads[i] = kvPayload(b, []any{stores, removed(hashes((i + 1) % groups)...)})
 	}
 	var batch kvBatch
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		if err := decodeKVBatch(payloads[i%len(payloads)], &batch); err != nil {
+	for i := 1; i < groups; i++ { // every group held but group 0
+		if err := decodeKVBatch(payloads[i], &batch); err != nil {
 			b.Fatal(err)
 		}
 		x.apply(&batch)
+		batch.events = batch.events[:1] // the store alone
+		x.apply(&batch)
+	}
+	held := x.blocks()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if err := decodeKVBatch(payloads[i%groups], &batch); err != nil {
+			b.Fatal(err)
+		}
+		x.apply(&batch)
+	}
+	b.StopTimer()
+	if x.blocks() != held {
+		b.Fatalf("%d blocks held after the batches, want %d: a batch did not store and remove 64", x.blocks(), held)
 	}
 }
 
