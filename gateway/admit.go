@@ -110,6 +110,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		RoutingKey:   key,
 		TargetWorker: target,
 		Prompt:       cl.prompt,
+		Messages:     cl.messages,
 		PromptTokens: cl.promptTokens,
 		Tokens:       addTokens(cl.promptTokens, cl.expected),
 	}

@@ -41,6 +41,7 @@ type call struct {
 	maxOutput        int    // the largest output limit the body sets; -1: none
 	choices          int    // n: answers generated
 	prompt           string // the text the worker prefills, for routing
+	messages         []byte // chat: the messages array as sent (JSON), for routing
 	promptTokens     int    // its estimate, every prompt of a batch counted
 	upstream         []byte // the body for the worker, without a handed-down priority
 	modelSpan        [2]int // where the model's JSON string is in upstream, to give an alias

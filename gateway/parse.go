@@ -322,6 +322,7 @@ func (cl *call) parseMessages(raw []byte) error {
 	}
 	cl.prompt = b.String()
 	cl.promptTokens = estimateTokens(cl.prompt)
+	cl.messages = raw
 	return nil
 }
 

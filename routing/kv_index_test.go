@@ -3,11 +3,14 @@ package routing
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,14 +28,17 @@ func removed(hashes ...any) []any { return []any{"BlockRemoved", hashes, nil} }
 
 func cleared() []any { return []any{"AllBlocksCleared"} }
 
-// kvPayload encodes events as one batch [ts, events] (plus extra trailing elements).
+// kvPayload encodes events as one batch [ts, events] (plus extra trailing elements), integers
+// in their smallest form as vLLM's msgspec writes them.
 func kvPayload(t testing.TB, events []any, extra ...any) []byte {
 	t.Helper()
-	b, err := msgpack.Marshal(append([]any{1732390000.5, events}, extra...))
-	if err != nil {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(append([]any{1732390000.5, events}, extra...)); err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return buf.Bytes()
 }
 
 func applyPayload(t testing.TB, x *kvIndex, payload []byte) {
@@ -42,6 +48,12 @@ func applyPayload(t testing.TB, x *kvIndex, payload []byte) {
 		t.Fatalf("decodeKVBatch: %v", err)
 	}
 	x.apply(&b)
+}
+
+// match returns the number of leading full blocks of tokens x holds.
+func (x *kvIndex) match(tokens []uint64) int {
+	var h kvHasher
+	return x.matchKeys(h.blockKeys(nil, tokens, x.blockSize))
 }
 
 // seqTokens returns n token ids from start.
@@ -86,6 +98,33 @@ func TestKVIndexFollowsEvents(t *testing.T) {
 	applyPayload(t, x, kvPayload(t, []any{cleared()}))
 	if got, n := x.match(prompt), x.blocks(); got != 0 || n != 0 {
 		t.Fatalf("after AllBlocksCleared: matched %d blocks of %d indexed, want none", got, n)
+	}
+}
+
+// TestKVIndexReadsEveryIntegerWidth: token ids, hashes and block sizes may come in any msgpack
+// integer form (msgspec compacts them; other encoders write uint64).
+func TestKVIndexReadsEveryIntegerWidth(t *testing.T) {
+	ids := []uint64{5, 200, 70_000, 5_000_000_000, 1 << 63, 300, 127, 128}
+	for _, compact := range []bool{false, true} {
+		var buf bytes.Buffer
+		enc := msgpack.NewEncoder(&buf)
+		enc.UseCompactInts(compact)
+		ev := []any{"BlockStored", []any{int64(-7), uint64(1 << 40)}, nil, ids, int8(4)}
+		if err := enc.Encode([]any{1.5, []any{ev}}); err != nil {
+			t.Fatal(err)
+		}
+		var b kvBatch
+		if err := decodeKVBatch(buf.Bytes(), &b); err != nil {
+			t.Fatalf("compact %v: %v", compact, err)
+		}
+		got := b.events[0]
+		var tokens []uint64
+		for i := 0; i+8 <= len(got.tokens); i += 8 {
+			tokens = append(tokens, binary.LittleEndian.Uint64(got.tokens[i:]))
+		}
+		if !slices.Equal(tokens, ids) || got.blockSize != 4 || !slices.Equal(got.hashes, []uint64{^uint64(6), 1 << 40}) {
+			t.Fatalf("compact %v: got tokens %v hashes %v block size %d", compact, tokens, got.hashes, got.blockSize)
+		}
 	}
 }
 
@@ -270,6 +309,54 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	}
 }
 
+// TestKVAwareTokenizesOnTheWorkersInTurn: the /tokenize calls rotate over the workers that
+// publish events and are up, those below their concurrency limit first.
+func TestKVAwareTokenizesOnTheWorkersInTurn(t *testing.T) {
+	specs := testWorkers(4, "m")
+	var asked [4]atomic.Int32
+	for i := range specs {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			asked[i].Add(1)
+			_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
+		}))
+		t.Cleanup(srv.Close)
+		specs[i].URL = srv.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	k := kvTestPolicy(t, ws)
+	for _, id := range []string{"w0", "w1", "w2"} { // w3 publishes no events
+		k.workers[id].live.Store(true)
+	}
+	counts := func() [4]int32 {
+		var c [4]int32
+		for i := range asked {
+			c[i] = asked[i].Swap(0)
+		}
+		return c
+	}
+	pick := func(n int) {
+		for range n {
+			k.Pick(context.Background(), &Request{Model: "m", Prompt: "p"}, ws)
+		}
+	}
+	pick(9)
+	if got := counts(); got != [4]int32{3, 3, 3, 0} {
+		t.Fatalf("9 requests tokenized on %v, want [3 3 3 0]", got)
+	}
+	ws[0].inFlight.Store(ws[0].MaxConcurrency()) // at its limit
+	markDown(ws[2])
+	pick(4)
+	if got := counts(); got != [4]int32{0, 4, 0, 0} {
+		t.Fatalf("w0 at its limit, w2 down: tokenized on %v, want [0 4 0 0]", got)
+	}
+	ws[1].inFlight.Store(ws[1].MaxConcurrency())
+	pick(4)
+	if got := counts(); got != [4]int32{2, 2, 0, 0} {
+		t.Fatalf("w0 and w1 at their limits: tokenized on %v, want [2 2 0 0] (busy ones rather than none)", got)
+	}
+}
+
 func TestKVAwareWithoutEventsIsCacheAware(t *testing.T) {
 	ws := cacheWorkers(t, 3)
 	k := kvTestPolicy(t, ws)
@@ -332,44 +419,63 @@ func benchIndex(b *testing.B, n int) (*kvIndex, []uint64) {
 	return x, prompt
 }
 
-// BenchmarkKVIndexApply is the decode and index update of one batch (a 4 KB prompt's 64 blocks
-// stored, 64 older ones removed) at 100k indexed blocks.
+// BenchmarkKVIndexApply is the decode and index update of one batch at 100k indexed blocks: a 4
+// KB prompt's 64 blocks stored, none of them held, and 64 held blocks removed. Its batches
+// cycle over 65 groups of 64 blocks, batch i storing group i and removing group i+1, so every
+// store and every removal does its whole work.
 func BenchmarkKVIndexApply(b *testing.B) {
 	x, _ := benchIndex(b, 100_000)
-	const bs = 16
-	payloads := make([][]byte, 64)
-	next := 10_000_000
-	for i := range payloads {
-		hashes, gone := make([]any, 64), make([]any, 64)
-		for j := range hashes {
-			next++
-			hashes[j] = next
-			gone[j] = i*64 + j + 1
+	const bs, groups = 16, 65
+	hashes := func(g int) []any {
+		h := make([]any, 64)
+		for j := range h {
+			h[j] = 10_000_000 + g*64 + j
 		}
-		payloads[i] = kvPayload(b, []any{stored(hashes, nil, seqTokens(next, 64*bs), bs), removed(gone...)})
+		return h
+	}
+	payloads := make([][]byte, groups)
+	for i := range payloads {
+		stores := stored(hashes(i), nil, seqTokens(20_000_000+i*100_000, 64*bs), bs)
+		payloads[i] = kvPayload(b, []any{stores, removed(hashes((i + 1) % groups)...)})
 	}
 	var batch kvBatch
+	for i := 1; i < groups; i++ { // every group held but group 0
+		if err := decodeKVBatch(payloads[i], &batch); err != nil {
+			b.Fatal(err)
+		}
+		x.apply(&batch)
+		batch.events = batch.events[:1] // the store alone
+		x.apply(&batch)
+	}
+	held := x.blocks()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if err := decodeKVBatch(payloads[i%len(payloads)], &batch); err != nil {
+		if err := decodeKVBatch(payloads[i%groups], &batch); err != nil {
 			b.Fatal(err)
 		}
 		x.apply(&batch)
 	}
+	b.StopTimer()
+	if x.blocks() != held {
+		b.Fatalf("%d blocks held after the batches, want %d: a batch did not store and remove 64", x.blocks(), held)
+	}
 }
 
 // BenchmarkKVIndexMatch is the match of a 4 KB prompt (1024 tokens, 64 blocks, all held) at
-// 100k indexed blocks.
+// 100k indexed blocks: the hashing of its blocks and their lookup.
 func BenchmarkKVIndexMatch(b *testing.B) {
 	x, prompt := benchIndex(b, 100_000)
 	if x.match(prompt) != 64 {
 		b.Fatalf("matched %d blocks, want 64", x.match(prompt))
 	}
+	var h kvHasher
+	var keys []uint64
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		x.match(prompt)
+		keys = h.blockKeys(keys[:0], prompt, 16)
+		x.matchKeys(keys)
 	}
 }
 
@@ -399,6 +505,76 @@ func BenchmarkKVAwareTokenize(b *testing.B) {
 		got, err := k.tokenize(context.Background(), w, r)
 		if err != nil || len(got) != len(ids) {
 			b.Fatalf("tokenize: %d ids, %v", len(got), err)
+		}
+	}
+}
+
+// TestKVTableAgreesWithAMap runs random inserts and deletes, over few keys so that probe runs
+// collide and wrap, against a Go map.
+func TestKVTableAgreesWithAMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tab kvTable[int32]
+	want := map[uint64]int32{}
+	for op := range 200_000 {
+		key := rng.Uint64N(3000)
+		if rng.IntN(3) == 0 { // sequential keys too, as engines' integer hashes may be
+			key = uint64(op % 500)
+		}
+		if rng.IntN(2) == 0 {
+			i, existed := tab.upsert(key)
+			if _, ok := want[key]; ok != existed {
+				t.Fatalf("op %d: upsert(%d) existed=%v, want %v", op, key, existed, ok)
+			}
+			*tab.at(i) = int32(op)
+			want[key] = int32(op)
+		} else if i := tab.find(key); i >= 0 {
+			if _, ok := want[key]; !ok {
+				t.Fatalf("op %d: found %d, which was deleted", op, key)
+			}
+			tab.deleteAt(i)
+			delete(want, key)
+		} else if _, ok := want[key]; ok {
+			t.Fatalf("op %d: did not find %d", op, key)
+		}
+		if op%1000 == 0 {
+			if tab.len() != len(want) {
+				t.Fatalf("op %d: %d entries, want %d", op, tab.len(), len(want))
+			}
+			for k, v := range want {
+				if i := tab.find(k); i < 0 || *tab.at(i) != v {
+					t.Fatalf("op %d: key %d lost or wrong", op, k)
+				}
+			}
+		}
+	}
+	tab.reset()
+	if tab.len() != 0 || tab.find(1) >= 0 {
+		t.Fatal("reset left entries")
+	}
+}
+
+func TestParseTokenIDs(t *testing.T) {
+	tests := []struct {
+		raw  string
+		want []uint64
+		ok   bool
+	}{
+		{`[]`, []uint64{}, true},
+		{` [ 1, 2 ,3 ]`, []uint64{1, 2, 3}, true},
+		{"[18446744073709551615]", []uint64{18446744073709551615}, true},
+		{"[18446744073709551616]", nil, false},
+		{`[1.5]`, nil, false},
+		{`[-1]`, nil, false},
+		{`[1,]`, nil, false},
+		{`[{"id":1}]`, nil, false},
+		{`"1 2"`, nil, false},
+		{`null`, nil, false},
+		{``, nil, false},
+	}
+	for _, tt := range tests {
+		got, err := parseTokenIDs([]byte(tt.raw))
+		if (err == nil) != tt.ok || tt.ok && !slices.Equal(got, tt.want) {
+			t.Errorf("%s: got %v, %v; want %v (ok %v)", tt.raw, got, err, tt.want, tt.ok)
 		}
 	}
 }

@@ -150,14 +150,51 @@ func TestKVAwareStartsOverAfterAGapItCannotFill(t *testing.T) {
 	a := kvPayload(t, []any{stored([]any{1, 2}, nil, prompt[:2*bs], bs)})
 	c := kvPayload(t, []any{stored([]any{3}, 2, prompt[2*bs:], bs)})
 	d := kvPayload(t, []any{stored([]any{9}, nil, seqTokens(50, bs), bs)})
+	for _, replay := range []bool{false, true} { // no replay socket, or one without batch 1
+		t.Run(map[bool]string{false: "no replay socket", true: "replay without the batch"}[replay], func(t *testing.T) {
+			p := newKVTestPublisher(t)
+			k := runKVAware(t, p, replay)
+			waitHeld(t, k, p, 0, a, 2)
+			// Batch 1 is lost: what w0 holds is unknown, so its index starts over, and batch 2
+			// (chained on a block the index no longer knows) adds nothing.
+			p.send(t, 2, c)
+			waitHeld(t, k, p, 3, d, 1)
+			if got := heldOf(k, prompt); got != 0 {
+				t.Fatalf("after a gap not filled: matched %d blocks of the old prompt, want 0", got)
+			}
+		})
+	}
+}
+
+// TestKVAwareStartsOverWhenTheSequenceGoesBack: a publisher that started over from any number,
+// not only 0, is a restarted engine; the index drops the old cache's blocks and takes the new
+// publisher's from its first batch, the ones before the live one from its replay socket.
+func TestKVAwareStartsOverWhenTheSequenceGoesBack(t *testing.T) {
+	const bs = 2
+	old, fresh := seqTokens(1, 3*bs), seqTokens(500, 4*bs)
 	p := newKVTestPublisher(t)
-	k := runKVAware(t, p, false) // no replay socket
-	waitHeld(t, k, p, 0, a, 2)
-	// Batch 1 is lost: what w0 holds is unknown, so its index starts over, and batch 2 (chained
-	// on a block the index no longer knows) adds nothing.
-	p.send(t, 2, c)
-	waitHeld(t, k, p, 3, d, 1)
-	if got := heldOf(k, prompt); got != 0 {
-		t.Fatalf("after a gap without replay: matched %d blocks of the old prompt, want 0", got)
+	k := runKVAware(t, p, true)
+	for i := range 3 {
+		var parent any
+		if i > 0 {
+			parent = i
+		}
+		payload := kvPayload(t, []any{stored([]any{i + 1}, parent, old[i*bs:(i+1)*bs], bs)})
+		p.keep(uint64(i), payload)
+		waitHeld(t, k, p, uint64(i), payload, i+1)
+	}
+	// The engine restarts; its new publisher's batch 0 was sent before usher saw it go, and
+	// batch 1 is the first usher receives: 1 after 2. Its engine hashes are the old ones.
+	p.mu.Lock()
+	p.kept = map[uint64][]byte{0: kvPayload(t, []any{stored([]any{1, 2}, nil, fresh[:2*bs], bs)})}
+	p.mu.Unlock()
+	b1 := kvPayload(t, []any{stored([]any{3, 4}, 2, fresh[2*bs:], bs)})
+	p.send(t, 1, b1)
+	waitHeld(t, k, p, 1, nil, 4)
+	if got := heldOf(k, fresh); got != 4 {
+		t.Fatalf("the new cache's prompt: matched %d blocks, want 4", got)
+	}
+	if got := heldOf(k, old); got != 0 {
+		t.Fatalf("the old cache's prompt: matched %d blocks, want 0", got)
 	}
 }

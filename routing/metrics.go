@@ -30,7 +30,8 @@ type poolMetrics struct {
 	// events.
 	kvBlocks *prometheus.GaugeVec
 	// kvEvents counts the blocks of the KV events kv_aware applied, by model, worker and event
-	// (stored, removed; cleared counts AllBlocksCleared events).
+	// (stored, removed; cleared counts AllBlocksCleared events, restarted and lost the times a
+	// worker's index started over).
 	kvEvents *prometheus.CounterVec
 }
 
@@ -84,7 +85,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 		}, []string{"model", "worker"}),
 		kvEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_kv_events_total",
-			Help: "KV events kv_aware applied, by model, worker and event: blocks stored, blocks removed, caches cleared.",
+			Help: "KV events kv_aware applied, by model, worker and event: blocks stored, blocks removed, caches cleared; and the times it started a worker's index over: restarted (the publisher's sequence went back), lost (a gap no replay filled).",
 		}, []string{"model", "worker", "event"}),
 	}
 }

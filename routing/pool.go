@@ -68,6 +68,9 @@ type Request struct {
 	Tokens       int    // tokens the request holds in flight (prompt + max output)
 	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
 	Exclude []string
+	// Messages is a chat request's messages array as the client sent it (JSON), so kv_aware
+	// has the engine apply its own chat template; nil for other requests. Never modified.
+	Messages []byte
 
 	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
 	// Exclude, but not held against them (a pin to one stays).

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,5 +169,67 @@ func TestKVAwareFollowsTheEnginesEvents(t *testing.T) {
 	})
 	if w, route := complete(prefixes["sim-2"] + " and a last question"); route == string(routing.RouteKVHit) {
 		t.Fatalf("a cleared prefix still went to %s by kv_hit", w)
+	}
+}
+
+// TestKVAwareRoutesChatByTheEnginesEvents: a chat request is tokenized by the engine's own chat
+// template (the messages go to /tokenize as vLLM takes them), so its blocks are the ones the
+// engine published when it cached an earlier turn of the same conversation: the next turn goes
+// to that engine by kv_hit, not by cache_aware's guess, and each engine tokenizes in its turn.
+func TestKVAwareRoutesChatByTheEnginesEvents(t *testing.T) {
+	const bs = 4
+	var tokenized [3]atomic.Int64
+	s := startStack(t, stackOptions{workers: 3, policy: "kv_aware",
+		sim: func(_ int, c *sim.Config) {
+			c.BlockSize = bs
+			c.KVEvents = "127.0.0.1:0"
+		},
+		routing: func(c *routing.Config, engines []*sim.Engine) {
+			ends := map[string]string{}
+			for i, e := range engines {
+				events, replay := e.KVEventsAddrs()
+				ends[fmt.Sprintf("sim-%d", i)] = events + "," + replay
+			}
+			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends}}}
+		},
+		engineHandler: func(i int, h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/tokenize" {
+					tokenized[i].Add(1)
+				}
+				h.ServeHTTP(w, r)
+			})
+		}})
+	chat := func(system, question string) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, model, system, question)
+	}
+	stored := func(id string) float64 { return kvSample(t, s.reg, "usher_routing_kv_events_total", id, "stored") }
+
+	// Each engine serves the first turn of a conversation with a long system prompt of its own,
+	// straight from a client of its own: only its events can tell.
+	systems := map[string]string{"sim-0": kvWords("zero", 32*bs), "sim-1": kvWords("one", 32*bs), "sim-2": kvWords("two", 32*bs)}
+	for id, system := range systems {
+		rec := httptest.NewRecorder()
+		s.engine(t, id).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chat(system, "hello"))))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("direct chat: status %d: %s", rec.Code, rec.Body)
+		}
+		eventually(t, 10*time.Second, id+"'s blocks indexed", func() bool { return stored(id) >= 32 })
+	}
+	for round := range 3 {
+		for id, system := range systems {
+			resp := s.do(context.Background(), t, "/v1/chat/completions", chat(system, fmt.Sprintf("question %d", round)))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if w, route := resp.Header.Get("X-Usher-Worker"), resp.Header.Get("X-Usher-Route"); w != id || route != string(routing.RouteKVHit) {
+				t.Fatalf("round %d: a chat on %s's system prompt went to %s (%s), want %s (kv_hit)", round, id, w, route, id)
+			}
+		}
+	}
+	for i := range tokenized {
+		if n := tokenized[i].Load(); n != 3 {
+			t.Errorf("sim-%d tokenized %d of the 9 chats, want 3 (one in three)", i, n)
+		}
 	}
 }

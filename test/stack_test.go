@@ -41,6 +41,8 @@ type stackOptions struct {
 	server  func(c *gateway.Config)
 	// routing, when not nil, changes the routing config, knowing the engines started.
 	routing func(c *routing.Config, engines []*sim.Engine)
+	// engineHandler, when not nil, wraps the HTTP handler of engine i.
+	engineHandler func(i int, h http.Handler) http.Handler
 }
 
 func startStack(t *testing.T, o stackOptions) *stack {
@@ -64,7 +66,11 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(engine)
+		var h http.Handler = engine
+		if o.engineHandler != nil {
+			h = o.engineHandler(i, h)
+		}
+		srv := httptest.NewServer(h)
 		t.Cleanup(func() { srv.Close(); engine.Close() })
 		id := fmt.Sprintf("sim-%d", i)
 		s.engines = append(s.engines, engine)

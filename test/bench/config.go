@@ -29,6 +29,10 @@ const (
 type Config struct {
 	// URL is the OpenAI base URL, e.g. http://127.0.0.1:8080/v1. Required.
 	URL string
+	// Replicas are more base URLs of the same target (gateway replicas in front of one fleet):
+	// the requests go round robin over URL and these, in arrival order, as a round-robin load
+	// balancer in front of them would send them.
+	Replicas []string
 	// Model is sent as the request's model. Required.
 	Model string
 	// Endpoint is "chat" (POST {URL}/chat/completions, the default) or "completions"
@@ -215,6 +219,11 @@ func (c Config) Validate() error {
 	if u, err := url.Parse(d.URL); d.URL == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad("url", "must be an absolute http(s) URL, got %q", d.URL)
 	}
+	for i, r := range d.Replicas {
+		if u, err := url.Parse(r); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(fmt.Sprintf("replicas[%d]", i), "must be an absolute http(s) URL, got %q", r)
+		}
+	}
 	if d.Model == "" {
 		bad("model", "required")
 	}
@@ -343,6 +352,7 @@ func validClass(c string) bool {
 // RegisterFlags binds the configuration to fs. Flags left unset keep c's current values.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.URL, "url", c.URL, "OpenAI base URL of the target, e.g. http://127.0.0.1:8080/v1 (required)")
+	fs.Var((*stringsFlag)(&c.Replicas), "replica-url", "base URL of another replica of the target, repeatable: requests go round robin over --url and these")
 	fs.StringVar(&c.Model, "model", c.Model, "model name sent with every request (required)")
 	fs.StringVar(&c.LocalAddr, "local-addr", c.LocalAddr, "IP address to connect from (e.g. 127.0.0.2), so two bench processes are two clients")
 	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "chat (/chat/completions, default) or completions (/completions)")

@@ -45,6 +45,7 @@ type Report struct {
 // RunInfo records what was run, scale factors included, so a report stands on its own.
 type RunInfo struct {
 	URL         string   `json:"url"`
+	Replicas    []string `json:"replicas,omitempty"`
 	Model       string   `json:"model"`
 	Endpoint    string   `json:"endpoint"`
 	Workload    string   `json:"workload"`
@@ -179,7 +180,7 @@ const classUnspecified = "unspecified"
 func buildReport(cfg Config, results []result, elapsed time.Duration) *Report {
 	rep := &Report{
 		Run: RunInfo{
-			URL: cfg.URL, Model: cfg.Model, Endpoint: cfg.Endpoint, Workload: cfg.Workload,
+			URL: cfg.URL, Replicas: cfg.Replicas, Model: cfg.Model, Endpoint: cfg.Endpoint, Workload: cfg.Workload,
 			Seed: cfg.Seed, Duration: cfg.Duration.Seconds(), Requests: cfg.Requests,
 			MaxInflight: cfg.MaxInflight, Tenants: cfg.Tenants,
 		},

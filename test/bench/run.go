@@ -109,7 +109,11 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Report, error) {
 		before = scrapeAll(ctx, client, cfg.Scrape)
 	}
 
-	opts.Logger.Info("bench start", "url", s.endpoint, "workload", cfg.Workload, "tenants", len(cfg.Tenants),
+	for _, r := range cfg.Replicas {
+		s.replicas = append(s.replicas, strings.TrimRight(r, "/")+path)
+	}
+
+	opts.Logger.Info("bench start", "url", s.endpoint, "replicas", len(cfg.Replicas), "workload", cfg.Workload, "tenants", len(cfg.Tenants),
 		"requests", cfg.Requests, "duration", cfg.Duration)
 	r := &runner{cfg: cfg, sender: s, now: opts.Now, log: opts.Logger, sched: newSchedule(cfg, wl)}
 	interrupted := r.run(ctx)

@@ -372,3 +372,34 @@ func TestClientConnectsFromTheLocalAddress(t *testing.T) {
 		t.Errorf("connected from %s, want 127.0.0.2", h)
 	}
 }
+
+// TestRunSpreadsOverReplicas: with replica URLs, the requests go round robin over the target's
+// URL and theirs, as a round-robin balancer in front of gateway replicas would send them.
+func TestRunSpreadsOverReplicas(t *testing.T) {
+	engines := []*fakeEngine{{tokens: 1}, {tokens: 1}, {tokens: 1}}
+	cfg := smallRandom(engines[0].start(t).URL, 12)
+	for _, e := range engines[1:] {
+		cfg.Replicas = append(cfg.Replicas, e.start(t).URL+"/v1/")
+	}
+	rep := run(t, cfg)
+	if rep.Overall.OK != 12 {
+		t.Fatalf("ok %d of 12", rep.Overall.OK)
+	}
+	for i, e := range engines {
+		if n := len(e.requests()); n != 4 {
+			t.Errorf("replica %d got %d requests, want 4", i, n)
+		}
+		for _, s := range e.requests() {
+			if s.path != "/v1/chat/completions" {
+				t.Errorf("replica %d: path %q", i, s.path)
+			}
+		}
+	}
+	if !reflect.DeepEqual(rep.Run.Replicas, cfg.Replicas) {
+		t.Errorf("report's replicas %v, want %v", rep.Run.Replicas, cfg.Replicas)
+	}
+	cfg.Replicas = []string{"127.0.0.1:8080"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "bench.replicas[0]") {
+		t.Errorf("a relative replica URL: got %v, want an error naming bench.replicas[0]", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -153,6 +154,22 @@ type sender struct {
 	ignoreEOS bool
 	timeout   time.Duration
 	now       func() time.Time
+	// replicas are more full URLs; with them, each request goes to the next of endpoint and
+	// these in turn (turn counts the requests sent).
+	replicas []string
+	turn     atomic.Uint64
+}
+
+// target returns the URL of the next request: endpoint and the replicas in turn.
+func (s *sender) target() string {
+	if len(s.replicas) == 0 {
+		return s.endpoint
+	}
+	n := (s.turn.Add(1) - 1) % uint64(len(s.replicas)+1)
+	if n == 0 {
+		return s.endpoint
+	}
+	return s.replicas[n-1]
 }
 
 // send performs a and returns what came of it; sentAt is filled in by the caller.
@@ -185,7 +202,7 @@ func (s *sender) send(ctx context.Context, a arrival, t Tenant) result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.endpoint, bytes.NewReader(payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.target(), bytes.NewReader(payload))
 	if err != nil {
 		res.code = codeTransport
 		return res

@@ -16,6 +16,16 @@
 #   POLICIES="round_robin cache_aware" WORKLOADS=shared-prefix test/policybench/run.sh
 #   SP_RATE=8 MC_LIMIT=900 test/policybench/run.sh            # lighter, shorter
 #   USHER=/path/to/usher test/policybench/run.sh              # that binary, not bin/usher built here
+#   POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
+#   REPLICAS=3 POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
+#
+# kv_aware's workers publish their KV events (`usher sim --kv-events-port`, vLLM's format) and
+# the gateway subscribes to each. REPLICAS=N (default 1) runs N gateway replicas in front of the
+# same workers, sharing one redis-server the script starts (cache_aware's trees share their
+# inserts through it; kv_aware's replicas each subscribe to the events), and the bench sends its
+# requests round robin over them, as a round-robin balancer would; reports are then named
+# WORKLOAD-POLICY-rN, and the table compares the fleet's hit rate with one replica's run of the
+# same policy when that report is in $OUT too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,6 +35,7 @@ WORKERS=${WORKERS:-4}
 OUT=${OUT:-artifacts/policybench}
 SEED=${SEED:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds, bound on one bench run
+REPLICAS=${REPLICAS:-1}
 
 # shared-prefix: GROUPS x PROMPTS prompts, one pass, open loop at SP_RATE req/s (~43 s); round
 # robin keeps the workers busy at that rate without collapsing (at 16 req/s it queues for
@@ -71,13 +82,21 @@ fi
 mkdir -p "$OUT"
 tmp=$(mktemp -d)
 pids=()
+# stop_all stops every process started, the last started first (gateways before the Redis and
+# the workers they use).
 stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
   pids=()
 }
 trap 'stop_all; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
+tag=
+[ "$REPLICAS" -gt 1 ] && tag="-r$REPLICAS"
+sim_kv=()
 
 key=sk-policybench-key
 keyhash=$(printf %s "$key" | sha256sum | cut -d' ' -f1)
@@ -98,13 +117,36 @@ start() {
   return 1
 }
 
+# kv_port: a port P such that nothing listens on P or P+1 now (a sim's KV event publisher
+# and its replay socket bind both; a sim that still finds one taken fails to start, and is
+# started again on another).
+kv_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((30000 + RANDOM % 30000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+
 # config POLICY FILE KV WORKER_ADDR...: a gateway configuration routing demo-7b with POLICY to
-# workers of KV tokens.
+# workers of KV tokens; kv_aware reads the events at sim_kv (one "host:port,host:port" a
+# worker); with a Redis URL in redis_url, the replicas share it; the database is FILE's own.
 config() {
   local policy=$1 file=$2 kv=$3; shift 3
   local params=
-  if [ "$policy" = cache_aware ] && [ "$CA_BYTES_PER_TOKEN" != 0 ]; then
+  if { [ "$policy" = cache_aware ] || [ "$policy" = kv_aware ]; } && [ "$CA_BYTES_PER_TOKEN" != 0 ]; then
     params=", cache_aware: {max_bytes_per_worker: $((kv * CA_BYTES_PER_TOKEN))}"
+  fi
+  if [ "$policy" = kv_aware ] && [ ${#sim_kv[@]} -gt 0 ]; then
+    local ends= i=0
+    for e in "${sim_kv[@]}"; do
+      i=$((i + 1))
+      ends="$ends${ends:+, }sim-$i: \"$e\""
+    done
+    params="$params, kv_aware: {endpoints: {$ends}}"
   fi
   {
     echo "server: {listen: 127.0.0.1:0}"
@@ -118,7 +160,8 @@ config() {
     done
     echo "tenants:"
     echo "  - {id: bench, keys: [{name: bench, sha256: $keyhash}]}"
-    echo "database: {url: \"sqlite:$tmp/usher.db\"}"
+    echo "database: {url: \"sqlite:$file.db\"}"
+    [ -n "${redis_url:-}" ] && echo "redis: {url: \"$redis_url\"}"
     echo "log: {level: info, format: text}"
   } >"$file"
 }
@@ -136,15 +179,42 @@ for p in $POLICIES; do
 done
 [ ${#accepted[@]} -gt 0 ] || { echo "policybench: no policy to run" >&2; exit 1; }
 
-# sims COUNT KV SCALE [EXTRA...]: starts COUNT simulated workers; sets sim_addrs.
+# sims COUNT KV SCALE [EXTRA...]: starts COUNT simulated workers; sets sim_addrs. With
+# kv_events=1, each publishes its KV events; sim_kv is then where (else it is empty).
 sims() {
   local count=$1 kv=$2 scale=$3; shift 3
-  sim_addrs=()
+  sim_addrs=() sim_kv=()
   for i in $(seq "$count"); do
-    start "$tmp/sim-$i.log" "$usher" sim --listen 127.0.0.1:0 --kv-cache-tokens "$kv" --time-scale "$scale" "$@" ||
-      { cat "$tmp/sim-$i.log" >&2; exit 1; }
+    local ok= port= events=()
+    for _ in 1 2 3; do
+      if [ "${kv_events:-0}" = 1 ]; then
+        port=$(kv_port) || { echo "policybench: no free port pair for KV events" >&2; exit 1; }
+        events=(--kv-events-port "$port")
+      fi
+      if start "$tmp/sim-$i.log" "$usher" sim --listen 127.0.0.1:0 --kv-cache-tokens "$kv" --time-scale "$scale" "${events[@]}" "$@"; then
+        ok=1; break
+      fi
+    done
+    [ -n "$ok" ] || { cat "$tmp/sim-$i.log" >&2; exit 1; }
     sim_addrs+=("$addr")
+    if [ -n "$port" ]; then sim_kv+=("127.0.0.1:$port,127.0.0.1:$((port + 1))"); fi
   done
+}
+
+# redis: starts a redis-server on a free loopback port, without persistence; sets redis_url.
+redis() {
+  command -v redis-server >/dev/null || { echo "policybench: REPLICAS needs redis-server" >&2; exit 1; }
+  local port
+  for _ in 1 2 3; do
+    port=$(kv_port) || break
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$tmp/redis.log" 2>&1 &
+    pids+=("$!")
+    for _ in $(seq 50); do
+      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then redis_url="redis://127.0.0.1:$port/0"; return 0; fi
+      sleep 0.1
+    done
+  done
+  cat "$tmp/redis.log" >&2; exit 1
 }
 
 workload_flags() {
@@ -159,13 +229,16 @@ workload_flags() {
   esac
 }
 
-# bench NAME URL SCRAPE_ADDR...: one bench run; its report is $OUT/NAME.json.
+# bench NAME URL WORKLOAD SCRAPE_ADDR...: one bench run; its report is $OUT/NAME.json. URL may
+# be several, separated by spaces: the requests go round robin over them.
 bench() {
-  local name=$1 url=$2 workload=$3; shift 3
-  local scrape=()
+  local name=$1 urls=$2 workload=$3; shift 3
+  local scrape=() url rest replicas=()
   for a in "$@"; do scrape+=(--scrape "http://$a"); done
+  read -r url rest <<<"$urls"
+  for u in $rest; do replicas+=(--replica-url "$u"); done
   # shellcheck disable=SC2046 # workload_flags is split on purpose; its values have no spaces
-  if ! timeout "$RUN_TIMEOUT" "$usher" bench --url "$url" --model demo-7b --api-key "$key" --seed "$SEED" \
+  if ! timeout "$RUN_TIMEOUT" "$usher" bench --url "$url" "${replicas[@]}" --model demo-7b --api-key "$key" --seed "$SEED" \
     --quiet --timeout 2m --drain 60s --out "$OUT/$name.json" "${scrape[@]}" $(workload_flags "$workload") \
     >"$OUT/$name.txt" 2>"$OUT/$name.log"; then
     echo "policybench: $name: bench failed or timed out (see $OUT/$name.log)" >&2
@@ -180,6 +253,7 @@ for wl in $WORKLOADS; do
     kv=$MC_KV scale=$MC_SIM_SCALE
     if [ ! -f "$MC_TRACE" ]; then echo "policybench: skipping mooncake: no trace at $MC_TRACE"; continue; fi
     # The ceiling: one worker with the fleet's KV cache and compute (WORKERS times faster).
+    kv_events=0
     sims 1 $((kv * WORKERS)) "$(awk -v s="$scale" -v n="$WORKERS" 'BEGIN{print s/n}')" \
       --max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS))
     echo "policybench: $wl: shared-cache ceiling run (one worker, KV $((kv * WORKERS)) tokens)"
@@ -189,12 +263,21 @@ for wl in $WORKLOADS; do
   *) echo "policybench: unknown workload $wl" >&2; exit 1 ;;
   esac
   for p in "${accepted[@]}"; do
-    echo "policybench: $wl: $p"
+    echo "policybench: $wl: $p${tag:+ ($REPLICAS replicas)}"
+    kv_events=0
+    [ "$p" = kv_aware ] && kv_events=1
     sims "$WORKERS" "$kv" "$scale"
-    config "$p" "$tmp/usher.yaml" "$kv" "${sim_addrs[@]}"
-    start "$OUT/$wl-$p.usher.log" "$usher" serve --config "$tmp/usher.yaml" ||
-      { cat "$OUT/$wl-$p.usher.log" >&2; exit 1; }
-    bench "$wl-$p" "http://$addr/v1" "$wl" "${sim_addrs[@]}"
+    redis_url=
+    [ "$REPLICAS" -gt 1 ] && redis
+    urls=
+    for r in $(seq "$REPLICAS"); do
+      config "$p" "$tmp/usher-$r.yaml" "$kv" "${sim_addrs[@]}"
+      log="$OUT/$wl-$p$tag.usher.log"
+      [ "$REPLICAS" -gt 1 ] && log="$OUT/$wl-$p$tag.usher-$r.log"
+      start "$log" "$usher" serve --config "$tmp/usher-$r.yaml" || { cat "$log" >&2; exit 1; }
+      urls="$urls${urls:+ }http://$addr/v1"
+    done
+    bench "$wl-$p$tag" "$urls" "$wl" "${sim_addrs[@]}"
     stop_all
   done
 done
@@ -235,12 +318,28 @@ for wl in $WORKLOADS; do
   # shellcheck disable=SC2059 # the format is ours
   printf "$rowfmt" policy "hit%" "%ceil" "ttft" "p50" "p99" "req/s" "outtok/s" "load-req" "load-tok" "fail"
   [ "$wl" = mooncake ] && row "$OUT/$wl-shared-cache.json" "(shared cache)" "$ceiling"
-  for p in "${accepted[@]}"; do row "$OUT/$wl-$p.json" "$p" "$ceiling"; done
+  for p in "${accepted[@]}"; do
+    if [ -z "$tag" ] || [ -f "$OUT/$wl-$p.json" ]; then row "$OUT/$wl-$p.json" "$p" "$ceiling"; fi
+    if [ -n "$tag" ]; then row "$OUT/$wl-$p$tag.json" "$p x$REPLICAS" "$ceiling"; fi
+  done
   echo "routes (X-Usher-Route):"
   for p in "${accepted[@]}"; do
-    [ -f "$OUT/$wl-$p.json" ] &&
-      printf "  %-16s %s\n" "$p" "$(jq -r '.overall.routes // {} | to_entries | map("\(.key)=\(.value)") | join(" ")' "$OUT/$wl-$p.json")"
+    for n in "$p" ${tag:+"$p$tag"}; do
+      [ -f "$OUT/$wl-$n.json" ] &&
+        printf "  %-16s %s\n" "$n" "$(jq -r '.overall.routes // {} | to_entries | map("\(.key)=\(.value)") | join(" ")' "$OUT/$wl-$n.json")"
+    done
   done
+  if [ -n "$tag" ]; then
+    for p in "${accepted[@]}"; do
+      [ -f "$OUT/$wl-$p.json" ] && [ -f "$OUT/$wl-$p$tag.json" ] || continue
+      # shellcheck disable=SC2046 # two numbers
+      set -- $(jq -rs '[.[0].scrape.hit_rate, .[1].scrape.hit_rate] | @tsv' "$OUT/$wl-$p.json" "$OUT/$wl-$p$tag.json")
+      awk -v one="$1" -v fleet="$2" -v p="$p" -v n="$REPLICAS" 'BEGIN {
+        of = one > 0 ? fleet / one : 0
+        printf "  %s: %d replicas reach %.1f%% hit rate, one replica %.1f%%: %.0f%% of it (goal >= 95%%): %s\n",
+          p, n, fleet * 100, one * 100, of * 100, of >= 0.95 ? "MET" : "NOT MET" }'
+    done
+  fi
   echo
 done
 echo "ttft in ms (mean, p50, p99); load-req / load-tok: most requests / prompt tokens on one worker over the"

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -206,5 +207,38 @@ func TestTokenize(t *testing.T) {
 	}
 	if resp := post(t, context.Background(), srv, "/tokenize", map[string]any{}); resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("no prompt: status %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestTokenizeChat: vLLM's chat form of /tokenize renders the messages with the template the
+// chat endpoint prefills (and caches the blocks of), generation prompt and all unless told not.
+func TestTokenizeChat(t *testing.T) {
+	_, srv := startEngine(t, fastConfig())
+	msgs := []chatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: []any{map[string]any{"type": "text", "text": "hello there"}}}}
+	chat := renderChat(msgs)
+	for _, tt := range []struct {
+		name string
+		gen  any
+		want []uint64
+	}{
+		{"generation prompt by default", nil, tokenize(chat)},
+		{"generation prompt asked", true, tokenize(chat)},
+		{"no generation prompt", false, tokenize(strings.TrimSuffix(chat, chatGenerationPrompt))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			body := map[string]any{"model": "m", "messages": msgs}
+			if tt.gen != nil {
+				body["add_generation_prompt"] = tt.gen
+			}
+			got := decodeJSON[struct {
+				Tokens []uint64 `json:"tokens"`
+			}](t, post(t, context.Background(), srv, "/tokenize", body))
+			if !reflect.DeepEqual(got.Tokens, tt.want) {
+				t.Fatalf("got %d ids %v, want %d ids %v", len(got.Tokens), got.Tokens, len(tt.want), tt.want)
+			}
+		})
+	}
+	if len(tokenize(chat)) != len(tokenize(strings.TrimSuffix(chat, chatGenerationPrompt)))+1 {
+		t.Fatal("the generation prompt is not one token of its own")
 	}
 }

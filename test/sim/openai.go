@@ -117,13 +117,16 @@ func (e *Engine) serveModels(w http.ResponseWriter) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-// serveTokenize answers POST /tokenize as vLLM does ({"prompt": text} or llama-server's
-// {"content": text}) with the engine's token ids of the text: {"count", "max_model_len",
-// "tokens"}.
+// serveTokenize answers POST /tokenize as vLLM does ({"prompt": text}, llama-server's
+// {"content": text}, or vLLM's chat form {"messages": [...], "add_generation_prompt": bool},
+// rendered with the chat template the chat endpoint uses, so the ids are those whose blocks a
+// chat request caches) with the engine's token ids: {"count", "max_model_len", "tokens"}.
 func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Prompt  *string `json:"prompt"`
-		Content *string `json:"content"`
+		Prompt              *string       `json:"prompt"`
+		Content             *string       `json:"content"`
+		Messages            []chatMessage `json:"messages"`
+		AddGenerationPrompt *bool         `json:"add_generation_prompt"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, e.cfg.MaxBodyBytes)).Decode(&req); err != nil {
 		e.badRequest(w, http.StatusBadRequest, "invalid_json", "body must be a JSON object: "+err.Error())
@@ -133,8 +136,15 @@ func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
 	if text == nil {
 		text = req.Content
 	}
+	if text == nil && len(req.Messages) > 0 {
+		chat := renderChat(req.Messages)
+		if req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt {
+			chat = strings.TrimSuffix(chat, chatGenerationPrompt)
+		}
+		text = &chat
+	}
 	if text == nil {
-		e.badRequest(w, http.StatusBadRequest, "missing_prompt", "prompt (or content) is required")
+		e.badRequest(w, http.StatusBadRequest, "missing_prompt", "prompt (or content, or messages) is required")
 		return
 	}
 	ids := tokenize(*text)

@@ -82,9 +82,12 @@ func renderChat(msgs []chatMessage) string {
 		}
 		b.WriteByte(' ')
 	}
-	b.WriteString("<|assistant|>")
+	b.WriteString(chatGenerationPrompt)
 	return b.String()
 }
+
+// chatGenerationPrompt ends a rendered chat: the turn the engine answers.
+const chatGenerationPrompt = "<|assistant|>"
 
 // vocabulary is the filler the engine generates from. Each generated token is one of these.
 var vocabulary = strings.Fields(`the a of and to in is it that was for on are as with his they at
