@@ -281,7 +281,7 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	}
 	r := &Request{Model: "m", Prompt: "the prompt"}
 
-	hold("w0", 3) // under Threshold (half of 10 blocks)
+	hold("w0", 3)
 	hold("w1", 8)
 	hold("w2", 6)
 	if w, route := k.Pick(context.Background(), r, ws); w.ID() != "w1" || route != RouteKVHit {
@@ -299,11 +299,19 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	if asked.Load() != 1 {
 		t.Fatalf("tokenize asked %d times for one request, want 1", asked.Load())
 	}
-	// Nobody holds enough: cache_aware decides.
+	// By default one held block is enough: the events are exact.
 	ws[1].inFlight.Store(0)
 	ws[2].inFlight.Store(0)
+	hold("w0", 0)
 	hold("w1", 1)
-	hold("w2", 1)
+	hold("w2", 0)
+	if w, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); w.ID() != "w1" || route != RouteKVHit {
+		t.Fatalf("got %s (%s), want w1 (kv_hit): it holds a block", w.ID(), route)
+	}
+	// With a threshold of half the prompt (5 of 10 blocks), nobody holds enough: cache_aware
+	// decides.
+	k.cfg.Threshold = 0.5
+	hold("w0", 3)
 	if _, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); strings.HasPrefix(string(route), "kv_") {
 		t.Fatalf("route %s, want one of cache_aware's", route)
 	}
@@ -378,14 +386,14 @@ func TestKVAwareConfig(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", errs)
 	}
 	bad := c
-	bad.EventsPort, bad.MaxBlocksPerWorker, bad.TokenizePath = 70000, -1, "tokenize"
+	bad.EventsPort, bad.MaxBlocksPerWorker, bad.TokenizePath, bad.Threshold = 70000, -1, "tokenize", 1.5
 	bad.Endpoints = map[string]string{"w0": "nohost"}
 	errs := bad.validate("routing.models[\"m\"].kv_aware")
 	var all bytes.Buffer
 	for _, e := range errs {
 		all.WriteString(e.Error() + "\n")
 	}
-	for _, field := range []string{".kv_aware.events_port", ".kv_aware.max_blocks_per_worker", ".kv_aware.tokenize_path", `.kv_aware.endpoints["w0"]`} {
+	for _, field := range []string{".kv_aware.events_port", ".kv_aware.max_blocks_per_worker", ".kv_aware.tokenize_path", ".kv_aware.threshold", `.kv_aware.endpoints["w0"]`} {
 		if !strings.Contains(all.String(), field) {
 			t.Errorf("no error names %s in:\n%s", field, all.String())
 		}
