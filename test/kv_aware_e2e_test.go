@@ -124,7 +124,9 @@ func TestKVAwareFollowsTheEnginesEvents(t *testing.T) {
 				events, replay := e.KVEventsAddrs()
 				ends[fmt.Sprintf("sim-%d", i)] = events + "," + replay
 			}
-			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends}}}
+			// Half the prompt must be held (the default is one block): an engine that evicted
+			// the tail of a prefix may keep its head, which by default still counts.
+			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends, Threshold: 0.5}}}
 		}})
 	complete := func(prompt string) (worker, route string) {
 		resp := s.do(context.Background(), t, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, model, prompt))
