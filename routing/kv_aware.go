@@ -441,13 +441,21 @@ func (k *KVAware) reset(kw *kvWorker) {
 	k.showBlocks(kw, 0)
 }
 
+// gone reports whether kw left the pool: its series were deleted and must not come back.
+func (kw *kvWorker) gone() bool {
+	select {
+	case <-kw.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // count counts one event of kw that is not a block's: a publisher that started over
 // ("restarted") or a gap no replay filled ("lost").
 func (k *KVAware) count(kw *kvWorker, event string) {
-	select {
-	case <-kw.stop: // gone from the pool: its series were deleted
+	if kw.gone() {
 		return
-	default:
 	}
 	if k.events != nil {
 		k.events.WithLabelValues(k.model, kw.id, event).Inc()
@@ -455,10 +463,8 @@ func (k *KVAware) count(kw *kvWorker, event string) {
 }
 
 func (k *KVAware) showBlocks(kw *kvWorker, n int) {
-	select {
-	case <-kw.stop: // gone from the pool: its series was deleted
+	if kw.gone() {
 		return
-	default:
 	}
 	if k.blocks != nil {
 		k.blocks.WithLabelValues(k.model, kw.id).Set(float64(n))

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -20,10 +21,10 @@ func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
 	e := s.engines[0]
 	body := engineChat("count to ten", 24, false)
 
-	direct := wholeAnswer(t, func() (*http.Response, error) {
+	direct := whole[chatAnswer](t, func() (*http.Response, error) {
 		return http.Post(e.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	})
-	via := wholeAnswer(t, func() (*http.Response, error) {
+	via := whole[chatAnswer](t, func() (*http.Response, error) {
 		return s.post(context.Background(), http.DefaultClient, bulkKey, "batch", body)
 	})
 	if via.Object != "chat.completion" || len(via.Choices) != 1 || len(direct.Choices) != 1 {
@@ -42,10 +43,32 @@ func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
 		t.Errorf("model through usher %q, direct %q", via.Model, direct.Model)
 	}
 
+	// The same for /v1/completions, whose chunks carry text instead of a delta.
+	completion := fmt.Sprintf(`{"model":%q,"prompt":"one two three","max_tokens":12,"temperature":0}`, engineModel)
+	post := func(url string, h map[string]string) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(completion))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		return http.DefaultClient.Do(req)
+	}
+	directText := whole[completionAnswer](t, func() (*http.Response, error) { return post(e.URL, nil) })
+	viaText := whole[completionAnswer](t, func() (*http.Response, error) {
+		return post(s.gw.url, map[string]string{"Authorization": "Bearer " + bulkKey, "X-Usher-Priority": "batch"})
+	})
+	if viaText.Object != "text_completion" || len(viaText.Choices) != 1 || len(directText.Choices) != 1 ||
+		viaText.Choices[0] != directText.Choices[0] || viaText.Usage != directText.Usage {
+		t.Errorf("completion through usher %+v, want the engine's own %+v", viaText, directText)
+	}
+
 	// Preemption: the one slot holds a long batch answer; an interactive request takes it.
 	long := make(chan chatAnswer, 1)
 	go func() {
-		long <- wholeAnswer(t, func() (*http.Response, error) {
+		long <- whole[chatAnswer](t, func() (*http.Response, error) {
 			return s.post(context.Background(), http.DefaultClient, bulkKey, "batch", engineChat("a very long answer please", 200, false))
 		})
 	}()
@@ -56,7 +79,7 @@ func TestEngineWholeBatchAnswerIsAssembledFromAStream(t *testing.T) {
 	if err != nil || len(slots) != 1 || !slots[0].IsProcessing || !slots[0].Params.Stream {
 		t.Fatalf("the engine's slot %+v (%v): want it streaming the batch request that asked for a whole answer", slots, err)
 	}
-	inter := wholeAnswer(t, func() (*http.Response, error) {
+	inter := whole[chatAnswer](t, func() (*http.Response, error) {
 		return s.post(context.Background(), http.DefaultClient, chatKey, "interactive", engineChat("hi", 4, false))
 	})
 	if len(inter.Choices) != 1 {
@@ -88,25 +111,39 @@ type chatAnswer struct {
 		} `json:"message"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
+	Usage answerUsage `json:"usage"`
 }
 
-// wholeAnswer makes the request and decodes its 200 answer; it fails t otherwise.
-func wholeAnswer(t *testing.T, do func() (*http.Response, error)) chatAnswer {
+// answerUsage is an answer's usage as the tests read it.
+type answerUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// whole makes the request and decodes its 200 answer as a T; it fails t otherwise (with Errorf:
+// it may run on another goroutine).
+func whole[T any](t *testing.T, do func() (*http.Response, error)) T {
 	t.Helper()
+	var a T
 	resp, err := do()
 	if err != nil {
 		t.Error(err)
-		return chatAnswer{}
+		return a
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	var a chatAnswer
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &a) != nil {
 		t.Errorf("status %d: %s", resp.StatusCode, b)
 	}
 	return a
+}
+
+// completionAnswer is a whole text completion as the tests read it.
+type completionAnswer struct {
+	Object  string `json:"object"`
+	Choices []struct {
+		Text         string `json:"text"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage answerUsage `json:"usage"`
 }

@@ -97,6 +97,17 @@ func direct(t *testing.T, e *sim.Engine, prompt string) {
 	}
 }
 
+// kvEndpoints is kv_aware's endpoints setting for the stack's sims: each one's publisher and
+// replay socket.
+func kvEndpoints(engines []*sim.Engine) map[string]string {
+	ends := map[string]string{}
+	for i, e := range engines {
+		events, replay := e.KVEventsAddrs()
+		ends[fmt.Sprintf("sim-%d", i)] = events + "," + replay
+	}
+	return ends
+}
+
 func kvWords(tag string, n int) string {
 	w := make([]string, n)
 	for i := range w {
@@ -119,11 +130,7 @@ func TestKVAwareFollowsTheEnginesEvents(t *testing.T) {
 			c.KVEvents = "127.0.0.1:0"
 		},
 		routing: func(c *routing.Config, engines []*sim.Engine) {
-			ends := map[string]string{}
-			for i, e := range engines {
-				events, replay := e.KVEventsAddrs()
-				ends[fmt.Sprintf("sim-%d", i)] = events + "," + replay
-			}
+			ends := kvEndpoints(engines)
 			// Half the prompt must be held (the default is one block): an engine that evicted
 			// the tail of a prefix may keep its head, which by default still counts.
 			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends, Threshold: 0.5}}}
@@ -187,11 +194,7 @@ func TestKVAwareRoutesChatByTheEnginesEvents(t *testing.T) {
 			c.KVEvents = "127.0.0.1:0"
 		},
 		routing: func(c *routing.Config, engines []*sim.Engine) {
-			ends := map[string]string{}
-			for i, e := range engines {
-				events, replay := e.KVEventsAddrs()
-				ends[fmt.Sprintf("sim-%d", i)] = events + "," + replay
-			}
+			ends := kvEndpoints(engines)
 			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends}}}
 		},
 		engineHandler: func(i int, h http.Handler) http.Handler {
