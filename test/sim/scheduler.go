@@ -316,17 +316,31 @@ func (s *scheduler) registerFull(q *sequence, upto int) {
 	full := upto / s.cfg.BlockSize
 	s.ensureHashes(q, full)
 	bs := s.cfg.BlockSize
+	// The run of blocks newly stored in this step goes out as one event, added whole: added
+	// block by block, the publisher could send the first block alone.
+	var ev *kvEvent
+	flush := func() {
+		if ev != nil {
+			s.pool.events.add(*ev)
+			ev = nil
+		}
+	}
 	for ; q.cachedUpTo < full; q.cachedUpTo++ {
 		i := q.cachedUpTo
-		if s.pool.cache(q.blocks[i], q.hashes[i]) && s.pool.events != nil {
-			ev := kvEvent{kind: "BlockStored", hashes: []uint64{q.hashes[i]}, root: i == 0,
-				tokens: append([]uint64(nil), q.tokens[i*bs:(i+1)*bs]...)}
+		if !s.pool.cache(q.blocks[i], q.hashes[i]) || s.pool.events == nil {
+			flush()
+			continue
+		}
+		if ev == nil {
+			ev = &kvEvent{kind: "BlockStored", root: i == 0}
 			if i > 0 {
 				ev.parent = q.hashes[i-1]
 			}
-			s.pool.events.add(ev)
 		}
+		ev.hashes = append(ev.hashes, q.hashes[i])
+		ev.tokens = append(ev.tokens, q.tokens[i*bs:(i+1)*bs]...)
 	}
+	flush()
 }
 
 func (s *scheduler) blocksFor(tokens int) int {
