@@ -128,7 +128,7 @@ func (a *assembler) add(payload []byte) error {
 				return fmt.Errorf("%w: choices is not a list of choices", errAssembly)
 			}
 		default:
-			a.setTop(f.key, f.value)
+			setMember(&a.top, f.key, f.value)
 		}
 	}
 	for _, c := range choices {
@@ -150,7 +150,7 @@ func (a *assembler) add(payload []byte) error {
 			}
 		}
 		for _, d := range delta {
-			k, v := d.key, json.RawMessage(d.value)
+			k, v := d.key, d.value
 			var s string
 			switch {
 			case k == "role":
@@ -159,7 +159,7 @@ func (a *assembler) add(payload []byte) error {
 			case len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil:
 				a.join(k, s)
 			default:
-				a.setPart(k, v)
+				setMember(&a.parts, k, v)
 			}
 		}
 		if carriesOutput(payload) {
@@ -168,9 +168,6 @@ func (a *assembler) add(payload []byte) error {
 	}
 	return nil
 }
-
-func (a *assembler) setTop(k string, v []byte)  { setMember(&a.top, k, v) }
-func (a *assembler) setPart(k string, v []byte) { setMember(&a.parts, k, v) }
 
 // setMember sets a copy of v as k's value in list, in place if k is there, else at the end.
 func setMember(list *[]member, k string, v []byte) {
@@ -273,8 +270,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 	done := false
 	for !done {
 		line, err := lines.next()
-		payload, isData := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
-		payload = bytes.TrimSpace(payload)
+		payload, isData := eventData(line)
 		switch {
 		case !isData:
 		case bytes.Equal(payload, []byte("[DONE]")):

@@ -247,8 +247,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		line, err := lines.next()
 		idle()
 		if len(line) > 0 {
-			payload, isData := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
-			payload = bytes.TrimSpace(payload)
+			payload, isData := eventData(line)
 			switch {
 			case skipBlank && len(bytes.TrimSpace(line)) == 0:
 				skipBlank = false
@@ -323,6 +322,12 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		w.Flush()
 		return finish(nil)
 	}
+}
+
+// eventData is the data of a server-sent event's line (isData: a `data:` line), trimmed.
+func eventData(line []byte) (payload []byte, isData bool) {
+	payload, isData = bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+	return bytes.TrimSpace(payload), isData
 }
 
 // lineReader reads lines (with their newline) of at most max bytes, reusing one buffer: a
