@@ -198,10 +198,13 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 }
 
 // pick chooses the call's worker. When the queue released the call but none of the workers it
-// may use has room this instant (its target or pinned worker is full, or an earlier attempt's
-// worker is excluded and the others are full), it waits for a slot to free or the pool to change
-// rather than failing: until the call's deadline (then 504) or the client leaves. It fails at
-// once only when no worker it may use takes requests at all.
+// may use has room this instant (its target or pinned worker is full, an earlier attempt's
+// worker is excluded and the others are full, or the room the queue counted over the whole pool
+// is split between workers none of which holds the call's tokens), it waits for a slot to free
+// or the pool to change rather than failing: until the call's deadline (then 504) or the client
+// leaves; an interactive call first has a standard or batch attempt preempted (see preemption),
+// as when it finds no room in the queue. It fails at once only when no worker it may use takes
+// requests at all.
 func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 	var timeout <-chan time.Time
 	var released, changed <-chan struct{}
@@ -214,6 +217,9 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 			// Watching costs every release a broadcast, so only a call that waits watches; a
 			// slot freed between the Pick above and now is caught by the Pick after.
 			released, changed = s.pool.Released(), s.pool.Changes()
+			if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
+				s.preemption.preemptOne(cl.model)
+			}
 			continue
 		}
 		if timeout == nil && !cl.deadline.IsZero() {

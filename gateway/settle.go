@@ -63,7 +63,7 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))
 	s.metrics.tokens.WithLabelValues(cl.model, "cached").Add(float64(u.cachedTokens()))
 	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CacheReported: u.PromptTokensDetails != nil,
-		CompletionTokens: u.CompletionTokens}
+		CompletionTokens: u.CompletionTokens, UsageEstimated: u.estimated}
 }
 
 // estimatedUsage is what a stream that ended without its usage chunk (the client left, the

@@ -37,6 +37,9 @@ type WorkerStatus struct {
 	// (its slots) or learned from its load and time to first token.
 	LimitSource       LimitSource `json:"limit_source"`
 	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
+	// TokenLimitSource says whether MaxTokensInFlight is the config's or sized from the KV cache
+	// the engine states (engine).
+	TokenLimitSource LimitSource `json:"token_limit_source"`
 	// Load is what the worker last reported on /metrics; Load.At is zero if it never answered.
 	Load LoadReport `json:"load"`
 	// OthersInFlight estimates the requests on the worker this gateway did not send, e.g. other
@@ -79,7 +82,8 @@ func (w *Worker) status() WorkerStatus {
 		InFlightTokens:    w.InFlightTokens(),
 		MaxConcurrency:    w.limit.Load(),
 		LimitSource:       w.LimitSource(),
-		MaxTokensInFlight: w.maxTokens,
+		MaxTokensInFlight: w.tokenLimit.Load(),
+		TokenLimitSource:  w.TokenLimitSource(),
 		Load:              w.Load(),
 		PromptTokens:      w.promptTokens.Load(),
 		CachedTokens:      w.cachedTokens.Load(),

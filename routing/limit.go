@@ -48,6 +48,21 @@ const (
 //  5. Otherwise, when the limit was binding (the worker's requests in flight, from every
 //     replica, reached it), it rises: doubling from Initial until the first drop, then by one
 //     per scrape.
+//
+// The worker's token limit (the prompt plus expected output of its requests in flight, which the
+// queue's interactive reserve and every policy count too) is sized the same way, unless the
+// worker's max_tokens_in_flight fixes it: an engine that states the size of its KV cache (vLLM's
+// vllm:cache_config_info, SGLang's sglang:max_total_num_tokens) gets that many tokens times a
+// ratio, so requests are sent only while the engine's cache can hold them all to their last
+// token: it never has to queue or evict one, and the reserve left for interactive requests is
+// room in the engine's cache, not only in its batch. The ratio starts at 1 and follows, once
+// 20 answers came, the measured ratio of what requests were charged to the KV they
+// really held (prompt tokens less those the engine found cached, plus completion tokens; moving
+// averages of both over answers), so shared prefixes and answers shorter than max_tokens raise
+// the limit: at once when the measure falls, at most a tenth per scrape when it rises, and never
+// while the engine reports its cache KVHold full; at KVHigh, or with requests waiting beside a
+// cache KVHold full, it drops by a tenth. It stays between 1/4 and 16, and
+// routing.max_tokens_in_flight is the ceiling.
 type ConcurrencyConfig struct {
 	// Initial is the limit a learning worker starts with. Default 8.
 	Initial int `yaml:"initial"`
@@ -120,14 +135,26 @@ const (
 	// propsRetry is how often an engine that did not answer its slots is asked again (it may have
 	// been starting, or restarted with other flags).
 	propsRetry = 30 * time.Second
+	// The ratio of what requests are charged to the KV they hold: the weight of one answer in the
+	// moving averages, the answers needed before the measure counts, its bounds, and how fast
+	// it rises and drops at a scrape.
+	kvRatioWeight   = 0.05
+	minUsageSamples = 20
+	minKVRatio      = 0.25
+	maxKVRatio      = 16
+	kvRatioStep     = 0.1
+	// tokenLimitStep is the relative change of the token limit worth announcing: smaller drifts
+	// of the ratio do not resize the queue at every scrape.
+	tokenLimitStep = 0.02
 )
 
 // learner adapts one worker's limit by the law of ConcurrencyConfig. observeTTFT is called from
 // any goroutine; step and setSlots only from the worker's scrape goroutine. mu guards every
 // field below it.
 type learner struct {
-	cfg     ConcurrencyConfig
-	ceiling int64
+	cfg          ConcurrencyConfig
+	ceiling      int64
+	tokenCeiling int64
 
 	mu         sync.Mutex
 	slots      int64 // the engine's reported slots; 0: not reported
@@ -139,10 +166,79 @@ type learner struct {
 	sawWaiting bool      // the last scrape saw requests waiting inside the engine
 	cap        int64     // the running count when the engine last queued; 0: none
 	capUntil   time.Time // when cap stops holding
+	kvTokens   int64     // the KV cache size the engine states; 0: none
+	kvRatio    float64   // the ratio applied: the token limit is kvTokens x kvRatio
+	// charged and held are moving averages of what an answered request was charged and the KV
+	// it held; usageSamples counts the answers they saw.
+	charged, held float64
+	usageSamples  int
 }
 
-func newLearner(cfg ConcurrencyConfig, ceiling int64) *learner {
-	return &learner{cfg: cfg, ceiling: ceiling, slowStart: true}
+func newLearner(cfg ConcurrencyConfig, ceiling, tokenCeiling int64) *learner {
+	return &learner{cfg: cfg, ceiling: ceiling, tokenCeiling: tokenCeiling, slowStart: true, kvRatio: 1}
+}
+
+// observeUsage feeds one answer's usage, for a request that was charged tokens, into the
+// measure of charge over KV held. Estimated usage (the engine reported none) says nothing about
+// the engine and is ignored.
+func (l *learner) observeUsage(charged int64, o Outcome) {
+	if o.UsageEstimated || o.PromptTokens <= 0 || charged <= 0 {
+		return
+	}
+	held := max(1, int64(o.PromptTokens)-int64(max(o.CachedTokens, 0))+int64(max(o.CompletionTokens, 0)))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.usageSamples == 0 {
+		l.charged, l.held = float64(charged), float64(held)
+	} else {
+		l.charged += kvRatioWeight * (float64(charged) - l.charged)
+		l.held += kvRatioWeight * (float64(held) - l.held)
+	}
+	l.usageSamples++
+}
+
+// stepKVRatio moves the applied ratio once, at a scrape, by the law of ConcurrencyConfig.
+func (l *learner) stepKVRatio(sig loadSignals) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	full := sig.fresh && (sig.kvUsage >= l.cfg.KVHigh || sig.waiting > 0 && sig.kvUsage >= l.cfg.KVHold)
+	switch {
+	case full:
+		l.kvRatio *= 1 - kvRatioStep
+	case l.usageSamples < minUsageSamples:
+	default:
+		measured := l.charged / l.held
+		if measured < l.kvRatio {
+			l.kvRatio = measured
+		} else if !(sig.fresh && sig.kvUsage >= l.cfg.KVHold) {
+			l.kvRatio = min(measured, l.kvRatio*(1+kvRatioStep))
+		}
+	}
+	l.kvRatio = min(max(l.kvRatio, minKVRatio), maxKVRatio)
+}
+
+// setKVTokens records the KV cache size the engine stated at its last scrape (0: none).
+func (l *learner) setKVTokens(n int64) {
+	l.mu.Lock()
+	l.kvTokens = n
+	l.mu.Unlock()
+}
+
+func (l *learner) statedKVTokens() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.kvTokens
+}
+
+// tokenLimit is the token limit the law gives now: the ceiling, or the engine's KV cache times
+// the learned ratio under it.
+func (l *learner) tokenLimit() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kvTokens <= 0 {
+		return l.tokenCeiling
+	}
+	return max(1, min(l.tokenCeiling, int64(float64(l.kvTokens)*l.kvRatio)))
 }
 
 // initial is the limit before anything is learned.
@@ -307,6 +403,9 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 			l.setSlots(n)
 		}
 	}
+	if !w.tokensFixed {
+		p.sizeTokenLimit(w, fresh)
+	}
 	if w.fixed {
 		return
 	}
@@ -324,4 +423,26 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 			"running", sig.running, "waiting", sig.waiting, "kv_usage", sig.kvUsage)
 		p.changes.notify()
 	}
+}
+
+// sizeTokenLimit sets w's token limit from the KV cache its engine stated at the last scrape
+// (when fresh) and the ratio stepped by its load then, and announces a change worth it
+// (tokenLimitStep, or the engine starting or stopping to state its cache).
+func (p *Pool) sizeTokenLimit(w *Worker, fresh bool) {
+	l := w.learner
+	sig := loadSignals{fresh: fresh}
+	if fresh {
+		r := w.Load()
+		l.setKVTokens(r.KVTokens)
+		sig.waiting, sig.kvUsage = r.Waiting, r.KVUsage
+	}
+	l.stepKVRatio(sig)
+	old, next := w.tokenLimit.Load(), l.tokenLimit()
+	if next == old || (next == l.tokenCeiling) == (old == l.tokenCeiling) && math.Abs(float64(next-old)) < tokenLimitStep*float64(old) {
+		return
+	}
+	w.tokenLimit.Store(next)
+	p.logger.Info("worker token limit", "worker", w.spec.ID, "from", old, "to", next, "source", w.TokenLimitSource(),
+		"kv_tokens", l.statedKVTokens(), "kv_usage", sig.kvUsage, "waiting", sig.waiting)
+	p.changes.notify()
 }

@@ -13,7 +13,7 @@ import (
 func testLearner(ceiling int64) *learner {
 	var cfg ConcurrencyConfig
 	cfg.setDefaults()
-	return newLearner(cfg, ceiling)
+	return newLearner(cfg, ceiling, DefaultMaxTokensInFlight)
 }
 
 func TestLearnerLaw(t *testing.T) {
@@ -127,6 +127,7 @@ type slotEngine struct {
 	slots            atomic.Int64 // 0: no /props (404)
 	running, waiting atomic.Int64
 	propsCalls       atomic.Int64
+	kvBlocks         atomic.Int64 // >0: /metrics states a KV cache of that many 16-token blocks, as vLLM
 }
 
 func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -145,6 +146,9 @@ func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":4096},"total_slots":%d,"model_path":"m.gguf"}`, e.slots.Load())
 	case "/metrics":
 		fmt.Fprintf(w, "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n", e.running.Load(), e.waiting.Load())
+		if n := e.kvBlocks.Load(); n > 0 {
+			fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"%d\",num_cpu_blocks=\"0\"} 1.0\n", n)
+		}
 	default:
 		http.NotFound(w, r)
 	}
@@ -250,6 +254,139 @@ func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	}
 	for _, l := range leases {
 		l.Release(Outcome{})
+	}
+}
+
+func TestLearnerTokenLimit(t *testing.T) {
+	l := testLearner(256)
+	l.tokenCeiling = 100_000
+	if got := l.tokenLimit(); got != 100_000 {
+		t.Fatalf("no KV cache stated: token limit %d, want the ceiling 100000", got)
+	}
+	l.setKVTokens(4096)
+	if got := l.tokenLimit(); got != 4096 {
+		t.Fatalf("a 4096-token KV cache stated, nothing learned: token limit %d, want 4096", got)
+	}
+	scrapes := func(n int, sig loadSignals) {
+		for range n {
+			l.stepKVRatio(sig)
+		}
+	}
+	quiet := loadSignals{fresh: true, kvUsage: 0.5}
+	// Each request charged 1,000 tokens held 300 in the engine: 500 of its 700 prompt tokens
+	// were cached and it stopped after 100 of its 300 expected tokens.
+	for range minUsageSamples - 1 {
+		l.observeUsage(1000, Outcome{PromptTokens: 700, CachedTokens: 500, CompletionTokens: 100})
+	}
+	scrapes(5, quiet)
+	if got := l.tokenLimit(); got != 4096 {
+		t.Errorf("before %d answers: token limit %d, want 4096 still", minUsageSamples, got)
+	}
+	l.observeUsage(1000, Outcome{PromptTokens: 700, CachedTokens: 500, CompletionTokens: 100})
+	l.stepKVRatio(quiet)
+	if got := l.tokenLimit(); got != 4096*11/10 {
+		t.Errorf("one scrape after the measure counts: token limit %d, want a tenth more, %d", got, 4096*11/10)
+	}
+	scrapes(1, loadSignals{fresh: true, kvUsage: 0.92})
+	if got := l.tokenLimit(); got != 4096*11/10 {
+		t.Errorf("cache 92%% full: token limit %d, want it held at %d", got, 4096*11/10)
+	}
+	scrapes(30, quiet)
+	if got := l.tokenLimit(); got < 4096*10/3-1 || got > 4096*10/3+1 {
+		t.Errorf("requests holding 3/10 of their charge: token limit %d, want %d", got, 4096*10/3)
+	}
+	for range 200 {
+		l.observeUsage(1000, Outcome{PromptTokens: 100_000, UsageEstimated: true})
+		l.observeUsage(1000, Outcome{CompletionTokens: 100_000})
+	}
+	scrapes(1, quiet)
+	if got := l.tokenLimit(); got < 4096*10/3-1 {
+		t.Errorf("estimated or promptless usage moved the ratio: token limit %d", got)
+	}
+	scrapes(1, loadSignals{fresh: true, kvUsage: 0.99})
+	if got := l.tokenLimit(); got < 4096*3-1 || got > 4096*3+1 {
+		t.Errorf("cache 99%% full: token limit %d, want a tenth less, %d", got, 4096*3)
+	}
+	scrapes(1, loadSignals{fresh: true, kvUsage: 0.9, waiting: 2})
+	if got := l.tokenLimit(); got > 4096*27/10+1 {
+		t.Errorf("requests waiting beside a cache 90%% full: token limit %d, want a tenth less, %d", got, 4096*27/10)
+	}
+	for range 400 {
+		l.observeUsage(1000, Outcome{PromptTokens: 1_000_000, CompletionTokens: 1_000_000})
+	}
+	scrapes(1, quiet)
+	if got := l.tokenLimit(); got != 4096/4 {
+		t.Errorf("requests holding far more than charged: token limit %d, want the floor 4096/4 at once", got)
+	}
+	for range 400 {
+		l.observeUsage(1_000_000, Outcome{PromptTokens: 1, CachedTokens: 1})
+	}
+	scrapes(100, quiet)
+	if got := l.tokenLimit(); got != 4096*16 {
+		t.Errorf("requests holding nothing: token limit %d, want the cap 16 x 4096", got)
+	}
+	l.tokenCeiling = 10_000
+	if got := l.tokenLimit(); got != 10_000 {
+		t.Errorf("ceiling 10000 below what the engine holds: token limit %d", got)
+	}
+}
+
+// An engine that states its KV cache gets that many tokens in flight, no more: the queue's
+// capacity and every policy's room check follow, and the worker's status says where it came from.
+func TestPoolSizesTokenLimitFromTheEnginesKVCache(t *testing.T) {
+	eng := &slotEngine{}
+	eng.kvBlocks.Store(256) // 4096 tokens
+	p, w := newEnginePool(t, eng)
+	if got, src := w.MaxTokensInFlight(), w.TokenLimitSource(); got != DefaultMaxTokensInFlight || src != LimitConfig {
+		t.Fatalf("before any scrape: token limit %d from %s, want %d from the config", got, src, DefaultMaxTokensInFlight)
+	}
+	changed := p.Changes()
+	p.scrapeOnce(context.Background(), w)
+	if got, src := w.MaxTokensInFlight(), w.TokenLimitSource(); got != 4096 || src != LimitEngine {
+		t.Fatalf("after a scrape: token limit %d from %s, want 4096 from the engine", got, src)
+	}
+	select {
+	case <-changed:
+	default:
+		t.Error("the token limit changed but Changes did not fire")
+	}
+	if st, _ := p.Worker("w"); st.MaxTokensInFlight != 4096 || st.TokenLimitSource != LimitEngine || st.Load.KVTokens != 4096 {
+		t.Errorf("status: %d tokens from %s, KV %d; want 4096 from the engine", st.MaxTokensInFlight, st.TokenLimitSource, st.Load.KVTokens)
+	}
+	ctx := context.Background()
+	l, err := p.Pick(ctx, &Request{Model: "m", Tokens: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Pick(ctx, &Request{Model: "m", Tokens: 1200}); err == nil {
+		t.Error("a pick past the engine's KV cache (3000 + 1200 > 4096) succeeded")
+	}
+	l2, err := p.Pick(ctx, &Request{Model: "m", Tokens: 1000})
+	if err != nil {
+		t.Errorf("a pick within the engine's KV cache (3000 + 1000): %v", err)
+	} else {
+		l2.Release(Outcome{})
+	}
+	l.Release(Outcome{})
+
+	// A worker whose config fixes its tokens keeps them.
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	fixed, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}, MaxTokensInFlight: 50_000}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, _ := fixed.find("w")
+	fixed.scrapeOnce(ctx, fw)
+	if got, src := fw.MaxTokensInFlight(), fw.TokenLimitSource(); got != 50_000 || src != LimitConfig {
+		t.Errorf("fixed by the config: token limit %d from %s, want 50000 from the config", got, src)
+	}
+
+	// The engine stops stating its cache (restarted as another engine): back to the ceiling.
+	eng.kvBlocks.Store(0)
+	p.scrapeOnce(ctx, w)
+	if got := w.MaxTokensInFlight(); got != DefaultMaxTokensInFlight {
+		t.Errorf("the engine no longer states its cache: token limit %d, want the ceiling %d", got, DefaultMaxTokensInFlight)
 	}
 }
 

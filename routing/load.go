@@ -15,19 +15,24 @@ import (
 
 // LoadReport is what a worker last said about its own load on /metrics.
 type LoadReport struct {
-	Running int64     `json:"running"`     // sequences being generated
-	Waiting int64     `json:"waiting"`     // requests queued inside the worker
-	KVUsage float64   `json:"kv_usage"`    // fraction of the KV cache in use, 0 to 1
-	At      time.Time `json:"at,omitzero"` // when it was read; zero: never
+	Running int64   `json:"running"`  // sequences being generated
+	Waiting int64   `json:"waiting"`  // requests queued inside the worker
+	KVUsage float64 `json:"kv_usage"` // fraction of the KV cache in use, 0 to 1
+	// KVTokens is the size of the engine's KV cache in tokens, as the engine states it (vLLM's
+	// vllm:cache_config_info block_size x num_gpu_blocks, SGLang's sglang:max_total_num_tokens);
+	// 0: not stated.
+	KVTokens int64     `json:"kv_tokens,omitempty"`
+	At       time.Time `json:"at,omitzero"` // when it was read; zero: never
 }
 
 // loadSignal holds the last LoadReport of a worker in atomics, so policies read it without a
 // lock. The fields may come from two different scrapes for a moment; policies only weigh them.
 type loadSignal struct {
-	running atomic.Int64
-	waiting atomic.Int64
-	kvUsage atomic.Uint64 // math.Float64bits
-	at      atomic.Int64  // unix nanoseconds; 0: no reading yet
+	running  atomic.Int64
+	waiting  atomic.Int64
+	kvUsage  atomic.Uint64 // math.Float64bits
+	kvTokens atomic.Int64
+	at       atomic.Int64 // unix nanoseconds; 0: no reading yet
 	// others is running + waiting minus this gateway's in-flight count at the same scrape: the
 	// requests other gateway replicas (or other clients) have on the worker.
 	others atomic.Int64
@@ -37,13 +42,15 @@ func (s *loadSignal) store(r LoadReport) {
 	s.running.Store(r.Running)
 	s.waiting.Store(r.Waiting)
 	s.kvUsage.Store(math.Float64bits(r.KVUsage))
+	s.kvTokens.Store(r.KVTokens)
 	s.at.Store(r.At.UnixNano())
 }
 
 // Load is the worker's last LoadReport; At is zero while it has never answered a scrape.
 func (w *Worker) Load() LoadReport {
 	s := &w.load
-	r := LoadReport{Running: s.running.Load(), Waiting: s.waiting.Load(), KVUsage: math.Float64frombits(s.kvUsage.Load())}
+	r := LoadReport{Running: s.running.Load(), Waiting: s.waiting.Load(), KVUsage: math.Float64frombits(s.kvUsage.Load()),
+		KVTokens: s.kvTokens.Load()}
 	if at := s.at.Load(); at != 0 {
 		r.At = time.Unix(0, at)
 	}
@@ -87,6 +94,16 @@ var (
 	kvUsageMetrics = map[string]bool{"vllm:kv_cache_usage_perc": true, "vllm:gpu_cache_usage_perc": true, "sglang:token_usage": true, "llamacpp:kv_cache_usage_ratio": true}
 )
 
+// Where engines state the size of their KV cache: vLLM exports its cache config as an info
+// gauge whose labels carry block_size and num_gpu_blocks; SGLang a gauge of the tokens it holds.
+const (
+	vllmCacheConfigMetric = "vllm:cache_config_info"
+	sglangKVTokensMetric  = "sglang:max_total_num_tokens"
+)
+
+// maxKVTokens caps a stated KV cache size, so absurd values cannot overflow the token budgets.
+const maxKVTokens = 1 << 40
+
 // maxReportedCount caps one series' request count, so absurd values cannot overflow the sums.
 const maxReportedCount = 1 << 31
 
@@ -94,14 +111,22 @@ const maxReportedCount = 1 << 31
 const maxMetricsBytes = 4 << 20
 
 // parseLoad reads the Prometheus text exposition format and sums the running and waiting requests
-// over all series (an engine reports one per model or rank) and takes the highest KV cache usage.
-// Lines it does not know are skipped; found says whether any load metric was present.
+// over all series (an engine reports one per model or rank), takes the highest KV cache usage and
+// the smallest KV cache size stated (the rank that fills first). Lines it does not know are
+// skipped; found says whether any load metric was present.
 func parseLoad(r io.Reader) (rep LoadReport, found bool, err error) {
 	sc := bufio.NewScanner(io.LimitReader(r, maxMetricsBytes))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		name, value, ok := parseSample(sc.Text())
+		line := sc.Text()
+		name, value, ok := parseSample(line)
 		if !ok {
+			continue
+		}
+		if kv := statedKVTokens(name, value, line); kv > 0 {
+			if rep.KVTokens == 0 || kv < rep.KVTokens {
+				rep.KVTokens = kv
+			}
 			continue
 		}
 		switch {
@@ -117,6 +142,60 @@ func parseLoad(r io.Reader) (rep LoadReport, found bool, err error) {
 		found = true
 	}
 	return rep, found, sc.Err()
+}
+
+// statedKVTokens is the KV cache size in tokens that the sample states (see LoadReport.KVTokens),
+// or 0 if it states none or an unusable one.
+func statedKVTokens(name string, value float64, line string) int64 {
+	switch name {
+	case sglangKVTokensMetric:
+		return int64(min(value, maxKVTokens))
+	case vllmCacheConfigMetric:
+		blockSize, err1 := strconv.ParseInt(labelValue(line, "block_size"), 10, 64)
+		blocks, err2 := strconv.ParseInt(labelValue(line, "num_gpu_blocks"), 10, 64)
+		if err1 != nil || err2 != nil || blockSize <= 0 || blocks <= 0 || blockSize > maxKVTokens/blocks {
+			return 0
+		}
+		return blockSize * blocks
+	}
+	return 0
+}
+
+// labelValue is the value of label key in one exposition line `name{k="v",...} value`, or "" if
+// the line has no such label. Escaped characters in values (\", \\, \n) are skipped over, and a
+// value holding any is returned as "" (no number this reads has one).
+func labelValue(line, key string) string {
+	i := strings.IndexByte(line, '{')
+	if i < 0 {
+		return ""
+	}
+	labels := line[i+1:]
+	for {
+		labels = strings.TrimLeft(labels, ", ")
+		eq := strings.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return ""
+		}
+		name, rest := strings.TrimSpace(labels[:eq]), labels[eq+2:]
+		end, escaped := 0, false
+		for end < len(rest) && rest[end] != '"' {
+			if rest[end] == '\\' {
+				end++
+				escaped = true
+			}
+			end++
+		}
+		if end >= len(rest) {
+			return ""
+		}
+		if name == key {
+			if escaped {
+				return ""
+			}
+			return rest[:end]
+		}
+		labels = rest[end+1:]
+	}
 }
 
 // parseSample splits one exposition line `name{labels} value [timestamp]` into its name and

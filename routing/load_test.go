@@ -40,6 +40,18 @@ func TestParseLoad(t *testing.T) {
 		{name: "usage above one is capped", text: "sglang:token_usage 1.5\n", want: LoadReport{KVUsage: 1}, found: true},
 		{name: "garbage and NaN skipped", text: "vllm:num_requests_waiting NaN\nvllm:num_requests_running{ 2\nnot a metric\n\nvllm:num_requests_running -1\n", found: false},
 		{name: "unknown engine", text: "process_cpu_seconds_total 12\n", found: false},
+		{name: "vllm states its KV cache", text: vllmMetrics + "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"2048\"} 1.0\n",
+			want: LoadReport{Running: 10, Waiting: 4, KVUsage: 0.5, KVTokens: 32768}, found: true},
+		{name: "the smallest cache of several ranks", text: "vllm:cache_config_info{num_gpu_blocks=\"100\",block_size=\"16\"} 1\nvllm:cache_config_info{num_gpu_blocks=\"90\",block_size=\"16\"} 1\n",
+			want: LoadReport{KVTokens: 1440}},
+		{name: "sglang states its KV cache", text: "sglang:max_total_num_tokens{model_name=\"m\"} 161721.0\nsglang:token_usage 0.5\n",
+			want: LoadReport{KVUsage: 0.5, KVTokens: 161721}, found: true},
+		{name: "escaped label values are skipped over, not misread", text: `vllm:cache_config_info{a="x\",block_size=\"99",block_size="16",num_gpu_blocks="4"} 1` + "\n",
+			want: LoadReport{KVTokens: 64}},
+		{name: "unusable cache configs", text: "vllm:cache_config_info{block_size=\"16\"} 1\nvllm:cache_config_info{block_size=\"0\",num_gpu_blocks=\"5\"} 1\n" +
+			"vllm:cache_config_info{block_size=\"9223372036854775807\",num_gpu_blocks=\"9223372036854775807\"} 1\nvllm:cache_config_info{block_size=\"-16\",num_gpu_blocks=\"-2\"} 1\n" +
+			`vllm:cache_config_info{block_size="16",num_gpu_blocks="12} 1` + "\nsglang:max_total_num_tokens 1e300\n",
+			want: LoadReport{KVTokens: maxKVTokens}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,10 +70,14 @@ func FuzzParseLoad(f *testing.F) {
 	f.Add(vllmMetrics)
 	f.Add("sglang:num_queue_reqs{a=\"}\"} 2 3\n")
 	f.Add("llamacpp:requests_deferred 1e308\n")
+	f.Add("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"4\"} 1\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		rep, _, _ := parseLoad(strings.NewReader(text))
 		if rep.KVUsage < 0 || rep.KVUsage > 1 {
 			t.Errorf("got KV usage %v, want within [0, 1]", rep.KVUsage)
+		}
+		if rep.KVTokens < 0 || rep.KVTokens > maxKVTokens {
+			t.Errorf("got KV tokens %d, want within [0, %d]", rep.KVTokens, int64(maxKVTokens))
 		}
 	})
 }

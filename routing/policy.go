@@ -108,7 +108,7 @@ func (r *Request) Eligible(w *Worker) bool {
 	if n >= w.limit.Load() {
 		return false
 	}
-	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.maxTokens {
+	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.tokenLimit.Load() {
 		return false
 	}
 	return !slices.Contains(r.Exclude, w.spec.ID) && !slices.Contains(r.full, w.spec.ID)

@@ -93,6 +93,9 @@ type Outcome struct {
 	// TTFT is the time from sending a streamed request to its first event; 0 when not streamed
 	// or not measured. It feeds the worker's learned concurrency limit.
 	TTFT time.Duration
+	// UsageEstimated: the engine reported no usage and the tokens above are the gateway's
+	// estimate; they feed the cache counters but not the learned token limit.
+	UsageEstimated bool
 }
 
 // Lease is one request placed on a worker. Pick already counted it in the worker's in-flight
@@ -124,6 +127,9 @@ func (l *Lease) Release(o Outcome) {
 	defer p.released.notify()
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
+	}
+	if !w.tokensFixed {
+		w.learner.observeUsage(l.tokens, o)
 	}
 	result := "ok"
 	if o.Failed {

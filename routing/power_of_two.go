@@ -63,5 +63,5 @@ func (p *PowerOfTwo) second(r *Request, workers []*Worker, a *Worker) *Worker {
 }
 
 func (p *PowerOfTwo) score(w *Worker, now time.Time) int64 {
-	return w.InFlightTokens() + w.ReportedQueue(now, p.maxAge)*(w.maxTokens/max(1, w.limit.Load()))
+	return w.InFlightTokens() + w.ReportedQueue(now, p.maxAge)*(w.tokenLimit.Load()/max(1, w.limit.Load()))
 }

@@ -26,10 +26,9 @@ const (
 // its counters and states are read and written atomically, so every method is safe for
 // concurrent use and costs a few atomic loads.
 type Worker struct {
-	spec      WorkerSpec   // immutable; Models and ModelAliases are the worker's own copies
-	source    WorkerSource // immutable once the worker is in the pool
-	url       *url.URL     // immutable
-	maxTokens int64
+	spec   WorkerSpec   // immutable; Models and ModelAliases are the worker's own copies
+	source WorkerSource // immutable once the worker is in the pool
+	url    *url.URL     // immutable
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
 	// config (fixed), or learned by learner (see ConcurrencyConfig). A fixed worker's learner
@@ -40,6 +39,12 @@ type Worker struct {
 	// peak is the most requests in flight since the learner's last step: whether the limit was
 	// binding.
 	peak atomic.Int64
+	// tokenLimit is the most tokens (each request's prompt plus expected output) the pool keeps
+	// in flight on the worker now: fixed by the worker's max_tokens_in_flight (tokensFixed), or
+	// sized by learner from the KV cache the engine states (see ConcurrencyConfig), never above
+	// routing.max_tokens_in_flight.
+	tokenLimit  atomic.Int64
+	tokensFixed bool // immutable
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
@@ -75,17 +80,20 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		// As a declaration stored as JSON reads back, so that an unchanged one compares equal.
 		spec.ModelAliases = nil
 	}
-	w := &Worker{spec: spec, url: u, maxTokens: int64(spec.MaxTokensInFlight)}
+	w := &Worker{spec: spec, url: u}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
-	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency))
+	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
 	if spec.MaxConcurrency > 0 {
 		w.fixed = true
 		w.limit.Store(int64(spec.MaxConcurrency))
 	} else {
 		w.limit.Store(w.learner.initial())
 	}
-	if w.maxTokens == 0 {
-		w.maxTokens = int64(cfg.MaxTokensInFlight)
+	if spec.MaxTokensInFlight > 0 {
+		w.tokensFixed = true
+		w.tokenLimit.Store(int64(spec.MaxTokensInFlight))
+	} else {
+		w.tokenLimit.Store(w.learner.tokenLimit())
 	}
 	return w, nil
 }
@@ -115,8 +123,20 @@ func (w *Worker) LimitSource() LimitSource {
 	return w.learner.source()
 }
 
-// MaxTokensInFlight is the most tokens the pool keeps in flight on the worker.
-func (w *Worker) MaxTokensInFlight() int64 { return w.maxTokens }
+// MaxTokensInFlight is the most tokens the pool keeps in flight on the worker now: its configured
+// max_tokens_in_flight, or the size the learner gives it from the engine's KV cache (see
+// ConcurrencyConfig). One atomic load.
+func (w *Worker) MaxTokensInFlight() int64 { return w.tokenLimit.Load() }
+
+// TokenLimitSource says whether MaxTokensInFlight is the config's (the worker's own value, or
+// routing.max_tokens_in_flight when the engine states no KV cache size) or sized from the
+// engine's KV cache (LimitEngine).
+func (w *Worker) TokenLimitSource() LimitSource {
+	if !w.tokensFixed && w.learner.statedKVTokens() > 0 {
+		return LimitEngine
+	}
+	return LimitConfig
+}
 
 // InFlight is the number of leases on the worker not yet released.
 func (w *Worker) InFlight() int64 { return w.inFlight.Load() }
