@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -605,7 +606,7 @@ func TestConsoleCookieSecureOverTLS(t *testing.T) {
 	}
 }
 
-// The Workers page shows each worker's concurrency limit and where it comes from.
+// The Workers page shows each worker's concurrency and token limits and where they come from.
 func TestConsoleWorkersShowTheLimitAndItsSource(t *testing.T) {
 	g := startTenantsGateway(t)
 	b := newBrowser(t, g.url)
@@ -613,6 +614,9 @@ func TestConsoleWorkersShowTheLimitAndItsSource(t *testing.T) {
 	_, body := b.do("GET", "/admin/workers", nil)
 	if !strings.Contains(body, `class="muted small limit-source"`) || !strings.Contains(body, "learned") {
 		t.Fatalf("the Workers page shows no limit source: %.2000s", body)
+	}
+	if want := fmt.Sprintf("0 / %d tok · config", routing.DefaultMaxTokensInFlight); !strings.Contains(body, want) {
+		t.Fatalf("the Workers page shows no token limit %q: %.3000s", want, body)
 	}
 }
 

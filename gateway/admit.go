@@ -113,6 +113,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		Messages:     cl.messages,
 		PromptTokens: cl.promptTokens,
 		Tokens:       addTokens(cl.promptTokens, cl.expected),
+		Interactive:  cl.class == queue.Interactive,
 	}
 	return s.wait(c, cl)
 }

@@ -14,14 +14,15 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
-// A preemptible call that wants a whole answer is cancelled at the worker by closing its
-// connection. llama.cpp's server notices a closed connection only when it writes to it, or,
-// while it prepares a whole answer, at most once a second: a cancelled whole answer keeps its
-// slot busy for up to that second, and the interactive call it was cancelled for waits behind it
-// inside the engine. So for a worker that reports fixed slots (routing.Worker.SlotEngine), usher
-// asks for the answer as a stream, which the engine writes token by token and so stops within a
-// token of the cancel, and assembles the whole answer itself (assembler). Only requests whose
-// answer the stream carries entirely are asked so (streamedBody); any other goes as it came.
+// A preemptible (standard or batch) call that wants a whole answer is asked of its worker as a
+// stream, and usher assembles the whole answer itself (assembler), for two reasons. A stream
+// shows when the engine has prefilled the prompt (its first chunk), which the worker's prefill
+// budget counts (routing.Request.Interactive). And a preempted call is cancelled by closing its
+// connection, which llama.cpp's server notices for a whole answer only about once a second, so
+// the cancelled answer kept its slot and the interactive call it was cancelled for waited behind
+// it inside the engine; a stream it writes token by token, and stops within a token. Only
+// requests whose answer the stream carries entirely are asked so (streamedBody); any other goes
+// as it came.
 
 // streamableKeys are the top-level request members whose whole answer a stream carries exactly:
 // one choice of plain text, no log-probabilities, no tool calls. A request with any other member
@@ -262,8 +263,8 @@ func truncate(b []byte, n int) []byte {
 // assembles the answer and sends it to the client whole, as relayAnswer does. sent is when the
 // request went to the worker: the first chunk's time feeds the worker's learned limit. Until the
 // answer is whole the call may be preempted; cancelling it closes the stream, which the engine
-// notices at its next token; decoding is called at the first chunk, from when it does.
-func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, decoding func()) (routing.Outcome, error) {
+// notices at its next token; firstChunk is called at the first chunk, from when it does.
+func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, firstChunk func()) (routing.Outcome, error) {
 	var out routing.Outcome
 	a := newAssembler(cl.ep.chat, int(s.cfg.MaxResponseBytes))
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
@@ -278,7 +279,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		default:
 			if out.TTFT == 0 {
 				out.TTFT = s.now().Sub(sent)
-				decoding()
+				firstChunk()
 			}
 			if aerr := a.add(payload); aerr != nil {
 				out.Failed = !errors.Is(aerr, errAnswerTooLarge)

@@ -155,16 +155,12 @@ func TestAssemblerRefusesWhatItCannotAssemble(t *testing.T) {
 	}
 }
 
-// A batch request that wants a whole answer from a worker reporting fixed slots (llama.cpp's
-// server) is asked of the worker as a stream, so a preemption stops it within a token, and the
+// A batch request that wants a whole answer is asked of the worker as a stream, so a preemption
+// stops it within a token (llama.cpp's server) and usher sees when its prefill ends, and the
 // client gets the whole answer assembled; an interactive one, never preempted, goes as it came.
-func TestWholeBatchAnswerIsStreamedFromASlotEngine(t *testing.T) {
-	w := newFakeWorker(t, func(w *fakeWorker) { w.slots = 2 })
+func TestWholeBatchAnswerIsStreamedAndAssembled(t *testing.T) {
+	w := newFakeWorker(t, nil)
 	g := startTierGateway(t, []routing.WorkerSpec{w.spec("w")}, everyClassTier)
-	waitFor(t, "the pool learns the engine's slots", func() bool {
-		st, err := g.srv.pool.Worker("w")
-		return err == nil && st.LimitSource == routing.LimitEngine
-	})
 	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("batch: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))

@@ -68,12 +68,18 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	defer func() { cl.atWorker += s.now().Sub(sent) }()
 	body := cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))
 	assembled := false
-	if !cl.stream && preemptible && w.SlotEngine() && !cl.ep.embed {
+	if !cl.stream && preemptible && !cl.ep.embed {
 		if streamed, ok := streamedBody(body); ok {
 			body, assembled = streamed, true
 		}
 	}
 	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
+	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
+	// only with its end, so there the headers are as early as usher can know.
+	firstChunk := func() { lease.Prefilled(); decoding() }
+	if !cl.stream && !assembled {
+		lease.Prefilled()
+	}
 	if err != nil && preempted() {
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
@@ -104,9 +110,9 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	var out routing.Outcome
 	switch {
 	case cl.stream && resp.StatusCode == http.StatusOK:
-		out, err = s.relayStream(c, cl, resp, sent, begin, idle)
+		out, err = s.relayStream(c, cl, resp, sent, begin, idle, firstChunk)
 	case assembled && resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
-		out, err = s.relayAssembled(c, cl, resp, sent, begin, decoding)
+		out, err = s.relayAssembled(c, cl, resp, sent, begin, firstChunk)
 	default:
 		out, err = s.relayAnswer(c, cl, resp, begin)
 	}
@@ -211,8 +217,8 @@ func (s *Server) firstByte(cl *call) {
 // call may still be preempted.
 //
 // idle is called at every line from the worker: it re-arms the silence bound
-// (Config.UpstreamIdleTimeout).
-func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle func()) (routing.Outcome, error) {
+// (Config.UpstreamIdleTimeout); firstChunk at the first event that carries data.
+func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle, firstChunk func()) (routing.Outcome, error) {
 	w := c.Response()
 	started := false
 	start := func() bool {
@@ -257,6 +263,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			case isData:
 				if out.TTFT == 0 {
 					out.TTFT = s.now().Sub(sent)
+					firstChunk()
 				}
 				if u, ok := parseUsage(payload); ok {
 					gotUsage = true

@@ -78,16 +78,27 @@ type ConcurrencyConfig struct {
 	// CapHold is how long the running count at which the engine last queued caps the limit.
 	// Default 60s.
 	CapHold time.Duration `yaml:"cap_hold"`
+	// LowerPrefillTokens bounds, while interactive requests are present (one was routed in the
+	// last InteractivePresence), the prompt tokens of standard and batch requests that one
+	// worker is prefilling at once (sent, first token not yet back; at least one request): an
+	// engine prefills the prompts it has in one step, and an interactive prompt that arrives
+	// waits for the step in progress. Default 512.
+	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
+	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
+	// still applies. Default 10s.
+	InteractivePresence time.Duration `yaml:"interactive_presence"`
 }
 
 // Defaults of ConcurrencyConfig.
 const (
-	DefaultInitialConcurrency = 8
-	DefaultPropsPath          = "/props"
-	DefaultTTFTTolerance      = 2.0
-	DefaultKVHold             = 0.9
-	DefaultKVHigh             = 0.97
-	DefaultCapHold            = time.Minute
+	DefaultInitialConcurrency  = 8
+	DefaultPropsPath           = "/props"
+	DefaultTTFTTolerance       = 2.0
+	DefaultKVHold              = 0.9
+	DefaultKVHigh              = 0.97
+	DefaultCapHold             = time.Minute
+	DefaultLowerPrefillTokens  = 512
+	DefaultInteractivePresence = 10 * time.Second
 )
 
 func (c *ConcurrencyConfig) setDefaults() {
@@ -97,6 +108,8 @@ func (c *ConcurrencyConfig) setDefaults() {
 	setDefaultValue(&c.KVHold, DefaultKVHold)
 	setDefaultValue(&c.KVHigh, DefaultKVHigh)
 	setDefaultValue(&c.CapHold, DefaultCapHold)
+	setDefaultValue(&c.LowerPrefillTokens, DefaultLowerPrefillTokens)
+	setDefaultValue(&c.InteractivePresence, DefaultInteractivePresence)
 }
 
 func setDefaultValue[T comparable](field *T, value T) {
@@ -119,6 +132,12 @@ func (c ConcurrencyConfig) validate() []error {
 	}
 	if c.CapHold < 0 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.cap_hold: must not be negative, got %v", c.CapHold))
+	}
+	if c.LowerPrefillTokens < 1 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.lower_prefill_tokens: must be at least 1, got %d", c.LowerPrefillTokens))
+	}
+	if c.InteractivePresence < 0 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.interactive_presence: must not be negative, got %v", c.InteractivePresence))
 	}
 	if c.PropsPath == "" || c.PropsPath[0] != '/' {
 		errs = append(errs, fmt.Errorf("routing.concurrency.props_path: must start with '/', got %q", c.PropsPath))
@@ -389,10 +408,17 @@ func (p *Pool) engineSlots(ctx context.Context, w *Worker) (int64, error) {
 	return min(max(props.TotalSlots, 0), maxSlots), nil
 }
 
-// learnLimit runs after every scrape of w: it asks the engine's slots when due, then, unless the
-// config fixes w's limit, applies the control law and announces a changed limit.
+// learnLimit runs after every scrape of w: it sizes w's token limit unless the config fixes it,
+// and, unless the config fixes w's concurrency limit, asks the engine's slots when due, applies
+// the control law and announces a changed limit.
 func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 	l := w.learner
+	if !w.tokensFixed {
+		p.sizeTokenLimit(w, fresh)
+	}
+	if w.fixed {
+		return
+	}
 	if l.probeDue(p.now()) {
 		n, err := p.engineSlots(ctx, w)
 		if err != nil {
@@ -402,12 +428,6 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 		} else {
 			l.setSlots(n)
 		}
-	}
-	if !w.tokensFixed {
-		p.sizeTokenLimit(w, fresh)
-	}
-	if w.fixed {
-		return
 	}
 	sig := loadSignals{now: p.now(), fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
 	if fresh {

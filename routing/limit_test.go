@@ -193,35 +193,6 @@ func TestPoolLearnsSlotsFromTheEngine(t *testing.T) {
 	}
 }
 
-// A worker whose limit the config fixes keeps it, yet the pool still learns that its engine has
-// fixed slots (SlotEngine: the gateway asks such an engine for streams it can cancel).
-func TestFixedLimitWorkerStillLearnsItsEngineHasSlots(t *testing.T) {
-	eng := &slotEngine{}
-	eng.slots.Store(2)
-	srv := httptest.NewServer(eng)
-	t.Cleanup(srv.Close)
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}, MaxConcurrency: 5}}}, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, _ := p.find("w")
-	if w.SlotEngine() {
-		t.Fatal("a slot engine before any scrape")
-	}
-	p.scrapeOnce(context.Background(), w)
-	if got, src := w.MaxConcurrency(), w.LimitSource(); got != 5 || src != LimitConfig {
-		t.Errorf("limit %d from %s, want 5 from the config", got, src)
-	}
-	if !w.SlotEngine() {
-		t.Error("the engine reported its slots, but the worker is not a slot engine")
-	}
-	p2, w2 := newEnginePool(t, &slotEngine{})
-	p2.scrapeOnce(context.Background(), w2)
-	if w2.SlotEngine() {
-		t.Error("an engine without /props is a slot engine")
-	}
-}
-
 func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	eng := &slotEngine{}
 	p, w := newEnginePool(t, eng)
@@ -422,5 +393,67 @@ func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
 	p.scrapeOnce(context.Background(), w)
 	if got, src := w.MaxConcurrency(), w.LimitSource(); got != 2 || src != LimitEngine {
 		t.Errorf("the next scrape: limit %d from %s, want 2 from the engine", got, src)
+	}
+}
+
+// An interactive request being prefilled holds the other classes off its worker until its first
+// token; while interactive requests are present, the others' prompts in prefill on one worker
+// stay within LowerPrefillTokens (at least one request); without interactive traffic for
+// InteractivePresence, they do not.
+func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}}},
+		Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pick := func(what string, r Request) *Lease {
+		t.Helper()
+		r.Model = "m"
+		l, err := p.Pick(ctx, &r)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return l
+	}
+	refused := func(what string, r Request) {
+		t.Helper()
+		r.Model = "m"
+		if l, err := p.Pick(ctx, &r); err == nil {
+			l.Release(Outcome{})
+			t.Errorf("%s: picked, want refused", what)
+		}
+	}
+	batch := func(prompt int) Request { return Request{PromptTokens: prompt, Tokens: prompt + 10} }
+
+	before := pick("a batch request with no interactive traffic", batch(5000))
+	inter := pick("an interactive request", Request{Interactive: true, PromptTokens: 100})
+	refused("a batch request while an interactive prompt is prefilled", batch(10))
+	pick("a second interactive request beside the first", Request{Interactive: true, PromptTokens: 100}).Release(Outcome{})
+	released := p.Released()
+	inter.Prefilled()
+	select {
+	case <-released:
+	default:
+		t.Error("the interactive prefill ended, but Released did not fire for the waiting picks")
+	}
+	inter.Prefilled() // twice is harmless
+	refused("a batch request beside 5000 prompt tokens in prefill, interactive present", batch(10))
+	before.Prefilled()
+	b1 := pick("the first batch prompt in prefill, whatever its size", batch(400))
+	refused("a batch prompt past the budget (400 + 200 > 512)", batch(200))
+	b2 := pick("a batch prompt within the budget (400 + 100)", batch(100))
+	b1.Release(Outcome{})
+	b2.Prefilled()
+	b3 := pick("a batch prompt once the first ended", batch(400))
+	now = now.Add(DefaultInteractivePresence)
+	b4 := pick("a batch prompt past the budget with no interactive request for 10s", batch(5000))
+	for _, l := range []*Lease{inter, before, b2, b3, b4} {
+		l.Release(Outcome{})
+	}
+	w, _ := p.find("w")
+	if n, tok := w.interactivePrefills.Load(), w.lowerPrefillTokens.Load(); n != 0 || tok != 0 {
+		t.Errorf("after every lease ended: %d interactive prefills, %d other prompt tokens in prefill; want 0 and 0", n, tok)
 	}
 }

@@ -133,6 +133,9 @@ var (
 	limitDesc = prometheus.NewDesc("usher_routing_worker_concurrency_limit",
 		"Requests the gateway keeps in flight on the worker at most, now; source: config, engine (its slots) or learned.",
 		[]string{"worker", "source"}, nil)
+	tokenLimitDesc = prometheus.NewDesc("usher_routing_worker_token_limit",
+		"Tokens (prompt + expected output) the gateway keeps in flight on the worker at most, now; source: config, or engine (its KV cache).",
+		[]string{"worker", "source"}, nil)
 )
 
 // workerCollector reports the per-worker gauges from the workers' atomics at scrape time, so the
@@ -149,6 +152,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- waitingDesc
 	ch <- kvUsageDesc
 	ch <- limitDesc
+	ch <- tokenLimitDesc
 	ch <- cacheLimitDesc
 }
 
@@ -177,6 +181,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, boolGauge(w.Healthy()), id)
 		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, boolGauge(w.Draining()), id)
 		ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, float64(w.MaxConcurrency()), id, string(w.LimitSource()))
+		ch <- prometheus.MustNewConstMetric(tokenLimitDesc, prometheus.GaugeValue, float64(w.MaxTokensInFlight()), id, string(w.TokenLimitSource()))
 		if load := w.Load(); !load.At.IsZero() {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(load.Waiting), id)
 			ch <- prometheus.MustNewConstMetric(kvUsageDesc, prometheus.GaugeValue, load.KVUsage, id)

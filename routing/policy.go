@@ -97,11 +97,18 @@ func newPolicy(name string, env policyEnv) (Policy, error) {
 }
 
 // Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
-// r.Exclude, below its request cap, and with room for r.Tokens under its token cap (an idle worker
-// takes a request of any size). Every policy filters with it; it costs a few atomic loads plus a
-// scan of r.Exclude (and a clock read while the worker's circuit is open).
+// r.Exclude, below its request cap, with room for r.Tokens under its token cap (an idle worker
+// takes a request of any size), and, unless r is interactive, no interactive request being
+// prefilled there and room in its prefill budget (see Request.Interactive). Every policy filters with it; it costs a few atomic
+// loads plus a scan of r.Exclude (and a clock read while the worker's circuit is open).
 func (r *Request) Eligible(w *Worker) bool {
 	if !w.Healthy() || w.Draining() || !w.breaker.admits() {
+		return false
+	}
+	if !r.Interactive && w.interactivePrefills.Load() > 0 {
+		return false
+	}
+	if lower := w.lowerPrefillTokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+int64(r.PromptTokens) > r.prefillBudget {
 		return false
 	}
 	n := w.inFlight.Load()

@@ -71,6 +71,13 @@ type Request struct {
 	// Messages is a chat request's messages array as the client sent it (JSON), so kv_aware
 	// has the engine apply its own chat template; nil for other requests. Never modified.
 	Messages []byte
+	// Interactive marks a request of the interactive class. While one is being prefilled on a
+	// worker (from Pick until its Lease's Prefilled or Release), the worker is not Eligible for
+	// requests of the other classes: an engine prefills the prompts that arrived together in
+	// one step, and a long batch prompt beside it would delay its first token by its own
+	// prefill. And while interactive requests are present, a worker takes other requests only
+	// within ConcurrencyConfig.LowerPrefillTokens of prompt being prefilled.
+	Interactive bool
 
 	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
 	// Exclude, but not held against them (a pin to one stays).
@@ -78,6 +85,10 @@ type Request struct {
 	// kvTokens holds the prompt's token ids once kv_aware asked the engine (nil inside when
 	// that failed), so the retries of one request ask once.
 	kvTokens *[]uint64
+	// prefillBudget, set by Pick on a request that is not interactive while interactive ones
+	// are present, bounds the prompt tokens of such requests a worker is prefilling (see
+	// Interactive); 0: no bound.
+	prefillBudget int64
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -109,6 +120,12 @@ type Lease struct {
 	tokens   int64
 	probe    bool // the half-open probe of the worker's circuit breaker
 	released atomic.Bool
+	// prefilling: the request's first token has not come back (see Request.Interactive);
+	// cleared once by Prefilled or Release. interactive says which of the worker's counts it is
+	// in: its interactive prefills, or lowerTokens of its other prompt tokens in prefill.
+	prefilling  atomic.Bool
+	interactive bool
+	lowerTokens int64
 	// learner, when not nil, is the policy that picked the worker and learns from the outcome
 	// what it predicted (pred).
 	learner outcomeLearner
@@ -124,6 +141,7 @@ func (l *Lease) Release(o Outcome) {
 	}
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
+	l.endPrefill()
 	defer p.released.notify()
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
@@ -154,6 +172,28 @@ func (l *Lease) Release(o Outcome) {
 		p.changes.notify()
 		p.logger.Info("worker circuit closed", "worker", w.spec.ID)
 	}
+}
+
+// Prefilled tells the pool that the engine has prefilled the request: its first token came back.
+// From then on an interactive request no longer holds the other classes off its worker (see
+// Request.Interactive). Safe to call more than once, and after Release.
+func (l *Lease) Prefilled() {
+	if l.endPrefill() {
+		l.pool.released.notify()
+	}
+}
+
+// endPrefill clears the lease's interactive prefill, once; it reports whether it did.
+func (l *Lease) endPrefill() bool {
+	if !l.prefilling.CompareAndSwap(true, false) {
+		return false
+	}
+	if l.interactive {
+		l.Worker.interactivePrefills.Add(-1)
+	} else {
+		l.Worker.lowerPrefillTokens.Add(-l.lowerTokens)
+	}
+	return true
 }
 
 // modelSet is one model's workers and policy. It is immutable: membership changes build a new one
@@ -194,6 +234,8 @@ type Pool struct {
 	snap atomic.Pointer[snapshot]
 	// changes and released wake the waiters of Changes and Released.
 	changes, released broadcast
+	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
+	lastInteractive atomic.Int64
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
 	workers  []*Worker          // all workers, in the order they were added
@@ -384,15 +426,19 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	tokens := int64(r.Tokens)
+	if !r.Interactive && p.interactivePresent() {
+		bounded := *r
+		bounded.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
+		r = &bounded
+	}
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
 		if w == nil {
 			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
 		}
 		if r.Eligible(w) {
-			if ok, probe := w.tryAcquire(tokens); ok {
-				return p.lease(r.Model, ms, w, RouteTarget, tokens, probe), nil
+			if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
+				return p.lease(r.Model, ms, w, RouteTarget, r, probe), nil
 			}
 		}
 		p.metrics.decided(r.Model, ms.policyName, "none")
@@ -412,8 +458,8 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
 		}
-		if ok, probe := w.tryAcquire(tokens); ok {
-			l := p.lease(r.Model, ms, w, route, tokens, probe)
+		if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
+			l := p.lease(r.Model, ms, w, route, r, probe)
 			if lp != nil {
 				l.learner, l.pred = lp, pred
 			}
@@ -427,6 +473,13 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
 	}
+}
+
+// interactivePresent reports whether an interactive request was routed within
+// ConcurrencyConfig.InteractivePresence.
+func (p *Pool) interactivePresent() bool {
+	last := p.lastInteractive.Load()
+	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
 }
 
 // CouldWait reports whether a request Pick refused with ErrNoWorker may get a worker by waiting
@@ -448,9 +501,18 @@ func (p *Pool) CouldWait(r *Request) bool {
 	return slices.ContainsFunc(ms.workers, takes)
 }
 
-func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, tokens int64, probe bool) *Lease {
+func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
-	return &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: tokens, probe: probe}
+	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
+		interactive: r.Interactive, lowerTokens: int64(max(r.PromptTokens, 1))}
+	l.prefilling.Store(true)
+	if r.Interactive {
+		p.lastInteractive.Store(p.now().UnixNano())
+		w.interactivePrefills.Add(1)
+	} else {
+		w.lowerPrefillTokens.Add(l.lowerTokens)
+	}
+	return l
 }
 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have

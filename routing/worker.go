@@ -31,8 +31,7 @@ type Worker struct {
 	url    *url.URL     // immutable
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
-	// config (fixed), or learned by learner (see ConcurrencyConfig). A fixed worker's learner
-	// only asks the engine's slots, for SlotEngine.
+	// config (fixed), or learned by learner (see ConcurrencyConfig).
 	limit   atomic.Int64
 	fixed   bool // immutable
 	learner *learner
@@ -48,8 +47,13 @@ type Worker struct {
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
-	health         atomic.Int32 // a healthState
-	draining       atomic.Bool
+	// interactivePrefills counts the interactive requests on the worker whose first token has
+	// not come back, and lowerPrefillTokens sums the prompt tokens of the others' (see
+	// Request.Interactive).
+	interactivePrefills atomic.Int64
+	lowerPrefillTokens  atomic.Int64
+	health              atomic.Int32 // a healthState
+	draining            atomic.Bool
 	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the
 	// shared drain state says; the pool removes it once nothing is in flight.
 	retiring atomic.Bool
@@ -185,9 +189,3 @@ func (w *Worker) release(tokens int64) {
 	w.inFlight.Add(-1)
 	w.inFlightTokens.Add(-tokens)
 }
-
-// SlotEngine reports whether the worker's engine reported fixed slots (llama.cpp's server; see
-// LimitEngine), whether or not the config fixes its limit. Such an engine notices a client that went away only when it next writes to it,
-// or, while it prepares a whole (non-streamed) answer, about once a second: a whole answer
-// cancelled there keeps its slot for up to that second.
-func (w *Worker) SlotEngine() bool { return w.learner.reportedSlots() > 0 }
