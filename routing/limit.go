@@ -361,13 +361,6 @@ func (l *learner) probeFailed() {
 	l.mu.Unlock()
 }
 
-// reportedSlots is the slots the engine reported; 0: none (yet).
-func (l *learner) reportedSlots() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.slots
-}
-
 func (l *learner) source() LimitSource {
 	l.mu.Lock()
 	defer l.mu.Unlock()
