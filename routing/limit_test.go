@@ -399,7 +399,7 @@ func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
 // An interactive request being prefilled holds the other classes off its worker until its first
 // token; while interactive requests are present, the others' prompts in prefill on one worker
 // stay within LowerPrefillTokens (at least one request); without interactive traffic for
-// InteractivePresence, they do not. A fresh pool assumes interactive traffic may come.
+// InteractivePresence, they do not.
 func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}}},
@@ -427,12 +427,7 @@ func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	}
 	batch := func(prompt int) Request { return Request{PromptTokens: prompt, Tokens: prompt + 10} }
 
-	first := pick("a batch request on a fresh pool", batch(5000))
-	refused("a second batch request on a fresh pool, which assumes interactive traffic may come", batch(100))
-	first.Release(Outcome{})
-	now = now.Add(DefaultInteractivePresence)
-	before := pick("a batch request with no interactive traffic for 10s", batch(5000))
-	pick("a second one beside it", batch(5000)).Release(Outcome{})
+	before := pick("a batch request with no interactive traffic", batch(5000))
 	inter := pick("an interactive request", Request{Interactive: true, PromptTokens: 100})
 	refused("a batch request while an interactive prompt is prefilled", batch(10))
 	pick("a second interactive request beside the first", Request{Interactive: true, PromptTokens: 100}).Release(Outcome{})

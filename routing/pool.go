@@ -234,7 +234,7 @@ type Pool struct {
 	snap atomic.Pointer[snapshot]
 	// changes and released wake the waiters of Changes and Released.
 	changes, released broadcast
-	// lastInteractive is when an interactive request was last routed, or the pool was made.
+	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
 	lastInteractive atomic.Int64
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
@@ -277,10 +277,6 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if p.now == nil {
 		p.now = time.Now
 	}
-	// Until it has seen InteractivePresence pass without one, the pool assumes interactive
-	// requests may come: a batch flood that is there before the first of them does not fill
-	// every engine's steps with batch prompts.
-	p.lastInteractive.Store(p.now().UnixNano())
 	if opts.Rand != nil {
 		p.rand = &lockedRand{src: opts.Rand}
 	}
@@ -479,10 +475,11 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	}
 }
 
-// interactivePresent reports whether an interactive request was routed, or the pool was made,
-// within ConcurrencyConfig.InteractivePresence.
+// interactivePresent reports whether an interactive request was routed within
+// ConcurrencyConfig.InteractivePresence.
 func (p *Pool) interactivePresent() bool {
-	return p.now().UnixNano()-p.lastInteractive.Load() < int64(p.cfg.Concurrency.InteractivePresence)
+	last := p.lastInteractive.Load()
+	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
 }
 
 // CouldWait reports whether a request Pick refused with ErrNoWorker may get a worker by waiting
