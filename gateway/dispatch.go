@@ -160,6 +160,12 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 	var lastErr error
 	for cl.attempts < s.cfg.MaxAttempts {
 		lease, err := s.pick(ctx, cl)
+		if errors.Is(err, errPreempted) {
+			if err := s.requeue(c, cl, ""); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
 				break
@@ -176,15 +182,9 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 		cl.worker = lease.Worker.ID()
 		retry, err := s.proxy(c, cl, lease)
 		if errors.Is(err, errPreempted) {
-			// Not an attempt that failed: the call gave its capacity to a higher class and
-			// waits in the queue again, ahead of its tenant's later requests.
+			// Not an attempt that failed.
 			cl.attempts--
-			cl.preempts++
-			s.metrics.preempted.WithLabelValues(cl.model, cl.class.String()).Inc()
-			s.log.Info("preempted", "id", c.Response().Header().Get(echo.HeaderXRequestID),
-				"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker)
-			if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
-				cl.grant = nil
+			if err := s.requeue(c, cl, cl.worker); err != nil {
 				return err
 			}
 			continue
@@ -197,6 +197,25 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, lastErr)
 }
 
+// requeue puts a preempted call back in the queue, ahead of its tenant's later requests, and
+// waits for its release: it gave its capacity to a higher class, at worker (its attempt there
+// was cancelled) or before it had one ("").
+func (s *Server) requeue(c echo.Context, cl *call, worker string) error {
+	cl.preempts++
+	stage := "sent"
+	if worker == "" {
+		stage = "waiting"
+	}
+	s.metrics.preempted.WithLabelValues(cl.model, cl.class.String(), stage).Inc()
+	s.log.Info("preempted", "id", c.Response().Header().Get(echo.HeaderXRequestID),
+		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", worker)
+	if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
+		cl.grant = nil
+		return err
+	}
+	return nil
+}
+
 // pick chooses the call's worker. When the queue released the call but none of the workers it
 // may use has room this instant (its target or pinned worker is full, an earlier attempt's
 // worker is excluded and the others are full, or the room the queue counted over the whole pool
@@ -205,9 +224,14 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 // leaves; an interactive call first has a standard or batch attempt preempted (see preemption),
 // as when it finds no room in the queue. It fails at once only when no worker it may use takes
 // requests at all.
+//
+// A standard or batch call that waits here holds capacity the queue counted for it without
+// using it yet, so it is the first a waiting interactive call preempts: it then returns
+// errPreempted, and no engine work is lost.
 func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 	var timeout <-chan time.Time
 	var released, changed <-chan struct{}
+	var preempted <-chan struct{}
 	for {
 		lease, err := s.pool.Pick(ctx, &cl.route)
 		if err == nil || !errors.Is(err, routing.ErrNoWorker) || !s.pool.CouldWait(&cl.route) {
@@ -217,8 +241,15 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 			// Watching costs every release a broadcast, so only a call that waits watches; a
 			// slot freed between the Pick above and now is caught by the Pick after.
 			released, changed = s.pool.Released(), s.pool.Changes()
-			if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
+			switch {
+			case cl.class == queue.Interactive && !s.cfg.DisablePreemption:
 				s.preemption.preemptOne(cl.model)
+			case cl.class != queue.Interactive && !s.cfg.DisablePreemption:
+				wait, cancel := context.WithCancelCause(ctx)
+				defer cancel(nil)
+				v := s.preemption.addWaiting(cl.model, cancel)
+				defer s.preemption.done(cl.model, v)
+				preempted = wait.Done()
 			}
 			continue
 		}
@@ -230,6 +261,11 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 		select {
 		case <-released:
 		case <-changed:
+		case <-preempted:
+			if ctx.Err() == nil {
+				return nil, errPreempted
+			}
+			return nil, errClientGone
 		case <-timeout:
 			return nil, queue.ErrDeadlineExceeded
 		case <-ctx.Done():
@@ -252,16 +288,26 @@ type preemption struct {
 	running map[string][]*victim
 }
 
-// victim is one preemptible attempt.
+// victim is one preemptible attempt, or a call waiting for a worker.
 type victim struct {
 	cancel   context.CancelCauseFunc
 	taken    bool // chosen: its attempt is being cancelled
 	decoding bool // its engine is generating tokens: it notices a cancel at its next one
+	waiting  bool // not sent yet: it holds capacity and no engine has done any work for it
 }
 
 // add registers an attempt of model; done must be called when its answer begins or it ends.
 func (p *preemption) add(model string, cancel context.CancelCauseFunc) *victim {
-	v := &victim{cancel: cancel}
+	return p.register(model, &victim{cancel: cancel})
+}
+
+// addWaiting registers a call of model that waits for a worker; done must be called when it
+// stops waiting.
+func (p *preemption) addWaiting(model string, cancel context.CancelCauseFunc) *victim {
+	return p.register(model, &victim{cancel: cancel, waiting: true})
+}
+
+func (p *preemption) register(model string, v *victim) *victim {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.running == nil {
@@ -292,10 +338,11 @@ func (p *preemption) decoding(v *victim) {
 	p.mu.Unlock()
 }
 
-// preemptOne cancels a preemptible attempt of model, if there is one: the newest of those whose
-// engine is generating tokens, which stops at its next token, or else the newest (the one that
-// has cost the engine the least so far). An engine notices a cancel during prefill only when
-// the prefill ends: llama.cpp takes half a second for a 500-token prompt on a CPU core.
+// preemptOne cancels a preemptible call of model, if there is one: the newest of those waiting
+// for a worker, which costs nothing; else the newest attempt whose engine is generating tokens,
+// which stops at its next token; else the newest attempt (the one that has cost the engine the
+// least so far). An engine notices a cancel during prefill only when the prefill ends:
+// llama.cpp takes half a second for a 500-token prompt on a CPU core.
 func (p *preemption) preemptOne(model string) bool {
 	p.mu.Lock()
 	list := p.running[model]
@@ -303,12 +350,12 @@ func (p *preemption) preemptOne(model string) bool {
 		p.mu.Unlock()
 		return false
 	}
-	i := len(list) - 1
-	for j := i; j >= 0; j-- {
-		if list[j].decoding {
-			i = j
-			break
-		}
+	i := newest(list, func(v *victim) bool { return v.waiting })
+	if i < 0 {
+		i = newest(list, func(v *victim) bool { return v.decoding })
+	}
+	if i < 0 {
+		i = len(list) - 1
 	}
 	v := list[i]
 	p.running[model] = slices.Delete(list, i, i+1)
@@ -316,4 +363,14 @@ func (p *preemption) preemptOne(model string) bool {
 	p.mu.Unlock()
 	v.cancel(errPreempted)
 	return true
+}
+
+// newest is the index of the last victim of list that is, or -1.
+func newest(list []*victim, is func(*victim) bool) int {
+	for i := len(list) - 1; i >= 0; i-- {
+		if is(list[i]) {
+			return i
+		}
+	}
+	return -1
 }

@@ -238,6 +238,45 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 	}
 }
 
+// A batch request that the queue released but that waits for a worker (here: interactive
+// prompts are being prefilled on the only one) holds capacity without using it; an interactive
+// request that finds no room takes that capacity first, so no engine work is lost: the waiting
+// request goes back to the queue and is sent once, after.
+func TestInteractivePreemptsABatchRequestWaitingForAWorker(t *testing.T) {
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 3 // of which the interactive reserve is 1
+	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
+	post := func(class string) <-chan *http.Response {
+		ch := make(chan *http.Response, 1)
+		go func() {
+			ch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: class})
+		}()
+		return ch
+	}
+	first := post("interactive")
+	waitFor(t, "the worker holds the first interactive request", func() bool { return w.started.Load() == 1 })
+	batch := post("batch")
+	waitFor(t, "the batch request waits for a worker", func() bool { return waitingCount(&g.srv.preemption, "m1") == 1 })
+	second := post("interactive") // in the reserve
+	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
+	third := post("interactive") // no room left but the waiting batch request's
+	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
+	close(hold)
+	for _, ch := range []<-chan *http.Response{first, second, third, batch} {
+		if resp := <-ch; resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if got := w.requests.Load(); got != 4 {
+		t.Errorf("the worker saw %d requests, want 4: the batch request once", got)
+	}
+	if got := metricLabelValue(t, g.reg, "usher_preempted_total", "stage", "waiting"); got != 1 {
+		t.Errorf(`usher_preempted_total{stage="waiting"} %v, want 1`, got)
+	}
+}
+
 // A batch stream already relaying to its client is never preempted: the interactive request
 // waits for its slot.
 func TestStreamBeingRelayedIsNotPreempted(t *testing.T) {
@@ -286,6 +325,43 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 		for _, m := range f.GetMetric() {
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// waitingCount is the number of calls of model waiting for a worker that may be preempted.
+func waitingCount(p *preemption, model string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, v := range p.running[model] {
+		if v.waiting {
+			n++
+		}
+	}
+	return n
+}
+
+// metricLabelValue is the value of the counter or gauge name whose label is value, summed over
+// its other labels.
+func metricLabelValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
 		}
 	}
 	return sum

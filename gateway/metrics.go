@@ -11,7 +11,9 @@ type metrics struct {
 	ttft     *prometheus.HistogramVec // model, class
 	tokens   *prometheus.CounterVec   // model, kind (prompt, completion, cached)
 	retries  *prometheus.CounterVec   // model
-	// preempted counts attempts cancelled for an interactive request, by model and class.
+	// preempted counts standard and batch calls that gave their capacity to an interactive
+	// request, by model, class and stage: "sent" (their attempt was cancelled at its worker) or
+	// "waiting" (they were waiting for a worker).
 	preempted *prometheus.CounterVec
 	// overhead is the time a call spent in usher itself: its whole time less its wait in the
 	// queue and its time at the workers.
@@ -38,8 +40,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "usher_upstream_retries_total", Help: "Requests sent to another worker after a failure before the first byte."},
 			[]string{"model"}),
 		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_preempted_total", Help: "Standard and batch requests whose attempt was cancelled (before their answer began) for an interactive request, and requeued."},
-			[]string{"model", "class"}),
+			Name: "usher_preempted_total", Help: "Standard and batch requests that gave their capacity to an interactive request and were requeued: stage \"sent\" when their attempt was cancelled at its worker before their answer began (the engine's work so far is lost), \"waiting\" when they were waiting for a worker."},
+			[]string{"model", "class", "stage"}),
 	}
 	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "usher_gateway_overhead_seconds",
