@@ -85,8 +85,12 @@ type ConcurrencyConfig struct {
 	// waits for the step in progress. Default 512.
 	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
 	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
-	// still applies. Default 10s.
+	// and the clear lane still apply. Default 10s.
 	InteractivePresence time.Duration `yaml:"interactive_presence"`
+	// ClearWithin is, while interactive requests are present, the longest that the standard and
+	// batch prefill in progress on the clearest worker may still be expected to last: the most
+	// an interactive prompt should wait for them (see lane.go). Default 30ms.
+	ClearWithin time.Duration `yaml:"clear_within"`
 }
 
 // Defaults of ConcurrencyConfig.
@@ -99,6 +103,7 @@ const (
 	DefaultCapHold             = time.Minute
 	DefaultLowerPrefillTokens  = 512
 	DefaultInteractivePresence = 10 * time.Second
+	DefaultClearWithin         = 30 * time.Millisecond
 )
 
 func (c *ConcurrencyConfig) setDefaults() {
@@ -110,6 +115,7 @@ func (c *ConcurrencyConfig) setDefaults() {
 	setDefaultValue(&c.CapHold, DefaultCapHold)
 	setDefaultValue(&c.LowerPrefillTokens, DefaultLowerPrefillTokens)
 	setDefaultValue(&c.InteractivePresence, DefaultInteractivePresence)
+	setDefaultValue(&c.ClearWithin, DefaultClearWithin)
 }
 
 func setDefaultValue[T comparable](field *T, value T) {
@@ -135,6 +141,9 @@ func (c ConcurrencyConfig) validate() []error {
 	}
 	if c.LowerPrefillTokens < 1 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.lower_prefill_tokens: must be at least 1, got %d", c.LowerPrefillTokens))
+	}
+	if c.ClearWithin < 0 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.clear_within: must not be negative, got %v", c.ClearWithin))
 	}
 	if c.InteractivePresence < 0 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.interactive_presence: must not be negative, got %v", c.InteractivePresence))

@@ -453,7 +453,7 @@ func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 		l.Release(Outcome{})
 	}
 	w, _ := p.find("w")
-	if n, tok := w.interactivePrefills.Load(), w.lowerPrefillTokens.Load(); n != 0 || tok != 0 {
+	if n, tok := w.interactivePrefills.Load(), w.prefill.tokens.Load(); n != 0 || tok != 0 {
 		t.Errorf("after every lease ended: %d interactive prefills, %d other prompt tokens in prefill; want 0 and 0", n, tok)
 	}
 }

@@ -108,8 +108,13 @@ func (r *Request) Eligible(w *Worker) bool {
 	if !r.Interactive && w.interactivePrefills.Load() > 0 {
 		return false
 	}
-	if lower := w.lowerPrefillTokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+int64(r.PromptTokens) > r.prefillBudget {
+	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+int64(r.PromptTokens) > r.prefillBudget {
 		return false
+	}
+	if r.lane.active {
+		if r.Interactive && r.lane.clear > 0 && !w.clear(r.lane.now, r.lane.within) || !r.Interactive && !r.lane.admitsLower(w) {
+			return false
+		}
 	}
 	n := w.inFlight.Load()
 	if n >= w.limit.Load() {

@@ -89,6 +89,9 @@ type Request struct {
 	// are present, bounds the prompt tokens of such requests a worker is prefilling (see
 	// Interactive); 0: no bound.
 	prefillBudget int64
+	// lane, set by Pick on a request while interactive ones are present, is the state of the
+	// clear lane among the model's workers (see lane.go); inactive otherwise.
+	lane lane
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -146,6 +149,9 @@ func (l *Lease) Release(o Outcome) {
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
 	}
+	if o.TTFT > 0 && !l.interactive {
+		w.prefill.observe(l.lowerTokens, o.TTFT)
+	}
 	if !w.tokensFixed {
 		w.learner.observeUsage(l.tokens, o)
 	}
@@ -191,7 +197,7 @@ func (l *Lease) endPrefill() bool {
 	if l.interactive {
 		l.Worker.interactivePrefills.Add(-1)
 	} else {
-		l.Worker.lowerPrefillTokens.Add(-l.lowerTokens)
+		l.Worker.prefill.done(l.lowerTokens)
 	}
 	return true
 }
@@ -236,6 +242,11 @@ type Pool struct {
 	changes, released broadcast
 	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
 	lastInteractive atomic.Int64
+	// laneMu guards laneTimer and laneWake: the one timer that wakes the picks the clear lane
+	// held back (see wakeAt).
+	laneMu    sync.Mutex
+	laneTimer *time.Timer
+	laneWake  time.Time
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
 	workers  []*Worker          // all workers, in the order they were added
@@ -426,10 +437,8 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	if !r.Interactive && p.interactivePresent() {
-		bounded := *r
-		bounded.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
-		r = &bounded
+	if r.Interactive || p.interactivePresent() {
+		r = p.yieldToInteractive(r, ms.workers)
 	}
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
@@ -454,6 +463,14 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		} else {
 			w, route = ms.policy.Pick(ctx, r, ms.workers)
 		}
+		if w == nil && r.Interactive && r.lane.active {
+			// No clear worker could take it: any worker will do.
+			anywhere := *r
+			anywhere.lane = lane{}
+			r = &anywhere
+			attempt--
+			continue
+		}
 		if w == nil {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
@@ -473,6 +490,24 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
 	}
+}
+
+// yieldToInteractive returns a copy of r that yields to interactive requests, which are present:
+// a standard or batch request gets the prefill budget and keeps a worker clear, an interactive
+// one prefers a clear worker (see lane.go); a request for a named worker is only budgeted.
+func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
+	c := *r
+	if !c.Interactive {
+		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
+	}
+	if c.TargetWorker == "" {
+		now := p.now()
+		c.lane = laneOf(workers, now, p.cfg.Concurrency.ClearWithin)
+		if !c.Interactive && c.lane.active && c.lane.clear <= 1 && !c.lane.opens.IsZero() {
+			p.wakeAt(c.lane.opens)
+		}
+	}
+	return &c
 }
 
 // interactivePresent reports whether an interactive request was routed within
@@ -510,7 +545,7 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 		p.lastInteractive.Store(p.now().UnixNano())
 		w.interactivePrefills.Add(1)
 	} else {
-		w.lowerPrefillTokens.Add(l.lowerTokens)
+		w.prefill.start(p.now(), l.lowerTokens)
 	}
 	return l
 }

@@ -48,10 +48,10 @@ type Worker struct {
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
 	// interactivePrefills counts the interactive requests on the worker whose first token has
-	// not come back, and lowerPrefillTokens sums the prompt tokens of the others' (see
-	// Request.Interactive).
+	// not come back (see Request.Interactive); prefill follows the other classes' prefills: their
+	// prompt tokens and when they are expected to end (see lane.go).
 	interactivePrefills atomic.Int64
-	lowerPrefillTokens  atomic.Int64
+	prefill             prefillClock
 	health              atomic.Int32 // a healthState
 	draining            atomic.Bool
 	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the

@@ -1,0 +1,167 @@
+package routing
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+// The prefill line is learned from answers: a least-squares line of time to first token over
+// prompt tokens; with prompts all of one size, a line through the origin.
+func TestPrefillClockLearnsTheCostOfAPrompt(t *testing.T) {
+	var c prefillClock
+	c.observe(200, 30*time.Millisecond)
+	c.observe(400, 50*time.Millisecond)
+	c.mu.Lock()
+	_, ok := c.costLocked(500)
+	c.mu.Unlock()
+	if ok {
+		t.Fatal("a cost after two answers, want none before minPrefillSamples")
+	}
+	for range 20 {
+		c.observe(200, 30*time.Millisecond)
+		c.observe(400, 50*time.Millisecond)
+		c.observe(600, 70*time.Millisecond)
+	}
+	c.mu.Lock()
+	got, ok := c.costLocked(500)
+	c.mu.Unlock()
+	if want := 60 * time.Millisecond; !ok || got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Errorf("cost of 500 tokens on the line 10ms + 0.1ms a token: %v (%v), want %v", got, ok, want)
+	}
+
+	var same prefillClock
+	for range 5 {
+		same.observe(400, 40*time.Millisecond)
+	}
+	same.mu.Lock()
+	got, ok = same.costLocked(800)
+	same.mu.Unlock()
+	if want := 80 * time.Millisecond; !ok || got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Errorf("cost of 800 tokens after prompts of 400 only: %v (%v), want %v", got, ok, want)
+	}
+}
+
+// While interactive requests are present, one of two workers stays clear of standard and batch
+// prefill (or within ClearWithin of its end), and interactive requests go to the clear one.
+func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pick := func(what string, r Request) *Lease {
+		t.Helper()
+		r.Model = "m"
+		l, err := p.Pick(ctx, &r)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return l
+	}
+	refused := func(what string, r Request) {
+		t.Helper()
+		r.Model = "m"
+		if l, err := p.Pick(ctx, &r); err == nil {
+			l.Release(Outcome{})
+			t.Fatalf("%s: picked %s, want refused", what, l.Worker.ID())
+		}
+	}
+	batch := Request{PromptTokens: 500, Tokens: 510}
+	// Both workers have learnt that a prefill costs 10ms + 0.1ms a token.
+	for _, id := range []string{"w0", "w1"} {
+		w, _ := p.find(id)
+		for range 10 {
+			w.prefill.observe(200, 30*time.Millisecond)
+			w.prefill.observe(600, 70*time.Millisecond)
+		}
+	}
+
+	pick("an interactive request", Request{Interactive: true, PromptTokens: 50}).Release(Outcome{TTFT: time.Millisecond})
+	b1 := pick("a batch prompt: both workers clear", batch)
+	other := "w1"
+	if b1.Worker.ID() == "w1" {
+		other = "w0"
+	}
+	refused("a second batch prompt: the other worker is the only clear one", batch)
+	if rem := b1.Worker.prefill.remaining(now); rem < 59*time.Millisecond || rem > 61*time.Millisecond {
+		t.Errorf("the first prompt's prefill is expected to last %v, want 60ms", rem)
+	}
+
+	released := p.Released()
+	now = now.Add(35 * time.Millisecond) // 25ms left: within ClearWithin (30ms)
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Released did not fire when the first prefill came within ClearWithin of its end")
+	}
+	b2 := pick("a second batch prompt once the first is within ClearWithin of its end", batch)
+	if b2.Worker.ID() != other {
+		t.Errorf("the second batch prompt went to %s, want %s", b2.Worker.ID(), other)
+	}
+	i := pick("an interactive request beside two prefills", Request{Interactive: true, PromptTokens: 50})
+	if i.Worker != b1.Worker {
+		t.Errorf("the interactive request went to %s, whose prefill has 60ms left; want %s, with 25ms", i.Worker.ID(), b1.Worker.ID())
+	}
+	i.Prefilled()
+	b1.Prefilled()
+	if rem := b1.Worker.prefill.remaining(now); rem != 0 {
+		t.Errorf("after its first token, the prefill is expected to last %v, want 0", rem)
+	}
+	for _, l := range []*Lease{b1, b2, i} {
+		l.Release(Outcome{})
+	}
+}
+
+// A worker that has not yet answered enough to know its prefill cost counts as busy until the
+// first token comes back; one worker alone is never held back.
+func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := func(interactive bool) *Request {
+		return &Request{Model: "m", Interactive: interactive, PromptTokens: 500, Tokens: 510}
+	}
+	l, err := p.Pick(ctx, r(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release(Outcome{})
+	b1, err := p.Pick(ctx, r(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rem := b1.Worker.prefill.remaining(now.Add(time.Hour)); rem != math.MaxInt64 {
+		t.Errorf("a prefill of unknown cost is expected to last %v an hour on, want for ever", rem)
+	}
+	if l, err := p.Pick(ctx, r(false)); err == nil {
+		t.Errorf("a second batch prompt beside a prefill of unknown cost went to %s, want refused", l.Worker.ID())
+	}
+	b1.Prefilled()
+	b2, err := p.Pick(ctx, r(false))
+	if err != nil {
+		t.Fatalf("a batch prompt once the first one's first token came: %v", err)
+	}
+	b1.Release(Outcome{})
+	b2.Release(Outcome{})
+
+	one, err := NewPool(Config{Workers: testWorkers(1, "m")}, Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := one.Pick(ctx, r(true)); err != nil {
+		t.Fatal(err)
+	} else {
+		l.Release(Outcome{})
+	}
+	lone, err := one.Pick(ctx, r(false))
+	if err != nil {
+		t.Fatalf("one worker alone, interactive present: a batch prompt refused (%v), want sent", err)
+	}
+	lone.Release(Outcome{})
+}
