@@ -116,7 +116,7 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 }
 
 // A worker that has not yet answered enough to know its prefill cost counts as busy until the
-// first token comes back; one worker alone is never held back.
+// first token comes back; one worker alone is never held back, nor any with the lane turned off.
 func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
@@ -164,4 +164,26 @@ func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 		t.Fatalf("one worker alone, interactive present: a batch prompt refused (%v), want sent", err)
 	}
 	lone.Release(Outcome{})
+
+	off, err := NewPool(Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: -1}},
+		Options{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := off.Pick(ctx, r(true)); err != nil {
+		t.Fatal(err)
+	} else {
+		l.Release(Outcome{})
+	}
+	var leases []*Lease
+	for i := range 2 {
+		l, err := off.Pick(ctx, r(false))
+		if err != nil {
+			t.Fatalf("lane off, interactive present: batch prompt %d refused (%v), want one on each worker", i, err)
+		}
+		leases = append(leases, l)
+	}
+	for _, l := range leases {
+		l.Release(Outcome{})
+	}
 }

@@ -89,7 +89,8 @@ type ConcurrencyConfig struct {
 	InteractivePresence time.Duration `yaml:"interactive_presence"`
 	// ClearWithin is, while interactive requests are present, the longest that the standard and
 	// batch prefill in progress on the clearest worker may still be expected to last: the most
-	// an interactive prompt should wait for them (see lane.go). Default 30ms.
+	// an interactive prompt should wait for them (see lane.go). Default 30ms; a negative value
+	// turns the clear lane off.
 	ClearWithin time.Duration `yaml:"clear_within"`
 }
 
@@ -141,9 +142,6 @@ func (c ConcurrencyConfig) validate() []error {
 	}
 	if c.LowerPrefillTokens < 1 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.lower_prefill_tokens: must be at least 1, got %d", c.LowerPrefillTokens))
-	}
-	if c.ClearWithin < 0 {
-		errs = append(errs, fmt.Errorf("routing.concurrency.clear_within: must not be negative, got %v", c.ClearWithin))
 	}
 	if c.InteractivePresence < 0 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.interactive_presence: must not be negative, got %v", c.InteractivePresence))
