@@ -463,7 +463,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		} else {
 			w, route = ms.policy.Pick(ctx, r, ms.workers)
 		}
-		if w == nil && r.Interactive && r.lane.active {
+		if w == nil && r.Interactive && r.lane.active && r.lane.clear > 0 {
 			// No clear worker could take it: any worker will do.
 			anywhere := *r
 			anywhere.lane = lane{}
@@ -582,5 +582,10 @@ func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
+	p.laneMu.Lock()
+	if p.laneTimer != nil {
+		p.laneTimer.Stop()
+	}
+	p.laneMu.Unlock()
 	p.running.Wait()
 }
