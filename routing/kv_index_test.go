@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -366,6 +367,84 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	hold("w0", 3)
 	if _, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); strings.HasPrefix(string(route), "kv_") {
 		t.Fatalf("route %s, want one of cache_aware's", route)
+	}
+}
+
+// TestKVAwareWaitsForAFullHolder: when the worker holding most of the prompt is at its limit
+// and the workers with room hold only its first block (a shared system prompt), the request
+// waits for a slot there (Pick refuses) for HolderWait, then goes to a worker with room; a
+// holder with room again takes it at once, and a holder of less than half the prompt more is
+// not waited for.
+func TestKVAwareWaitsForAFullHolder(t *testing.T) {
+	const bs = 4
+	prompt := seqTokens(1, 10*bs)
+	tok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": prompt})
+	}))
+	defer tok.Close()
+	specs := testWorkers(3, "m")
+	for i := range specs {
+		specs[i].URL = tok.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	k := kvTestPolicy(t, ws)
+	now := time.Unix(1_000_000, 0)
+	k.now = func() time.Time { return now }
+	hold := func(id string, blocks int) {
+		kw := k.workers[id]
+		hashes := make([]any, blocks)
+		for i := range hashes {
+			hashes[i] = i + 1
+		}
+		applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
+		kw.live.Store(true)
+	}
+	// full puts w at its token limit with one request in flight (as a long conversation's
+	// requests fill a worker's KV cache), or frees it.
+	full := func(w *Worker, on bool) {
+		if !on {
+			w.inFlight.Store(0)
+			w.inFlightTokens.Store(0)
+			return
+		}
+		w.inFlight.Store(1)
+		w.inFlightTokens.Store(w.tokenLimit.Load())
+	}
+	pick := func() (*Worker, Route) {
+		return k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt", Tokens: 50}, ws)
+	}
+	hold("w0", 9)
+	hold("w1", 1)
+	hold("w2", 1)
+	full(ws[0], true)
+	if w, _ := pick(); w != nil {
+		t.Fatalf("got %s, want none: wait for w0, which holds 9 of 10 blocks", w.ID())
+	}
+	now = now.Add(k.cfg.HolderWait / 2)
+	if w, _ := pick(); w != nil {
+		t.Fatalf("half the wait on: got %s, want none", w.ID())
+	}
+	full(ws[0], false)
+	if w, route := pick(); w != ws[0] || route != RouteKVHit {
+		t.Fatalf("got %v (%s), want w0 (kv_hit)", w, route)
+	}
+	full(ws[0], true)
+	if w, _ := pick(); w != nil { // a new request of the prompt: a wait of its own
+		t.Fatalf("got %s, want none", w.ID())
+	}
+	now = now.Add(k.cfg.HolderWait)
+	if w, route := pick(); w == nil || w == ws[0] || route != RouteKVHit {
+		t.Fatalf("after the wait: got %v (%s), want w1 or w2 (kv_hit)", w, route)
+	}
+	hold("w1", 5) // 4 blocks short of w0's 9: less than half the prompt
+	if w, _ := pick(); w != ws[1] {
+		t.Fatalf("got %v, want w1 at once", w)
+	}
+	k.cfg.HolderWait = -1
+	hold("w1", 1)
+	if w, _ := pick(); w == nil || w == ws[0] {
+		t.Fatalf("holder_wait -1: got %v, want w1 or w2 at once", w)
 	}
 }
 
