@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,7 +37,7 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		k.model, k.blocks, k.events = env.model, env.metrics.kvBlocks, env.metrics.kvEvents
+		k.model, k.blocks, k.events, k.now = env.model, env.metrics.kvBlocks, env.metrics.kvEvents, env.now
 		return k, nil
 	})
 }
@@ -60,6 +61,7 @@ const (
 	DefaultKVMaxBlocksPerWorker = 262144
 	DefaultKVTokenizePath       = "/tokenize"
 	DefaultKVTokenizeTimeout    = 500 * time.Millisecond
+	DefaultKVHolderWait         = 250 * time.Millisecond
 )
 
 // KVAwareConfig sets the kv_aware policy (`routing.models[m].kv_aware`); it also uses the
@@ -91,6 +93,12 @@ type KVAwareConfig struct {
 	// their history away from it: on the Mooncake conversation trace kv_aware reached 93-95% of
 	// the one-shared-cache hit rate with it, 100% with one block.
 	Threshold float64 `yaml:"threshold"`
+	// HolderWait bounds how long a request waits for the worker whose events show it holding at
+	// least half the prompt more than any worker with room now, when that worker is at its
+	// limit (requests or tokens): the request is refused (it waits in the gateway for a slot)
+	// until then, and after it goes to the best worker with room. Default 250ms; negative:
+	// never wait.
+	HolderWait time.Duration `yaml:"holder_wait"`
 	// Endpoints overrides, per worker ID, where its events are read: "host:port" of the
 	// publisher, and optionally the replay socket's after a comma ("host:5557,host:5558").
 	Endpoints map[string]string `yaml:"endpoints"`
@@ -112,6 +120,9 @@ func (c *KVAwareConfig) SetDefaults() {
 	}
 	if c.TokenizeTimeout == 0 {
 		c.TokenizeTimeout = DefaultKVTokenizeTimeout
+	}
+	if c.HolderWait == 0 {
+		c.HolderWait = DefaultKVHolderWait
 	}
 }
 
@@ -176,7 +187,9 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // That call costs about 0.3 ms for a 4 KB prompt on loopback (BenchmarkKVAwareTokenize). When
 // no worker publishes events, the tokenizer fails, or no worker's events show Threshold of the
 // prompt held, the request goes to the wrapped CacheAware (whose tree then records it), so a
-// fleet of engines without events routes as cache_aware.
+// fleet of engines without events routes as cache_aware. Pick returns nil, so that the request
+// waits in the gateway for a slot, while the worker holding at least half the prompt more than
+// any worker with room is at its limit, for at most HolderWait per prompt.
 //
 // Each worker's events are read by one goroutine that Run owns: a ZeroMQ SUB socket to the
 // worker's publisher; a gap in sequence numbers asks the replay socket for the batches missed,
@@ -197,9 +210,15 @@ type KVAware struct {
 	// events, when not nil, counts the events applied, by model, worker and event.
 	events *prometheus.CounterVec
 	model  string
+	now    func() time.Time
 
 	mu      sync.Mutex // guards workers
 	workers map[string]*kvWorker
+
+	waitMu sync.Mutex // guards waits
+	// waits holds when each prompt (by its last full block's key) was first refused to wait
+	// for its holder (see KVAwareConfig.HolderWait); entries past the wait are swept.
+	waits map[uint64]time.Time
 }
 
 var (
@@ -227,6 +246,8 @@ func NewKVAware(cfg KVAwareConfig, fallback *CacheAware, logger *slog.Logger) (*
 		client:   &http.Client{Timeout: cfg.TokenizeTimeout},
 		changed:  make(chan struct{}, 1),
 		workers:  make(map[string]*kvWorker),
+		now:      time.Now,
+		waits:    make(map[uint64]time.Time),
 	}, nil
 }
 
@@ -687,7 +708,11 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 		return k.fallback.pickLearning(ctx, r, workers)
 	}
 	tokens := k.promptTokens(ctx, r, workers, kws)
-	if w, route := k.pickByEvents(r, workers, kws, tokens); w != nil {
+	w, route, wait := k.pickByEvents(r, workers, kws, tokens)
+	switch {
+	case wait:
+		return nil, "", prediction{}
+	case w != nil:
 		return w, route, prediction{}
 	}
 	return k.fallback.pickLearning(ctx, r, workers)
@@ -698,10 +723,13 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 func (k *KVAware) learn(p prediction, o Outcome) { k.fallback.learn(p, o) }
 
 // pickByEvents chooses among the eligible workers whose events show at least KVAwareConfig.Threshold
-// of the prompt's tokens held (one block when it is 0); nil when none does.
-func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, tokens []uint64) (*Worker, Route) {
+// of the prompt's tokens held (one block when it is 0); nil when none does. It reports wait
+// instead when a worker at its limit holds at least half the prompt more than that choice (see
+// KVAwareConfig.HolderWait): the request is better off waiting for a slot there than computing
+// that half again elsewhere.
+func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, tokens []uint64) (w *Worker, route Route, wait bool) {
 	if len(tokens) == 0 {
-		return nil, ""
+		return nil, "", false
 	}
 	need := max(int64(math.Ceil(k.cfg.Threshold*float64(len(tokens)))), 1)
 	type held struct {
@@ -711,16 +739,22 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 	best, light := held{candidate: candidate{i: -1}}, held{candidate: candidate{i: -1}}
 	minLoad, maxLoad := int64(math.MaxInt64), int64(-1)
 	var holders []held
+	// full: the holder of the most among the workers at their limit that may take the request
+	// once a slot frees there.
+	full := held{candidate: candidate{i: -1}}
 	// The prompt's block keys, hashed once for all the workers of one block size (keysOf).
 	var hasher kvHasher
 	var keys []uint64
 	keysOf := 0
 	for i, w := range workers {
-		if !r.Eligible(w) {
+		eligible := r.Eligible(w)
+		if !eligible && !k.mayWaitFor(r, w) {
 			continue
 		}
 		load := w.InFlight()
-		minLoad, maxLoad = min(minLoad, load), max(maxLoad, load)
+		if eligible {
+			minLoad, maxLoad = min(minLoad, load), max(maxLoad, load)
+		}
 		kw := kws[i]
 		if kw == nil || !kw.live.Load() {
 			continue
@@ -731,13 +765,15 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 		}
 		n := int64(kw.idx.matchKeys(keys) * keysOf)
 		kw.mu.RUnlock()
-		if n < need {
-			continue
+		h := held{candidate: candidate{i: i, load: load, tokens: w.InFlightTokens()}, tokens: n}
+		switch {
+		case !eligible:
+			if n > full.tokens {
+				full = h
+			}
+		case n >= need:
+			holders = append(holders, h)
 		}
-		holders = append(holders, held{candidate: candidate{i: i, load: load, tokens: w.InFlightTokens()}, tokens: n})
-	}
-	if len(holders) == 0 {
-		return nil, ""
 	}
 	imbalanced := k.fallback.overloaded(maxLoad, minLoad)
 	better := func(a, b held) bool { // more of the prompt held, then lighter
@@ -754,13 +790,70 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 			light = h
 		}
 	}
+	chosen, route := best, RouteKVHit
 	switch {
+	case len(holders) == 0:
+		chosen, route = held{candidate: candidate{i: -1}}, ""
 	case !imbalanced || light.i == best.i:
-		return workers[best.i], RouteKVHit
 	case light.i >= 0:
-		return workers[light.i], RouteKVRebalance
+		chosen, route = light, RouteKVRebalance
+	default:
+		chosen, route = held{candidate: candidate{i: -1}}, "" // every holder is overloaded: the fallback balances
 	}
-	return nil, "" // every holder is overloaded: the fallback balances
+	if len(keys) > 0 {
+		// A worker that would be overloaded among the eligible ones is not waited for.
+		worth := full.i >= 0 && full.tokens >= need && 2*(full.tokens-chosen.tokens) >= int64(len(tokens)) &&
+			(minLoad == math.MaxInt64 || !k.fallback.overloaded(full.load, minLoad))
+		if k.waitFor(keys[len(keys)-1], worth) {
+			return nil, "", true
+		}
+	}
+	if chosen.i < 0 {
+		return nil, "", false
+	}
+	return workers[chosen.i], route, false
+}
+
+// mayWaitFor reports whether w, not eligible for r now, may be when a slot frees there: it
+// takes requests (healthy, not draining, circuit closed) and r has not been tried there.
+func (k *KVAware) mayWaitFor(r *Request, w *Worker) bool {
+	return w.Healthy() && !w.Draining() && !w.CircuitOpen() && !slices.Contains(r.Exclude, w.ID())
+}
+
+// kvMaxWaits is the number of waiting prompts past which waitFor sweeps out those whose wait
+// is over.
+const kvMaxWaits = 256
+
+// waitFor reports whether the prompt whose last full block has key should wait for its holder:
+// when worth it and its first wait began less than HolderWait ago. A prompt that no longer
+// waits is forgotten, so the next request of the same prompt has its own wait. Safe for
+// concurrent use; one lock, and a sweep of the waiting prompts now and then.
+func (k *KVAware) waitFor(key uint64, worth bool) bool {
+	if k.cfg.HolderWait < 0 {
+		return false
+	}
+	k.waitMu.Lock()
+	defer k.waitMu.Unlock()
+	since, waiting := k.waits[key]
+	if !worth {
+		if waiting {
+			delete(k.waits, key)
+		}
+		return false
+	}
+	now := k.now()
+	if !waiting {
+		if len(k.waits) >= kvMaxWaits {
+			for p, t := range k.waits {
+				if now.Sub(t) >= k.cfg.HolderWait {
+					delete(k.waits, p)
+				}
+			}
+		}
+		k.waits[key] = now
+		return true
+	}
+	return now.Sub(since) < k.cfg.HolderWait
 }
 
 // HeldBlocks returns the blocks the events say worker id holds and whether it publishes

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -126,6 +127,58 @@ func TestKVIndexReadsEveryIntegerWidth(t *testing.T) {
 			t.Fatalf("compact %v: got tokens %v hashes %v block size %d", compact, tokens, got.hashes, got.blockSize)
 		}
 	}
+}
+
+// TestDecodeKVBatchReadsLongRunsOfEveryWidth: token ids and hashes of every width, in runs long
+// enough that most of them go through the fast loop (putUints) and the last ones, near the end
+// of the payload, through the checked reader, decode to what was encoded.
+func TestDecodeKVBatchReadsLongRunsOfEveryWidth(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	value := func() uint64 { // each width about as often: fixint, uint8 to uint64
+		return rng.Uint64() >> []int{57, 56, 48, 32, 0}[rng.IntN(5)]
+	}
+	for _, compact := range []bool{false, true} {
+		for round := range 50 {
+			ids := make([]uint64, 1+rng.IntN(300))
+			hashes := make([]uint64, 1+rng.IntN(40))
+			for i := range ids {
+				ids[i] = value()
+			}
+			for i := range hashes {
+				hashes[i] = value()
+			}
+			var buf bytes.Buffer
+			enc := msgpack.NewEncoder(&buf)
+			enc.UseCompactInts(compact)
+			// The tokens end 3 bytes before the payload does: the last ones are read checked.
+			if err := enc.Encode([]any{1.5, []any{removed(toAny(hashes)...), stored(toAny(hashes), nil, ids, 1)}}); err != nil {
+				t.Fatal(err)
+			}
+			var b kvBatch
+			if err := decodeKVBatch(buf.Bytes(), &b); err != nil {
+				t.Fatalf("compact %v round %d: %v", compact, round, err)
+			}
+			if got := b.events[0].hashes; !slices.Equal(got, hashes) {
+				t.Fatalf("compact %v round %d: removed hashes %v, want %v", compact, round, got, hashes)
+			}
+			got := b.events[1]
+			var tokens []uint64
+			for i := 0; i+8 <= len(got.tokens); i += 8 {
+				tokens = append(tokens, binary.LittleEndian.Uint64(got.tokens[i:]))
+			}
+			if !slices.Equal(tokens, ids) || !slices.Equal(got.hashes, hashes) {
+				t.Fatalf("compact %v round %d: tokens %v hashes %v, want %v and %v", compact, round, tokens, got.hashes, ids, hashes)
+			}
+		}
+	}
+}
+
+func toAny(vs []uint64) []any {
+	out := make([]any, len(vs))
+	for i, v := range vs {
+		out[i] = v
+	}
+	return out
 }
 
 func TestKVIndexIgnoresWhatAPromptCannotHit(t *testing.T) {
@@ -314,6 +367,84 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	hold("w0", 3)
 	if _, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); strings.HasPrefix(string(route), "kv_") {
 		t.Fatalf("route %s, want one of cache_aware's", route)
+	}
+}
+
+// TestKVAwareWaitsForAFullHolder: when the worker holding most of the prompt is at its limit
+// and the workers with room hold only its first block (a shared system prompt), the request
+// waits for a slot there (Pick refuses) for HolderWait, then goes to a worker with room; a
+// holder with room again takes it at once, and a holder of less than half the prompt more is
+// not waited for.
+func TestKVAwareWaitsForAFullHolder(t *testing.T) {
+	const bs = 4
+	prompt := seqTokens(1, 10*bs)
+	tok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": prompt})
+	}))
+	defer tok.Close()
+	specs := testWorkers(3, "m")
+	for i := range specs {
+		specs[i].URL = tok.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	k := kvTestPolicy(t, ws)
+	now := time.Unix(1_000_000, 0)
+	k.now = func() time.Time { return now }
+	hold := func(id string, blocks int) {
+		kw := k.workers[id]
+		hashes := make([]any, blocks)
+		for i := range hashes {
+			hashes[i] = i + 1
+		}
+		applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
+		kw.live.Store(true)
+	}
+	// full puts w at its token limit with one request in flight (as a long conversation's
+	// requests fill a worker's KV cache), or frees it.
+	full := func(w *Worker, on bool) {
+		if !on {
+			w.inFlight.Store(0)
+			w.inFlightTokens.Store(0)
+			return
+		}
+		w.inFlight.Store(1)
+		w.inFlightTokens.Store(w.tokenLimit.Load())
+	}
+	pick := func() (*Worker, Route) {
+		return k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt", Tokens: 50}, ws)
+	}
+	hold("w0", 9)
+	hold("w1", 1)
+	hold("w2", 1)
+	full(ws[0], true)
+	if w, _ := pick(); w != nil {
+		t.Fatalf("got %s, want none: wait for w0, which holds 9 of 10 blocks", w.ID())
+	}
+	now = now.Add(k.cfg.HolderWait / 2)
+	if w, _ := pick(); w != nil {
+		t.Fatalf("half the wait on: got %s, want none", w.ID())
+	}
+	full(ws[0], false)
+	if w, route := pick(); w != ws[0] || route != RouteKVHit {
+		t.Fatalf("got %v (%s), want w0 (kv_hit)", w, route)
+	}
+	full(ws[0], true)
+	if w, _ := pick(); w != nil { // a new request of the prompt: a wait of its own
+		t.Fatalf("got %s, want none", w.ID())
+	}
+	now = now.Add(k.cfg.HolderWait)
+	if w, route := pick(); w == nil || w == ws[0] || route != RouteKVHit {
+		t.Fatalf("after the wait: got %v (%s), want w1 or w2 (kv_hit)", w, route)
+	}
+	hold("w1", 5) // 4 blocks short of w0's 9: less than half the prompt
+	if w, _ := pick(); w != ws[1] {
+		t.Fatalf("got %v, want w1 at once", w)
+	}
+	k.cfg.HolderWait = -1
+	hold("w1", 1)
+	if w, _ := pick(); w == nil || w == ws[0] {
+		t.Fatalf("holder_wait -1: got %v, want w1 or w2 at once", w)
 	}
 }
 
@@ -584,5 +715,103 @@ func TestParseTokenIDs(t *testing.T) {
 		if (err == nil) != tt.ok || tt.ok && !slices.Equal(got, tt.want) {
 			t.Errorf("%s: got %v, %v; want %v (ok %v)", tt.raw, got, err, tt.want, tt.ok)
 		}
+	}
+}
+
+// TestKVIndexAgreesWithAModel stores and removes blocks of random prompts (on a few long-held
+// roots, as system prompts are; blocks stored again; removals of hashes never stored) against
+// a model of what the engine holds, long enough for the insertion order to be compacted many
+// times: each prompt matches exactly its leading blocks held, and each held block has its one
+// live entry in the insertion order.
+func TestKVIndexAgreesWithAModel(t *testing.T) {
+	const bs = 2
+	rng := rand.New(rand.NewPCG(7, 8))
+	const maxBlocks = 4096 // far above what is held: nothing is forgotten, order is compacted
+	x := newKVIndex(bs, maxBlocks)
+	chains := map[uint64][]uint64{}  // engine hash → the hashes of its prompt's blocks up to it
+	prompts := map[uint64][]uint64{} // engine hash → its prompt's tokens up to its block's end
+	held := map[uint64]bool{}
+	var heldList []uint64
+	roots := make([][]uint64, 4)
+	for i := range roots {
+		roots[i] = seqTokens(1_000_000*(i+1), 3*bs)
+	}
+	nextHash := uint64(1)
+	check := func(op int, h uint64) {
+		want := 0
+		for want < len(chains[h]) && held[chains[h][want]] {
+			want++
+		}
+		if got := x.match(prompts[h]); got != want {
+			t.Fatalf("op %d: the prompt up to block %d matched %d blocks, want %d", op, h, got, want)
+		}
+	}
+	for op := range 40_000 {
+		if rng.IntN(2) == 0 || len(heldList) == 0 { // store a prompt: a root and new blocks
+			r := rng.IntN(len(roots))
+			prompt := append(append([]uint64{}, roots[r]...), seqTokens(rng.IntN(1<<30), bs*(1+rng.IntN(4)))...)
+			hashes := make([]any, len(prompt)/bs)
+			var chain []uint64
+			for b := range hashes {
+				h := nextHash
+				if b < len(roots[r])/bs { // a root's blocks keep their hashes
+					h = 1<<40 + uint64(8*r+b)
+				} else {
+					nextHash++
+				}
+				hashes[b] = h
+				chain = append(chain, h)
+				chains[h], prompts[h] = slices.Clone(chain), prompt[:(b+1)*bs]
+				if !held[h] {
+					held[h] = true
+					heldList = append(heldList, h)
+				}
+			}
+			applyPayload(t, x, kvPayload(t, []any{stored(hashes, nil, prompt, bs)}))
+		} else { // remove random held blocks (as many as a store adds), and one never stored
+			gone := []any{uint64(1)<<50 + uint64(op)}
+			for range 1 + rng.IntN(5) {
+				if len(heldList) == 0 {
+					break
+				}
+				i := rng.IntN(len(heldList))
+				gone = append(gone, heldList[i])
+				delete(held, heldList[i])
+				heldList[i] = heldList[len(heldList)-1]
+				heldList = heldList[:len(heldList)-1]
+			}
+			applyPayload(t, x, kvPayload(t, []any{removed(gone...)}))
+			check(op, gone[len(gone)-1].(uint64))
+		}
+		if op%500 != 0 {
+			continue
+		}
+		if x.blocks() != len(heldList) {
+			t.Fatalf("op %d: %d blocks indexed, the engine holds %d", op, x.blocks(), len(heldList))
+		}
+		live := map[uint64]uint64{} // engine hash → its number, from the insertion order
+		for _, o := range x.order[x.head:] {
+			if i := x.byEngine.find(o.key); i >= 0 && x.byEngine.at(i).n == o.n {
+				if _, twice := live[o.key]; twice {
+					t.Fatalf("op %d: block %d twice in the insertion order", op, o.key)
+				}
+				live[o.key] = o.n
+			}
+		}
+		if len(live) != len(heldList) {
+			t.Fatalf("op %d: %d live entries in the insertion order for %d blocks", op, len(live), len(heldList))
+		}
+		for _, h := range heldList {
+			if _, ok := live[h]; !ok {
+				t.Fatalf("op %d: block %d held but not in the insertion order", op, h)
+			}
+			check(op, h)
+		}
+	}
+	if x.next < 4*(2*maxBlocks+1024) {
+		t.Fatalf("%d blocks stored: the insertion order was compacted too few times", x.next)
+	}
+	if len(x.order)-x.head > 2*maxBlocks+1024 {
+		t.Fatalf("insertion order holds %d entries for %d blocks", len(x.order)-x.head, x.blocks())
 	}
 }
