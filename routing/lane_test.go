@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -185,5 +186,50 @@ func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	}
 	for _, l := range leases {
 		l.Release(Outcome{})
+	}
+}
+
+// askOnce is a test policy that, like kv_aware, keeps what it learnt of a request (its token
+// ids) on the Request for the request's retries, and counts how often it had to learn it.
+type askOnce struct{ asked atomic.Int32 }
+
+func (a *askOnce) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	if r.kvTokens == nil {
+		a.asked.Add(1)
+		ids := []uint64{1, 2, 3}
+		r.kvTokens = &ids
+	}
+	for _, w := range workers {
+		if r.Eligible(w) {
+			return w, RouteLeastRequest
+		}
+	}
+	return nil, RouteLeastRequest
+}
+
+var testAskOnce = &askOnce{}
+
+func init() {
+	registerPolicy("test_ask_once", func(policyEnv) (Policy, error) { return testAskOnce, nil })
+}
+
+// While interactive requests are present Pick works on a copy of the request; what the policy
+// kept on it reaches the caller's, so a retry of the same request does not ask again.
+func TestPickKeepsWhatThePolicyLearntOfTheRequest(t *testing.T) {
+	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Policy: "test_ask_once"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := &Request{Model: "m", Interactive: true, PromptTokens: 10, Tokens: 20}
+	for range 2 {
+		l, err := p.Pick(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release(Outcome{})
+	}
+	if got := testAskOnce.asked.Load(); got != 1 {
+		t.Errorf("the policy learnt the request %d times over two picks, want once", got)
 	}
 }

@@ -437,8 +437,10 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	if r.Interactive || p.interactivePresent() {
+	if caller := r; r.Interactive || p.interactivePresent() {
 		r = p.yieldToInteractive(r, ms.workers)
+		// The prompt's token ids, once a policy asked for them, serve the retries too.
+		defer func() { caller.kvTokens = r.kvTokens }()
 	}
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
