@@ -207,10 +207,8 @@ func (a *askOnce) Pick(_ context.Context, r *Request, workers []*Worker) (*Worke
 	return nil, RouteLeastRequest
 }
 
-var testAskOnce = &askOnce{}
-
 func init() {
-	registerPolicy("test_ask_once", func(policyEnv) (Policy, error) { return testAskOnce, nil })
+	registerPolicy("test_ask_once", func(policyEnv) (Policy, error) { return &askOnce{}, nil })
 }
 
 // While interactive requests are present Pick works on a copy of the request; what the policy
@@ -229,7 +227,10 @@ func TestPickKeepsWhatThePolicyLearntOfTheRequest(t *testing.T) {
 		}
 		l.Release(Outcome{})
 	}
-	if got := testAskOnce.asked.Load(); got != 1 {
+	p.mu.Lock()
+	policy := p.policies["m"].Policy.(*askOnce)
+	p.mu.Unlock()
+	if got := policy.asked.Load(); got != 1 {
 		t.Errorf("the policy learnt the request %d times over two picks, want once", got)
 	}
 }
