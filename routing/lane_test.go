@@ -48,7 +48,8 @@ func TestPrefillClockLearnsTheCostOfAPrompt(t *testing.T) {
 // prefill (or within ClearWithin of its end), and interactive requests go to the clear one.
 func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
+	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: 30 * time.Millisecond}},
+		Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,10 +118,11 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 }
 
 // A worker that has not yet answered enough to know its prefill cost counts as busy until the
-// first token comes back; one worker alone is never held back, nor any with the lane turned off.
+// first token comes back; one worker alone is never held back, nor any by default (the lane off).
 func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
+	on := Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: 30 * time.Millisecond}}
+	p, err := NewPool(on, Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +153,8 @@ func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	b1.Release(Outcome{})
 	b2.Release(Outcome{})
 
-	one, err := NewPool(Config{Workers: testWorkers(1, "m")}, Options{Now: func() time.Time { return now }})
+	on.Workers = testWorkers(1, "m")
+	one, err := NewPool(on, Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +169,7 @@ func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	}
 	lone.Release(Outcome{})
 
-	off, err := NewPool(Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: -1}},
-		Options{Now: func() time.Time { return now }})
+	off, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +182,7 @@ func TestLaneWithoutALearntCostOrASecondWorker(t *testing.T) {
 	for i := range 2 {
 		l, err := off.Pick(ctx, r(false))
 		if err != nil {
-			t.Fatalf("lane off, interactive present: batch prompt %d refused (%v), want one on each worker", i, err)
+			t.Fatalf("by default, interactive present: batch prompt %d refused (%v), want one on each worker", i, err)
 		}
 		leases = append(leases, l)
 	}

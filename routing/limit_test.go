@@ -363,7 +363,7 @@ func TestPoolSizesTokenLimitFromTheEnginesKVCache(t *testing.T) {
 
 func TestConcurrencyConfigValidate(t *testing.T) {
 	bad := []ConcurrencyConfig{
-		{Initial: -1}, {TTFTTolerance: 0.5}, {KVHold: 0.99, KVHigh: 0.9}, {KVHigh: 1.5}, {PropsPath: "props"},
+		{Initial: -1}, {TTFTTolerance: 0.5}, {KVHold: 0.99, KVHigh: 0.9}, {KVHigh: 1.5}, {PropsPath: "props"}, {ClearWithin: -1},
 	}
 	for _, c := range bad {
 		c.setDefaults()

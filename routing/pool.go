@@ -502,7 +502,7 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 	if !c.Interactive {
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
 	}
-	if c.TargetWorker == "" && p.cfg.Concurrency.ClearWithin >= 0 {
+	if c.TargetWorker == "" && p.cfg.Concurrency.ClearWithin > 0 {
 		now := p.now()
 		c.lane = laneOf(workers, now, p.cfg.Concurrency.ClearWithin)
 		if !c.Interactive && c.lane.active && c.lane.clear <= 1 && !c.lane.opens.IsZero() {
