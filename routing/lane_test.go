@@ -213,15 +213,20 @@ func init() {
 	registerPolicy("test_ask_once", func(policyEnv) (Policy, error) { return &askOnce{}, nil })
 }
 
-// While interactive requests are present Pick works on a copy of the request; what the policy
-// kept on it reaches the caller's, so a retry of the same request does not ask again.
+// While interactive requests are present Pick works on a copy of a batch request; what the
+// policy kept on it reaches the caller's, so a retry of the same request does not ask again.
 func TestPickKeepsWhatThePolicyLearntOfTheRequest(t *testing.T) {
 	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Policy: "test_ask_once"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	r := &Request{Model: "m", Interactive: true, PromptTokens: 10, Tokens: 20}
+	if l, err := p.Pick(ctx, &Request{Model: "m", Interactive: true, PromptTokens: 10, Tokens: 20}); err != nil {
+		t.Fatal(err)
+	} else {
+		l.Release(Outcome{})
+	}
+	r := &Request{Model: "m", PromptTokens: 10, Tokens: 20}
 	for range 2 {
 		l, err := p.Pick(ctx, r)
 		if err != nil {
@@ -232,7 +237,8 @@ func TestPickKeepsWhatThePolicyLearntOfTheRequest(t *testing.T) {
 	p.mu.Lock()
 	policy := p.policies["m"].Policy.(*askOnce)
 	p.mu.Unlock()
-	if got := policy.asked.Load(); got != 1 {
-		t.Errorf("the policy learnt the request %d times over two picks, want once", got)
+	if got := policy.asked.Load(); got != 2 { // the interactive request, and the batch one once
+
+		t.Errorf("the policy learnt the requests %d times, want 2: the batch request's two picks asked once", got)
 	}
 }

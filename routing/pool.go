@@ -437,7 +437,8 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	if caller := r; r.Interactive || p.interactivePresent() {
+	laneOn := p.cfg.Concurrency.ClearWithin > 0
+	if caller := r; r.Interactive && laneOn || !r.Interactive && p.interactivePresent() {
 		r = p.yieldToInteractive(r, ms.workers)
 		// The prompt's token ids, once a policy asked for them, serve the retries too.
 		defer func() { caller.kvTokens = r.kvTokens }()
@@ -495,8 +496,9 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 }
 
 // yieldToInteractive returns a copy of r that yields to interactive requests, which are present:
-// a standard or batch request gets the prefill budget and keeps a worker clear, an interactive
-// one prefers a clear worker (see lane.go); a request for a named worker is only budgeted.
+// a standard or batch request gets the prefill budget and, with the clear lane on, keeps a worker
+// clear; an interactive one prefers a clear worker (see lane.go). A request for a named worker
+// is only budgeted.
 func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 	c := *r
 	if !c.Interactive {
