@@ -224,7 +224,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		default:
 			// No room for an interactive call: a standard or batch call whose answer has not
 			// begun gives it its capacity.
-			s.preemption.preemptOne(cl.model)
+			s.preemption.preemptOne(cl.model, false)
 		}
 	}
 	return s.await(c, cl, ticket)

@@ -243,7 +243,7 @@ func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
 			released, changed = s.pool.Released(), s.pool.Changes()
 			switch {
 			case cl.class == queue.Interactive && !s.cfg.DisablePreemption:
-				s.preemption.preemptOne(cl.model)
+				s.preemption.preemptOne(cl.model, true)
 			case cl.class != queue.Interactive && !s.cfg.DisablePreemption:
 				wait, cancel := context.WithCancelCause(ctx)
 				defer cancel(nil)
@@ -338,24 +338,29 @@ func (p *preemption) decoding(v *victim) {
 	p.mu.Unlock()
 }
 
-// preemptOne cancels a preemptible call of model, if there is one: the newest of those waiting
-// for a worker, which costs nothing; else the newest attempt whose engine is generating tokens,
-// which stops at its next token; else the newest attempt (the one that has cost the engine the
-// least so far). An engine notices a cancel during prefill only when the prefill ends:
-// llama.cpp takes half a second for a 500-token prompt on a CPU core.
-func (p *preemption) preemptOne(model string) bool {
+// preemptOne cancels a preemptible call of model, if there is one, for an interactive call that
+// lacks capacity in the queue (forRoom false) or room on a worker (forRoom true). The first
+// choice is the newest call waiting for a worker, which costs nothing, but holds only queue
+// capacity, so not for room. Then the newest attempt whose engine is generating tokens, which
+// stops at its next token; else the newest attempt (the one that has cost the engine the least
+// so far). An engine notices a cancel during prefill only when the prefill ends: llama.cpp takes
+// half a second for a 500-token prompt on a CPU core.
+func (p *preemption) preemptOne(model string, forRoom bool) bool {
 	p.mu.Lock()
 	list := p.running[model]
-	if len(list) == 0 {
-		p.mu.Unlock()
-		return false
+	i := -1
+	if !forRoom {
+		i = newest(list, func(v *victim) bool { return v.waiting })
 	}
-	i := newest(list, func(v *victim) bool { return v.waiting })
 	if i < 0 {
 		i = newest(list, func(v *victim) bool { return v.decoding })
 	}
 	if i < 0 {
-		i = len(list) - 1
+		i = newest(list, func(v *victim) bool { return !v.waiting })
+	}
+	if i < 0 {
+		p.mu.Unlock()
+		return false
 	}
 	v := list[i]
 	p.running[model] = slices.Delete(list, i, i+1)

@@ -464,8 +464,10 @@ func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
 	}
 }
 
-// A preemption cancels the newest attempt whose engine is generating tokens (it stops at the
-// next one), and only when none is, the newest attempt (still in prefill, or waiting).
+// A preemption cancels first the newest call waiting for a worker, when the interactive call
+// lacks queue capacity (a waiting call holds no room on a worker); then the newest attempt
+// whose engine is generating tokens (it stops at the next one); and only when none is, the
+// newest attempt (still in prefill, or waiting in the engine).
 func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	var p preemption
 	var cancelled []int
@@ -474,15 +476,23 @@ func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	}
 	add(0)
 	second := add(1)
+	p.addWaiting("m", func(error) { cancelled = append(cancelled, 9) })
 	add(2)
 	p.decoding(second)
-	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1}) {
-		t.Fatalf("cancelled %v, want the decoding attempt 1", cancelled)
+	if !p.preemptOne("m", true) || !slices.Equal(cancelled, []int{1}) {
+		t.Fatalf("for room on a worker: cancelled %v, want the decoding attempt 1", cancelled)
 	}
-	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2}) {
+	if !p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9}) {
+		t.Fatalf("for queue capacity: cancelled %v, then want the waiting call 9", cancelled)
+	}
+	if !p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9, 2}) {
 		t.Fatalf("cancelled %v, then want the newest, 2", cancelled)
 	}
-	if !p.preemptOne("m") || p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2, 0}) {
+	if !p.preemptOne("m", true) || p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9, 2, 0}) {
 		t.Fatalf("cancelled %v, want 0 last and then nothing", cancelled)
+	}
+	p.addWaiting("m", func(error) { cancelled = append(cancelled, 8) })
+	if p.preemptOne("m", true) {
+		t.Fatalf("for room on a worker, only a waiting call left: cancelled %v, want nothing", cancelled)
 	}
 }
