@@ -314,20 +314,7 @@ func TestStreamBeingRelayedIsNotPreempted(t *testing.T) {
 // metricValue sums every series of the named counter or gauge in reg (0 when absent).
 func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return metricLabelValue(t, reg, name, "", "")
 }
 
 // waitingCount is the number of calls of model waiting for a worker that may be preempted.
@@ -344,7 +331,7 @@ func waitingCount(p *preemption, model string) int {
 }
 
 // metricLabelValue is the value of the counter or gauge name whose label is value, summed over
-// its other labels.
+// its other labels; with label "", every series of name (0 when absent).
 func metricLabelValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
@@ -357,10 +344,12 @@ func metricLabelValue(t *testing.T, reg *prometheus.Registry, name, label, value
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			match := label == ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-				}
+				match = match || l.GetName() == label && l.GetValue() == value
+			}
+			if match {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}

@@ -300,6 +300,32 @@ func kvTestPolicy(t *testing.T, workers []*Worker) *KVAware {
 	return k
 }
 
+// kvFleet is n workers of model "m" whose engines (/tokenize) answer at url, and a kv_aware
+// policy over them.
+func kvFleet(t *testing.T, n int, url string) ([]*Worker, *KVAware) {
+	t.Helper()
+	specs := testWorkers(n, "m")
+	for i := range specs {
+		specs[i].URL = url
+	}
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	return ws, kvTestPolicy(t, ws)
+}
+
+// kvHold makes worker id hold (after clearing all it held) the first blocks blocks of prompt,
+// blocks of bs tokens hashed 1, 2, ..., and marks its events live.
+func kvHold(t *testing.T, k *KVAware, id string, prompt []uint64, blocks, bs int) {
+	t.Helper()
+	kw := k.workers[id]
+	hashes := make([]any, blocks)
+	for i := range hashes {
+		hashes[i] = i + 1
+	}
+	applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
+	kw.live.Store(true)
+}
+
 func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	const bs = 4
 	prompt := seqTokens(1, 10*bs)
@@ -316,22 +342,8 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": prompt})
 	}))
 	defer tok.Close()
-	specs := testWorkers(3, "m")
-	for i := range specs {
-		specs[i].URL = tok.URL
-	}
-	p, _ := newTestPool(t, Config{Workers: specs})
-	ws := modelWorkers(t, p, "m")
-	k := kvTestPolicy(t, ws)
-	hold := func(id string, blocks int) {
-		kw := k.workers[id]
-		hashes := make([]any, blocks)
-		for i := range hashes {
-			hashes[i] = i + 1
-		}
-		applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
-		kw.live.Store(true)
-	}
+	ws, k := kvFleet(t, 3, tok.URL)
+	hold := func(id string, blocks int) { kvHold(t, k, id, prompt, blocks, bs) }
 	r := &Request{Model: "m", Prompt: "the prompt"}
 
 	hold("w0", 3)
@@ -382,24 +394,10 @@ func TestKVAwareWaitsForAFullHolder(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": prompt})
 	}))
 	defer tok.Close()
-	specs := testWorkers(3, "m")
-	for i := range specs {
-		specs[i].URL = tok.URL
-	}
-	p, _ := newTestPool(t, Config{Workers: specs})
-	ws := modelWorkers(t, p, "m")
-	k := kvTestPolicy(t, ws)
+	ws, k := kvFleet(t, 3, tok.URL)
 	now := time.Unix(1_000_000, 0)
 	k.now = func() time.Time { return now }
-	hold := func(id string, blocks int) {
-		kw := k.workers[id]
-		hashes := make([]any, blocks)
-		for i := range hashes {
-			hashes[i] = i + 1
-		}
-		applyPayload(t, kw.idx, kvPayload(t, []any{cleared(), stored(hashes, nil, prompt[:blocks*bs], bs)}))
-		kw.live.Store(true)
-	}
+	hold := func(id string, blocks int) { kvHold(t, k, id, prompt, blocks, bs) }
 	// full puts w at its token limit with one request in flight (as a long conversation's
 	// requests fill a worker's KV cache), or frees it.
 	full := func(w *Worker, on bool) {

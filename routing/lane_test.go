@@ -53,24 +53,7 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	pick := func(what string, r Request) *Lease {
-		t.Helper()
-		r.Model = "m"
-		l, err := p.Pick(ctx, &r)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return l
-	}
-	refused := func(what string, r Request) {
-		t.Helper()
-		r.Model = "m"
-		if l, err := p.Pick(ctx, &r); err == nil {
-			l.Release(Outcome{})
-			t.Fatalf("%s: picked %s, want refused", what, l.Worker.ID())
-		}
-	}
+	k := picker{t, p, "m"}
 	batch := Request{PromptTokens: 500, Tokens: 510}
 	// Both workers have learnt that a prefill costs 10ms + 0.1ms a token.
 	for _, id := range []string{"w0", "w1"} {
@@ -81,13 +64,13 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 		}
 	}
 
-	pick("an interactive request", Request{Interactive: true, PromptTokens: 50}).Release(Outcome{TTFT: time.Millisecond})
-	b1 := pick("a batch prompt: both workers clear", batch)
+	k.pick("an interactive request", Request{Interactive: true, PromptTokens: 50}).Release(Outcome{TTFT: time.Millisecond})
+	b1 := k.pick("a batch prompt: both workers clear", batch)
 	other := "w1"
 	if b1.Worker.ID() == "w1" {
 		other = "w0"
 	}
-	refused("a second batch prompt: the other worker is the only clear one", batch)
+	k.refused("a second batch prompt: the other worker is the only clear one", batch)
 	if rem := b1.Worker.prefill.remaining(now); rem < 59*time.Millisecond || rem > 61*time.Millisecond {
 		t.Errorf("the first prompt's prefill is expected to last %v, want 60ms", rem)
 	}
@@ -99,11 +82,11 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Released did not fire when the first prefill came within ClearWithin of its end")
 	}
-	b2 := pick("a second batch prompt once the first is within ClearWithin of its end", batch)
+	b2 := k.pick("a second batch prompt once the first is within ClearWithin of its end", batch)
 	if b2.Worker.ID() != other {
 		t.Errorf("the second batch prompt went to %s, want %s", b2.Worker.ID(), other)
 	}
-	i := pick("an interactive request beside two prefills", Request{Interactive: true, PromptTokens: 50})
+	i := k.pick("an interactive request beside two prefills", Request{Interactive: true, PromptTokens: 50})
 	if i.Worker != b1.Worker {
 		t.Errorf("the interactive request went to %s, whose prefill has 60ms left; want %s, with 25ms", i.Worker.ID(), b1.Worker.ID())
 	}

@@ -407,30 +407,13 @@ func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	pick := func(what string, r Request) *Lease {
-		t.Helper()
-		r.Model = "m"
-		l, err := p.Pick(ctx, &r)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return l
-	}
-	refused := func(what string, r Request) {
-		t.Helper()
-		r.Model = "m"
-		if l, err := p.Pick(ctx, &r); err == nil {
-			l.Release(Outcome{})
-			t.Errorf("%s: picked, want refused", what)
-		}
-	}
+	k := picker{t, p, "m"}
 	batch := func(prompt int) Request { return Request{PromptTokens: prompt, Tokens: prompt + 10} }
 
-	before := pick("a batch request with no interactive traffic", batch(5000))
-	inter := pick("an interactive request", Request{Interactive: true, PromptTokens: 100})
-	refused("a batch request while an interactive prompt is prefilled", batch(10))
-	pick("a second interactive request beside the first", Request{Interactive: true, PromptTokens: 100}).Release(Outcome{})
+	before := k.pick("a batch request with no interactive traffic", batch(5000))
+	inter := k.pick("an interactive request", Request{Interactive: true, PromptTokens: 100})
+	k.refused("a batch request while an interactive prompt is prefilled", batch(10))
+	k.pick("a second interactive request beside the first", Request{Interactive: true, PromptTokens: 100}).Release(Outcome{})
 	released := p.Released()
 	inter.Prefilled()
 	select {
@@ -439,16 +422,16 @@ func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 		t.Error("the interactive prefill ended, but Released did not fire for the waiting picks")
 	}
 	inter.Prefilled() // twice is harmless
-	refused("a batch request beside 5000 prompt tokens in prefill, interactive present", batch(10))
+	k.refused("a batch request beside 5000 prompt tokens in prefill, interactive present", batch(10))
 	before.Prefilled()
-	b1 := pick("the first batch prompt in prefill, whatever its size", batch(400))
-	refused("a batch prompt past the budget (400 + 200 > 512)", batch(200))
-	b2 := pick("a batch prompt within the budget (400 + 100)", batch(100))
+	b1 := k.pick("the first batch prompt in prefill, whatever its size", batch(400))
+	k.refused("a batch prompt past the budget (400 + 200 > 512)", batch(200))
+	b2 := k.pick("a batch prompt within the budget (400 + 100)", batch(100))
 	b1.Release(Outcome{})
 	b2.Prefilled()
-	b3 := pick("a batch prompt once the first ended", batch(400))
+	b3 := k.pick("a batch prompt once the first ended", batch(400))
 	now = now.Add(DefaultInteractivePresence)
-	b4 := pick("a batch prompt past the budget with no interactive request for 10s", batch(5000))
+	b4 := k.pick("a batch prompt past the budget with no interactive request for 10s", batch(5000))
 	for _, l := range []*Lease{inter, before, b2, b3, b4} {
 		l.Release(Outcome{})
 	}

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -46,3 +47,31 @@ func modelWorkers(t testing.TB, p *Pool, model string) []*Worker {
 }
 
 func markDown(w *Worker) { w.health.Store(int32(healthDown)) }
+
+// picker picks model's requests from p, failing the test on an unexpected answer.
+type picker struct {
+	t     *testing.T
+	p     *Pool
+	model string
+}
+
+// pick is a lease for r, which must be picked.
+func (k picker) pick(what string, r Request) *Lease {
+	k.t.Helper()
+	r.Model = k.model
+	l, err := k.p.Pick(context.Background(), &r)
+	if err != nil {
+		k.t.Fatalf("%s: %v", what, err)
+	}
+	return l
+}
+
+// refused checks that r is not picked (and releases what was).
+func (k picker) refused(what string, r Request) {
+	k.t.Helper()
+	r.Model = k.model
+	if l, err := k.p.Pick(context.Background(), &r); err == nil {
+		l.Release(Outcome{})
+		k.t.Errorf("%s: picked %s, want refused", what, l.Worker.ID())
+	}
+}
