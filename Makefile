@@ -58,7 +58,7 @@ bench-queue:
 	./test/queuebench/run.sh
 
 # Issue 14's protection table: interactive TTFT beside a batch flood on three real llama-server
-# workers (default config, queue.fifo, max_concurrency by hand, prefill-heavy batch); about 6
+# workers (default config, queue.fifo, max_concurrency by hand, prefill-heavy batch); about 15
 # minutes after the engine is built; see the script for its knobs.
 bench-engine:
 	./test/enginebench/run.sh

@@ -3,7 +3,7 @@
 # llama-server workers (2 slots each, the random-weight "small" model of test/realengine with
 # the real Qwen2 tokenizer), driven by two usher bench processes at once, one per tenant, so each
 # class has its own request shape. All on loopback; every process started here is stopped on
-# exit. Bounded: with the defaults about 6 minutes of runs.
+# exit. Bounded: with the defaults about 15 minutes of runs.
 #
 #   0. Capacity: a batch-shaped load keeps every slot busy (bench --max-inflight = the slots,
 #      max_concurrency = the slots); its requests/s over the run, drain included, is the
@@ -37,7 +37,8 @@ P_IN=${P_IN:-500}                  # prefill-heavy batch prompt words
 P_OUT=${P_OUT:-7}                  # prefill-heavy batch max_tokens
 FLOOD=${FLOOD:-3}                  # batch rate in multiples of the capacity R
 CAP_DURATION=${CAP_DURATION:-20}   # seconds of the capacity runs
-DURATION=${DURATION:-40}           # seconds of arrivals of each protection run
+DURATION=${DURATION:-120}          # seconds of arrivals of each protection run (about 60
+                                   # interactive requests, so p99 is not just the maximum)
 DRAIN=${DRAIN:-10s}                # bench --drain: outstanding requests are cut after this
 MAXCONC=${MAXCONC-$SLOTS}          # run (d)'s max_concurrency; empty skips (d)
 PREFILL=${PREFILL:-1}              # 1: run 3
