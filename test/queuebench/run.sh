@@ -78,6 +78,8 @@ BATCH_ANSWER=${BATCH_ANSWER:-whole} # scenario 4's batch tenant asks for whole a
 M_DURATION=${M_DURATION:-30}       # seconds of arrivals of each scenario-4 protection run
 M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 capacity run
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
+CLEAR_WITHIN=${CLEAR_WITHIN:-}     # scenario 4: routing.concurrency.clear_within (the clear lane;
+                                   # empty: the default, off), e.g. 30ms
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -91,7 +93,7 @@ echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPRE
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
   "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
-  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT; $(nproc) cores"
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default}; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
 gw_pid=
@@ -174,6 +176,7 @@ start_default_gateway() {
     echo "server: {listen: \"127.0.0.1:0\"}"
     echo "routing:"
     echo "  health: {interval: 1s}"
+    if [ -n "$CLEAR_WITHIN" ]; then echo "  concurrency: {clear_within: $CLEAR_WITHIN}"; fi
     echo "  workers:"
     echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL]}"
     echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL]}"
