@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,6 +17,24 @@ const (
 	refusedPerClient = "per_client" // its address already held MaxConnectionsPerClient
 	refusedGlobal    = "global"     // MaxConnections were open and it held no fewer than the heaviest client
 )
+
+// A refused connection is answered with an HTTP error saying which bound refused it, so that a
+// client learns why instead of seeing a reset; at most refuseAnswers at once, each kept at most
+// refuseWait: the answer goes out at once, and the rest of the time lets the client's request
+// arrive and be discarded (up to refuseDrain bytes), so that the close reaches the client after
+// the answer rather than as a reset before it. Past refuseAnswers a refused connection is closed
+// unanswered, so a flood of them costs no more descriptors or goroutines than that.
+const (
+	refuseAnswers = 32
+	refuseWait    = 500 * time.Millisecond
+	refuseDrain   = 64 << 10
+)
+
+// refusals are the answers to a refused connection, by reason.
+var refusals = map[string][]byte{
+	refusedPerClient: rawAnswer(errClientConnections),
+	refusedGlobal:    rawAnswer(errAllConnections),
+}
 
 // fdReserve is the part of the file descriptor limit never given to client connections: the
 // listener, Redis and database pools, health checks and files.
@@ -82,6 +102,10 @@ type connBounds struct {
 	refusedPerClient prometheus.Counter
 	refusedGlobal    prometheus.Counter
 	evicted          prometheus.Counter
+	// answering holds a token for each refused connection being answered (see refuseAnswers),
+	// for at most answerWait (refuseWait).
+	answering  chan struct{}
+	answerWait time.Duration
 
 	mu      sync.Mutex // guards open, clients, byCount, heaviest and every connection's released
 	open    int
@@ -100,10 +124,11 @@ type connClient struct {
 
 func newConnBounds(perClient, global int, trusted trustedProxies, reg prometheus.Registerer) (*connBounds, error) {
 	b := &connBounds{perClient: perClient, global: global, trusted: trusted,
-		clients: map[netip.Addr]*connClient{}, byCount: map[int]map[*connClient]struct{}{}}
+		clients: map[netip.Addr]*connClient{}, byCount: map[int]map[*connClient]struct{}{},
+		answering: make(chan struct{}, refuseAnswers), answerWait: refuseWait}
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_connections_refused_total",
-		Help: "Client connections closed as soon as accepted, by bound: per_client (server.max_connections_per_client) or global (server.max_connections)."},
+		Help: "Client connections refused as soon as accepted (answered 429 or 503 and closed), by bound: per_client (server.max_connections_per_client) or global (server.max_connections)."},
 		[]string{"reason"})
 	b.refusedPerClient = refused.WithLabelValues(refusedPerClient)
 	b.refusedGlobal = refused.WithLabelValues(refusedGlobal)
@@ -238,14 +263,15 @@ func (b *connBounds) moveLocked(cl *connClient, from, to int) {
 	}
 }
 
-// boundedListener applies connBounds at accept: a connection that may not stay is closed
-// before the HTTP server sees it.
+// boundedListener applies connBounds at accept: a connection that may not stay is answered and
+// closed (see refuse) before the HTTP server sees it.
 type boundedListener struct {
 	net.Listener
 	bounds *connBounds
 }
 
-// Accept returns the next connection that may stay, closing the others (and those they evict).
+// Accept returns the next connection that may stay, refusing the others (and closing those they
+// evict).
 func (l *boundedListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -266,8 +292,31 @@ func (l *boundedListener) Accept() (net.Conn, error) {
 		} else {
 			l.bounds.refusedGlobal.Inc()
 		}
-		_ = c.Close()
+		l.bounds.refuse(c, refused)
 	}
+}
+
+// refuse ends c, which may not stay, with the answer for reason when fewer than refuseAnswers
+// are being answered, else at once. It does not block.
+func (b *connBounds) refuse(c net.Conn, reason string) {
+	select {
+	case b.answering <- struct{}{}:
+	default:
+		_ = c.Close()
+		return
+	}
+	go func() {
+		defer func() { <-b.answering }()
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(b.answerWait))
+		if _, err := c.Write(refusals[reason]); err != nil {
+			return
+		}
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		_, _ = io.CopyN(io.Discard, c, refuseDrain)
+	}()
 }
 
 // boundConn is an admitted connection; closing it gives its place back.

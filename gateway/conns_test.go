@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -176,8 +177,9 @@ func TestConnectionsForFDs(t *testing.T) {
 }
 
 // Slowloris and slow-body clients beyond the per-client bound from one address do not stop
-// another client's requests (issue 10, item 4): the flood's extra connections are closed as soon
-// as they are accepted, the rest wait on a read timeout far longer than the test.
+// another client's requests (issue 10, item 4): the flood's extra connections are refused as soon
+// as they are accepted (answered and closed, or closed at once past refuseAnswers), the rest
+// wait on a read timeout far longer than the test.
 func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
 	g := startGateway(t, nil, nil)
 	reg := prometheus.NewRegistry()
@@ -195,7 +197,7 @@ func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
 
 	const flood = 40 // 20 slowloris, 20 slow bodies
 	dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
-	closed := make(chan struct{}, flood)
+	closed := make(chan string, flood) // what each ended connection read
 	for i := range flood {
 		c, err := dialer.Dial("tcp", ln.Addr().String())
 		if err != nil {
@@ -208,17 +210,25 @@ func TestSlowClientsFromOneAddressDoNotStopOthers(t *testing.T) {
 			fmt.Fprint(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
 		}
 		go func() {
-			if _, err := bufio.NewReader(c).ReadByte(); err != nil {
-				closed <- struct{}{}
-			}
+			read, _ := io.ReadAll(c) // to the server's close
+			closed <- string(read)
 		}()
 	}
+	answered := 0
 	for range flood - 8 {
 		select {
-		case <-closed:
+		case read := <-closed:
+			if strings.HasPrefix(read, "HTTP/1.1 429 ") {
+				answered++
+			} else if read != "" {
+				t.Errorf("a refused connection read %q, want a 429 or nothing", read)
+			}
 		case <-time.After(30 * time.Second):
 			t.Fatal("30s on, the flood's connections beyond the bound are still open")
 		}
+	}
+	if answered == 0 {
+		t.Error("no refused connection was answered 429")
 	}
 	if refused := testutil.ToFloat64(b.refusedPerClient); refused != flood-8 {
 		t.Fatalf("usher_connections_refused_total{reason=per_client}: got %v, want %d", refused, flood-8)
@@ -245,4 +255,142 @@ usher_connections_open 9
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "usher_connections_open"); err != nil {
 		t.Errorf("open connections, want the flood's 8 and the client's keep-alive one: %v", err)
 	}
+}
+
+// A client over a connection bound gets an HTTP answer in OpenAI's shape saying which bound
+// refused it, not a reset: 429 from the per-client bound, 503 from the global one; either way the
+// connection closes and the HTTP server never sees it. An HTTP client reads the answer although
+// it was written before its request was read.
+func TestRefusedConnectionIsAnswered(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		perClient  int
+		global     int
+		status     int
+		typ        string
+		retryAfter string
+	}{
+		{"per client", 1, 100, http.StatusTooManyRequests, "rate_limit_error", "1"},
+		{"global", 0, 1, http.StatusServiceUnavailable, "server_error", "1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := newConnBounds(tt.perClient, tt.global, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var served atomic.Int32
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				served.Add(1)
+				_, _ = io.WriteString(w, "ok")
+			})}
+			go func() { _ = srv.Serve(&boundedListener{Listener: ln, bounds: b}) }()
+			t.Cleanup(func() { _ = srv.Close() })
+
+			url := "http://" + ln.Addr().String() + "/v1/chat/completions"
+			held, err := net.Dial("tcp", ln.Addr().String()) // takes the one place
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			fmt.Fprint(held, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			if line, err := bufio.NewReader(held).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+				t.Fatalf("the admitted connection: %q, %v", line, err)
+			}
+
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+			if err != nil {
+				t.Fatalf("the refused client got %v, want an HTTP answer", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status || resp.Header.Get("Retry-After") != tt.retryAfter {
+				t.Fatalf("status %d, Retry-After %q; want %d, %q", resp.StatusCode, resp.Header.Get("Retry-After"), tt.status, tt.retryAfter)
+			}
+			var e errorBody
+			if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != tt.typ || e.Error.Code != "too_many_connections" || e.Error.Message == "" {
+				t.Fatalf("body %s (%v), want OpenAI's error shape with type %s, code too_many_connections", body, err, tt.typ)
+			}
+			if served.Load() != 1 {
+				t.Fatalf("the HTTP server served %d requests, want only the admitted one", served.Load())
+			}
+		})
+	}
+}
+
+// Past refuseAnswers refused connections being answered, more are closed at once: a flood of
+// refused connections that never read holds at most refuseAnswers goroutines and descriptors
+// (each for at most refuseWait; here longer, so that the count does not hang on timing).
+func TestRefusalsBeingAnsweredAreBounded(t *testing.T) {
+	b, err := newConnBounds(1, 1000, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.answerWait = time.Minute
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl := &boundedListener{Listener: ln, bounds: b}
+	go func() {
+		for {
+			c, err := bl.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
+
+	const extra = refuseAnswers + 20
+	var conns []*net.TCPConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range extra + 1 { // the first is admitted
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c.(*net.TCPConn))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(b.refusedPerClient) < extra && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Each client sends all it has (nothing) and reads to the server's close: an answered one
+	// the 429, the others nothing or a reset.
+	answered := 0
+	for i, c := range conns[1:] {
+		_ = c.CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		read, err := io.ReadAll(c)
+		if err != nil && !isReset(err) {
+			t.Fatalf("refused connection %d: %v after %q, want the server's close", i, err, read)
+		}
+		if strings.HasPrefix(string(read), "HTTP/1.1 429 ") {
+			answered++
+		}
+	}
+	if answered != refuseAnswers {
+		t.Fatalf("%d of %d refused connections answered, want %d (the bound)", answered, extra, refuseAnswers)
+	}
+	for time.Now().Before(deadline) && len(b.answering) > 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := len(b.answering); n != 0 {
+		t.Fatalf("%d refusals still being answered after their clients closed", n)
+	}
+}
+
+// isReset reports whether err is a connection reset (a refused connection closed unanswered).
+func isReset(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection reset")
 }

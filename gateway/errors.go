@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -231,6 +232,25 @@ func WriteError(c echo.Context, err error) error {
 		body.Error.Param = &ae.Param
 	}
 	return c.JSON(ae.Status, body)
+}
+
+// The answers of the connection bounds (conns.go), written at accept to a connection the HTTP
+// server never sees, before any of its request is read.
+var (
+	errClientConnections = &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+		Code: "too_many_connections", RetryAfter: time.Second,
+		Message: "this client address already holds the most connections server.max_connections_per_client allows; reuse a connection (keep-alive) or wait for one to close"}
+	errAllConnections = &APIError{Status: http.StatusServiceUnavailable, Type: "server_error",
+		Code: "too_many_connections", RetryAfter: time.Second,
+		Message: "the gateway holds the most client connections server.max_connections allows; retry shortly"}
+)
+
+// rawAnswer is ae as a whole HTTP/1.1 answer in OpenAI's shape that closes its connection.
+func rawAnswer(ae *APIError) []byte {
+	body, _ := json.Marshal(errorBody{Error: errorObject{Message: ae.Message, Type: ae.Type, Code: ae.Code}})
+	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
+		"Retry-After: %d\r\nConnection: close\r\n\r\n%s",
+		ae.Status, http.StatusText(ae.Status), len(body), int(math.Ceil(ae.RetryAfter.Seconds())), body)
 }
 
 // httpErrorHandler is Echo's error handler: everything Echo itself refuses (unknown route, wrong
