@@ -225,13 +225,23 @@ func WriteError(c echo.Context, err error) error {
 	}
 	ae := ErrorFor(err)
 	if ae.RetryAfter > 0 {
-		c.Response().Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(ae.RetryAfter.Seconds()))))
+		c.Response().Header().Set("Retry-After", ae.retryAfter())
 	}
-	body := errorBody{Error: errorObject{Message: ae.Message, Type: ae.Type, Code: ae.Code}}
-	if ae.Param != "" {
-		body.Error.Param = &ae.Param
+	return c.JSON(ae.Status, ae.body())
+}
+
+// body is e in OpenAI's error envelope.
+func (e *APIError) body() errorBody {
+	b := errorBody{Error: errorObject{Message: e.Message, Type: e.Type, Code: e.Code}}
+	if e.Param != "" {
+		b.Error.Param = &e.Param
 	}
-	return c.JSON(ae.Status, body)
+	return b
+}
+
+// retryAfter is e.RetryAfter as a Retry-After value: whole seconds, rounded up.
+func (e *APIError) retryAfter() string {
+	return strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds())))
 }
 
 // The answers of the connection bounds (conns.go), written at accept to a connection the HTTP
@@ -247,10 +257,10 @@ var (
 
 // rawAnswer is ae as a whole HTTP/1.1 answer in OpenAI's shape that closes its connection.
 func rawAnswer(ae *APIError) []byte {
-	body, _ := json.Marshal(errorBody{Error: errorObject{Message: ae.Message, Type: ae.Type, Code: ae.Code}})
+	body, _ := json.Marshal(ae.body())
 	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
-		"Retry-After: %d\r\nConnection: close\r\n\r\n%s",
-		ae.Status, http.StatusText(ae.Status), len(body), int(math.Ceil(ae.RetryAfter.Seconds())), body)
+		"Retry-After: %s\r\nConnection: close\r\n\r\n%s",
+		ae.Status, http.StatusText(ae.Status), len(body), ae.retryAfter(), body)
 }
 
 // httpErrorHandler is Echo's error handler: everything Echo itself refuses (unknown route, wrong

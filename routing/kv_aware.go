@@ -13,7 +13,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -748,7 +747,7 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 	keysOf := 0
 	for i, w := range workers {
 		eligible := r.Eligible(w)
-		if !eligible && !k.mayWaitFor(r, w) {
+		if !eligible && !r.mayWaitFor(w) {
 			continue
 		}
 		load := w.InFlight()
@@ -812,12 +811,6 @@ func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, t
 		return nil, "", false
 	}
 	return workers[chosen.i], route, false
-}
-
-// mayWaitFor reports whether w, not eligible for r now, may be when a slot frees there: it
-// takes requests (healthy, not draining, circuit closed) and r has not been tried there.
-func (k *KVAware) mayWaitFor(r *Request, w *Worker) bool {
-	return w.Healthy() && !w.Draining() && !w.CircuitOpen() && !slices.Contains(r.Exclude, w.ID())
 }
 
 // kvMaxWaits is the number of waiting prompts past which waitFor sweeps out those whose wait

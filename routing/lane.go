@@ -133,7 +133,7 @@ func (c *prefillClock) remaining(now time.Time) time.Duration {
 // requests, has a free request slot and tokens left, and has no standard or batch prefill in
 // progress that is expected to last longer.
 func (w *Worker) clear(now time.Time, within time.Duration) bool {
-	if !w.Healthy() || w.Draining() || !w.breaker.admits() {
+	if !w.takesRequests() {
 		return false
 	}
 	if w.inFlight.Load() >= w.limit.Load() || w.inFlightTokens.Load() >= w.tokenLimit.Load() {
@@ -160,7 +160,7 @@ func laneOf(workers []*Worker, now time.Time, within time.Duration) lane {
 	l := lane{now: now, within: within}
 	taking := 0
 	for _, w := range workers {
-		if !w.Healthy() || w.Draining() || !w.breaker.admits() {
+		if !w.takesRequests() {
 			continue
 		}
 		taking++

@@ -90,9 +90,7 @@ type ConcurrencyConfig struct {
 	// ClearWithin, when above zero, turns the clear lane on (see lane.go): while interactive
 	// requests are present, one worker is kept whose standard and batch prefill in progress is
 	// expected to end within it, the most an interactive prompt then waits for them. Default 0:
-	// off. It trades batch throughput for the interactive tail: with prefill-heavy batch on two
-	// workers, 30ms gave interactive TTFT p99 1.34-1.37x its no-batch p99 instead of 1.61-1.79x
-	// on slot engines, and batch 77% of the capacity interactive left instead of 94-98%.
+	// off, since it trades batch throughput for the interactive tail (figures in lane.go).
 	ClearWithin time.Duration `yaml:"clear_within"`
 }
 

@@ -96,13 +96,19 @@ func newPolicy(name string, env policyEnv) (Policy, error) {
 	return c(env)
 }
 
+// mayWaitFor reports whether r may get w by waiting for a slot there: w takes requests and r
+// has not already failed on it, so it can only be full.
+func (r *Request) mayWaitFor(w *Worker) bool {
+	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
+}
+
 // Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
 // r.Exclude, below its request cap, with room for r.Tokens under its token cap (an idle worker
 // takes a request of any size), and, unless r is interactive, no interactive request being
 // prefilled there and room in its prefill budget (see Request.Interactive). Every policy filters with it; it costs a few atomic
 // loads plus a scan of r.Exclude (and a clock read while the worker's circuit is open).
 func (r *Request) Eligible(w *Worker) bool {
-	if !w.Healthy() || w.Draining() || !w.breaker.admits() {
+	if !w.takesRequests() {
 		return false
 	}
 	if !r.Interactive && w.interactivePrefills.Load() > 0 {

@@ -530,14 +530,11 @@ func (p *Pool) CouldWait(r *Request) bool {
 	if ms == nil {
 		return false
 	}
-	takes := func(w *Worker) bool {
-		return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
-	}
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
-		return w != nil && takes(w)
+		return w != nil && r.mayWaitFor(w)
 	}
-	return slices.ContainsFunc(ms.workers, takes)
+	return slices.ContainsFunc(ms.workers, r.mayWaitFor)
 }
 
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {

@@ -89,7 +89,7 @@ func (h *hashRing) pick(r *Request, key uint64, loadFactor float64) (w *Worker, 
 func (h *hashRing) capacity(loadFactor float64) int64 {
 	var total, up int64
 	for _, w := range h.workers {
-		if w.Healthy() && !w.Draining() && w.breaker.admits() {
+		if w.takesRequests() {
 			total += w.InFlight()
 			up++
 		}

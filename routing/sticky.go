@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -149,7 +148,7 @@ func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key
 		switch {
 		case pinned != nil && r.Eligible(pinned):
 			return pinned, p.hit
-		case pinned != nil && pinFit(pinned, r):
+		case pinned != nil && r.mayWaitFor(pinned):
 			// Busy, not broken: serve this request elsewhere and keep the pin.
 			w, _ := p.assign(ctx, r, workers)
 			return w, RouteSpill
@@ -176,12 +175,6 @@ func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key
 		p.assigned(id, got)
 	}
 	return w, route
-}
-
-// pinFit says a pinned worker keeps its pin although it cannot take r now: it is healthy, not
-// draining, its circuit is closed and r did not already fail on it; it is only full.
-func pinFit(w *Worker, r *Request) bool {
-	return w.Healthy() && !w.Draining() && w.breaker.admits() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
 func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (*Worker, Route) {

@@ -160,6 +160,12 @@ func (w *Worker) Draining() bool { return w.draining.Load() || w.retiring.Load()
 // half-open with its probe in flight).
 func (w *Worker) CircuitOpen() bool { return !w.breaker.admits() }
 
+// takesRequests reports whether w takes requests at all: healthy, not draining, circuit closed.
+// Whether it has room is another matter (see Request.Eligible).
+func (w *Worker) takesRequests() bool {
+	return w.Healthy() && !w.Draining() && w.breaker.admits()
+}
+
 // tryAcquire counts one more request of tokens in flight unless the worker is at its request cap
 // or its circuit refuses it. probe says the request is the half-open probe of the circuit.
 func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
