@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
@@ -20,10 +21,12 @@ const (
 
 // A refused connection is answered with an HTTP error saying which bound refused it, so that a
 // client learns why instead of seeing a reset; at most refuseAnswers at once, each kept at most
-// refuseWait: the answer goes out at once, and the rest of the time lets the client's request
-// arrive and be discarded (up to refuseDrain bytes), so that the close reaches the client after
-// the answer rather than as a reset before it. Past refuseAnswers a refused connection is closed
-// unanswered, so a flood of them costs no more descriptors or goroutines than that.
+// refuseWait. The answer goes out once the request's headers are in (a client, Go's among them,
+// drops an answer that comes before its request as unsolicited), and the rest of the request
+// is read and discarded (up to refuseDrain bytes in all), so that the close reaches the client
+// after the answer rather than as a reset before it. A client that sends no whole headers in
+// time gets no answer. Past refuseAnswers a refused connection is closed unanswered, so a flood
+// of them costs no more descriptors or goroutines than that.
 const (
 	refuseAnswers = 32
 	refuseWait    = 500 * time.Millisecond
@@ -309,6 +312,9 @@ func (b *connBounds) refuse(c net.Conn, reason string) {
 		defer func() { <-b.answering }()
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(b.answerWait))
+		if !awaitHeaders(c, refuseDrain) {
+			return
+		}
 		if _, err := c.Write(refusals[reason]); err != nil {
 			return
 		}
@@ -317,6 +323,26 @@ func (b *connBounds) refuse(c net.Conn, reason string) {
 		}
 		_, _ = io.CopyN(io.Discard, c, refuseDrain)
 	}()
+}
+
+// awaitHeaders reads c up to the end of a request's headers (its first blank line); false when c
+// ends, fails or sends limit bytes first.
+func awaitHeaders(c net.Conn, limit int) bool {
+	var buf [4096]byte
+	var window []byte // the last 3 bytes read before this chunk, then the chunk
+	for read := 0; read < limit; {
+		n, err := c.Read(buf[:min(len(buf), limit-read)])
+		read += n
+		window = append(window, buf[:n]...)
+		if bytes.Contains(window, []byte("\r\n\r\n")) {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		window = append(window[:0], window[max(len(window)-3, 0):]...)
+	}
+	return false
 }
 
 // boundConn is an admitted connection; closing it gives its place back.

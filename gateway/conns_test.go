@@ -358,14 +358,15 @@ func TestRefusalsBeingAnsweredAreBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		fmt.Fprint(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
 		conns = append(conns, c.(*net.TCPConn))
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for testutil.ToFloat64(b.refusedPerClient) < extra && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	// Each client sends all it has (nothing) and reads to the server's close: an answered one
-	// the 429, the others nothing or a reset.
+	// Each client ends its side and reads to the server's close: an answered one the 429, the
+	// others nothing or a reset.
 	answered := 0
 	for i, c := range conns[1:] {
 		_ = c.CloseWrite()
@@ -392,4 +393,37 @@ func TestRefusalsBeingAnsweredAreBounded(t *testing.T) {
 // isReset reports whether err is a connection reset (a refused connection closed unanswered).
 func isReset(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+// awaitHeaders finds the end of a request's headers however the client's writes split it, and
+// gives up on a connection that ends first or sends the limit without one.
+func TestAwaitHeadersAcrossReads(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		writes []string
+		limit  int
+		want   bool
+	}{
+		{"one write", []string{"GET / HTTP/1.1\r\nHost: x\r\n\r\n"}, 1 << 10, true},
+		{"a byte a write", strings.Split("GET / HTTP/1.1\r\nHost: x\r\n\r\n", ""), 1 << 10, true},
+		{"split in the blank line", []string{"GET / HTTP/1.1\r\nHost: x\r", "\n\r", "\n"}, 1 << 10, true},
+		{"the connection ends first", []string{"GET / HTTP/1.1\r\nHost: x\r\n"}, 1 << 10, false},
+		{"past the limit", []string{"GET / HTTP/1.1\r\nX-Slow: " + strings.Repeat("a", 100), "\r\n\r\n"}, 64, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			server, client := net.Pipe()
+			defer server.Close()
+			go func() {
+				for _, w := range tt.writes {
+					if _, err := io.WriteString(client, w); err != nil {
+						return
+					}
+				}
+				client.Close()
+			}()
+			if got := awaitHeaders(server, tt.limit); got != tt.want {
+				t.Fatalf("awaitHeaders: %v, want %v", got, tt.want)
+			}
+		})
+	}
 }
