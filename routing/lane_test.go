@@ -48,7 +48,8 @@ func TestPrefillClockLearnsTheCostOfAPrompt(t *testing.T) {
 // prefill (or within ClearWithin of its end), and interactive requests go to the clear one.
 func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: 30 * time.Millisecond}},
+	// Prompts go whole (pieces off): the lane is what is tested.
+	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Concurrency: ConcurrencyConfig{ClearWithin: 30 * time.Millisecond, PrefillPieceTokens: -1}},
 		Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)

@@ -92,6 +92,22 @@ type ConcurrencyConfig struct {
 	// expected to end within it, the most an interactive prompt then waits for them. Default 0:
 	// off, since it trades batch throughput for the interactive tail (figures in lane.go).
 	ClearWithin time.Duration `yaml:"clear_within"`
+	// PrefillPieceTokens is the size of the pieces in which a standard or batch prompt longer
+	// than one reaches an engine while interactive requests are present (see
+	// Lease.PrefillPiece): the gateway has the engine prefill the prompt's leading pieces, one
+	// request each, then sends the request, whose prompt the engine finds cached but for its
+	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average
+	// interactive prompt (an engine step then holds no more lower-class prompt than an
+	// interactive prompt brings), at least 64 tokens; either way at least a sixteenth of the
+	// prompt. -1: off, prompts go whole.
+	PrefillPieceTokens int `yaml:"prefill_piece_tokens"`
+	// PiecesEverywhere sends long standard and batch prompts in pieces to every worker while
+	// interactive requests are present. By default (false) one worker of a model with several
+	// keeps its steps to pieces and the others take such prompts whole, one at a time: pieces
+	// cost an engine throughput (a step of few tokens is less efficient than one of many), so
+	// everywhere buys the interactive tail at a higher price in batch throughput (figures in the
+	// README).
+	PiecesEverywhere bool `yaml:"pieces_everywhere"`
 }
 
 // Defaults of ConcurrencyConfig.
@@ -140,6 +156,9 @@ func (c ConcurrencyConfig) validate() []error {
 	}
 	if c.LowerPrefillTokens < 1 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.lower_prefill_tokens: must be at least 1, got %d", c.LowerPrefillTokens))
+	}
+	if c.PrefillPieceTokens < -1 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.prefill_piece_tokens: must be -1 (off), 0 (learnt) or a size in tokens, got %d", c.PrefillPieceTokens))
 	}
 	if c.ClearWithin < 0 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.clear_within: must not be negative, got %v", c.ClearWithin))

@@ -402,7 +402,9 @@ func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
 // InteractivePresence, they do not.
 func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}}},
+	// Prompts go whole here (pieces off); TestPiecesCountAgainstThePrefillBudget has pieces.
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}},
+		Concurrency: ConcurrencyConfig{PrefillPieceTokens: -1}},
 		Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)

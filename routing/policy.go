@@ -102,6 +102,16 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
+// prefillTokens is how many prompt tokens r puts in an engine's prefill at once: its prompt, or
+// one piece of it (see Lease.PrefillPiece); at least 1.
+func (r *Request) prefillTokens() int64 {
+	n := r.PromptTokens
+	if r.piece > 0 {
+		n = min(n, r.piece)
+	}
+	return int64(max(n, 1))
+}
+
 // Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
 // r.Exclude, below its request cap, with room for r.Tokens under its token cap (an idle worker
 // takes a request of any size), and, unless r is interactive, no interactive request being
@@ -111,10 +121,10 @@ func (r *Request) Eligible(w *Worker) bool {
 	if !w.takesRequests() {
 		return false
 	}
-	if !r.Interactive && w.interactivePrefills.Load() > 0 {
+	if !r.Interactive && w.interactivePrefills.Load() > 0 || r.avoidWhole && w.wholePrefills.Load() > 0 {
 		return false
 	}
-	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+int64(r.PromptTokens) > r.prefillBudget {
+	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens() > r.prefillBudget {
 		return false
 	}
 	if r.lane.active {

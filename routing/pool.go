@@ -89,6 +89,12 @@ type Request struct {
 	// are present, bounds the prompt tokens of such requests a worker is prefilling (see
 	// Interactive); 0: no bound.
 	prefillBudget int64
+	// piece, set by Pick with prefillBudget on a request whose prompt is longer, is the size of
+	// the pieces its prompt goes to the engine in (see Lease.PrefillPiece); 0: whole.
+	piece int
+	// avoidWhole, set by Pick on an interactive request while prompts may go in pieces, makes
+	// it prefer a worker with no long lower-class prompt in prefill whole (see takeWhole).
+	avoidWhole bool
 	// lane, set by Pick on a request while interactive ones are present, is the state of the
 	// clear lane among the model's workers (see lane.go); inactive otherwise.
 	lane lane
@@ -129,6 +135,8 @@ type Lease struct {
 	prefilling  atomic.Bool
 	interactive bool
 	lowerTokens int64
+	piece       int
+	whole       bool // a long lower-class prompt sent whole: counted in its worker's wholePrefills
 	// learner, when not nil, is the policy that picked the worker and learns from the outcome
 	// what it predicted (pred).
 	learner outcomeLearner
@@ -180,6 +188,38 @@ func (l *Lease) Release(o Outcome) {
 	}
 }
 
+// PrefillPiece is the size, in estimated prompt tokens, of the pieces in which the request's
+// prompt should reach the engine: 0 to send it whole. An engine runs in steps and does not stop
+// one: an interactive prompt that arrives waits for the step in progress, so a long lower-class
+// prompt prefilled in one step delays it by that whole prefill. Sent in pieces, each one its own
+// request that the engine's prefix cache keeps, the prompt holds each step only for a piece, and
+// between pieces the request yields to interactive prompts (see AwaitInteractive); but an engine
+// runs a step of few tokens less efficiently than one of many, so pieces cost throughput.
+//
+// So it is above zero for a standard or batch request picked while interactive requests are
+// present, whose prompt is longer than ConcurrencyConfig.PrefillPieceTokens (or the learnt
+// size), unless the prompt may go whole: one worker of a model with several keeps its steps to
+// pieces while the others prefill whole prompts (see takeWhole), and interactive requests go to
+// such a worker first. The lease counts one piece against the worker's lower-class prefill
+// budget, or the whole prompt when it goes whole.
+func (l *Lease) PrefillPiece() int { return l.piece }
+
+// AwaitInteractive waits until no interactive prompt is being prefilled on the lease's worker,
+// or ctx ends (its error then). A lower-class request calls it before each piece of its prompt.
+func (l *Lease) AwaitInteractive(ctx context.Context) error {
+	for {
+		released := l.pool.Released()
+		if l.Worker.interactivePrefills.Load() == 0 {
+			return nil
+		}
+		select {
+		case <-released:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Prefilled tells the pool that the engine has prefilled the request: its first token came back.
 // From then on an interactive request no longer holds the other classes off its worker (see
 // Request.Interactive). Safe to call more than once, and after Release.
@@ -198,6 +238,9 @@ func (l *Lease) endPrefill() bool {
 		l.Worker.interactivePrefills.Add(-1)
 	} else {
 		l.Worker.prefill.done(l.lowerTokens)
+	}
+	if l.whole {
+		l.Worker.wholePrefills.Add(-1)
 	}
 	return true
 }
@@ -242,6 +285,11 @@ type Pool struct {
 	changes, released broadcast
 	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
 	lastInteractive atomic.Int64
+	// wholeMu makes takeWhole's look at the workers and its count one step.
+	wholeMu sync.Mutex
+	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
+	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
+	interactivePrompt atomic.Int64
 	// laneMu guards laneTimer and laneWake: the one timer that wakes the picks the clear lane
 	// held back (see wakeAt).
 	laneMu    sync.Mutex
@@ -438,7 +486,8 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
 	laneOn := p.cfg.Concurrency.ClearWithin > 0
-	if caller := r; r.Interactive && laneOn || !r.Interactive && p.interactivePresent() {
+	piecesOn := p.cfg.Concurrency.PrefillPieceTokens >= 0
+	if caller := r; r.Interactive && (laneOn || piecesOn) || !r.Interactive && p.interactivePresent() {
 		r = p.yieldToInteractive(r, ms.workers)
 		// The prompt's token ids, once a policy asked for them, serve the retries too.
 		defer func() { caller.kvTokens = r.kvTokens }()
@@ -466,10 +515,10 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		} else {
 			w, route = ms.policy.Pick(ctx, r, ms.workers)
 		}
-		if w == nil && r.Interactive && r.lane.active && r.lane.clear > 0 {
+		if w == nil && r.Interactive && (r.lane.active && r.lane.clear > 0 || r.avoidWhole) {
 			// No clear worker could take it: any worker will do.
 			anywhere := *r
-			anywhere.lane = lane{}
+			anywhere.lane, anywhere.avoidWhole = lane{}, false
 			r = &anywhere
 			attempt--
 			continue
@@ -503,6 +552,9 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 	c := *r
 	if !c.Interactive {
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
+		c.piece = p.prefillPiece(c.PromptTokens)
+	} else if c.TargetWorker == "" && p.cfg.Concurrency.PrefillPieceTokens >= 0 && !p.cfg.Concurrency.PiecesEverywhere && len(workers) > 1 {
+		c.avoidWhole = true
 	}
 	if c.TargetWorker == "" && p.cfg.Concurrency.ClearWithin > 0 {
 		now := p.now()
@@ -512,6 +564,47 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 		}
 	}
 	return &c
+}
+
+// Bounds of the learnt prefill piece (ConcurrencyConfig.PrefillPieceTokens 0): a piece is a
+// request of its own, so pieces of very short interactive prompts would cost the engine more in
+// requests than they save; and a prompt of any length goes in at most maxPrefillPieces, whatever
+// the size configured.
+const (
+	minPrefillPiece  = 64
+	maxPrefillPieces = 16
+)
+
+// prefillPiece is the size of the pieces a lower-class prompt of tokens goes to the engine in
+// while interactive requests are present, or 0 when it goes whole (see Lease.PrefillPiece).
+func (p *Pool) prefillPiece(tokens int) int {
+	n := p.cfg.Concurrency.PrefillPieceTokens
+	switch {
+	case n < 0:
+		return 0
+	case n == 0:
+		n = max(int(p.interactivePrompt.Load()), minPrefillPiece)
+	}
+	n = max(n, (tokens+maxPrefillPieces-1)/maxPrefillPieces)
+	if tokens <= n {
+		return 0
+	}
+	return n
+}
+
+// observeInteractivePrompt adds an interactive request's prompt tokens to the moving average
+// the learnt prefill piece follows (an eighth of the way to each new prompt).
+func (p *Pool) observeInteractivePrompt(tokens int) {
+	for {
+		old := p.interactivePrompt.Load()
+		avg := int64(tokens)
+		if old > 0 {
+			avg = old + (int64(tokens)-old)/8
+		}
+		if p.interactivePrompt.CompareAndSwap(old, avg) {
+			return
+		}
+	}
 }
 
 // interactivePresent reports whether an interactive request was routed within
@@ -540,15 +633,37 @@ func (p *Pool) CouldWait(r *Request) bool {
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: int64(max(r.PromptTokens, 1))}
+		interactive: r.Interactive, lowerTokens: r.prefillTokens(), piece: r.piece}
 	l.prefilling.Store(true)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())
+		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 	} else {
+		if r.piece > 0 && !p.cfg.Concurrency.PiecesEverywhere && p.takeWhole(ms.workers, w) {
+			// Another worker stays free of whole long prompts for interactive requests: this one
+			// may prefill one at full speed.
+			l.piece, l.whole, l.lowerTokens = 0, true, int64(r.PromptTokens)
+		}
 		w.prefill.start(p.now(), l.lowerTokens)
 	}
 	return l
+}
+
+// takeWhole reports whether a long lower-class prompt, picked for w while interactive requests
+// are present, may go whole, and if so counts it in w.wholePrefills: nothing else of the lower
+// classes is in prefill on w, and another of the model's workers that takes requests has no
+// whole one in prefill, so an interactive request has a worker whose steps hold only pieces.
+// With one worker it never may.
+func (p *Pool) takeWhole(workers []*Worker, w *Worker) bool {
+	p.wholeMu.Lock()
+	defer p.wholeMu.Unlock()
+	if w.prefill.tokens.Load() > 0 || w.wholePrefills.Load() > 0 ||
+		!slices.ContainsFunc(workers, func(o *Worker) bool { return o != w && o.takesRequests() && o.wholePrefills.Load() == 0 }) {
+		return false
+	}
+	w.wholePrefills.Add(1)
+	return true
 }
 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have

@@ -51,9 +51,13 @@ type Worker struct {
 	// not come back (see Request.Interactive); prefill follows the other classes' prefills: their
 	// prompt tokens and when they are expected to end (see lane.go).
 	interactivePrefills atomic.Int64
-	prefill             prefillClock
-	health              atomic.Int32 // a healthState
-	draining            atomic.Bool
+	// wholePrefills counts the standard and batch requests in prefill on the worker whose prompt
+	// went whole although interactive requests were present and it was long enough for pieces
+	// (see Lease.PrefillPiece): at most all but one of a model's workers have one.
+	wholePrefills atomic.Int64
+	prefill       prefillClock
+	health        atomic.Int32 // a healthState
+	draining      atomic.Bool
 	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the
 	// shared drain state says; the pool removes it once nothing is in flight.
 	retiring atomic.Bool
