@@ -305,7 +305,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		out = s.account(cl, estimatedUsage(cl, a.events))
 	}
 	out.TTFT = ttft
-	data = cl.rewriteAnswer(data)
+	data = cl.rewriteAnswer(cl.withOwnCache(data))
 	if err := c.Blob(http.StatusOK, echo.MIMEApplicationJSON, data); err != nil {
 		return out, errClientGone
 	}

@@ -67,6 +67,11 @@ type call struct {
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
 	atWorker time.Duration // time from sending to a worker to the end of its answer, all attempts
+
+	// pieces is how many leading pieces of the prompt the current attempt sent first (see
+	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.
+	pieces             int
+	cachedBeforePieces int
 }
 
 func newCall(ep endpoint, start time.Time) *call {

@@ -15,6 +15,9 @@ type metrics struct {
 	// request, by model, class and stage: "sent" (their attempt was cancelled at its worker) or
 	// "waiting" (they were waiting for a worker).
 	preempted *prometheus.CounterVec
+	// prefillPieces counts the leading pieces of standard and batch prompts sent ahead of their
+	// request (see prefill.go).
+	prefillPieces *prometheus.CounterVec
 	// overhead is the time a call spent in usher itself: its whole time less its wait in the
 	// queue and its time at the workers.
 	overhead prometheus.Histogram
@@ -39,6 +42,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_upstream_retries_total", Help: "Requests sent to another worker after a failure before the first byte."},
 			[]string{"model"}),
+		prefillPieces: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_prefill_pieces_total", Help: "Leading pieces of standard and batch prompts sent to a worker ahead of their request while interactive requests were present, so that no engine step prefills a whole long prompt (routing.concurrency.prefill_piece_tokens)."},
+			[]string{"model"}),
 		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_preempted_total", Help: "Standard and batch requests that gave their capacity to an interactive request and were requeued: stage \"sent\" when their attempt was cancelled at its worker before their answer began (the engine's work so far is lost), \"waiting\" when they were waiting for a worker."},
 			[]string{"model", "class", "stage"}),
@@ -47,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name:    "usher_gateway_overhead_seconds",
 		Help:    "Time an inference request spent in usher itself: from arrival to its answer's end, less its wait in the queue and its time at the workers (from sending to the answer's last byte).",
 		Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}})
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

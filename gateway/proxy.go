@@ -47,12 +47,6 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	clientCtx := c.Request().Context()
 	ctx, cancel := context.WithCancelCause(clientCtx)
 	defer cancel(nil)
-	idle := func() {}
-	if cl.stream {
-		t := time.AfterFunc(s.cfg.UpstreamIdleTimeout, func() { cancel(errWorkerSilent) })
-		defer t.Stop()
-		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
-	}
 	begin, decoding := func() bool { return true }, func() {}
 	preemptible := cl.class != queue.Interactive && !s.cfg.DisablePreemption
 	if preemptible {
@@ -64,9 +58,18 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
-	sent := s.now()
-	defer func() { cl.atWorker += s.now().Sub(sent) }()
 	body := cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))
+	atWorker := s.now()
+	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
+	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
+	idle := func() {}
+	if cl.stream {
+		// The silence bound counts from the request itself, not from its prompt's pieces.
+		t := time.AfterFunc(s.cfg.UpstreamIdleTimeout, func() { cancel(errWorkerSilent) })
+		defer t.Stop()
+		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
+	}
+	sent := s.now()
 	assembled := false
 	if !cl.stream && preemptible && !cl.ep.embed {
 		if streamed, ok := streamedBody(body); ok {
@@ -190,6 +193,7 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, begi
 	if resp.StatusCode == http.StatusOK {
 		if u, ok := parseUsage(data); ok {
 			out = s.account(cl, u)
+			data = cl.withOwnCache(data)
 		}
 		data = cl.rewriteAnswer(data)
 	}
@@ -274,6 +278,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 						skipBlank = true
 						continue
 					}
+					line = cl.withOwnCache(line)
 				} else if carriesOutput(payload) {
 					events++
 				}

@@ -149,7 +149,12 @@ func startGateway(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config)
 // startGatewayWith is startGateway with the dependencies open to change (deps runs last).
 func startGatewayWith(t testing.TB, specs []routing.WorkerSpec, mutate func(*Config), deps func(*Deps)) *testGateway {
 	t.Helper()
-	rcfg := routing.Config{Workers: specs, Policy: "round_robin"}
+	return startGatewayOn(t, routing.Config{Workers: specs, Policy: "round_robin"}, mutate, deps)
+}
+
+// startGatewayOn is startGatewayWith with the routing config given (defaults filled in here).
+func startGatewayOn(t testing.TB, rcfg routing.Config, mutate func(*Config), deps func(*Deps)) *testGateway {
+	t.Helper()
 	rcfg.SetDefaults()
 	if err := rcfg.Validate(); err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.log.Info("request",
 		"id", c.Response().Header().Get(echo.HeaderXRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
-		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "ms", s.now().Sub(cl.start).Milliseconds(),
+		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", s.now().Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated)
@@ -58,6 +58,13 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 
 // account records the usage of the call's answer and turns it into the routing outcome.
 func (s *Server) account(cl *call, u usage) routing.Outcome {
+	if cl.pieces > 0 && u.PromptTokensDetails != nil {
+		// The engine found cached what usher's own pieces put there: the request's cache hit
+		// is what it held before them.
+		d := *u.PromptTokensDetails
+		d.CachedTokens = min(d.CachedTokens, cl.cachedBeforePieces)
+		u.PromptTokensDetails = &d
+	}
 	cl.usage = u
 	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(u.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))
