@@ -80,6 +80,8 @@ M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 ca
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
 CLEAR_WITHIN=${CLEAR_WITHIN:-}     # scenario 4: routing.concurrency.clear_within (the clear lane;
                                    # empty: the default, off), e.g. 30ms
+CONCURRENCY=${CONCURRENCY:-}       # scenario 4: more of routing.concurrency, as YAML members, e.g.
+                                   # "prefill_piece_tokens: 0" (the default) for an A/B run
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -93,7 +95,7 @@ echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPRE
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
   "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
-  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default}; $(nproc) cores"
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default} CONCURRENCY=\"$CONCURRENCY\"; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
 gw_pid=
@@ -176,7 +178,10 @@ start_default_gateway() {
     echo "server: {listen: \"127.0.0.1:0\"}"
     echo "routing:"
     echo "  health: {interval: 1s}"
-    if [ -n "$CLEAR_WITHIN" ]; then echo "  concurrency: {clear_within: $CLEAR_WITHIN}"; fi
+    conc=()
+    if [ -n "$CLEAR_WITHIN" ]; then conc+=("clear_within: $CLEAR_WITHIN"); fi
+    if [ -n "$CONCURRENCY" ]; then conc+=("$CONCURRENCY"); fi
+    if [ ${#conc[@]} -gt 0 ]; then (IFS=,; echo "  concurrency: {${conc[*]}}"); fi
     echo "  workers:"
     echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL]}"
     echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL]}"
