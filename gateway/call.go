@@ -21,7 +21,8 @@ import (
 //	dispatch (dispatch.go) at release, pick the worker (late binding); a released request always
 //	                       gets a worker or waits for one, never a 503 while the model has room
 //	proxy    (proxy.go)    the upstream I/O and the SSE relay; an attempt that fails before the
-//	                       worker answered is tried again
+//	                       worker answered is tried again; a long lower-class prompt may go
+//	                       first in pieces (prefill.go)
 //	settle   (settle.go)   the usage to the queue's fair share and the tenant's limits, metrics,
 //	                       the access log, and the error answer when nothing was sent yet
 //
