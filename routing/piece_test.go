@@ -155,3 +155,34 @@ func TestPiecesEverywhere(t *testing.T) {
 		l.Release(Outcome{})
 	}
 }
+
+// A worker that schedules by priority gets long prompts whole: usher sends it more than it runs
+// at once, so a request not answered yet may be waiting in its queue, where the engine puts
+// interactive requests first; such prompts neither count as whole ones nor steer interactive
+// requests away.
+func TestPriorityHandoffWorkerTakesPromptsWhole(t *testing.T) {
+	cfg := Config{Workers: testWorkers(2, "m")}
+	for i := range cfg.Workers {
+		cfg.Workers[i].PriorityHandoff = true
+	}
+	cfg.Concurrency.PrefillPieceTokens = 256
+	p, _ := newTestPool(t, cfg)
+	k := picker{t: t, p: p, model: "m"}
+	k.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Release(Outcome{})
+	var leases []*Lease
+	for _, id := range []string{"w0", "w1"} {
+		l := k.pick("a long prompt on "+id, Request{PromptTokens: 2000, TargetWorker: id})
+		if got := l.PrefillPiece(); got != 0 {
+			t.Errorf("%s: pieces of %d, want whole", id, got)
+		}
+		leases = append(leases, l)
+	}
+	for _, id := range []string{"w0", "w1"} {
+		if w, _ := p.find(id); w.wholePrefills.Load() != 0 || w.prefill.tokens.Load() != 2000 {
+			t.Errorf("%s: %d whole prompts, %d tokens in prefill; want 0 and 2000", id, w.wholePrefills.Load(), w.prefill.tokens.Load())
+		}
+	}
+	for _, l := range leases {
+		l.Release(Outcome{})
+	}
+}

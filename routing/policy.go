@@ -102,11 +102,11 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
-// prefillTokens is how many prompt tokens r puts in an engine's prefill at once: its prompt, or
-// one piece of it (see Lease.PrefillPiece); at least 1.
-func (r *Request) prefillTokens() int64 {
+// prefillTokens is how many prompt tokens r puts in w's prefill at once: its prompt, or one
+// piece of it (see Lease.PrefillPiece); at least 1.
+func (r *Request) prefillTokens(w *Worker) int64 {
 	n := r.PromptTokens
-	if r.piece > 0 {
+	if r.piece > 0 && !w.PriorityHandoff() {
 		n = min(n, r.piece)
 	}
 	return int64(max(n, 1))
@@ -124,7 +124,7 @@ func (r *Request) Eligible(w *Worker) bool {
 	if !r.Interactive && w.interactivePrefills.Load() > 0 || r.avoidWhole && w.wholePrefills.Load() > 0 {
 		return false
 	}
-	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens() > r.prefillBudget {
+	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens(w) > r.prefillBudget {
 		return false
 	}
 	if r.lane.active {

@@ -633,14 +633,21 @@ func (p *Pool) CouldWait(r *Request) bool {
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: r.prefillTokens(), piece: r.piece}
+		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.piece}
+	if w.PriorityHandoff() {
+		// usher sends such a worker more than it runs at once (see WorkerSpec.PriorityHandoff),
+		// so a request sent and not answered yet may be waiting in the engine's own queue, where
+		// the engine puts interactive requests first: it is not a prefill to keep interactive
+		// requests from, and its prompt goes whole.
+		l.piece = 0
+	}
 	l.prefilling.Store(true)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 	} else {
-		if r.piece > 0 && !p.cfg.Concurrency.PiecesEverywhere && p.takeWhole(ms.workers, w) {
+		if l.piece > 0 && !p.cfg.Concurrency.PiecesEverywhere && p.takeWhole(ms.workers, w) {
 			// Another worker stays free of whole long prompts for interactive requests: this one
 			// may prefill one at full speed.
 			l.piece, l.whole, l.lowerTokens = 0, true, int64(r.PromptTokens)

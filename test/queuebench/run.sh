@@ -80,7 +80,7 @@ M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 ca
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
 CLEAR_WITHIN=${CLEAR_WITHIN:-}     # scenario 4: routing.concurrency.clear_within (the clear lane;
                                    # empty: the default, off), e.g. 30ms
-CONCURRENCY=${CONCURRENCY:-}       # scenario 4: more of routing.concurrency, as YAML members, e.g.
+CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency, as YAML members, e.g.
                                    # "prefill_piece_tokens: 0" (the default) for an A/B run
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
@@ -156,6 +156,7 @@ start_gateway() {
     echo "routing:"
     echo "  policy: least_request"
     echo "  health: {interval: 1s}"
+    if [ -n "$CONCURRENCY" ]; then echo "  concurrency: {$CONCURRENCY}"; fi
     echo "  workers:"
     echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
     echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
