@@ -93,7 +93,7 @@ type ConcurrencyConfig struct {
 	// off, since it trades batch throughput for the interactive tail (figures in lane.go).
 	ClearWithin time.Duration `yaml:"clear_within"`
 	// PrefillPieceTokens is the size of the pieces in which a standard or batch prompt longer
-	// than one reaches an engine while interactive requests are present (see
+	// than a piece and a half reaches an engine while interactive requests are present (see
 	// Lease.PrefillPiece): the gateway has the engine prefill the prompt's leading pieces, one
 	// request each, then sends the request, whose prompt the engine finds cached but for its
 	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average

@@ -7,7 +7,7 @@ import (
 )
 
 // The size of a lower-class prompt's pieces: none without interactive traffic, for interactive
-// requests, for prompts no longer than a piece, or when off; else the configured size or,
+// requests, for prompts no longer than a piece and a half, or when off; else the configured size or,
 // learnt, the average interactive prompt, at least 64 tokens; and at least a sixteenth of the
 // prompt either way.
 func TestPrefillPieceSize(t *testing.T) {
@@ -22,6 +22,8 @@ func TestPrefillPieceSize(t *testing.T) {
 		{"no interactive traffic", 100, nil, false, 1000, 0},
 		{"configured", 100, []int{10}, false, 1000, 100},
 		{"prompt within a piece", 100, []int{10}, false, 100, 0},
+		{"prompt within a piece and a half: no piece would go ahead", 100, []int{10}, false, 150, 0},
+		{"a piece ahead and half a piece after", 100, []int{10}, false, 151, 100},
 		{"off", -1, []int{10}, false, 1000, 0},
 		{"an interactive request goes whole", 100, []int{10}, true, 1000, 0},
 		{"learnt: the interactive prompt", 0, []int{300}, false, 1000, 300},

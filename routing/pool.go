@@ -197,8 +197,8 @@ func (l *Lease) Release(o Outcome) {
 // runs a step of few tokens less efficiently than one of many, so pieces cost throughput.
 //
 // So it is above zero for a standard or batch request picked while interactive requests are
-// present, whose prompt is longer than ConcurrencyConfig.PrefillPieceTokens (or the learnt
-// size), unless the prompt may go whole: one worker of a model with several keeps its steps to
+// present, whose prompt is longer than a piece and a half (ConcurrencyConfig.PrefillPieceTokens,
+// or the learnt size), unless the prompt may go whole: one worker of a model with several keeps its steps to
 // pieces while the others prefill whole prompts (see takeWhole), and interactive requests go to
 // such a worker first. The lease counts one piece against the worker's lower-class prefill
 // budget, or the whole prompt when it goes whole.
@@ -586,7 +586,9 @@ func (p *Pool) prefillPiece(tokens int) int {
 		n = max(int(p.interactivePrompt.Load()), minPrefillPiece)
 	}
 	n = max(n, (tokens+maxPrefillPieces-1)/maxPrefillPieces)
-	if tokens <= n {
+	if tokens <= n+n/2 {
+		// Not even one piece would go ahead: the gateway sends a piece only when at least
+		// half a piece is left for the request itself.
 		return 0
 	}
 	return n
