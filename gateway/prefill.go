@@ -56,7 +56,9 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 	if !ok {
 		return
 	}
-	for end := piece; end+piece/2 < cl.promptTokens && cl.pieces < maxPieces; end += piece {
+	// The lease's piece is at least a sixteenth of cl.promptTokens, the estimate routing sized
+	// it by, so this sends 15 pieces at most.
+	for end := piece; end+piece/2 < cl.promptTokens; end += piece {
 		b, ok := pc.body(end)
 		if !ok || lease.AwaitInteractive(ctx) != nil {
 			return
@@ -126,9 +128,6 @@ func (s *Server) sendPiece(ctx context.Context, w *routing.Worker, cl *call, bod
 	return answer, err == nil && resp.StatusCode == http.StatusOK
 }
 
-// maxPieces bounds the pieces of one prompt, whatever the lease asks.
-const maxPieces = 32
-
 // pieceCutter cuts one request body into pieces of its prompt. It decodes the body once, so a
 // prompt of many pieces costs one parse, not one a piece. Not safe for concurrent use.
 type pieceCutter struct {
@@ -192,17 +191,23 @@ func readPieceMessage(raw []byte) (pieceMessage, bool) {
 		return pieceMessage{}, false
 	}
 	m := pieceMessage{raw: raw, fields: fields}
-	var text strings.Builder
+	text := 0
 	for _, f := range fields {
 		switch f.key {
 		case "role":
 			_ = json.Unmarshal(f.value, &m.role)
 		case "content":
-			m.cuttable = json.Unmarshal(f.value, &m.content) == nil
-			_ = appendContent(&text, f.value)
+			if m.cuttable = json.Unmarshal(f.value, &m.content) == nil; m.cuttable {
+				text = len(m.content)
+			} else {
+				// Content parts: their text counts, as parseMessages renders it.
+				var parts strings.Builder
+				_ = appendContent(&parts, f.value)
+				text = parts.Len()
+			}
 		}
 	}
-	m.size = len(m.role) + 1 + text.Len() + 1
+	m.size = len(m.role) + 1 + text + 1
 	return m, true
 }
 
@@ -230,15 +235,6 @@ func (pc *pieceCutter) body(tokens int) (piece []byte, ok bool) {
 		out = append(out, ',')
 	}
 	return append(out, `"max_tokens":1,"stream":false}`...), true
-}
-
-// pieceBody is the piece of body's prompt that ends near tokens (see pieceCutter.body).
-func pieceBody(body []byte, chat bool, tokens int) ([]byte, bool) {
-	pc, ok := newPieceCutter(body, chat)
-	if !ok {
-		return nil, false
-	}
-	return pc.body(tokens)
 }
 
 // cutMessages keeps the messages whose text (as parseMessages renders it) starts within the

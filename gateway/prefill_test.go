@@ -14,6 +14,15 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
+// pieceBody is the piece of body's prompt that ends near tokens (see pieceCutter.body).
+func pieceBody(body []byte, chat bool, tokens int) ([]byte, bool) {
+	pc, ok := newPieceCutter(body, chat)
+	if !ok {
+		return nil, false
+	}
+	return pc.body(tokens)
+}
+
 // words is n words of text, "w0 w1 ...".
 func words(n int) string {
 	ws := make([]string, n)

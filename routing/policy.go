@@ -102,12 +102,24 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
+// pieceOn is the size of the pieces r's prompt goes to w in (see Lease.PrefillPiece); 0: whole.
+// A worker that schedules by priority gets it whole: usher sends such a worker more than it runs
+// at once (see WorkerSpec.PriorityHandoff), so a request sent and not answered yet may be waiting
+// in the engine's own queue, where the engine puts interactive requests first; it is not a
+// prefill to keep interactive requests from.
+func (r *Request) pieceOn(w *Worker) int {
+	if w.PriorityHandoff() {
+		return 0
+	}
+	return r.piece
+}
+
 // prefillTokens is how many prompt tokens r puts in w's prefill at once: its prompt, or one
-// piece of it (see Lease.PrefillPiece); at least 1.
+// piece of it; at least 1.
 func (r *Request) prefillTokens(w *Worker) int64 {
 	n := r.PromptTokens
-	if r.piece > 0 && !w.PriorityHandoff() {
-		n = min(n, r.piece)
+	if piece := r.pieceOn(w); piece > 0 {
+		n = min(n, piece)
 	}
 	return int64(max(n, 1))
 }

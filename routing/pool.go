@@ -486,8 +486,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
 	laneOn := p.cfg.Concurrency.ClearWithin > 0
-	piecesOn := p.cfg.Concurrency.PrefillPieceTokens >= 0
-	if caller := r; r.Interactive && (laneOn || piecesOn) || !r.Interactive && p.interactivePresent() {
+	if caller := r; r.Interactive && (laneOn || p.steersInteractive(ms.workers)) || !r.Interactive && p.interactivePresent() {
 		r = p.yieldToInteractive(r, ms.workers)
 		// The prompt's token ids, once a policy asked for them, serve the retries too.
 		defer func() { caller.kvTokens = r.kvTokens }()
@@ -553,7 +552,7 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 	if !c.Interactive {
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
 		c.piece = p.prefillPiece(c.PromptTokens)
-	} else if c.TargetWorker == "" && p.cfg.Concurrency.PrefillPieceTokens >= 0 && !p.cfg.Concurrency.PiecesEverywhere && len(workers) > 1 {
+	} else if c.TargetWorker == "" && p.steersInteractive(workers) {
 		c.avoidWhole = true
 	}
 	if c.TargetWorker == "" && p.cfg.Concurrency.ClearWithin > 0 {
@@ -564,6 +563,14 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 		}
 	}
 	return &c
+}
+
+// steersInteractive reports whether interactive requests prefer, among workers, one with no
+// long lower-class prompt in prefill whole: pieces are on, on one worker only (see takeWhole),
+// and there are several.
+func (p *Pool) steersInteractive(workers []*Worker) bool {
+	c := p.cfg.Concurrency
+	return c.PrefillPieceTokens >= 0 && !c.PiecesEverywhere && len(workers) > 1
 }
 
 // Bounds of the learnt prefill piece (ConcurrencyConfig.PrefillPieceTokens 0): a piece is a
@@ -635,14 +642,7 @@ func (p *Pool) CouldWait(r *Request) bool {
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.piece}
-	if w.PriorityHandoff() {
-		// usher sends such a worker more than it runs at once (see WorkerSpec.PriorityHandoff),
-		// so a request sent and not answered yet may be waiting in the engine's own queue, where
-		// the engine puts interactive requests first: it is not a prefill to keep interactive
-		// requests from, and its prompt goes whole.
-		l.piece = 0
-	}
+		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w)}
 	l.prefilling.Store(true)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())

@@ -1,13 +1,8 @@
 package test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -61,29 +56,6 @@ func TestEngineCacheAwareLearnsSlotCaches(t *testing.T) {
 // within 10% of the prompt and all it predicted.
 func scrapePredictionErrors(t *testing.T, url string) (below, count float64) {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, value, ok := strings.Cut(line, " ")
-		if !ok || !strings.HasPrefix(name, "usher_routing_cache_prediction_error_ratio") {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			t.Fatalf("%s: %v", line, err)
-		}
-		switch {
-		case strings.HasPrefix(name, "usher_routing_cache_prediction_error_ratio_bucket") && strings.Contains(name, `le="0.1"`):
-			below += v
-		case strings.HasPrefix(name, "usher_routing_cache_prediction_error_ratio_count"):
-			count += v
-		}
-	}
-	return below, count
+	return gatewayCounter(t, url, "usher_routing_cache_prediction_error_ratio_bucket", `le="0.1"`),
+		gatewayCounter(t, url, "usher_routing_cache_prediction_error_ratio_count", "")
 }
