@@ -14,15 +14,16 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
-// A preemptible (standard or batch) call that wants a whole answer is asked of its worker as a
-// stream, and usher assembles the whole answer itself (assembler), for two reasons. A stream
-// shows when the engine has prefilled the prompt (its first chunk), which the worker's prefill
-// budget counts (routing.Request.Interactive). And a preempted call is cancelled by closing its
-// connection, which llama.cpp's server notices for a whole answer only about once a second, so
-// the cancelled answer kept its slot and the interactive call it was cancelled for waited behind
-// it inside the engine; a stream it writes token by token, and stops within a token. Only
-// requests whose answer the stream carries entirely are asked so (streamedBody); any other goes
-// as it came.
+// A preemptible (standard or batch) call that wants a whole answer from an engine with fixed
+// slots (llama.cpp's server, Worker.SlotEngine) is asked of it as a stream, and usher assembles
+// the whole answer itself (assembler). A preempted call is cancelled by closing its connection,
+// which llama.cpp's server notices for a whole answer only about once a second, so the cancelled
+// answer kept its slot and the interactive call it was cancelled for waited behind it inside the
+// engine; a stream it writes token by token, and stops within a token. The stream also shows
+// when the engine has prefilled the prompt (its first chunk). Engines that batch continuously
+// (vLLM, SGLang) notice a closed connection at their next step either way, so their whole
+// answers are relayed as they come. Only requests whose answer the stream carries entirely are
+// asked so (streamedBody); any other goes as it came.
 
 // streamableKeys are the top-level request members whose whole answer a stream carries exactly:
 // one choice of plain text, no log-probabilities, no tool calls. A request with any other member
@@ -49,7 +50,8 @@ func streamedBody(body []byte) (streamed []byte, ok bool) {
 	out := make([]byte, 0, len(body)+48)
 	out = append(out, '{')
 	for _, f := range fields {
-		if !streamableKeys[f.key] || (f.key == "n" && !isNull(f.value) && string(f.value) != "1") {
+		if !streamableKeys[f.key] || (f.key == "n" && !isNull(f.value) && string(f.value) != "1") ||
+			(f.key == "prompt" && !onePrompt(f.value)) {
 			return nil, false
 		}
 		if f.key == "stream" || f.key == "stream_options" {
@@ -60,6 +62,23 @@ func streamedBody(body []byte) (streamed []byte, ok bool) {
 	}
 	out = append(out, `"stream":true,"stream_options":{"include_usage":true}}`...)
 	return out, true
+}
+
+// onePrompt reports whether a completion's prompt is one prompt, whose answer is one choice: a
+// string, a list of token ids, or a list of one prompt. A list of several prompts is answered
+// with a choice each.
+func onePrompt(raw []byte) bool {
+	list, err := elementsOf(raw)
+	if err != nil {
+		return true // a string
+	}
+	n := 0
+	for list.next() {
+		if n++; n > 1 && (list.value[0] == '"' || list.value[0] == '[') {
+			return false
+		}
+	}
+	return list.err == nil
 }
 
 // errAssembly is the cause of a stream that could not be assembled into a whole answer;
@@ -75,25 +94,35 @@ var (
 // included), object "chat.completion" or "text_completion", and one choice whose text members
 // are the deltas' strings joined, other delta members the last value sent, and finish_reason
 // the last one given. It holds at most limit bytes of chunks.
+//
+// Cost: one pass over each chunk's bytes, nothing decoded: a string delta is joined as the JSON
+// it came as (two escaped string bodies joined are the escaped body of the joined strings), and
+// a member is copied only when its value changed. The answer is checked to be valid JSON once,
+// at its end (answer), not chunk by chunk.
 type assembler struct {
 	chat   bool
 	limit  int
 	size   int
 	top    []member // in first-seen order
-	role   string
-	parts  []member // the choice's members; text ones hold a JSON string being joined
-	text   map[string]*strings.Builder
-	finish json.RawMessage
+	role   []byte   // the raw JSON string of the delta's role; nil: none given
+	parts  []member // the choice's members
+	finish []byte
 	events int // chunks that carried output
+	chunks int // chunks added
 }
 
+// member is one member of the answer or of its choice: its key as a JSON string (canonicalKey)
+// and its raw value, or, for a joined text member (text), the joined body of a JSON string
+// without its quotes. chunk is the number of the chunk that last set it.
 type member struct {
-	key   string
-	value json.RawMessage
+	key   []byte
+	value []byte
+	text  bool
+	chunk int
 }
 
 func newAssembler(chat bool, limit int) *assembler {
-	return &assembler{chat: chat, limit: limit, text: map[string]*strings.Builder{}}
+	return &assembler{chat: chat, limit: limit}
 }
 
 // add takes one chunk's payload (the data of one event, [DONE] excluded); it keeps copies of
@@ -104,131 +133,206 @@ func (a *assembler) add(payload []byte) error {
 	if a.size > a.limit {
 		return fmt.Errorf("%w (%d bytes)", errAnswerTooLarge, a.limit)
 	}
-	if !json.Valid(payload) {
-		return fmt.Errorf("%w: a chunk is not JSON", errAssembly)
-	}
-	fields, err := objectFields(payload, nil)
+	m, err := membersOf(payload)
 	if err != nil {
 		return fmt.Errorf("%w: a chunk: %v", errAssembly, err)
 	}
-	var choices []struct {
-		Index        int             `json:"index"`
-		Delta        json.RawMessage `json:"delta"`
-		Text         *string         `json:"text"`
-		FinishReason json.RawMessage `json:"finish_reason"`
-	}
-	for _, f := range fields {
-		switch f.key {
-		case "error":
-			if !isNull(f.value) {
-				return fmt.Errorf("%w: the worker sent an error: %s", errAssembly, truncate(f.value, 512))
+	a.chunks++
+	output := false
+	for m.next() {
+		k, v := canonicalKey(m.key), m.value
+		switch {
+		case keyIs(k, "error"):
+			if !isNull(v) {
+				return fmt.Errorf("%w: the worker sent an error: %s", errAssembly, truncate(v, 512))
 			}
-		case "object":
-		case "choices":
-			if !isNull(f.value) && json.Unmarshal(f.value, &choices) != nil {
-				return fmt.Errorf("%w: choices is not a list of choices", errAssembly)
+		case keyIs(k, "object"):
+		case keyIs(k, "choices"):
+			if output, err = a.addChoices(v); err != nil {
+				return err
 			}
 		default:
-			setMember(&a.top, f.key, f.value)
+			if err := a.set(&a.top, k, v); err != nil {
+				return err
+			}
 		}
 	}
-	for _, c := range choices {
-		if c.Index != 0 {
-			return fmt.Errorf("%w: a chunk carries choice %d", errAssembly, c.Index)
-		}
-		if len(c.FinishReason) > 0 && !isNull(c.FinishReason) {
-			a.finish = c.FinishReason // decoded by encoding/json: a copy already
-		}
-		// A chat choice carries a delta, a completion's its text; the other is ignored, so no
-		// member of the answer's choice can appear twice.
-		if c.Text != nil && !a.chat {
-			a.join("text", *c.Text)
-		}
-		var delta []jsonField
-		if a.chat && len(c.Delta) > 0 && !isNull(c.Delta) {
-			if delta, err = objectFields(c.Delta, nil); err != nil {
-				return fmt.Errorf("%w: a delta: %v", errAssembly, err)
-			}
-		}
-		for _, d := range delta {
-			k, v := d.key, d.value
-			var s string
-			switch {
-			case k == "role":
-				_ = json.Unmarshal(v, &a.role)
-			case isNull(v):
-			case len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil:
-				a.join(k, s)
-			default:
-				setMember(&a.parts, k, v)
-			}
-		}
-		if carriesOutput(payload) {
-			a.events++
-		}
+	if m.err != nil {
+		return fmt.Errorf("%w: a chunk: %v", errAssembly, m.err)
+	}
+	if output {
+		a.events++
 	}
 	return nil
 }
 
-// setMember sets a copy of v as k's value in list, in place if k is there, else at the end.
-func setMember(list *[]member, k string, v []byte) {
-	v = bytes.Clone(v)
-	for i := range *list {
-		if (*list)[i].key == k {
-			(*list)[i].value = v
-			return
+// addChoices takes a chunk's choices, a list holding at most choice 0. output reports whether
+// it carried generated output (see carriesOutput).
+func (a *assembler) addChoices(v []byte) (output bool, err error) {
+	if isNull(v) {
+		return false, nil
+	}
+	list, err := elementsOf(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: choices: %v", errAssembly, err)
+	}
+	for list.next() {
+		c, err := membersOf(list.value)
+		if err != nil {
+			return false, fmt.Errorf("%w: a choice: %v", errAssembly, err)
+		}
+		for c.next() {
+			k, v := canonicalKey(c.key), c.value
+			switch {
+			case keyIs(k, "index"):
+				if string(v) != "0" {
+					return false, fmt.Errorf("%w: a chunk carries choice %s", errAssembly, truncate(v, 32))
+				}
+			case keyIs(k, "finish_reason"):
+				if !isNull(v) {
+					a.finish = append(a.finish[:0], v...)
+				}
+			// A chat choice carries a delta, a completion's its text; the other is ignored,
+			// so no member of the answer's choice can appear twice.
+			case keyIs(k, "text") && !a.chat:
+				if err := a.join(k, v); err != nil {
+					return false, err
+				}
+				output = output || len(v) > 2
+			case keyIs(k, "delta") && a.chat:
+				out, err := a.addDelta(v)
+				if err != nil {
+					return false, err
+				}
+				output = output || out
+			}
+		}
+		if c.err != nil {
+			return false, fmt.Errorf("%w: a choice: %v", errAssembly, c.err)
 		}
 	}
-	*list = append(*list, member{k, v})
-}
-
-func (a *assembler) join(k, s string) {
-	b, ok := a.text[k]
-	if !ok {
-		b = &strings.Builder{}
-		a.text[k] = b
-		a.parts = append(a.parts, member{key: k})
+	if list.err != nil {
+		return false, fmt.Errorf("%w: choices: %v", errAssembly, list.err)
 	}
-	b.WriteString(s)
+	return output, nil
 }
 
-// answer is the whole answer, a JSON object.
-func (a *assembler) answer() []byte {
+// addDelta takes a chat choice's delta: its role, its string members joined, its other members'
+// last values.
+func (a *assembler) addDelta(v []byte) (output bool, err error) {
+	if isNull(v) {
+		return false, nil
+	}
+	d, err := membersOf(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: a delta: %v", errAssembly, err)
+	}
+	for d.next() {
+		k, v := canonicalKey(d.key), d.value
+		switch {
+		case keyIs(k, "role"):
+			if len(v) > 0 && v[0] == '"' {
+				a.role = append(a.role[:0], v...)
+			}
+		case isNull(v):
+		case v[0] == '"':
+			if err := a.join(k, v); err != nil {
+				return false, err
+			}
+			output = output || len(v) > 2 && (keyIs(k, "content") || keyIs(k, "reasoning_content"))
+		default:
+			if err := a.set(&a.parts, k, v); err != nil {
+				return false, err
+			}
+			output = output || keyIs(k, "tool_calls")
+		}
+	}
+	if d.err != nil {
+		return false, fmt.Errorf("%w: a delta: %v", errAssembly, d.err)
+	}
+	return output, nil
+}
+
+// set sets a copy of v as k's value in list, in place if k is there (copying only when the value
+// changed), else at the end. A key given twice in one chunk, or that holds joined text, is
+// refused.
+func (a *assembler) set(list *[]member, k, v []byte) error {
+	m, err := a.find(list, k, false)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(m.value, v) {
+		m.value = append(m.value[:0], v...)
+	}
+	return nil
+}
+
+// join appends the JSON string raw (quotes included) to the text member k.
+func (a *assembler) join(k, raw []byte) error {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return fmt.Errorf("%w: %s is not a string", errAssembly, k)
+	}
+	m, err := a.find(&a.parts, k, true)
+	if err != nil {
+		return err
+	}
+	m.value = append(m.value, raw[1:len(raw)-1]...)
+	return nil
+}
+
+// find returns k's member of list, added at the end when k is new, marked as set by this chunk.
+func (a *assembler) find(list *[]member, k []byte, text bool) (*member, error) {
+	for i := range *list {
+		m := &(*list)[i]
+		if !bytes.Equal(m.key, k) {
+			continue
+		}
+		switch {
+		case m.chunk == a.chunks:
+			return nil, fmt.Errorf("%w: the key %s appears twice", errAssembly, k)
+		case m.text != text:
+			return nil, fmt.Errorf("%w: %s is both text and another value", errAssembly, k)
+		}
+		m.chunk = a.chunks
+		return m, nil
+	}
+	*list = append(*list, member{key: bytes.Clone(k), text: text, chunk: a.chunks})
+	return &(*list)[len(*list)-1], nil
+}
+
+// answer is the whole answer; ok is false when it would not be valid JSON (a chunk's member
+// was not: the chunks are not checked one by one).
+func (a *assembler) answer() (answer []byte, ok bool) {
 	out := make([]byte, 0, 512+a.size/4)
 	out = append(out, '{')
 	for _, m := range a.top {
-		out = appendMember(out, m.key, m.value)
+		out = appendMember(out, m)
 		out = append(out, ',')
 	}
-	object := "text_completion"
 	if a.chat {
-		object = "chat.completion"
-	}
-	out = appendMember(out, "object", jsonString(object))
-	out = append(out, `,"choices":[{"index":0,`...)
-	if a.chat {
-		role := a.role
-		if role == "" {
-			role = "assistant"
+		out = append(out, `"object":"chat.completion","choices":[{"index":0,"message":{"role":`...)
+		if a.role != nil {
+			out = append(out, a.role...)
+		} else {
+			out = append(out, `"assistant"`...)
 		}
-		out = append(out, `"message":{`...)
-		out = appendMember(out, "role", jsonString(role))
 		hasContent := false
 		for _, m := range a.parts {
-			hasContent = hasContent || m.key == "content"
-			out = append(out, ',')
-			out = appendMember(out, m.key, a.value(m))
+			hasContent = hasContent || keyIs(m.key, "content")
+			out = appendMember(append(out, ','), m)
 		}
 		if !hasContent {
 			out = append(out, `,"content":null`...)
 		}
 		out = append(out, "},"...)
 	} else {
+		out = append(out, `"object":"text_completion","choices":[{"index":0,`...)
+		hasText := false
 		for _, m := range a.parts {
-			out = appendMember(out, m.key, a.value(m))
-			out = append(out, ',')
+			hasText = hasText || keyIs(m.key, "text")
+			out = append(appendMember(out, m), ',')
 		}
-		if _, ok := a.text["text"]; !ok {
+		if !hasText {
 			out = append(out, `"text":"",`...)
 		}
 	}
@@ -238,18 +342,129 @@ func (a *assembler) answer() []byte {
 	} else {
 		out = append(out, a.finish...)
 	}
-	return append(out, "}]}"...)
+	out = append(out, "}]}"...)
+	return out, json.Valid(out)
 }
 
-func (a *assembler) value(m member) []byte {
-	if b, ok := a.text[m.key]; ok {
-		return jsonString(b.String())
+func appendMember(out []byte, m member) []byte {
+	out = append(append(out, m.key...), ':')
+	if m.text {
+		return append(append(append(out, '"'), m.value...), '"')
 	}
-	return m.value
+	return append(out, m.value...)
 }
 
-func appendMember(out []byte, key string, value []byte) []byte {
-	return append(append(append(out, jsonString(key)...), ':'), value...)
+// keyIs reports whether the JSON string k (quotes included, as canonicalKey gives it) is s.
+func keyIs(k []byte, s string) bool {
+	return len(k) == len(s)+2 && string(k[1:len(k)-1]) == s
+}
+
+// canonicalKey is the raw JSON string k (quotes included) written without escapes where it has
+// any, so that one key is compared as one whatever way the engine escaped it. A key with no
+// backslash, nearly every key, is returned as it is.
+func canonicalKey(k []byte) []byte {
+	if bytes.IndexByte(k, '\\') < 0 {
+		return k
+	}
+	s, err := unquote(k)
+	if err != nil {
+		return k
+	}
+	return jsonString(s)
+}
+
+// jsonMembers walks the members of one JSON object in one pass, allocating nothing: next moves
+// to the next member (key, its raw JSON string; value, its raw value), and err says why the walk
+// ended early. Values are delimited, not checked: a caller that copies one into its output
+// checks the output (assembler.answer).
+type jsonMembers struct {
+	data       []byte
+	i          int
+	close      byte // '}' for an object, ']' for an array
+	started    bool
+	key, value []byte
+	err        error
+}
+
+// membersOf starts a walk over the object data (surrounding space allowed).
+func membersOf(data []byte) (jsonMembers, error) {
+	return walkOf(data, '{', '}')
+}
+
+// elementsOf starts a walk over the array data's elements (value; key stays nil).
+func elementsOf(data []byte) (jsonMembers, error) {
+	return walkOf(data, '[', ']')
+}
+
+func walkOf(data []byte, open, close byte) (jsonMembers, error) {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != open {
+		return jsonMembers{}, errNotObject
+	}
+	return jsonMembers{data: data, i: i + 1, close: close}, nil
+}
+
+var errMalformed = errors.New("malformed JSON")
+
+func (m *jsonMembers) next() bool {
+	if m.err != nil || m.i < 0 {
+		return false
+	}
+	d := m.data
+	i := skipSpace(d, m.i)
+	if i < len(d) && d[i] == m.close {
+		m.i = -1
+		if skipSpace(d, i+1) != len(d) {
+			m.err = errMalformed
+		}
+		return false
+	}
+	if m.started {
+		if i >= len(d) || d[i] != ',' {
+			m.err = errMalformed
+			return false
+		}
+		i = skipSpace(d, i+1)
+	}
+	m.started = true
+	if m.close == '}' {
+		end, ok := stringEndStrict(d, i)
+		if !ok {
+			m.err = errMalformed
+			return false
+		}
+		m.key = d[i:end]
+		i = skipSpace(d, end)
+		if i >= len(d) || d[i] != ':' {
+			m.err = errMalformed
+			return false
+		}
+		i = skipSpace(d, i+1)
+	}
+	end := valueEnd(d, i)
+	if end <= i || end > len(d) {
+		m.err = errMalformed
+		return false
+	}
+	m.value, m.i = d[i:end], end
+	return true
+}
+
+// stringEndStrict returns the index just past the JSON string starting at data[i], and false
+// when no string starts there or it is not closed.
+func stringEndStrict(data []byte, i int) (int, bool) {
+	if i >= len(data) || data[i] != '"' {
+		return 0, false
+	}
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1, true
+		}
+	}
+	return 0, false
 }
 
 func truncate(b []byte, n int) []byte {
@@ -263,14 +478,19 @@ func truncate(b []byte, n int) []byte {
 // assembles the answer and sends it to the client whole, as relayAnswer does. sent is when the
 // request went to the worker: the first chunk's time feeds the worker's learned limit. Until the
 // answer is whole the call may be preempted; cancelling it closes the stream, which the engine
-// notices at its next token; firstChunk is called at the first chunk, from when it does.
-func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, firstChunk func()) (routing.Outcome, error) {
+// notices at its next token; firstChunk is called at the first chunk, from when it does, and
+// idle at every line (the silence bound, as for a stream).
+//
+// An answer usher cannot assemble is not the worker's failure: the engine answered, usher could
+// not read it; a stream that breaks off is.
+func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle, firstChunk func()) (routing.Outcome, error) {
 	var out routing.Outcome
 	a := newAssembler(cl.ep.chat, int(s.cfg.MaxResponseBytes))
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
 	done := false
 	for !done {
 		line, err := lines.next()
+		idle()
 		payload, isData := eventData(line)
 		switch {
 		case !isData:
@@ -282,7 +502,6 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 				firstChunk()
 			}
 			if aerr := a.add(payload); aerr != nil {
-				out.Failed = !errors.Is(aerr, errAnswerTooLarge)
 				return out, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, cl.worker, aerr)
 			}
 		}
@@ -296,7 +515,10 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 	}
 	// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
 	begin()
-	data := a.answer()
+	data, ok := a.answer()
+	if !ok {
+		return out, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, cl.worker, errAssembly)
+	}
 	s.firstByte(cl)
 	ttft := out.TTFT
 	if u, ok := parseUsage(data); ok {

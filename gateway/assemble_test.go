@@ -86,9 +86,10 @@ func TestAssemblerBuildsTheWholeChatAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	answer := wholeAnswer(t, a)
 	var got map[string]any
-	if err := json.Unmarshal(a.answer(), &got); err != nil {
-		t.Fatalf("%s: %v", a.answer(), err)
+	if err := json.Unmarshal(answer, &got); err != nil {
+		t.Fatalf("%s: %v", answer, err)
 	}
 	var want map[string]any
 	_ = json.Unmarshal([]byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"small",
@@ -96,9 +97,9 @@ func TestAssemblerBuildsTheWholeChatAnswer(t *testing.T) {
 		"logprobs":null,"finish_reason":"length"}],"usage":{"completion_tokens":2,"prompt_tokens":9,"total_tokens":11,
 		"prompt_tokens_details":{"cached_tokens":4}},"timings":{"prompt_n":5}}`), &want)
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("assembled\n%s\nwant\n%v", a.answer(), want)
+		t.Errorf("assembled\n%s\nwant\n%v", answer, want)
 	}
-	if u, ok := parseUsage(a.answer()); !ok || u.PromptTokens != 9 || u.cachedTokens() != 4 {
+	if u, ok := parseUsage(answer); !ok || u.PromptTokens != 9 || u.cachedTokens() != 4 {
 		t.Errorf("usage of the assembled answer: %+v %v", u, ok)
 	}
 	if a.events != 2 {
@@ -123,12 +124,23 @@ func TestAssemblerBuildsTheWholeCompletion(t *testing.T) {
 			FinishReason string `json:"finish_reason"`
 		}
 	}
-	if err := json.Unmarshal(a.answer(), &got); err != nil {
-		t.Fatalf("%s: %v", a.answer(), err)
+	answer := wholeAnswer(t, a)
+	if err := json.Unmarshal(answer, &got); err != nil {
+		t.Fatalf("%s: %v", answer, err)
 	}
 	if got.Object != "text_completion" || len(got.Choices) != 1 || got.Choices[0].Text != "ab" || got.Choices[0].FinishReason != "stop" {
-		t.Errorf("assembled %s", a.answer())
+		t.Errorf("assembled %s", answer)
 	}
+}
+
+// wholeAnswer is a's answer, which must be valid JSON.
+func wholeAnswer(t *testing.T, a *assembler) []byte {
+	t.Helper()
+	answer, ok := a.answer()
+	if !ok {
+		t.Fatalf("assembled answer is not valid JSON: %s", answer)
+	}
+	return answer
 }
 
 func TestAssemblerRefusesWhatItCannotAssemble(t *testing.T) {
@@ -155,12 +167,14 @@ func TestAssemblerRefusesWhatItCannotAssemble(t *testing.T) {
 	}
 }
 
-// A batch request that wants a whole answer is asked of the worker as a stream, so a preemption
-// stops it within a token (llama.cpp's server) and usher sees when its prefill ends, and the
-// client gets the whole answer assembled; an interactive one, never preempted, goes as it came.
+// A batch request that wants a whole answer from a slot engine (llama.cpp's server, which
+// reports its slots) is asked of the worker as a stream, so a preemption stops it within a token
+// and usher sees when its prefill ends, and the client gets the whole answer assembled; an
+// interactive one, never preempted, goes as it came.
 func TestWholeBatchAnswerIsStreamedAndAssembled(t *testing.T) {
-	w := newFakeWorker(t, nil)
+	w := newFakeWorker(t, func(w *fakeWorker) { w.slots = 4 })
 	g := startTierGateway(t, []routing.WorkerSpec{w.spec("w")}, everyClassTier)
+	waitForSlotEngine(t, g, "w")
 	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("batch: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
@@ -200,7 +214,9 @@ func TestWholeBatchAnswerIsStreamedAndAssembled(t *testing.T) {
 	}
 }
 
-// Whatever chunks a worker sends, the assembler either refuses them or builds valid JSON.
+// Whatever chunks a worker sends, the assembler either refuses them or builds valid JSON; and
+// chunks that are each valid JSON and that it took always make a valid answer (it checks the
+// answer once instead of each chunk, so a valid stream must never fail that check).
 func FuzzAssemblerAnswerIsValidJSON(f *testing.F) {
 	f.Add(strings.Join(llamaChatStream, "\n"), true)
 	f.Add(`{"choices":[{"index":0,"text":"a\u00e9","finish_reason":"stop"}],"x":[1,{"y":null}]}`, false)
@@ -208,15 +224,67 @@ func FuzzAssemblerAnswerIsValidJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream string, chat bool) {
 		a := newAssembler(chat, 1<<16)
 		buf := make([]byte, 0, 1024)
+		valid := true
 		for _, line := range strings.Split(stream, "\n") {
 			buf = append(buf[:0], line...)
+			valid = valid && json.Valid(buf)
 			if a.add(buf) != nil {
 				return
 			}
 		}
 		clear(buf[:cap(buf)])
-		if out := a.answer(); !json.Valid(out) {
-			t.Fatalf("invalid answer %s from %q", out, stream)
+		out, ok := a.answer()
+		if ok != json.Valid(out) {
+			t.Fatalf("answer %s reported valid %v from %q", out, ok, stream)
+		}
+		if valid && !ok {
+			t.Fatalf("valid chunks %q made an invalid answer %s", stream, out)
 		}
 	})
+}
+
+// waitForSlotEngine waits until the gateway's pool knows worker id runs fixed slots.
+func waitForSlotEngine(t *testing.T, g *testGateway, id string) {
+	t.Helper()
+	waitFor(t, "the pool learns the worker's slots", func() bool {
+		st, err := g.srv.pool.Worker(id)
+		return err == nil && st.SlotEngine
+	})
+}
+
+// An engine that batches continuously (vLLM, SGLang: no /props slots) gets a standard or batch
+// request that wants a whole answer as it came, and its answer is relayed, not assembled; so
+// does a slot engine a completion with several prompts (one choice each, which the stream's
+// assembly could not carry): before, the assembler refused choice 1 and counted it as the
+// worker's failure, so a tenant could open every worker's breaker.
+func TestWholeAnswerIsRelayedWhereNoAssemblyIsNeeded(t *testing.T) {
+	kv := newFakeWorker(t, nil)
+	g := startTierGateway(t, []routing.WorkerSpec{kv.spec("kv")}, everyClassTier)
+	for _, class := range []string{"standard", "batch"} {
+		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: class})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", class, resp.StatusCode)
+		}
+		if b := kv.body(); b["stream"] != nil || b["stream_options"] != nil {
+			t.Errorf("%s reached the continuous-batching worker as %v, want it as sent", class, b)
+		}
+	}
+
+	slots := newFakeWorker(t, func(w *fakeWorker) { w.slots = 2 })
+	spec := slots.spec("slots")
+	g = startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
+	waitForSlotEngine(t, g, "slots")
+	for i := range 2 * routing.DefaultBreakerFailures {
+		resp := g.post(t, "/v1/completions", testKey, `{"model":"m1","prompt":["a","b"],"max_tokens":2}`,
+			map[string]string{headerPriority: "batch"})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("completion %d with two prompts: %d", i, resp.StatusCode)
+		}
+		if b := slots.body(); b["stream"] != nil {
+			t.Fatalf("two prompts reached the slot engine as %v, want them as sent", b)
+		}
+	}
+	if st, _ := g.srv.pool.Worker("slots"); st.State != routing.StateHealthy {
+		t.Errorf("after completions with two prompts the worker is %s, want healthy", st.State)
+	}
 }

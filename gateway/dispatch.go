@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -193,6 +194,10 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			return err
 		}
 		lastErr = err
+	}
+	if busy := (*workerBusyError)(nil); errors.As(lastErr, &busy) {
+		return &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "workers_busy",
+			Message: "every worker that serves this model is busy; retry later", RetryAfter: busy.retryAfter}
 	}
 	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, lastErr)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -62,20 +63,23 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
-	idle := func() {}
-	if cl.stream {
-		// The silence bound counts from the request itself, not from its prompt's pieces.
-		t := time.AfterFunc(s.cfg.UpstreamIdleTimeout, func() { cancel(errWorkerSilent) })
-		defer t.Stop()
-		idle = func() { t.Reset(s.cfg.UpstreamIdleTimeout) }
-	}
-	sent := s.now()
 	assembled := false
-	if !cl.stream && preemptible && !cl.ep.embed {
+	if !cl.stream && preemptible && !cl.ep.embed && w.SlotEngine() {
 		if streamed, ok := streamedBody(body); ok {
 			body, assembled = streamed, true
 		}
 	}
+	// The silence bound counts from the request itself, not from its prompt's pieces. A stream
+	// re-arms it at every line; a whole answer is silent until it is done, so it may be silent
+	// for as long as its output may take to generate.
+	silence := s.cfg.UpstreamIdleTimeout
+	if !cl.stream && !assembled {
+		silence = wholeAnswerSilence(s.cfg, cl.expected)
+	}
+	t := time.AfterFunc(silence, func() { cancel(errWorkerSilent) })
+	defer t.Stop()
+	idle := func() { t.Reset(silence) }
+	sent := s.now()
 	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
 	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
 	// only with its end, so there the headers are as early as usher can know.
@@ -86,6 +90,16 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if err != nil && preempted() {
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
+	}
+	if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+		// The worker is alive but full: another one may have room, and this one's breaker
+		// has no reason to open.
+		busy := &workerBusyError{worker: w.ID(), retryAfter: retryAfterOf(resp.Header, s.now())}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		lease.Release(routing.Outcome{})
+		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		return true, busy
 	}
 	if err == nil && resp.StatusCode >= 500 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -115,7 +129,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	case cl.stream && resp.StatusCode == http.StatusOK:
 		out, err = s.relayStream(c, cl, resp, sent, begin, idle, firstChunk)
 	case assembled && resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
-		out, err = s.relayAssembled(c, cl, resp, sent, begin, firstChunk)
+		out, err = s.relayAssembled(c, cl, resp, sent, begin, idle, firstChunk)
 	default:
 		out, err = s.relayAnswer(c, cl, resp, begin)
 	}
@@ -125,7 +139,51 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		return false, errPreempted
 	}
 	lease.Release(out)
+	if err != nil && out.Failed && !c.Response().Committed && clientCtx.Err() == nil {
+		// The worker broke off (it answered, then closed or went silent) before anything
+		// reached the client: another worker may serve the call.
+		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "err", err)
+		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		return true, err
+	}
 	return false, err
+}
+
+// wholeAnswerTokenSilence is how long a worker computing a whole answer may stay silent for each
+// output token the call may cost, beyond Config.UpstreamIdleTimeout: two tokens a second, slower
+// than any engine serving in earnest.
+const wholeAnswerTokenSilence = 500 * time.Millisecond
+
+// wholeAnswerSilence bounds how long a worker may take to begin a whole answer of up to output
+// tokens: the idle bound plus wholeAnswerTokenSilence a token, at most the header bound.
+func wholeAnswerSilence(cfg Config, output int) time.Duration {
+	ceiling := max(cfg.UpstreamHeaderTimeout, cfg.UpstreamIdleTimeout)
+	if output <= 0 || int64(output) >= int64(ceiling/wholeAnswerTokenSilence) {
+		return ceiling
+	}
+	return min(cfg.UpstreamIdleTimeout+time.Duration(output)*wholeAnswerTokenSilence, ceiling)
+}
+
+// workerBusyError is a worker's 429: it had no room. The call goes to another worker; when none
+// is left, the client gets the 429 with the worker's Retry-After.
+type workerBusyError struct {
+	worker     string
+	retryAfter time.Duration
+}
+
+func (e *workerBusyError) Error() string { return fmt.Sprintf("worker %s is busy (429)", e.worker) }
+
+// retryAfterOf reads a Retry-After header (seconds or an HTTP date) as a duration from now, at
+// least a second and at most a minute; a second when it is absent or unreadable.
+func retryAfterOf(h http.Header, now time.Time) time.Duration {
+	v := h.Get("Retry-After")
+	d := time.Second
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		d = time.Duration(min(max(secs, 1), 60)) * time.Second
+	} else if at, err := http.ParseTime(v); err == nil {
+		d = at.Sub(now)
+	}
+	return min(max(d, time.Second), time.Minute)
 }
 
 // send makes one attempt at worker w. The request carries the client's context, so a client that
@@ -306,6 +364,11 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		if !started {
 			if c.Request().Context().Err() != nil {
 				return out, errClientGone
+			}
+			if !done {
+				// Nothing reached the client: the call may go to another worker.
+				out.Failed = true
+				return finish(fmt.Errorf("%w: the stream of worker %s ended before its first event: %v", errUpstreamAnswer, cl.worker, err))
 			}
 			if !start() {
 				return out, errPreempted

@@ -35,8 +35,10 @@ type WorkerStatus struct {
 	MaxConcurrency  int64       `json:"max_concurrency"`
 	// LimitSource says whether MaxConcurrency is fixed by the config, reported by the engine
 	// (its slots) or learned from its load and time to first token.
-	LimitSource       LimitSource `json:"limit_source"`
-	MaxTokensInFlight int64       `json:"max_tokens_in_flight"`
+	LimitSource LimitSource `json:"limit_source"`
+	// SlotEngine says the engine reported fixed slots (see Worker.SlotEngine).
+	SlotEngine        bool  `json:"slot_engine"`
+	MaxTokensInFlight int64 `json:"max_tokens_in_flight"`
 	// TokenLimitSource says whether MaxTokensInFlight is the config's or sized from the KV cache
 	// the engine states (engine).
 	TokenLimitSource LimitSource `json:"token_limit_source"`
@@ -82,6 +84,7 @@ func (w *Worker) status() WorkerStatus {
 		InFlightTokens:    w.InFlightTokens(),
 		MaxConcurrency:    w.limit.Load(),
 		LimitSource:       w.LimitSource(),
+		SlotEngine:        w.SlotEngine(),
 		MaxTokensInFlight: w.tokenLimit.Load(),
 		TokenLimitSource:  w.TokenLimitSource(),
 		Load:              w.Load(),

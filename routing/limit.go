@@ -429,16 +429,15 @@ func (p *Pool) engineSlots(ctx context.Context, w *Worker) (int64, error) {
 }
 
 // learnLimit runs after every scrape of w: it sizes w's token limit unless the config fixes it,
-// and, unless the config fixes w's concurrency limit, asks the engine's slots when due, applies
+// asks the engine's slots when due and, unless the config fixes w's concurrency limit, applies
 // the control law and announces a changed limit.
 func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 	l := w.learner
 	if !w.tokensFixed {
 		p.sizeTokenLimit(w, fresh)
 	}
-	if w.fixed {
-		return
-	}
+	// A fixed limit's engine is asked too: whether it runs fixed slots decides how a whole
+	// answer is asked of it (Worker.SlotEngine).
 	if l.probeDue(p.now()) {
 		n, err := p.engineSlots(ctx, w)
 		if err != nil {
@@ -448,6 +447,9 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 		} else {
 			l.setSlots(n)
 		}
+	}
+	if w.fixed {
+		return
 	}
 	sig := loadSignals{now: p.now(), fresh: fresh, inFlight: max(w.peak.Swap(w.InFlight()), w.InFlight())}
 	if fresh {

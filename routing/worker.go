@@ -131,6 +131,12 @@ func (w *Worker) LimitSource() LimitSource {
 	return w.learner.source()
 }
 
+// SlotEngine reports whether the worker's engine said it runs a fixed number of slots
+// (llama.cpp's server answering /props with total_slots), whether or not the config fixes the
+// worker's limit. Such an engine notices a client that went away only between tokens of a
+// stream, not while it computes a whole answer.
+func (w *Worker) SlotEngine() bool { return w.learner.source() == LimitEngine }
+
 // MaxTokensInFlight is the most tokens the pool keeps in flight on the worker now: its configured
 // max_tokens_in_flight, or the size the learner gives it from the engine's KV cache (see
 // ConcurrencyConfig). One atomic load.
