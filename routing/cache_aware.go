@@ -18,6 +18,7 @@ func init() {
 			return nil, err
 		}
 		c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		c.scope = env.scope
 		if env.prefixes != nil && !c.cfg.Local {
 			c.share = newShare(env.prefixes, env)
 		}
@@ -181,6 +182,9 @@ const evictBatch = 1024
 //     the overall best match, else RouteCacheRebalance); if none holds it, the least loaded
 //     worker takes it (RouteCacheLoadFallback).
 //
+// Prefixes are matched within the request's cache scope only (see CacheScope): a prompt of one
+// tenant never follows, nor is told of, another tenant's prefix, unless the scope is shared.
+//
 // The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
 // the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per
 // worker through Run (background, least recently used first) and within EvictNowFactor times that
@@ -208,6 +212,8 @@ type CacheAware struct {
 	// share publishes the inserts to the other gateway replicas and applies theirs; nil when
 	// the tree is this replica's alone.
 	share *share
+	// scope keys the tree's prefixes (Config.CacheScope; the zero value isolates tenants).
+	scope CacheScope
 
 	mu   sync.Mutex // guards tree, view, members and share's pending inserts
 	tree *radixTree
@@ -314,7 +320,9 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
 
-	d := c.tree.descend(r.Prompt)
+	namespace := c.scope.namespace(r)
+	root := c.tree.scopeRoot(namespace, len(r.Prompt) > 0)
+	d := c.tree.descend(root, r.Prompt)
 	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
 	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, true)
 
@@ -353,12 +361,12 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
 			// at the cost of everything else the worker holds. A rare second descent.
 			p = p[:c.cfg.MaxBytesPerWorker]
-			d = c.tree.descend(p)
+			d = c.tree.descend(root, p)
 		}
 		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
 		if c.share != nil {
-			c.share.add(pred.worker, p)
+			c.share.add(pred.worker, namespace, p)
 		}
 	}
 	return workers[chosen.i], route, pred
@@ -401,7 +409,7 @@ func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent,
 	if d.child != nil && !level(d.child, d.matched()) {
 		return best, light
 	}
-	for n := d.n; n != &c.tree.root; n = n.parent {
+	for n := d.n; n.parent != nil; n = n.parent {
 		if !level(n, n.end) {
 			break
 		}
