@@ -93,13 +93,14 @@ type CacheAwareConfig struct {
 	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
 	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
-	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker and prompt
-	// bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
+	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker, cache
+	// scope and prompt bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
 	// to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
 	// replica's routing is seen within ShareInterval plus a Redis round trip. Default 50ms.
 	ShareInterval time.Duration `yaml:"share_interval"`
 	// Local keeps the tree to this replica even with Redis: nothing is published (prompt text
-	// then never crosses Redis) and each replica sees only its own traffic.
+	// and the tenants' and tiers' names of the cache scopes then never cross Redis) and each
+	// replica sees only its own traffic.
 	Local bool `yaml:"local"`
 }
 
