@@ -94,8 +94,8 @@ type CacheAwareConfig struct {
 	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
 	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker, cache
-	// scope and prompt bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
-	// to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
+	// scope and prompt bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the
+	// other replicas' to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
 	// replica's routing is seen within ShareInterval plus a Redis round trip. Default 50ms.
 	ShareInterval time.Duration `yaml:"share_interval"`
 	// Local keeps the tree to this replica even with Redis: nothing is published (prompt text

@@ -318,3 +318,33 @@ func TestKVAwareEventsDecideOnlyInTheGlobalScope(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixHashKeysByScope: a tenant's prompts keep meeting on one worker; another tenant's copy
+// of a prompt is not sent where the first tenant's is cached merely by being the same text, but
+// in the global scope it is.
+func TestPrefixHashKeysByScope(t *testing.T) {
+	for _, tt := range []struct {
+		scope CacheScope
+		apart bool
+	}{{CacheScopeTenant, true}, {CacheScopeGlobal, false}} {
+		t.Run(string(tt.scope), func(t *testing.T) {
+			p, _ := newTestPool(t, Config{Workers: testWorkers(8, "m"), Policy: "prefix_hash", CacheScope: tt.scope})
+			apart := 0
+			for i := range 20 {
+				prompt := fmt.Sprintf("system prompt number %d, then a question", i)
+				a := pickAndRelease(t, p, &Request{Model: "m", Tenant: "acme", Prompt: prompt, Tokens: 1})
+				again := pickAndRelease(t, p, &Request{Model: "m", Tenant: "acme", Prompt: prompt, Tokens: 1})
+				b := pickAndRelease(t, p, &Request{Model: "m", Tenant: "mallory", Prompt: prompt, Tokens: 1})
+				if a != again {
+					t.Fatalf("prompt %d: one tenant's repeat went to %+v, then %+v", i, a, again)
+				}
+				if a.worker != b.worker {
+					apart++
+				}
+			}
+			if (apart > 0) != tt.apart {
+				t.Errorf("two tenants' same prompt on different workers %d times of 20, want apart: %v", apart, tt.apart)
+			}
+		})
+	}
+}

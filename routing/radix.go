@@ -259,10 +259,9 @@ func (t *radixTree) bytesSince(slot int32, since int64) int64 {
 }
 
 // insert makes slot hold all of prompt, using d, the descent of prompt made under the same lock
-// from a root scopeRoot created (not t.none),
-// so match and insert cost one descent. It splits the partly matched edge, adds a leaf for the
-// unmatched rest and marks the whole path as accessed by slot at now. It returns the bytes slot
-// newly holds.
+// from a root scopeRoot created (never t.none), so match and insert cost one descent. It splits
+// the partly matched edge, adds a leaf for the unmatched rest and marks the whole path as
+// accessed by slot at now. It returns the bytes slot newly holds.
 func (t *radixTree) insert(prompt string, d descent, slot int32, now int64) int64 {
 	n := d.n
 	if d.child != nil {
