@@ -119,6 +119,11 @@ func TestCacheSaltReachesTheEngine(t *testing.T) {
 	if s2 := saltOf(t, "", salted, salted.spec("salted"), "sk-key-two", "/v1/chat/completions", chat); s2 == s1 || s2 == nil {
 		t.Errorf("t2's salt: got %v, want one of its own (t1's is %v)", s2, s1)
 	}
+	t1, t2 := saltOf(t, routing.CacheScopeTier, salted, salted.spec("salted"), testKey, "/v1/chat/completions", chat),
+		saltOf(t, routing.CacheScopeTier, salted, salted.spec("salted"), "sk-key-two", "/v1/chat/completions", chat)
+	if t1 != t2 || t1 == nil || t1 == s1 {
+		t.Errorf("tier scope: t1 and t2 of one tier got %v and %v, want one salt, not t1's own %v", t1, t2, s1)
+	}
 	if s := saltOf(t, "", salted, salted.spec("salted"), testKey, "/v1/chat/completions",
 		`{"model":"m1","messages":[{"role":"user","content":"x"}],"cache_salt":"`+s1s+`"}`); s == s1 {
 		t.Error("a client that sends another scope's salt got it to the engine")
