@@ -106,6 +106,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	cl.route = routing.Request{
 		Model:        cl.model,
 		Tenant:       cl.principal.TenantID,
+		Tier:         cl.tier.Name,
 		SessionID:    session,
 		RoutingKey:   key,
 		TargetWorker: target,

@@ -34,7 +34,7 @@ var streamableKeys = map[string]bool{
 	"temperature": true, "top_p": true, "top_k": true, "min_p": true, "typical_p": true,
 	"stop": true, "seed": true, "presence_penalty": true, "frequency_penalty": true,
 	"repeat_penalty": true, "repeat_last_n": true, "logit_bias": true, "ignore_eos": true,
-	"user": true, "metadata": true, "store": true, "service_tier": true, "priority": true,
+	"user": true, "metadata": true, "store": true, "service_tier": true, "priority": true, "cache_salt": true,
 	"stream": true, "stream_options": true, "cache_prompt": true, "response_format": true,
 	"grammar": true, "json_schema": true, "chat_template_kwargs": true, "reasoning_effort": true,
 }

@@ -61,6 +61,7 @@ type call struct {
 
 	// dispatch and proxy
 	route    routing.Request
+	lease    *routing.Lease // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
 	worker   string
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int

@@ -82,11 +82,12 @@ var cachedKey = []byte(`"cached_tokens"`)
 
 // withOwnCache is payload, an answer or stream chunk the worker sent, with the cached_tokens of
 // its usage object (the last "usage" key, as parseUsage reads it) set to what the call accounted
-// (see account) when its prompt went in pieces: the engine counts as cached what usher's own
-// pieces put there, and the client is told the request's real cache hit, as it is charged.
-// Any other payload is returned as it is.
+// (see account) when the engine's count may not be the call's own (cachedRewritten): when its
+// prompt went in pieces, the engine counts as cached what usher's own pieces put there, and the
+// client is told the request's real cache hit, as it is charged; when the engine shares its
+// cache among scopes, it is told only its own scope's. Any other payload is returned as it is.
 func (cl *call) withOwnCache(payload []byte) []byte {
-	if cl.pieces == 0 {
+	if !cl.cachedRewritten() {
 		return payload
 	}
 	i := bytes.LastIndex(payload, usageKey)

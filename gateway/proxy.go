@@ -59,7 +59,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
-	body := cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))
+	body := s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model)))
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)

@@ -65,6 +65,7 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 		d.CachedTokens = min(d.CachedTokens, cl.cachedBeforePieces)
 		u.PromptTokensDetails = &d
 	}
+	u = cl.ownCache(u)
 	cl.usage = u
 	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(u.PromptTokens))
 	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))

@@ -18,6 +18,7 @@ func init() {
 			return nil, err
 		}
 		c.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		c.scope = env.scope
 		if env.prefixes != nil && !c.cfg.Local {
 			c.share = newShare(env.prefixes, env)
 		}
@@ -92,13 +93,14 @@ type CacheAwareConfig struct {
 	// inside the Pick that grew it, back under that hard cap, and Run is woken to trim it down to
 	// MaxBytesPerWorker. >= 1; default 2.
 	EvictNowFactor float64 `yaml:"evict_now_factor"`
-	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker and prompt
-	// bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the other replicas'
-	// to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
+	// ShareInterval: with Redis, each replica publishes the prompts it routed (worker, cache
+	// scope and prompt bytes, up to MaxBytesPerWorker each) every ShareInterval, and applies the
+	// other replicas' to its own tree, so every replica's tree mirrors the whole fleet's traffic. Another
 	// replica's routing is seen within ShareInterval plus a Redis round trip. Default 50ms.
 	ShareInterval time.Duration `yaml:"share_interval"`
 	// Local keeps the tree to this replica even with Redis: nothing is published (prompt text
-	// then never crosses Redis) and each replica sees only its own traffic.
+	// and the tenants' and tiers' names of the cache scopes then never cross Redis) and each
+	// replica sees only its own traffic.
 	Local bool `yaml:"local"`
 }
 
@@ -181,6 +183,9 @@ const evictBatch = 1024
 //     the overall best match, else RouteCacheRebalance); if none holds it, the least loaded
 //     worker takes it (RouteCacheLoadFallback).
 //
+// Prefixes are matched within the request's cache scope only (see CacheScope): a prompt of one
+// tenant never follows, nor is told of, another tenant's prefix, unless the scope is shared.
+//
 // The chosen worker is then recorded as holding the prompt (its first MaxBytesPerWorker bytes), in
 // the same critical section and from the same descent. The tree stays within MaxBytesPerWorker per
 // worker through Run (background, least recently used first) and within EvictNowFactor times that
@@ -208,6 +213,8 @@ type CacheAware struct {
 	// share publishes the inserts to the other gateway replicas and applies theirs; nil when
 	// the tree is this replica's alone.
 	share *share
+	// scope keys the tree's prefixes (Config.CacheScope; the zero value isolates tenants).
+	scope CacheScope
 
 	mu   sync.Mutex // guards tree, view, members and share's pending inserts
 	tree *radixTree
@@ -314,7 +321,9 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
 
-	d := c.tree.descend(r.Prompt)
+	namespace := c.scope.namespace(r)
+	root := c.tree.scopeRoot(namespace, len(r.Prompt) > 0)
+	d := c.tree.descend(root, r.Prompt)
 	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
 	best, light := c.warm(r, workers, v, d, max(need, 1), imbalanced, minLoad, true)
 
@@ -353,12 +362,12 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
 			// at the cost of everything else the worker holds. A rare second descent.
 			p = p[:c.cfg.MaxBytesPerWorker]
-			d = c.tree.descend(p)
+			d = c.tree.descend(root, p)
 		}
 		c.tree.insert(p, d, slot, c.now().UnixNano())
 		c.capNow(slot)
 		if c.share != nil {
-			c.share.add(pred.worker, p)
+			c.share.add(pred.worker, namespace, p)
 		}
 	}
 	return workers[chosen.i], route, pred
@@ -401,7 +410,7 @@ func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent,
 	if d.child != nil && !level(d.child, d.matched()) {
 		return best, light
 	}
-	for n := d.n; n != &c.tree.root; n = n.parent {
+	for n := d.n; n.parent != nil; n = n.parent {
 		if !level(n, n.end) {
 			break
 		}

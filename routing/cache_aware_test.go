@@ -190,7 +190,7 @@ func TestCacheAwarePick(t *testing.T) {
 			ws := cacheWorkers(t, 4)
 			for _, h := range tt.held {
 				clock.advance(time.Second)
-				treePut(c.tree, ws[h.worker].ID(), h.prompt, clock.now().UnixNano())
+				treePutIn(c.tree, anonymous, ws[h.worker].ID(), h.prompt, clock.now().UnixNano())
 			}
 			for i, w := range ws {
 				w.inFlight.Store(tt.loads[i])
@@ -323,7 +323,7 @@ func TestCacheAwareRunTrimsWhenWoken(t *testing.T) {
 	}()
 	// Grow w1 behind the policy's back, then let one Pick on w0 cross the hard cap and wake Run.
 	c.mu.Lock()
-	treePut(c.tree, "w1", strings.Repeat("y", 300), 0)
+	treePutIn(c.tree, anonymous, "w1", strings.Repeat("y", 300), 0)
 	c.mu.Unlock()
 	ws[1].draining.Store(true)
 	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("x", 80)}, ws)

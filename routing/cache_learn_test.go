@@ -97,7 +97,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 				c.tree.limited++
 			}
 			clock.advance(time.Second)
-			held, _ := c.tree.heldBy(c.tree.descend(a), 0, c.tree.workers[0].horizon)
+			held, _ := c.tree.heldBy(c.tree.descend(c.tree.scopeRoot(anonymous, false), a), 0, c.tree.workers[0].horizon)
 			_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: a}, ws)
 			if pred.worker != "w0" || pred.prompt != 1000 || pred.held != held {
 				t.Fatalf("prediction: got %+v, want w0 holding %d of 1000 bytes", pred, held)
@@ -108,7 +108,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 			}
 			var got []string
 			for _, p := range []string{a, b, cc} {
-				if held, _ := c.tree.heldBy(c.tree.descend(p), 0, c.tree.workers[0].horizon); held == len(p) {
+				if held, _ := c.tree.heldBy(c.tree.descend(c.tree.scopeRoot(anonymous, false), p), 0, c.tree.workers[0].horizon); held == len(p) {
 					got = append(got, p)
 				}
 				if treeHoldings(c.tree, p)["w0"] != len(p) {

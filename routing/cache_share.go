@@ -32,9 +32,12 @@ const (
 	shareMaxBatch = shareMaxBytes + 64<<10
 )
 
-// sharedInsert is one prompt routed to one worker, as published.
+// sharedInsert is one prompt routed to one worker, as published, with the namespace of its cache
+// scope (see CacheScope.namespace; absent for the global scope), so every replica keeps it within
+// that scope.
 type sharedInsert struct {
 	Worker string `json:"w"`
+	Scope  string `json:"s,omitempty"`
 	Prompt string `json:"p"`
 }
 
@@ -75,12 +78,12 @@ func newShare(feed PrefixFeed, env policyEnv) *share {
 
 // add queues an insert for the next batch, or drops it when the batch is full. CacheAware.mu must
 // be held. Costs an append; the prompt string is shared, not copied.
-func (sh *share) add(worker, prompt string) {
+func (sh *share) add(worker, namespace, prompt string) {
 	if len(sh.pending) >= shareMaxInserts || sh.pendingBytes+len(prompt) > shareMaxBytes {
 		sh.dropped.Inc()
 		return
 	}
-	sh.pending = append(sh.pending, sharedInsert{Worker: worker, Prompt: prompt})
+	sh.pending = append(sh.pending, sharedInsert{Worker: worker, Scope: namespace, Prompt: prompt})
 	sh.pendingBytes += len(prompt)
 }
 
@@ -141,7 +144,8 @@ func (c *CacheAware) publish(ctx context.Context) {
 }
 
 // applyBatch inserts another replica's routed prompts into the tree, as if this replica had
-// routed them now: only for workers of the model's current snapshot, each prompt cut to
+// routed them now, each within the cache scope it was routed in: only for workers of the
+// model's current snapshot, each prompt cut to
 // MaxBytesPerWorker. A malformed or oversized batch is dropped whole. Each insert costs what a
 // Pick's insert costs, under the same mutex.
 func (c *CacheAware) applyBatch(b []byte) {
@@ -170,7 +174,7 @@ func (c *CacheAware) applyBatch(b []byte) {
 			slot = c.tree.slot(in.Worker)
 			c.view.workers = nil // the next Pick rebuilds its slot map with the new slot
 		}
-		c.tree.insert(p, c.tree.descend(p), slot, now)
+		c.tree.insert(p, c.tree.descend(c.tree.scopeRoot(in.Scope, true), p), slot, now)
 		c.capNow(slot)
 		applied++
 	}

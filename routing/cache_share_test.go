@@ -106,13 +106,13 @@ func TestCacheAwareShareBounds(t *testing.T) {
 	c.members = map[string]bool{"w0": true}
 	big := strings.Repeat("x", shareMaxBytes/2)
 	c.mu.Lock()
-	c.share.add("w0", big)
-	c.share.add("w0", big)
-	c.share.add("w0", "y") // over the byte bound
+	c.share.add("w0", "", big)
+	c.share.add("w0", "", big)
+	c.share.add("w0", "", "y") // over the byte bound
 	bytesKept := len(c.share.pending)
 	c.share.pending, c.share.pendingBytes = nil, 0
 	for range shareMaxInserts + 1 { // the last one over the count bound
-		c.share.add("w0", "z")
+		c.share.add("w0", "", "z")
 	}
 	countKept := len(c.share.pending)
 	c.mu.Unlock()

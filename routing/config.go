@@ -50,6 +50,16 @@ type WorkerSpec struct {
 	// PriorityHandoff says the worker schedules by vLLM's `priority` request field, so the
 	// gateway may pass the request's class on instead of holding it back.
 	PriorityHandoff bool `yaml:"priority_handoff" json:"priority_handoff,omitempty"`
+	// CacheSalt says the worker's engine partitions its prefix cache by vLLM's `cache_salt`
+	// request field, so usher sends each request the salt of its cache scope (see
+	// Config.CacheScope) and trusts the engine's cached_tokens as the scope's own. Default
+	// (unset) true, but false for an engine that reports fixed slots (llama.cpp's server, which
+	// ignores the field): vLLM >= 0.9 with its V1 engine and SGLang with cache_salt support
+	// isolate by it. Set false for another engine that refuses the field (vLLM's V0 engine
+	// answers 400) or ignores it (Ollama): usher then sends no salt and, since the engine's
+	// cache is shared by every scope sent there, tells a client only the cached tokens its own
+	// scope's prompts can have put there (see Lease.OwnCached).
+	CacheSalt *bool `yaml:"cache_salt" json:"cache_salt,omitempty"`
 	// EngineAccess holds the engine's credential and model aliases (api_key, api_key_env,
 	// model_aliases).
 	EngineAccess `yaml:",inline"`
@@ -170,6 +180,24 @@ type Config struct {
 	Concurrency ConcurrencyConfig `yaml:"concurrency"`
 	// MaxTokensInFlight is the per-worker token cap of workers that set none; default 262144.
 	MaxTokensInFlight int `yaml:"max_tokens_in_flight"`
+	// CacheScope is whose prompts may share a prefix cache: "tenant" (default), "tier" or
+	// "global". It keys cache_aware's tree (local and shared among replicas), kv_aware's use of
+	// the engines' events, and the cache_salt sent to engines that take one (WorkerSpec.CacheSalt).
+	//
+	// A shared prefix cache is an oracle: whoever shares it can tell, from a faster answer, the
+	// cached_tokens of the usage, the X-Usher-Route header or the worker chosen, whether a
+	// prompt it guesses was sent before by someone else, and recover a secret in another's
+	// prompt guess by guess. "tenant" shares nothing between tenants. "tier" lets the tenants of
+	// one tier reuse each other's prefixes (a system prompt every tenant of the tier sends) and
+	// so read each other's prompts by guessing; "global" does that across all tenants. Choose
+	// them only when the tenants sharing are one trust domain.
+	CacheScope CacheScope `yaml:"cache_scope"`
+	// CacheSaltKey is the per-deployment secret the cache salts are derived from (HMAC-SHA256 of
+	// the scope's name), the same on every replica; set it from the environment
+	// (USHER_ROUTING_CACHE_SALT_KEY). Without it the salt is a fixed derivation of the scope's
+	// name: still one per scope through usher, which replaces any cache_salt a client sends,
+	// but computable by whoever knows a tenant's ID and reaches an engine directly.
+	CacheSaltKey string `yaml:"cache_salt_key"`
 }
 
 // SetDefaults fills the zero fields of c with the package defaults. Worker caps left at 0 stay 0
@@ -193,6 +221,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxTokensInFlight == 0 {
 		c.MaxTokensInFlight = DefaultMaxTokensInFlight
+	}
+	if c.CacheScope == "" {
+		c.CacheScope = CacheScopeTenant
 	}
 	c.Concurrency.setDefaults()
 	sc := &c.Scrape
@@ -237,6 +268,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxTokensInFlight < 1 {
 		bad("max_tokens_in_flight", "must be at least 1, got %d", c.MaxTokensInFlight)
+	}
+	if !c.CacheScope.valid() {
+		bad("cache_scope", "must be one of tenant, tier, global, got %q", c.CacheScope)
 	}
 	errs = append(errs, c.Concurrency.validate()...)
 	seen := make(map[string]int, len(c.Workers))

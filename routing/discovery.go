@@ -33,11 +33,12 @@ type DiscoveryConfig struct {
 	// takes requests at the next resolution; one that vanishes is drained at the next and
 	// removed once its requests in flight end.
 	Interval time.Duration `yaml:"interval"`
-	// MaxConcurrency, MaxTokensInFlight and PriorityHandoff apply to every worker of the name,
-	// as in WorkerSpec.
-	MaxConcurrency    int  `yaml:"max_concurrency"`
-	MaxTokensInFlight int  `yaml:"max_tokens_in_flight"`
-	PriorityHandoff   bool `yaml:"priority_handoff"`
+	// MaxConcurrency, MaxTokensInFlight, PriorityHandoff and CacheSalt apply to every worker
+	// of the name, as in WorkerSpec.
+	MaxConcurrency    int   `yaml:"max_concurrency"`
+	MaxTokensInFlight int   `yaml:"max_tokens_in_flight"`
+	PriorityHandoff   bool  `yaml:"priority_handoff"`
+	CacheSalt         *bool `yaml:"cache_salt"`
 	// EngineAccess (api_key, api_key_env, model_aliases) applies to every worker of the name.
 	EngineAccess `yaml:",inline"`
 }
@@ -96,6 +97,7 @@ func (dc DiscoveryConfig) spec(addr string) WorkerSpec {
 		MaxConcurrency:    dc.MaxConcurrency,
 		MaxTokensInFlight: dc.MaxTokensInFlight,
 		PriorityHandoff:   dc.PriorityHandoff,
+		CacheSalt:         dc.CacheSalt,
 		EngineAccess:      dc.EngineAccess,
 	}
 }

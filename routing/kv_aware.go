@@ -29,6 +29,7 @@ func init() {
 			return nil, err
 		}
 		fallback.predictionError = env.metrics.cachePredictionError.WithLabelValues(env.model)
+		fallback.scope = env.scope
 		if env.prefixes != nil && !fallback.cfg.Local {
 			fallback.share = newShare(env.prefixes, env)
 		}
@@ -37,6 +38,10 @@ func init() {
 			return nil, err
 		}
 		k.model, k.blocks, k.events, k.now = env.model, env.metrics.kvBlocks, env.metrics.kvEvents, env.now
+		k.scope = env.scope
+		if k.scope != CacheScopeGlobal {
+			k.logger.Warn("kv_aware: the engines' KV events cannot tell one cache scope's blocks from another's; with routing.cache_scope other than global, requests are routed by cache_aware's scoped tree", "model", env.model, "cache_scope", k.scope)
+		}
 		return k, nil
 	})
 }
@@ -190,6 +195,13 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // waits in the gateway for a slot, while the worker holding at least half the prompt more than
 // any worker with room is at its limit, for at most HolderWait per prompt.
 //
+// Cache scopes: the events say which blocks of tokens an engine holds, not whose prompt put them
+// there (vLLM's BlockStored carries no cache_salt; a salted block differs only in the engine's
+// own hash, which usher cannot compute). Matching them would route one tenant's prompt by
+// another's blocks and show it in the route and the worker chosen, the oracle CacheScope
+// closes. So the events decide only in the global scope; in a tenant or tier scope every
+// request goes to the fallback, whose tree keeps the scopes apart, and no /tokenize call is made.
+//
 // Each worker's events are read by one goroutine that Run owns: a ZeroMQ SUB socket to the
 // worker's publisher; a gap in sequence numbers asks the replay socket for the batches missed,
 // and empties the worker's index if it cannot; a number below the last one received (the
@@ -210,6 +222,9 @@ type KVAware struct {
 	events *prometheus.CounterVec
 	model  string
 	now    func() time.Time
+	// scope is Config.CacheScope; the events decide only in CacheScopeGlobal (the zero value
+	// isolates tenants).
+	scope CacheScope
 
 	mu      sync.Mutex // guards workers
 	workers map[string]*kvWorker
@@ -695,6 +710,9 @@ func (k *KVAware) Pick(ctx context.Context, r *Request, workers []*Worker) (*Wor
 // pickLearning implements outcomeLearner: the fallback's picks learn as cache_aware's do; the
 // event-driven picks predict nothing (the events already are the engine's truth).
 func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+	if k.scope != CacheScopeGlobal {
+		return k.fallback.pickLearning(ctx, r, workers)
+	}
 	kws := make([]*kvWorker, len(workers))
 	anyLive := false
 	k.mu.Lock()

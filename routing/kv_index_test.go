@@ -296,6 +296,8 @@ func kvTestPolicy(t *testing.T, workers []*Worker) *KVAware {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Routing by events is the global scope's: these tests are about the events.
+	k.scope = CacheScopeGlobal
 	k.WorkersChanged(workers)
 	return k
 }
@@ -635,6 +637,8 @@ func BenchmarkKVAwareTokenize(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Routing by events is the global scope's: these tests are about the events.
+	k.scope = CacheScopeGlobal
 	r := &Request{Model: "m", Prompt: strings.Repeat("word ", 1024)[:4096]}
 	b.ReportAllocs()
 	b.ResetTimer()

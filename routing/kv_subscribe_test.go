@@ -88,6 +88,8 @@ func runKVAware(t *testing.T, p *kvTestPublisher, replay bool) *KVAware {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Routing by events is the global scope's: these tests are about the events.
+	k.scope = CacheScopeGlobal
 	k.WorkersChanged(cacheWorkers(t, 1))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -29,6 +29,7 @@ type WorkerStatus struct {
 	URL             string      `json:"url"`
 	Models          []string    `json:"models"`
 	PriorityHandoff bool        `json:"priority_handoff"`
+	CacheSalt       bool        `json:"cache_salt"` // the engine partitions its cache by salt
 	State           WorkerState `json:"state"`
 	InFlight        int64       `json:"in_flight"`
 	InFlightTokens  int64       `json:"in_flight_tokens"`
@@ -79,6 +80,7 @@ func (w *Worker) status() WorkerStatus {
 		Source:            w.source,
 		Models:            slices.Clone(w.spec.Models),
 		PriorityHandoff:   w.spec.PriorityHandoff,
+		CacheSalt:         w.IsolatesCache(),
 		State:             w.State(),
 		InFlight:          w.InFlight(),
 		InFlightTokens:    w.InFlightTokens(),

@@ -58,6 +58,7 @@ type policyEnv struct {
 	pins     PinStore
 	prefixes PrefixFeed // nil: no other replica to share with
 	metrics  *poolMetrics
+	scope    CacheScope // Config.CacheScope
 }
 
 // policyConstructor builds the policy of one model.

@@ -60,6 +60,7 @@ type Options struct {
 type Request struct {
 	Model        string
 	Tenant       string
+	Tier         string // the tier of the key the request came with, for CacheScopeTier
 	SessionID    string // X-Session-ID
 	RoutingKey   string // X-Usher-Routing-Key
 	TargetWorker string // X-Usher-Target-Worker, already permitted by the gateway
@@ -141,6 +142,9 @@ type Lease struct {
 	// what it predicted (pred).
 	learner outcomeLearner
 	pred    prediction
+	// namespace is the request's cache scope (CacheScope.namespace); "" when every request
+	// shares the caches.
+	namespace string
 }
 
 // Release ends the lease with the request's outcome: it uncounts the in-flight request and
@@ -401,7 +405,7 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 }
 
 func (p *Pool) policyEnv(model string, mc ModelConfig) policyEnv {
-	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, prefixes: p.prefixes, metrics: p.metrics}
+	return policyEnv{model: model, cfg: mc, now: p.now, rand: p.rand, logger: p.logger, maxAge: p.cfg.Scrape.MaxAge, pins: p.pins, prefixes: p.prefixes, metrics: p.metrics, scope: p.cfg.CacheScope}
 }
 
 // publish builds a new snapshot from p.workers, tells the policies that keep per-worker state,
@@ -642,7 +646,7 @@ func (p *Pool) CouldWait(r *Request) bool {
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w)}
+		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r)}
 	l.prefilling.Store(true)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())

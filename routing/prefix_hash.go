@@ -8,7 +8,9 @@ import (
 
 func init() {
 	registerPolicy("prefix_hash", func(env policyEnv) (Policy, error) {
-		return newPrefixHash(env.cfg.PrefixHash, env.rand), nil
+		p := newPrefixHash(env.cfg.PrefixHash, env.rand)
+		p.scope = env.scope
+		return p, nil
 	})
 }
 
@@ -42,11 +44,17 @@ func (c PrefixHashConfig) validate(prefix string) []error {
 // locality: the spill of one prefix goes to the same few workers. A request without a prompt goes
 // to the least loaded worker. Safe for concurrent use; a pick hashes at most the prefix and does
 // a binary search.
+//
+// Outside the global cache scope the prefix is hashed with the request's scope (see CacheScope),
+// so another tenant's copy of a prompt lands, in general, elsewhere: the scopes share no cache
+// to meet on, and on an engine that keeps one cache for all (no cache salt) a guess is not sent
+// to where the guessed prompt is cached.
 type PrefixHash struct {
 	tokens     int
 	loadFactor float64
 	ring       ringCache
 	promptless *LeastRequest
+	scope      CacheScope // Config.CacheScope; the zero value isolates tenants
 }
 
 var (
@@ -66,7 +74,11 @@ func (p *PrefixHash) Pick(ctx context.Context, r *Request, workers []*Worker) (*
 	if r.Prompt == "" {
 		return p.promptless.Pick(ctx, r, workers)
 	}
-	return pickOnRing(p.ring.get(workers), r, xxhash.Sum64String(leadingTokens(r.Prompt, p.tokens)), p.loadFactor)
+	key := xxhash.Sum64String(leadingTokens(r.Prompt, p.tokens))
+	if ns := p.scope.namespace(r); ns != "" {
+		key = kvMix(key, xxhash.Sum64String(ns))
+	}
+	return pickOnRing(p.ring.get(workers), r, key, p.loadFactor)
 }
 
 // leadingTokens returns the prefix of s that holds its first n whitespace-separated words.

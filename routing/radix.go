@@ -11,6 +11,13 @@ import (
 // caches. There is one tree for all workers of the model; every node records which workers hold
 // the prefix that ends at it, with each worker's last access.
 //
+// Prefixes are kept apart by cache scope (see CacheScope): each scope's prompts descend from a
+// root of their own and never match another scope's prefixes, however alike the bytes. The
+// global scope ("") has the tree's own root; every other scope gets a root with its first
+// prefix and loses it with its last, so the roots cost nothing beyond the entries. A worker's
+// entries of every scope are in its one LRU list and its one byte count, as they share its one
+// engine cache.
+//
 // Tokens are bytes of the prompt. A byte tree needs no tokenizing pass and no token buffer (edge
 // labels are compared as substrings of the prompt with the runtime's vectorised equality), it is exact about a shared
 // prefix that ends inside a word, and a byte count tracks the worker's KV cache in model tokens
@@ -27,7 +34,9 @@ import (
 // A radixTree is not safe for concurrent use: CacheAware serialises every access with its mutex.
 // The zero value is not usable; call newRadixTree.
 type radixTree struct {
-	root    node             // label "", end 0, never held
+	root    node             // the global scope's: label "", end 0, never held
+	scopes  map[string]*node // the root of every other scope with prefixes, by its namespace
+	none    node             // the root of a scope with no prefixes yet: never gets children
 	slots   map[string]int32 // worker ID -> index in workers
 	workers []*treeWorker    // by slot; nil for a released slot
 	free    []int32          // released slots, reused before workers grows
@@ -56,8 +65,11 @@ type treeWorker struct {
 
 // node is one edge of the tree and the prefix that ends with it.
 type node struct {
-	label    string // bytes of the edge from parent; never empty except at the root
-	end      int    // length of the prefix that ends with label
+	// label is the bytes of the edge from parent, never empty; a root (parent nil) has no
+	// edge, and its label is the namespace of its scope, so the root can leave scopes with its
+	// last child.
+	label    string
+	end      int // length of the prefix that ends with label
 	parent   *node
 	keys     []byte    // first byte of each child's label, in the order of children
 	children []*node   // distinct first bytes
@@ -98,7 +110,25 @@ type holder struct {
 }
 
 func newRadixTree() *radixTree {
-	return &radixTree{slots: make(map[string]int32)}
+	return &radixTree{slots: make(map[string]int32), scopes: make(map[string]*node)}
+}
+
+// scopeRoot returns the root of the prefixes of the scope named namespace ("" for the global
+// scope). A scope without prefixes gets a new root if create (the caller is about to insert one),
+// else the empty t.none, from which nothing matches.
+func (t *radixTree) scopeRoot(namespace string, create bool) *node {
+	if namespace == "" {
+		return &t.root
+	}
+	if r, ok := t.scopes[namespace]; ok {
+		return r
+	}
+	if !create {
+		return &t.none
+	}
+	r := newNode(namespace, 0, nil)
+	t.scopes[namespace] = r
+	return r
 }
 
 // slot returns the slot of worker id, registering it if it is new.
@@ -138,10 +168,10 @@ func (d descent) matched() int {
 	return d.n.end
 }
 
-// descend follows prompt down the tree. It reads and allocates nothing but the path: one
-// IndexByte per level and a substring compare of each edge.
-func (t *radixTree) descend(prompt string) descent {
-	n := &t.root
+// descend follows prompt down the tree from root (see scopeRoot). It reads and allocates nothing
+// but the path: one IndexByte per level and a substring compare of each edge.
+func (t *radixTree) descend(root *node, prompt string) descent {
+	n := root
 	for n.end < len(prompt) {
 		rest := prompt[n.end:]
 		i := bytes.IndexByte(n.keys, rest[0])
@@ -188,7 +218,7 @@ func (t *radixTree) heldBy(d descent, slot int32, horizon int64) (held int, last
 			return d.matched(), d.child.holders[i].last
 		}
 	}
-	for n := d.n; n != &t.root; n = n.parent {
+	for n := d.n; n.parent != nil; n = n.parent {
 		if i := slices.Index(n.slots, slot); i >= 0 && n.holders[i].last >= horizon {
 			return n.end, n.holders[i].last
 		}
@@ -228,10 +258,10 @@ func (t *radixTree) bytesSince(slot int32, since int64) int64 {
 	return b
 }
 
-// insert makes slot hold all of prompt, using d, the descent of prompt made under the same lock,
-// so match and insert cost one descent. It splits the partly matched edge, adds a leaf for the
-// unmatched rest and marks the whole path as accessed by slot at now. It returns the bytes slot
-// newly holds.
+// insert makes slot hold all of prompt, using d, the descent of prompt made under the same lock
+// from a root scopeRoot created (never t.none), so match and insert cost one descent. It splits
+// the partly matched edge, adds a leaf for the unmatched rest and marks the whole path as
+// accessed by slot at now. It returns the bytes slot newly holds.
 func (t *radixTree) insert(prompt string, d descent, slot int32, now int64) int64 {
 	n := d.n
 	if d.child != nil {
@@ -248,7 +278,7 @@ func (t *radixTree) insert(prompt string, d descent, slot int32, now int64) int6
 	w := t.workers[slot]
 	before := w.bytes
 	// Leaf first, then up: each ancestor ends up more recent than its descendants.
-	for ; n != &t.root; n = n.parent {
+	for ; n.parent != nil; n = n.parent {
 		t.touch(n, slot, w, now)
 	}
 	return w.bytes - before
@@ -331,7 +361,8 @@ func (t *radixTree) remove(id string) {
 }
 
 // release drops h, w's hold on one node, which must be a leaf for w; a node nobody holds any more
-// leaves the tree (it has no children: its holders were a superset of theirs).
+// leaves the tree (it has no children: its holders were a superset of theirs), and a scope's
+// root with it when that was its last child.
 func (t *radixTree) release(w *treeWorker, h *holder) {
 	n := h.node
 	unlink(h)
@@ -358,6 +389,9 @@ func (t *radixTree) release(w *treeWorker, h *holder) {
 	n.parent = nil
 	t.nodes--
 	t.labels -= int64(len(n.label))
+	if p.parent == nil && p != &t.root && len(p.children) == 0 {
+		delete(t.scopes, p.label)
+	}
 }
 
 func unlink(h *holder) {

@@ -9,14 +9,44 @@ import (
 	"testing"
 )
 
-// treePut inserts prompt for worker id at time now, as Pick does after choosing.
+// treePut inserts prompt for worker id at time now in the global scope, as Pick does after
+// choosing.
 func treePut(tr *radixTree, id, prompt string, now int64) {
-	tr.insert(prompt, tr.descend(prompt), tr.slot(id), now)
+	treePutIn(tr, "", id, prompt, now)
 }
 
-// treeHoldings returns, for every worker holding a prefix of prompt, the length of the longest one.
+// treePutIn is treePut in the scope named namespace.
+func treePutIn(tr *radixTree, namespace, id, prompt string, now int64) {
+	tr.insert(prompt, tr.descend(tr.scopeRoot(namespace, true), prompt), tr.slot(id), now)
+}
+
+// anonymous is the cache scope of the tests' requests, which name no tenant.
+var anonymous = CacheScopeTenant.namespace(&Request{})
+
+// treeRoots returns the global root and every scope's root, the scopes' in order of namespace.
+func treeRoots(tr *radixTree) []*node {
+	roots := []*node{&tr.root}
+	for _, ns := range slices.Sorted(maps.Keys(tr.scopes)) {
+		roots = append(roots, tr.scopes[ns])
+	}
+	return roots
+}
+
+// treeHoldings returns, for every worker holding a prefix of prompt in any cache scope, the length
+// of the longest one.
 func treeHoldings(tr *radixTree, prompt string) map[string]int {
-	d := tr.descend(prompt)
+	got := map[string]int{}
+	for _, root := range treeRoots(tr) {
+		for id, n := range scopeHoldings(tr, root, prompt) {
+			got[id] = max(got[id], n)
+		}
+	}
+	return got
+}
+
+// scopeHoldings is treeHoldings within the scope whose root is root.
+func scopeHoldings(tr *radixTree, root *node, prompt string) map[string]int {
+	d := tr.descend(root, prompt)
 	got := map[string]int{}
 	add := func(n *node, depth int) {
 		for _, s := range n.slots {
@@ -29,13 +59,14 @@ func treeHoldings(tr *radixTree, prompt string) map[string]int {
 	if d.child != nil {
 		add(d.child, d.matched())
 	}
-	for n := d.n; n != &tr.root; n = n.parent {
+	for n := d.n; n.parent != nil; n = n.parent {
 		add(n, n.end)
 	}
 	return got
 }
 
-// treeEdges lists the tree as "prefix|label[holders]" lines in depth-first order of sorted labels.
+// treeEdges lists the tree as "prefix|label[holders]" lines in depth-first order of sorted labels,
+// the global scope's first, then each other scope's.
 func treeEdges(tr *radixTree) []string {
 	var out []string
 	var walk func(n *node, prefix string)
@@ -52,7 +83,9 @@ func treeEdges(tr *radixTree) []string {
 			walk(c, prefix+c.label)
 		}
 	}
-	walk(&tr.root, "")
+	for _, root := range treeRoots(tr) {
+		walk(root, "")
+	}
 	return out
 }
 
@@ -62,7 +95,7 @@ func treeLRU(tr *radixTree, id string) []string {
 	var out []string
 	for h := w.lru.prev; h != &w.lru; h = h.prev {
 		var parts []string
-		for n := h.node; n != &tr.root; n = n.parent {
+		for n := h.node; n.parent != nil; n = n.parent {
 			parts = append(parts, n.label)
 		}
 		slices.Reverse(parts)
@@ -100,7 +133,7 @@ func checkTree(t *testing.T, tr *radixTree) {
 				if h.node != c || h.slot != c.slots[j] {
 					t.Fatalf("child %q: holder %d points elsewhere", c.label, j)
 				}
-				if n != &tr.root && !slices.Contains(n.slots, h.slot) {
+				if n.parent != nil && !slices.Contains(n.slots, h.slot) {
 					t.Fatalf("child %q held by slot %d, its parent %q is not", c.label, h.slot, n.label)
 				}
 				bytesOf[h.slot] += int64(len(c.label))
@@ -108,7 +141,17 @@ func checkTree(t *testing.T, tr *radixTree) {
 			walk(c)
 		}
 	}
-	walk(&tr.root)
+	for ns, root := range tr.scopes {
+		if root.label != ns || root.parent != nil || len(root.children) == 0 {
+			t.Fatalf("scope %q: root labelled %q, %d children", ns, root.label, len(root.children))
+		}
+	}
+	if len(tr.none.children) != 0 {
+		t.Fatalf("the empty root has %d children", len(tr.none.children))
+	}
+	for _, root := range treeRoots(tr) {
+		walk(root)
+	}
 	if nodes != tr.nodes || labels != tr.labels {
 		t.Fatalf("counted %d nodes of %d bytes, tree says %d of %d", nodes, labels, tr.nodes, tr.labels)
 	}
@@ -121,7 +164,7 @@ func checkTree(t *testing.T, tr *radixTree) {
 		}
 		seen := map[*node]bool{}
 		for h := w.lru.prev; h != &w.lru; h = h.prev {
-			for a := h.node.parent; a != &tr.root; a = a.parent {
+			for a := h.node.parent; a.parent != nil; a = a.parent {
 				if seen[a] {
 					t.Fatalf("worker %s: ancestor %q less recent than descendant %q", w.id, a.label, h.node.label)
 				}
@@ -461,7 +504,7 @@ func TestRadixHorizonAndHeldBy(t *testing.T) {
 			t.Errorf("horizon(limit %d): got %d, want %d", tt.limit, got, tt.want)
 		}
 	}
-	d := tr.descend("aaaabbbbzz")
+	d := tr.descend(&tr.root, "aaaabbbbzz")
 	for _, tt := range []struct {
 		horizon  int64
 		held     int

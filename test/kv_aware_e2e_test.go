@@ -131,6 +131,8 @@ func TestKVAwareFollowsTheEnginesEvents(t *testing.T) {
 		},
 		routing: func(c *routing.Config, engines []*sim.Engine) {
 			ends := kvEndpoints(engines)
+			// The events decide only where every tenant shares the caches (see KVAware).
+			c.CacheScope = routing.CacheScopeGlobal
 			// Half the prompt must be held (the default is one block): an engine that evicted
 			// the tail of a prefix may keep its head, which by default still counts.
 			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends, Threshold: 0.5}}}
@@ -195,6 +197,7 @@ func TestKVAwareRoutesChatByTheEnginesEvents(t *testing.T) {
 		},
 		routing: func(c *routing.Config, engines []*sim.Engine) {
 			ends := kvEndpoints(engines)
+			c.CacheScope = routing.CacheScopeGlobal // the events decide only there (see KVAware)
 			c.Models = map[string]routing.ModelConfig{model: {KVAware: routing.KVAwareConfig{Endpoints: ends}}}
 		},
 		engineHandler: func(i int, h http.Handler) http.Handler {

@@ -43,6 +43,8 @@ type stackOptions struct {
 	routing func(c *routing.Config, engines []*sim.Engine)
 	// engineHandler, when not nil, wraps the HTTP handler of engine i.
 	engineHandler func(i int, h http.Handler) http.Handler
+	// tenants are more tenants beside "e2e" (apiKey).
+	tenants []tenants.TenantSpec
 }
 
 func startStack(t *testing.T, o stackOptions) *stack {
@@ -93,8 +95,8 @@ func startStack(t *testing.T, o stackOptions) *stack {
 	done := make(chan struct{})
 	go func() { defer close(done); pool.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	auth, err := tenants.NewStatic([]tenants.TenantSpec{{ID: "e2e", Name: "E2E",
-		Keys: []tenants.KeySpec{{Name: "k", SHA256: tenants.HashKey(apiKey)}}}})
+	auth, err := tenants.NewStatic(append([]tenants.TenantSpec{{ID: "e2e", Name: "E2E",
+		Keys: []tenants.KeySpec{{Name: "k", SHA256: tenants.HashKey(apiKey)}}}}, o.tenants...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,8 @@
 //
 // In ModeKV the KV cache is a pool of BlockSize-token blocks. A full block is identified by a
 // chained hash over its parent block's hash and its own tokens, so equal hashes mean equal
-// prefixes. On admission the longest run of the prompt's leading blocks found in the cache is
+// prefixes; a request's cache_salt stands for the first block's parent, as vLLM mixes it into
+// that block's hash, so prompts of different salts share no block. On admission the longest run of the prompt's leading blocks found in the cache is
 // reused (at most all but the prompt's last token, which must be computed to sample from, as in
 // vLLM); those are the request's cached_tokens and the prefix-cache hits. Blocks nobody holds stay
 // cached until reused: the free queue evicts least recently freed first, and a finished sequence

@@ -44,7 +44,7 @@ type Engine struct {
 	// kv publishes the block pool's KV events; nil without Config.KVEvents.
 	kv *kvPublisher
 
-	faultsMu sync.Mutex // guards faults, dice, arrived, dead and priorities
+	faultsMu sync.Mutex // guards faults, dice, arrived, dead, priorities and salts
 	faults   Faults
 	dice     *rand.Rand
 	arrived  int           // completion requests since start or the last SetFaults
@@ -52,6 +52,8 @@ type Engine struct {
 	isDead   bool
 	// priorities counts completion requests by their "priority" field.
 	priorities map[int]int64
+	// salts counts completion requests by their "cache_salt" field.
+	salts map[string]int64
 }
 
 var _ http.Handler = (*Engine)(nil)
@@ -74,6 +76,7 @@ func New(cfg Config, opts Options) (*Engine, error) {
 		dice:       rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0xbb67ae8584caa73b)),
 		dead:       make(chan struct{}),
 		priorities: make(map[int]int64),
+		salts:      make(map[string]int64),
 	}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
@@ -186,8 +189,9 @@ func (e *Engine) poke() {
 	}
 }
 
-// submit queues a new sequence; it fails once the engine is closed.
-func (e *Engine) submit(prompt []uint64, maxTokens, priority int) (*sequence, error) {
+// submit queues a new sequence, its blocks salted with salt in ModeKV; it fails once the engine
+// is closed.
+func (e *Engine) submit(prompt []uint64, maxTokens, priority int, salt string) (*sequence, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -195,6 +199,9 @@ func (e *Engine) submit(prompt []uint64, maxTokens, priority int) (*sequence, er
 	}
 	e.nextID++
 	q := newSequence(e.nextID, prompt, maxTokens, priority)
+	if salt != "" && e.cfg.Mode == ModeKV {
+		q.salt = saltHash(salt)
+	}
 	e.sched.add(q)
 	e.poke()
 	return q, nil
@@ -263,12 +270,14 @@ type Stats struct {
 	// Priorities counts well-formed completion requests by their "priority" field (0 when
 	// absent), whatever the scheduling policy, so tests can see what a gateway forwarded.
 	Priorities map[int]int64
+	// CacheSalts counts them by their "cache_salt" field ("" when absent), in either mode.
+	CacheSalts map[string]int64
 }
 
 // Stats returns the engine's counters. It is cheap and never blocks on the scheduler.
 func (e *Engine) Stats() Stats {
 	e.faultsMu.Lock()
-	prio := maps.Clone(e.priorities)
+	prio, salts := maps.Clone(e.priorities), maps.Clone(e.salts)
 	e.faultsMu.Unlock()
 	s := &e.stats
 	return Stats{
@@ -289,6 +298,7 @@ func (e *Engine) Stats() Stats {
 		EvictedBlocks:      s.evictions.Load(),
 		KVCacheUsage:       s.kvUsage(),
 		Priorities:         prio,
+		CacheSalts:         salts,
 	}
 }
 
@@ -335,10 +345,11 @@ type arrival struct {
 }
 
 // arrive counts a completion request and rolls its faults.
-func (e *Engine) arrive(priority int) arrival {
+func (e *Engine) arrive(priority int, salt string) arrival {
 	e.faultsMu.Lock()
 	defer e.faultsMu.Unlock()
 	e.priorities[priority]++
+	e.salts[salt]++
 	a := arrival{dead: e.dead, latency: e.faults.AddedLatency}
 	if e.isDead {
 		a.abort = true

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -640,5 +641,51 @@ func BenchmarkStreamingRequest(b *testing.B) {
 		resp := post(b, b.Context(), srv, "/v1/chat/completions", body)
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+	}
+}
+
+// TestCacheSaltPartitionsThePrefixCache: in ModeKV a prompt hits only blocks computed under its
+// own cache_salt, as in vLLM; ModeSlots ignores the field, as llama-server does.
+func TestCacheSaltPartitionsThePrefixCache(t *testing.T) {
+	prompt := words("w", 100) // 96 cacheable tokens
+	for _, tt := range []struct {
+		mode  string
+		salts []any // of the requests in turn; nil: none sent
+		want  []int
+	}{
+		{ModeKV, []any{"a", "a"}, []int{0, 96}},
+		{ModeKV, []any{"a", "b"}, []int{0, 0}},
+		{ModeKV, []any{nil, "a"}, []int{0, 0}},
+		{ModeKV, []any{"a", nil}, []int{0, 0}},
+		{ModeKV, []any{"a", "b", "a"}, []int{0, 0, 96}},
+		{ModeSlots, []any{"a", "b"}, nil}, // whatever the slot keeps, the salt changes nothing
+	} {
+		t.Run(fmt.Sprintf("%s %v", tt.mode, tt.salts), func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.Mode = tt.mode
+			if tt.mode == ModeSlots {
+				cfg.Slots = 1
+			}
+			e, srv := startEngine(t, cfg)
+			var cached []int
+			for _, s := range tt.salts {
+				body := map[string]any{"prompt": prompt, "max_tokens": 2}
+				if s != nil {
+					body["cache_salt"] = s
+				}
+				r := decodeJSON[testResponse](t, post(t, t.Context(), srv, "/v1/completions", body))
+				cached = append(cached, r.Usage.PromptTokensDetails.CachedTokens)
+			}
+			if tt.mode == ModeSlots {
+				if cached[1] == 0 {
+					t.Errorf("slots: cached_tokens %v, want the second request to reuse the slot whatever its salt", cached)
+				}
+			} else if !slices.Equal(cached, tt.want) {
+				t.Errorf("cached_tokens: got %v, want %v", cached, tt.want)
+			}
+			if got := e.Stats().CacheSalts; got["a"] == 0 {
+				t.Errorf("the engine counted salts %v, want a", got)
+			}
+		})
 	}
 }

@@ -33,6 +33,10 @@ type completionRequest struct {
 	} `json:"stream_options"`
 	// Priority is vLLM's scheduling priority: lower is served first under PolicyPriority.
 	Priority int `json:"priority"`
+	// CacheSalt is vLLM's cache_salt: in ModeKV it is mixed into the hash of the prompt's first
+	// block, so a prompt hits only blocks computed under the same salt (none: the unsalted
+	// ones). ModeSlots ignores it, as llama-server ignores fields it does not know.
+	CacheSalt string `json:"cache_salt"`
 }
 
 type usage struct {
@@ -182,7 +186,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		return
 	}
 
-	a := e.arrive(req.Priority)
+	a := e.arrive(req.Priority, req.CacheSalt)
 	if a.abort {
 		panic(http.ErrAbortHandler)
 	}
@@ -224,7 +228,7 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		return
 	}
 
-	q, err := e.submit(prompt, maxTokens, req.Priority)
+	q, err := e.submit(prompt, maxTokens, req.Priority, req.CacheSalt)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
 		return

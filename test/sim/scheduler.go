@@ -42,6 +42,7 @@ type sequence struct {
 	filler     *rand.Rand
 	tokens     []uint64
 	hashes     []uint64 // chained hashes of tokens' full blocks, extended on demand
+	salt       uint64   // the parent hash of the first block: 0, or its cache_salt's saltHash
 	blocks     []*block
 	computed   int
 	cachedUpTo int // full blocks registered in the prefix cache
@@ -299,7 +300,7 @@ func (s *scheduler) vacate(q *sequence) {
 func (s *scheduler) ensureHashes(q *sequence, nblocks int) {
 	bs := s.cfg.BlockSize
 	for i := len(q.hashes); i < nblocks; i++ {
-		parent := uint64(0)
+		parent := q.salt
 		if i > 0 {
 			parent = q.hashes[i-1]
 		}

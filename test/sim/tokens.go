@@ -41,6 +41,16 @@ func mix(h, v uint64) uint64 {
 	return h
 }
 
+// saltHash is what a cache_salt contributes to the hash of a prompt's first block, as vLLM mixes
+// the salt into that block's extra keys: never 0, the unsalted prompts' parent.
+func saltHash(salt string) uint64 {
+	h := uint64(0x5a17)
+	for _, c := range []byte(salt) {
+		h = mix(h, uint64(c))
+	}
+	return h | 1
+}
+
 // blockHash is the chained hash of one full block: it covers the parent block's hash and the
 // block's token ids, so equal hashes mean equal whole prefixes.
 func blockHash(parent uint64, ids []uint64) uint64 {
