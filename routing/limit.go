@@ -45,13 +45,15 @@ const (
 //  3. When its KV cache is at least KVHigh full, the limit drops by one; between KVHold and
 //     KVHigh it holds.
 //  4. Otherwise, when the limit was binding (the worker's requests in flight, from every
-//     replica, reached it), it rises: doubling from Initial until the first drop, then by one
-//     per scrape. An engine that reports its load (it answered a scrape with a known load
-//     metric in the last minute) says itself when it is past its knee, by 2 and 3; one that
-//     does not is judged by the time to first token of its streamed answers instead, against
-//     the load each was measured at: each scrape that saw answers gives a point, their mean
-//     TTFT at the peak requests in flight since the scrape before, and the limit drops by a
-//     tenth (at least one), instead of rising, when answers came since the last scrape and
+//     replica, came within a fifth of it, at least one: the queue keeps a share of the pool for
+//     interactive requests, queue.interactive_reserve, so standard and batch traffic alone
+//     never fills a worker to its limit), it rises: doubling from Initial until the first drop,
+//     then by one per scrape. An engine that reports its load (it answered a scrape with a
+//     known load metric in the last minute) says itself when it is past its knee, by 2 and 3.
+//     One that does not is judged by the time to first token of its streamed answers instead,
+//     against the load each was measured at: each scrape that saw answers gives a point, their
+//     mean TTFT at the peak requests in flight since the scrape before, and the limit drops by
+//     a tenth (at least one), instead of rising, when answers came since the last scrape and
 //     the least-squares line through the points of the last two minutes at loads up to the
 //     present one puts TTFT at the present load above TTFTTolerance times TTFT at half of it.
 //     At the default 2 that is the knee by Little's law: past it, throughput no longer rises
@@ -372,7 +374,7 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHigh:
 		next = limit - 1
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHold:
-	case sig.inFlight < limit:
+	case sig.inFlight < max(1, limit-(limit+4)/5):
 	case answered && !l.reportsLoad(sig.now) && l.pastKnee(sig.inFlight):
 		next = limit - max(1, limit/10)
 	case l.slowStart:
