@@ -29,7 +29,9 @@ const (
 // requests it keeps in flight there, so the engine's own FIFO queue stays near empty and the
 // waiting happens in usher's queue, where priority, fair share and deadlines apply. A worker
 // with max_concurrency in its spec keeps that fixed value; the others learn it, never above
-// routing.max_concurrency (the ceiling). The control law, run at every scrape of the worker:
+// routing.max_concurrency (the ceiling). The control law, run at every scrape of the worker,
+// acts only on what is fresh: the scrape's own reading, the requests in flight since the last
+// scrape, and the answers that came back since then. A worker nobody sends to keeps its limit.
 //
 //  1. An engine that reports its slots (GET PropsPath answering `total_slots`, as llama.cpp's
 //     server does) gets exactly that many: more would only queue inside the engine.
@@ -42,12 +44,22 @@ const (
 //     does not report its slots is not pushed into queueing again at every scrape.
 //  3. When its KV cache is at least KVHigh full, the limit drops by one; between KVHold and
 //     KVHigh it holds.
-//  4. When the time to first token of its streamed answers (a moving average) exceeds
-//     TTFTTolerance times its baseline (the lowest average seen, drifting slowly up), the limit
-//     drops by a tenth (at least one).
-//  5. Otherwise, when the limit was binding (the worker's requests in flight, from every
-//     replica, reached it), it rises: doubling from Initial until the first drop, then by one
-//     per scrape.
+//  4. Otherwise, when the limit was binding (the worker's requests in flight, from every
+//     replica, came within a fifth of it, at least one: the queue keeps a share of the pool for
+//     interactive requests, queue.interactive_reserve, so standard and batch traffic alone
+//     never fills a worker to its limit), it rises: doubling from Initial until the first drop,
+//     then by one per scrape. An engine that reports its load (it answered a scrape with a
+//     known load metric in the last minute) says itself when it is past its knee, by 2 and 3.
+//     One that does not is judged by the time to first token of its streamed answers instead,
+//     against the load each was measured at: each scrape that saw answers gives a point, their
+//     mean TTFT at the peak requests in flight since the scrape before, and the limit drops by
+//     a tenth (at least one), instead of rising, when answers came since the last scrape and
+//     the least-squares line through the points of the last two minutes at loads up to the
+//     present one puts TTFT at the present load above TTFTTolerance times TTFT at half of it.
+//     At the default 2 that is the knee by Little's law: past it, throughput no longer rises
+//     with the requests in flight and each added request only waits longer. A
+//     continuous-batching engine's TTFT grows with its batch by design, less than in
+//     proportion, so it is not cut for it; nor is noise at a steady load, which gives no slope.
 //
 // The worker's token limit (the prompt plus expected output of its requests in flight, which the
 // queue's interactive reserve and every policy count too) is sized the same way, unless the
@@ -68,8 +80,9 @@ type ConcurrencyConfig struct {
 	Initial int `yaml:"initial"`
 	// PropsPath is where an engine reports its slots; default /props (llama.cpp).
 	PropsPath string `yaml:"props_path"`
-	// TTFTTolerance is how many times its baseline the time to first token may grow before the
-	// limit drops. Default 2.
+	// TTFTTolerance is how many times the time to first token of a worker whose engine does not
+	// report its load may grow when the requests in flight double, before the limit drops.
+	// Default 2.
 	TTFTTolerance float64 `yaml:"ttft_tolerance"`
 	// KVHold and KVHigh are the KV-cache usage fractions at which the limit stops rising and
 	// drops. Defaults 0.9 and 0.97.
@@ -172,12 +185,17 @@ func (c ConcurrencyConfig) validate() []error {
 	return errs
 }
 
-// TTFT averages: the weight of a new sample, and how fast the baseline drifts towards the
-// average per scrape, so one lucky fast sample does not hold the limit down for ever.
 const (
-	ttftWeight     = 0.2
-	baselineDrift  = 0.01
-	minTTFTSamples = 5
+	// The fit of TTFT against load: how long a point counts, the most points kept (a scrape
+	// interval under 2s keeps fewer than fitMemory), the answers it needs before it judges, and
+	// the least variance of the loads (requests squared) that tells a slope from noise.
+	fitMemory       = 2 * time.Minute
+	maxFitPoints    = 64
+	minTTFTSamples  = 5
+	minLoadVariance = 0.2
+	// loadReportMemory is how long after its last scrape with a known load metric an engine
+	// still counts as one that reports its load (a scrape may time out under load).
+	loadReportMemory = time.Minute
 	// propsRetry is how often an engine that did not answer its slots is asked again (it may have
 	// been starting, or restarted with other flags).
 	propsRetry = 30 * time.Second
@@ -202,12 +220,17 @@ type learner struct {
 	ceiling      int64
 	tokenCeiling int64
 
-	mu         sync.Mutex
-	slots      int64 // the engine's reported slots; 0: not reported
-	slowStart  bool
-	ttft       float64 // moving average of the time to first token, seconds; 0: none yet
-	baseline   float64 // lowest ttft seen, drifting up; 0: none yet
-	samples    int
+	mu        sync.Mutex
+	slots     int64 // the engine's reported slots; 0: not reported
+	slowStart bool
+	// newTTFT and newAnswers: the sum (seconds) and count of the times to first token observed
+	// since the last step; points: the steps that had some, within fitMemory, oldest first.
+	newTTFT    float64
+	newAnswers int
+	points     []ttftPoint
+	// reported: the engine answered a scrape with a known load metric, the last at reportedAt.
+	reported   bool
+	reportedAt time.Time
 	probedAt   time.Time // last /props request
 	sawWaiting bool      // the last scrape saw requests waiting inside the engine
 	cap        int64     // the running count when the engine last queued; 0: none
@@ -290,20 +313,23 @@ func (l *learner) tokenLimit() int64 {
 // initial is the limit before anything is learned.
 func (l *learner) initial() int64 { return min(int64(l.cfg.Initial), l.ceiling) }
 
-// observeTTFT feeds one streamed answer's time to first token.
+// observeTTFT feeds one streamed answer's time to first token; the next step counts it.
 func (l *learner) observeTTFT(d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	s := d.Seconds()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ttft == 0 {
-		l.ttft = s
-	} else {
-		l.ttft += ttftWeight * (s - l.ttft)
-	}
-	l.samples++
+	l.newTTFT += d.Seconds()
+	l.newAnswers++
+}
+
+// ttftPoint is one step's evidence of the time to first token: the mean (seconds) of the
+// answers that came back since the step before, at the peak requests in flight then (load).
+type ttftPoint struct {
+	at         time.Time
+	load, ttft float64
+	answers    int
 }
 
 // loadSignals is what one scrape tells the learner.
@@ -319,15 +345,18 @@ type loadSignals struct {
 func (l *learner) step(limit int64, sig loadSignals) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// The answers since the last step are one point of the fit, at the peak load they came
+	// back under; then they are spent: no later step acts on them again.
+	answered := l.newAnswers > 0
+	if answered {
+		l.addPoint(ttftPoint{at: sig.now, load: float64(sig.inFlight), ttft: l.newTTFT / float64(l.newAnswers), answers: l.newAnswers})
+		l.newTTFT, l.newAnswers = 0, 0
+	}
+	if sig.fresh {
+		l.reported, l.reportedAt = true, sig.now
+	}
 	if l.slots > 0 {
 		return min(l.slots, l.ceiling)
-	}
-	if l.ttft > 0 {
-		if l.baseline == 0 || l.ttft < l.baseline {
-			l.baseline = l.ttft
-		} else {
-			l.baseline += baselineDrift * (l.ttft - l.baseline)
-		}
 	}
 	// A request that has just arrived waits inside the engine until its next scheduling step,
 	// so one scrape that sees a queue proves nothing; two in a row do. An engine that reports
@@ -345,14 +374,13 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHigh:
 		next = limit - 1
 	case sig.fresh && sig.kvUsage >= l.cfg.KVHold:
-	case l.samples >= minTTFTSamples && l.ttft > l.cfg.TTFTTolerance*l.baseline:
+	case sig.inFlight < max(1, limit-(limit+4)/5):
+	case answered && !l.reportsLoad(sig.now) && l.pastKnee(sig.inFlight):
 		next = limit - max(1, limit/10)
-	case sig.inFlight >= limit:
-		if l.slowStart {
-			next = limit * 2
-		} else {
-			next = limit + 1
-		}
+	case l.slowStart:
+		next = limit * 2
+	default:
+		next = limit + 1
 	}
 	if next < limit {
 		l.slowStart = false
@@ -361,6 +389,57 @@ func (l *learner) step(limit int64, sig loadSignals) int64 {
 		next = max(limit, l.cap)
 	}
 	return max(1, min(next, l.ceiling))
+}
+
+// reportsLoad says whether the engine answered a scrape with a known load metric within
+// loadReportMemory of now: its own queue and KV cache, not TTFT, then say when it is past its
+// knee. l.mu is held.
+func (l *learner) reportsLoad(now time.Time) bool {
+	return l.reported && now.Sub(l.reportedAt) < loadReportMemory
+}
+
+// addPoint keeps p and forgets the points older than fitMemory. l.mu is held.
+func (l *learner) addPoint(p ttftPoint) {
+	i := 0
+	for i < len(l.points) && p.at.Sub(l.points[i].at) > fitMemory {
+		i++
+	}
+	l.points = append(l.points[i:], p)
+	if len(l.points) > maxFitPoints {
+		l.points = l.points[len(l.points)-maxFitPoints:]
+	}
+}
+
+// pastKnee says whether the present load n is past the engine's knee, by the least-squares line
+// of TTFT against load through the points at loads up to n (TTFT at higher loads says nothing
+// of n): it is when, with enough answers and loads spread enough to tell a slope from noise,
+// the line has TTFT at n above TTFTTolerance times TTFT at n/2. Call it right after addPoint,
+// which forgets the points past fitMemory. l.mu is held.
+func (l *learner) pastKnee(n int64) bool {
+	var w, sx, sy, sxx, sxy float64
+	answers := 0
+	for _, p := range l.points {
+		if p.load > float64(n) {
+			continue
+		}
+		w++
+		sx += p.load
+		sy += p.ttft
+		sxx += p.load * p.load
+		sxy += p.load * p.ttft
+		answers += p.answers
+	}
+	if answers < minTTFTSamples {
+		return false
+	}
+	mx, my := sx/w, sy/w
+	vx := sxx/w - mx*mx
+	if vx < minLoadVariance {
+		return false
+	}
+	slope := (sxy/w - mx*my) / vx
+	at := func(x float64) float64 { return my + slope*(x-mx) }
+	return at(float64(n)) > l.cfg.TTFTTolerance*at(float64(n)/2)
 }
 
 // setSlots records the slots the engine reported (0: it reported none).

@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -14,6 +15,14 @@ func testLearner(ceiling int64) *learner {
 	var cfg ConcurrencyConfig
 	cfg.setDefaults()
 	return newLearner(cfg, ceiling, DefaultMaxTokensInFlight)
+}
+
+// fitTo gives l the points of an engine without load signals: TTFT at20 with 20 requests in
+// flight, at30 with 30, enough answers to judge, and one answer since, of TTFT at30 + (at30 -
+// at20), which the next step takes at the load it reports.
+func fitTo(l *learner, at20, at30 float64) {
+	l.points = []ttftPoint{{load: 20, ttft: at20, answers: minTTFTSamples}, {load: 30, ttft: at30, answers: minTTFTSamples}}
+	l.newTTFT, l.newAnswers = 2*at30-at20, 1
 }
 
 func TestLearnerLaw(t *testing.T) {
@@ -32,27 +41,45 @@ func TestLearnerLaw(t *testing.T) {
 			sig: loadSignals{fresh: true, running: 8, inFlight: 8}, want: 9},
 		{name: "rising stops at the ceiling", limit: 200, sig: loadSignals{fresh: true, inFlight: 200}, want: 256},
 		{name: "limit not binding holds", limit: 8, sig: loadSignals{fresh: true, running: 3, inFlight: 3}, want: 8},
+		// The queue keeps lower classes out of the interactive reserve (a tenth of the pool by
+		// default), so standard and batch traffic alone never fill a worker to its limit.
+		{name: "within a fifth of the limit binds", limit: 10, sig: loadSignals{fresh: true, running: 8, inFlight: 8}, want: 20},
+		{name: "more than a fifth below the limit holds", limit: 10, sig: loadSignals{fresh: true, running: 7, inFlight: 7}, want: 10},
+		{name: "a limit of one binds only with a request in flight", limit: 1, sig: loadSignals{fresh: true}, want: 1},
 		{name: "one scrape with a queue is not enough (a request just arrived)", limit: 16,
 			sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 16},
 		{name: "engine queue cuts to what it runs", setup: func(l *learner) { l.sawWaiting = true }, limit: 16, sig: loadSignals{fresh: true, running: 5, waiting: 3, inFlight: 8}, want: 5},
 		{name: "engine queue lowers by one at least", setup: func(l *learner) { l.sawWaiting = true }, limit: 4, sig: loadSignals{fresh: true, running: 6, waiting: 2, inFlight: 8}, want: 3},
-		{name: "a queue beside a KV cache with room is arrivals, not saturation", setup: func(l *learner) { l.sawWaiting = true }, limit: 16,
-			sig: loadSignals{fresh: true, running: 12, waiting: 2, kvUsage: 0.5, inFlight: 14}, want: 16},
+		{name: "a queue beside a KV cache with room is arrivals, not saturation (the limit binds, it rises)", setup: func(l *learner) { l.sawWaiting = true }, limit: 16,
+			sig: loadSignals{fresh: true, running: 12, waiting: 2, kvUsage: 0.5, inFlight: 14}, want: 32},
 		{name: "a queue beside a full KV cache cuts", setup: func(l *learner) { l.sawWaiting = true }, limit: 16,
 			sig: loadSignals{fresh: true, running: 7, waiting: 9, kvUsage: 0.95, inFlight: 16}, want: 7},
 		{name: "never below one", setup: func(l *learner) { l.sawWaiting = true }, limit: 1, sig: loadSignals{fresh: true, running: 0, waiting: 2, inFlight: 1}, want: 1},
 		{name: "full KV cache lowers", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.99, inFlight: 10}, want: 9},
 		{name: "nearly full KV cache holds", limit: 10, sig: loadSignals{fresh: true, running: 10, kvUsage: 0.92, inFlight: 10}, want: 10},
 		{name: "stale reading: only our own counts", limit: 8, sig: loadSignals{waiting: 9, kvUsage: 1, inFlight: 8}, want: 16},
-		{name: "inflated TTFT lowers by a tenth", setup: func(l *learner) {
-			l.baseline, l.ttft, l.samples = 0.1, 0.35, minTTFTSamples
-		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 36},
-		{name: "TTFT near its baseline lets it rise", setup: func(l *learner) {
-			l.baseline, l.ttft, l.samples, l.slowStart = 0.1, 0.15, minTTFTSamples, false
-		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 41},
+		{name: "TTFT past the knee of an engine without load signals lowers by a tenth", setup: func(l *learner) {
+			fitTo(l, 0.1, 0.3) // then 0.5 at 40: TTFT 5x at twice the load
+		}, limit: 40, sig: loadSignals{inFlight: 40}, want: 36},
+		{name: "TTFT growing less than the load lets it rise", setup: func(l *learner) {
+			fitTo(l, 0.1, 0.12) // then 0.14 at 40
+			l.slowStart = false
+		}, limit: 40, sig: loadSignals{inFlight: 40}, want: 41},
+		{name: "an engine that reports its load is not judged by TTFT", setup: func(l *learner) {
+			fitTo(l, 0.1, 0.3)
+			l.slowStart = false
+		}, limit: 40, sig: loadSignals{fresh: true, running: 40, inFlight: 40}, want: 41},
+		{name: "no answer since the last scrape: no judgement", setup: func(l *learner) {
+			fitTo(l, 0.1, 0.3)
+			l.newAnswers, l.newTTFT, l.slowStart = 0, 0, false
+		}, limit: 40, sig: loadSignals{inFlight: 40}, want: 41},
 		{name: "too few TTFT samples to judge", setup: func(l *learner) {
-			l.baseline, l.ttft, l.samples, l.slowStart = 0.1, 0.9, 2, false
-		}, limit: 40, sig: loadSignals{fresh: true, inFlight: 40}, want: 41},
+			fitTo(l, 0.1, 0.3)
+			l.points[0].answers, l.points[1].answers, l.slowStart = 1, 1, false
+		}, limit: 40, sig: loadSignals{inFlight: 40}, want: 41},
+		{name: "TTFT past the knee with the limit not binding holds", setup: func(l *learner) {
+			fitTo(l, 0.1, 0.3)
+		}, limit: 40, sig: loadSignals{inFlight: 30}, want: 40},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,23 +128,113 @@ func TestLearnerHoldsTheCapWhereTheEngineQueued(t *testing.T) {
 	}
 }
 
-func TestLearnerBaselineFollowsTheFastest(t *testing.T) {
+// An engine without load signals is judged by its TTFT against the load it was measured at: a
+// continuous-batching engine, whose TTFT grows with its batch less than in proportion, is
+// allowed what its clients ask; one that queues past its slots (TTFT growing by a service time
+// for each slot's worth of requests beyond them) is held at its slots, or one above while
+// the law probes, whether the clients' demand rose slowly or came at once.
+func TestLearnerJudgesTTFTAgainstLoad(t *testing.T) {
+	queueing := func(slots int64) func(int64) time.Duration {
+		return func(n int64) time.Duration {
+			return 50*time.Millisecond + time.Duration(max(0, n-slots))*time.Second/time.Duration(slots)
+		}
+	}
+	tests := []struct {
+		name            string
+		ttft            func(inFlight int64) time.Duration
+		demand          func(scrape int) int64
+		atLeast, atMost int64
+	}{
+		{name: "batching engine", ttft: func(n int64) time.Duration { return 40*time.Millisecond + time.Duration(n)*2*time.Millisecond },
+			demand: func(int) int64 { return 64 }, atLeast: 64, atMost: 256},
+		{name: "engine queueing past 4 slots, demand rising", ttft: queueing(4),
+			demand: func(i int) int64 { return int64(min(64, 1+i/2)) }, atLeast: 4, atMost: 5},
+		{name: "engine queueing past 16 slots, demand at once", ttft: queueing(16),
+			demand: func(int) int64 { return 64 }, atLeast: 16, atMost: 17},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := testLearner(256)
+			now := time.Unix(1000, 0)
+			limit := l.initial()
+			for i := range 300 {
+				n := min(limit, tt.demand(i))
+				for range 5 {
+					l.observeTTFT(tt.ttft(n))
+				}
+				now = now.Add(2 * time.Second)
+				limit = l.step(limit, loadSignals{now: now, inFlight: n})
+			}
+			if limit < tt.atLeast || limit > tt.atMost {
+				t.Errorf("after 300 scrapes: limit %d, want %d to %d", limit, tt.atLeast, tt.atMost)
+			}
+		})
+	}
+}
+
+// A vLLM-like engine's TTFT grows with its batch by design: while it reports no queue and its
+// KV cache has room, the limit rises to what the clients ask, however its TTFT grows; once it
+// reports requests waiting beside a full cache, the limit is cut to what it runs, as before.
+func TestLearnerLetsABatchingEngineRunItsBatch(t *testing.T) {
+	const demand = 64
 	l := testLearner(256)
-	for range 10 {
-		l.observeTTFT(100 * time.Millisecond)
+	now := time.Unix(1000, 0)
+	limit := l.initial()
+	for i := range 30 {
+		n := min(limit, demand)
+		for range 10 {
+			l.observeTTFT(40*time.Millisecond + time.Duration(n)*5*time.Millisecond) // 4.5x at 64 in flight what it is at 8
+		}
+		now = now.Add(2 * time.Second)
+		if next := l.step(limit, loadSignals{now: now, fresh: true, running: n, kvUsage: 0.5, inFlight: n}); next < limit {
+			t.Fatalf("scrape %d: limit cut from %d to %d with no queue in the engine", i, limit, next)
+		} else {
+			limit = next
+		}
 	}
-	l.step(8, loadSignals{})
-	for range 20 {
-		l.observeTTFT(150 * time.Millisecond)
+	if limit < demand {
+		t.Fatalf("limit %d, want at least the %d requests asked", limit, demand)
 	}
-	if got := l.step(8, loadSignals{fresh: true, inFlight: 8}); got != 16 {
-		t.Errorf("TTFT 1.5x its baseline: limit %d, want it to rise to 16", got)
+	for range 2 {
+		now = now.Add(2 * time.Second)
+		limit = l.step(limit, loadSignals{now: now, fresh: true, running: 48, waiting: 16, kvUsage: 0.95, inFlight: demand})
 	}
-	for range 20 {
-		l.observeTTFT(time.Second)
+	if limit != 48 {
+		t.Errorf("engine queueing beside a full cache with 48 running: limit %d, want 48", limit)
 	}
-	if got := l.step(16, loadSignals{fresh: true, inFlight: 16}); got >= 16 {
-		t.Errorf("TTFT 10x its baseline: limit %d, want it below 16", got)
+}
+
+// Noise in the TTFT of a worker that is not loaded moves no limit, whether its engine reports
+// its load or not; nor does noise that does not follow the load while the limit binds.
+func TestLearnerIgnoresNoisyTTFT(t *testing.T) {
+	for _, reports := range []bool{false, true} {
+		t.Run(fmt.Sprintf("engine reports its load: %v", reports), func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(1, 2))
+			l := testLearner(256)
+			now := time.Unix(1000, 0)
+			for i := range 300 { // ten minutes of scrapes
+				for range rnd.IntN(4) {
+					l.observeTTFT(time.Duration(50+rnd.IntN(450)) * time.Millisecond)
+				}
+				inFlight := 1 + rnd.Int64N(3)
+				now = now.Add(2 * time.Second)
+				if got := l.step(8, loadSignals{now: now, fresh: reports, running: inFlight, inFlight: inFlight}); got != 8 {
+					t.Fatalf("scrape %d, %d in flight: limit %d, want 8 kept", i, inFlight, got)
+				}
+			}
+			limit := int64(8)
+			for i := range 100 { // the limit binds: 2x the load never doubles TTFT
+				for range 5 {
+					l.observeTTFT(time.Duration(50+rnd.IntN(450)) * time.Millisecond)
+				}
+				now = now.Add(2 * time.Second)
+				next := l.step(limit, loadSignals{now: now, fresh: reports, running: limit, inFlight: limit})
+				if next < limit {
+					t.Fatalf("binding scrape %d: limit cut from %d to %d", i, limit, next)
+				}
+				limit = next
+			}
+		})
 	}
 }
 
@@ -128,6 +245,7 @@ type slotEngine struct {
 	running, waiting atomic.Int64
 	propsCalls       atomic.Int64
 	kvBlocks         atomic.Int64 // >0: /metrics states a KV cache of that many 16-token blocks, as vLLM
+	noMetrics        atomic.Bool  // /metrics answers 404: the engine reports no load
 }
 
 func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -145,6 +263,10 @@ func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(w, `{"default_generation_settings":{"n_ctx":4096},"total_slots":%d,"model_path":"m.gguf"}`, e.slots.Load())
 	case "/metrics":
+		if e.noMetrics.Load() {
+			http.NotFound(w, r)
+			return
+		}
 		fmt.Fprintf(w, "llamacpp:requests_processing %d\nllamacpp:requests_deferred %d\n", e.running.Load(), e.waiting.Load())
 		if n := e.kvBlocks.Load(); n > 0 {
 			fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"%d\",num_cpu_blocks=\"0\"} 1.0\n", n)
@@ -157,9 +279,15 @@ func (e *slotEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // newEnginePool is a pool of one learning worker "w" of model m in front of eng.
 func newEnginePool(t *testing.T, eng *slotEngine) (*Pool, *Worker) {
 	t.Helper()
+	return newEnginePoolWith(t, eng, Options{})
+}
+
+// newEnginePoolWith is newEnginePool with opts.
+func newEnginePoolWith(t *testing.T, eng *slotEngine, opts Options) (*Pool, *Worker) {
+	t.Helper()
 	srv := httptest.NewServer(eng)
 	t.Cleanup(srv.Close)
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, Options{})
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{"m"}}}}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,6 +353,53 @@ func TestPoolLearnsLimitWithoutSlots(t *testing.T) {
 	}
 	for _, l := range leases {
 		l.Release(Outcome{})
+	}
+}
+
+// A worker nobody sends to keeps its limit: after a busy spell whose answers came back slower
+// than the first ones, ten idle minutes of scrapes leave the limit where the spell left it,
+// whether the engine reports its load (vLLM) or not.
+func TestPoolKeepsAnIdleWorkersLimit(t *testing.T) {
+	for _, reports := range []bool{true, false} {
+		t.Run(fmt.Sprintf("engine reports its load: %v", reports), func(t *testing.T) {
+			eng := &slotEngine{}
+			eng.kvBlocks.Store(1 << 16)
+			eng.noMetrics.Store(!reports)
+			now := time.Unix(1_000_000, 0)
+			p, w := newEnginePoolWith(t, eng, Options{Now: func() time.Time { return now }})
+			ctx := context.Background()
+			for i := range 10 { // the busy spell: every slot the limit gives taken, TTFT 0.1s then 1s
+				var leases []*Lease
+				for {
+					l, err := p.Pick(ctx, &Request{Model: "m"})
+					if err != nil {
+						break
+					}
+					leases = append(leases, l)
+				}
+				eng.running.Store(int64(len(leases)))
+				ttft := 100 * time.Millisecond
+				if i >= 3 {
+					ttft = time.Second
+				}
+				for _, l := range leases {
+					l.Release(Outcome{TTFT: ttft})
+				}
+				now = now.Add(2 * time.Second)
+				p.scrapeOnce(ctx, w)
+			}
+			eng.running.Store(0)
+			now = now.Add(2 * time.Second)
+			p.scrapeOnce(ctx, w) // the last answers are judged here, once
+			limit := w.MaxConcurrency()
+			for i := range 300 {
+				now = now.Add(2 * time.Second)
+				p.scrapeOnce(ctx, w)
+				if got := w.MaxConcurrency(); got != limit {
+					t.Fatalf("idle for %v: limit %d, want %d kept", time.Duration(i+1)*2*time.Second, got, limit)
+				}
+			}
+		})
 	}
 }
 
