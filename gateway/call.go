@@ -74,6 +74,10 @@ type call struct {
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.
 	pieces             int
 	cachedBeforePieces int
+	// piecesComputed sums, over every attempt, the prompt tokens the engine computed for the
+	// pieces (each piece's prompt tokens less those it found cached): charged even when the
+	// request itself is refused (chargePieces).
+	piecesComputed int
 }
 
 func newCall(ep endpoint, start time.Time) *call {

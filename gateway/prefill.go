@@ -44,7 +44,7 @@ const maxPieceAnswer = 64 << 10
 
 // prefillInPieces sends the leading pieces of the call's prompt to the lease's worker, each
 // after no interactive prompt is being prefilled there, and records them in the call (pieces,
-// cachedBeforePieces). It returns when the last piece is answered, a piece fails, or ctx ends
+// cachedBeforePieces, and the prompt tokens the engine computed for them in piecesComputed). It returns when the last piece is answered, a piece fails, or ctx ends
 // (its cause is then the caller's to read).
 func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.Lease, body []byte, in http.Header) {
 	cl.pieces, cl.cachedBeforePieces = 0, 0
@@ -67,15 +67,31 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 		if !ok {
 			return
 		}
+		u, _ := parseUsage(answer)
+		cl.piecesComputed = addTokens(cl.piecesComputed, max(0, u.PromptTokens-u.cachedTokens()))
 		if cl.pieces == 0 {
 			// What the engine held of the prompt before usher sent any of it: the request's
 			// own cache hit, which the pieces must not inflate.
-			u, _ := parseUsage(answer)
 			cl.cachedBeforePieces = u.cachedTokens()
 		}
 		cl.pieces++
 		s.metrics.prefillPieces.WithLabelValues(cl.model).Inc()
 	}
+}
+
+// chargePieces makes the call's usage count at least the prompt tokens the engine computed for
+// its pieces (piecesComputed), in every attempt: a request the engine refused after its pieces,
+// or whose attempt ended without usage, has still had them prefilled, and whatever an engine
+// computes for a tenant is charged to it. An answered request's prompt tokens hold its pieces'
+// already (the engine counts the whole prompt, cached or not). Called by settle, once.
+func (s *Server) chargePieces(cl *call) {
+	extra := cl.piecesComputed - cl.usage.PromptTokens
+	if extra <= 0 {
+		return
+	}
+	cl.usage.PromptTokens += extra
+	cl.usage.TotalTokens += extra
+	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(extra))
 }
 
 var cachedKey = []byte(`"cached_tokens"`)

@@ -106,6 +106,9 @@ type recordingWorker struct {
 	srv    *httptest.Server
 	mu     sync.Mutex // guards bodies
 	bodies []map[string]any
+	// refuse, when set, is asked of every body: true answers it 400, as an engine refuses a
+	// request it cannot serve.
+	refuse func(body map[string]any) bool
 }
 
 func newRecordingWorker(t *testing.T) *recordingWorker {
@@ -120,7 +123,12 @@ func newRecordingWorker(t *testing.T) *recordingWorker {
 		w.mu.Lock()
 		w.bodies = append(w.bodies, body)
 		cached := 10 * (len(w.bodies) - 1)
+		refuse := w.refuse != nil && w.refuse(body)
 		w.mu.Unlock()
+		if refuse {
+			http.Error(rw, `{"error":{"message":"refused","type":"invalid_request_error"}}`, http.StatusBadRequest)
+			return
+		}
 		usage := fmt.Sprintf(`{"prompt_tokens":500,"completion_tokens":1,"total_tokens":501,"prompt_tokens_details":{"cached_tokens":%d}}`, cached)
 		if stream, _ := body["stream"].(bool); stream {
 			rw.Header().Set("Content-Type", "text/event-stream")
@@ -215,6 +223,40 @@ func TestBatchPromptGoesInPiecesWhileInteractiveIsPresent(t *testing.T) {
 				t.Errorf("the client's usage: %+v (found %v), want %d cached tokens", u.PromptTokensDetails, ok, 10*first)
 			}
 		})
+	}
+}
+
+// The prompt tokens an engine computed for a request's pieces are charged to its tenant even when
+// the engine then refuses the request itself (before: pieces were never charged, so a tenant
+// could have an engine prefill, and warm its cache with, prompts it never paid for).
+func TestPiecesAreChargedWhenTheRequestIsRefused(t *testing.T) {
+	w := newRecordingWorker(t)
+	w.refuse = func(b map[string]any) bool { return b["max_tokens"] == 5.0 } // the request itself, not its pieces
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{{ID: "w", URL: w.srv.URL, Models: []string{testModel}}}}
+	rcfg.Concurrency.PrefillPieceTokens = 100
+	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	resp.Body.Close()
+	before := tokensServed(t, g, "prompt")
+	body := `{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":` + string(jsonString(words(400))) + `}]}`
+	resp = g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: "batch"})
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("the refused request: %d, want the engine's 400", resp.StatusCode)
+	}
+	sent := w.sent()[1:]
+	pieces := len(sent) - 1
+	if pieces < 2 {
+		t.Fatalf("%d pieces went before the request; the test proves nothing", pieces)
+	}
+	// The recording engine reports 500 prompt tokens for each piece, of which 10 a request
+	// before were cached.
+	want := 0
+	for i := range pieces {
+		want += 500 - 10*(i+1)
+	}
+	if got := tokensServed(t, g, "prompt") - before; int(got) != want {
+		t.Errorf("prompt tokens charged for the refused request: %v, want the %d its %d pieces cost the engine", got, want, pieces)
 	}
 }
 

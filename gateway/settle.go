@@ -16,6 +16,7 @@ import (
 // counts the call in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
 // and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
+	s.chargePieces(cl)
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
 	if cl.grant != nil {
 		cl.grant.Done(queue.Usage{PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens})
