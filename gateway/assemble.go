@@ -487,6 +487,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 	var out routing.Outcome
 	a := newAssembler(cl.ep.chat, int(s.cfg.MaxResponseBytes))
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
+	defer lines.release()
 	done := false
 	for !done {
 		line, err := lines.next()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -310,6 +311,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		return out, err
 	}
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
+	defer lines.release()
 	skipBlank, done := false, false
 	for {
 		line, err := lines.next()
@@ -413,8 +415,22 @@ type lineReader struct {
 	max int
 }
 
+// lineBuffers holds the 32 KiB readers of relays that ended, for the next ones: a stream
+// relayed costs no buffer of its own.
+var lineBuffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+
+// newLineReader reads lines of r; release must be called once the lines are no longer used.
 func newLineReader(r io.Reader, max int) *lineReader {
-	return &lineReader{r: bufio.NewReaderSize(r, 32<<10), max: max}
+	br := lineBuffers.Get().(*bufio.Reader)
+	br.Reset(r)
+	return &lineReader{r: br, max: max}
+}
+
+// release gives the reader's buffer back; l must not be used after.
+func (l *lineReader) release() {
+	l.r.Reset(nil)
+	lineBuffers.Put(l.r)
+	l.r = nil
 }
 
 var errLineTooLong = errors.New("event line too long")

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"sync"
 )
 
 // CacheScope is whose prompts may share a prefix cache (Config.CacheScope): a prompt matches, and
@@ -56,18 +57,49 @@ func (w *Worker) IsolatesCache() bool {
 // namespace under Config.CacheSaltKey, 43 characters of unpadded base64url, the same on every
 // replica for the same scope and key. "" when nothing is to be sent: every request shares
 // (CacheScopeGlobal) or the worker's engine takes no salt (Worker.IsolatesCache). The tenant's
-// own credentials never enter it. Costs one HMAC.
+// own credentials never enter it. Costs a map look-up; one HMAC for a scope not seen lately.
 func (l *Lease) CacheSalt() string {
 	if l.namespace == "" || !l.Worker.IsolatesCache() {
 		return ""
 	}
-	key := l.pool.cfg.CacheSaltKey
+	return l.pool.salts.of(l.namespace, l.pool.cfg.CacheSaltKey)
+}
+
+// maxSalts bounds the salts a pool remembers: a deployment with more scopes in use computes
+// some again.
+const maxSalts = 1 << 14
+
+// saltCache remembers the salts of the scopes in use under one key, at most maxSalts; past that,
+// or under another key, it starts afresh. The zero value is ready. Safe for concurrent use.
+type saltCache struct {
+	mu    sync.Mutex // guards key and salts
+	key   string
+	salts map[string]string
+}
+
+// of is namespace's salt under key (saltDerivation when empty).
+func (c *saltCache) of(namespace, key string) string {
+	c.mu.Lock()
+	salt, ok := c.salts[namespace]
+	ok = ok && c.key == key
+	c.mu.Unlock()
+	if ok {
+		return salt
+	}
+	computedKey := key
 	if key == "" {
 		key = saltDerivation
 	}
 	mac := hmac.New(sha256.New, []byte(key))
-	mac.Write([]byte(l.namespace))
-	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	mac.Write([]byte(namespace))
+	salt = base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	c.mu.Lock()
+	if c.salts == nil || len(c.salts) >= maxSalts || c.key != computedKey {
+		c.salts, c.key = make(map[string]string), computedKey
+	}
+	c.salts[namespace] = salt
+	c.mu.Unlock()
+	return salt
 }
 
 // OwnCached bounds cached, the prompt tokens of promptTokens that the lease's engine reported

@@ -276,6 +276,7 @@ type Pool struct {
 	prefixes PrefixFeed // nil: cache_aware trees are per replica
 	resolver Resolver
 	metrics  *poolMetrics
+	salts    saltCache
 
 	// registry and announcer share the admin API's workers (nil: local); see registry.go.
 	registry  WorkerRegistry
