@@ -1,42 +1,45 @@
 #!/usr/bin/env bash
-# The cost of the gateway hop: the same simulated worker reached directly, through nginx (round
-# robin over two workers) and through usher (round_robin over the same two), side by side, on
-# loopback, with wrk as a closed-loop load. Bounded: ROUNDS x 3 runs of DURATION each.
+# The cost of the gateway hop, side by side in one run on loopback: the same simulated worker
+# reached directly, through nginx, through Go's own httputil.ReverseProxy with a tuned Transport
+# (test/hopbench/reverseproxy, the limit of the stack usher is built on) and through usher, all
+# three proxies round robin over the same two workers. Closed loop (wrk), per path and mode
+# (chat: a whole answer; stream: SSE): req/s, latency p50/p99 and CPU seconds per 10,000
+# requests (utime + stime from /proc/PID/stat of the proxy's processes). Then the added latency
+# at a steady open loop (usher bench, Poisson arrivals) at each OPEN_RATES, client side against
+# direct. Bounded: ROUNDS x MODES x 4 runs of DURATION, then 3 x OPEN_RATES runs of
+# OPEN_DURATION.
 #
-#   test/hopbench/run.sh                 # defaults: 2 rounds, 10s runs, 64 connections
-#   MODE=stream DURATION=20s test/hopbench/run.sh
-#   OPEN_RATE=0 test/hopbench/run.sh     # skip the open-loop added-latency phase
-#
-# Then, unless OPEN_RATE is 0, the added latency at a steady open loop: usher bench at OPEN_RATE
-# req/s (Poisson arrivals) for OPEN_DURATION, once straight at a worker and once through usher;
-# it prints both sides' latency percentiles and usher's own histogram of the time a request spent
-# in usher itself (usher_gateway_overhead_seconds, bucket bounds).
+#   test/hopbench/run.sh                     # defaults: 3 rounds of 5s, wrk -t1 -c32, chat and stream
+#   MODES=chat ROUNDS=1 test/hopbench/run.sh
+#   OPEN_RATES=0 test/hopbench/run.sh        # skip the open-loop phase
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-DURATION=${DURATION:-10s}
-CONNS=${CONNS:-64}
-ROUNDS=${ROUNDS:-2}
-MODE=${MODE:-chat}          # chat (non-streaming) or stream (SSE)
+DURATION=${DURATION:-5s}
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3}
+MODES=${MODES:-chat stream}
 TOKENS=${TOKENS:-16}        # output tokens per request
 BASE_PORT=${BASE_PORT:-18000}
-OPEN_RATE=${OPEN_RATE:-1000}   # req/s of the open-loop phase; 0 skips it
-OPEN_DURATION=${OPEN_DURATION:-20s}
+OPEN_RATES=${OPEN_RATES:-500 1000}   # req/s of the open-loop phase; 0 skips it
+OPEN_DURATION=${OPEN_DURATION:-10s}
 
-for tool in nginx wrk; do
+for tool in nginx wrk jq; do
   if ! command -v "$tool" >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then apt-get install -y -qq nginx wrk >/dev/null; else
-      echo "hopbench needs: sudo apt-get install -y nginx wrk" >&2; exit 1; fi
+    if [ "$(id -u)" = 0 ]; then apt-get install -y -qq nginx wrk jq >/dev/null; else
+      echo "hopbench needs: sudo apt-get install -y nginx wrk jq" >&2; exit 1; fi
   fi
 done
 
 go build -o bin/usher ./cmd/usher
+go build -o bin/hop-reverseproxy ./test/hopbench/reverseproxy
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 
-sim1=$((BASE_PORT + 1)); sim2=$((BASE_PORT + 2)); nginx_port=$((BASE_PORT + 80)); usher_port=$((BASE_PORT + 90))
+sim1=$((BASE_PORT + 1)); sim2=$((BASE_PORT + 2)); rp_port=$((BASE_PORT + 85)); nginx_port=$((BASE_PORT + 80)); usher_port=$((BASE_PORT + 90))
 for port in $sim1 $sim2; do
   bin/usher sim --listen 127.0.0.1:$port --time-scale 0.000001 --max-num-seqs 1024 >"$tmp/sim-$port.log" 2>&1 &
   pids+=($!)
@@ -58,7 +61,11 @@ log:
   level: warn
 YAML
 bin/usher serve --config "$tmp/usher.yaml" >"$tmp/usher.log" 2>&1 &
-pids+=($!)
+usher_pid=$!
+pids+=($usher_pid)
+bin/hop-reverseproxy -listen 127.0.0.1:$rp_port "http://127.0.0.1:$sim1" "http://127.0.0.1:$sim2" >"$tmp/rp.log" 2>&1 &
+rp_pid=$!
+pids+=($rp_pid)
 
 cat >"$tmp/nginx.conf" <<NGINX
 worker_processes auto;
@@ -83,60 +90,85 @@ http {
 }
 NGINX
 nginx -c "$tmp/nginx.conf" &
-pids+=($!)
+nginx_pid=$!
+pids+=($nginx_pid)
 
-stream=false; [ "$MODE" = stream ] && stream=true
-cat >"$tmp/post.lua" <<LUA
+for port in $sim1 $sim2 $nginx_port $rp_port $usher_port; do
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 || curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+done
+sleep 1
+
+# cpu_ticks PID...: utime + stime of the processes and their threads, in clock ticks.
+cpu_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+procs_of() { # name: the PIDs whose CPU a path costs (nginx: its master and workers)
+  case $1 in
+    direct) echo ;;
+    nginx) echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')" ;;
+    reverseproxy) echo "$rp_pid" ;;
+    usher) echo "$usher_pid" ;;
+  esac
+}
+url_of() { case $1 in direct) echo "http://127.0.0.1:$sim1";; nginx) echo "http://127.0.0.1:$nginx_port";;
+  reverseproxy) echo "http://127.0.0.1:$rp_port";; usher) echo "http://127.0.0.1:$usher_port";; esac; }
+hz=$(getconf CLK_TCK)
+paths="direct nginx reverseproxy usher"
+
+declare -A rps p50 p99 cpu
+run() { # mode name
+  local procs before after out n
+  procs=$(procs_of "$2"); before=$(cpu_ticks $procs)
+  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$tmp/post-$1.lua" "$(url_of "$2")/v1/chat/completions")
+  after=$(cpu_ticks $procs)
+  if grep -q "Non-2xx" <<<"$out"; then echo "$2 ($1): non-2xx answers:"; echo "$out"; exit 1; fi
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps[$1,$2]+="$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out") "
+  p50[$1,$2]+="$(awk '$1=="50%" {print $2}' <<<"$out") "
+  p99[$1,$2]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
+  if [ "$2" != direct ]; then cpu[$1,$2]+="$(awk -v t=$((after - before)) -v hz="$hz" -v n="$n" 'BEGIN{printf "%.2f", t / hz / n * 10000}') "; fi
+}
+for mode in $MODES; do
+  stream=false; [ "$mode" = stream ] && stream=true
+  cat >"$tmp/post-$mode.lua" <<LUA
 wrk.method = "POST"
 wrk.body = '{"model":"demo-7b","stream":$stream,"max_tokens":$TOKENS,"messages":[{"role":"user","content":"measure the hop of the gateway please"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $key"
 LUA
-
-for port in $sim1 $sim2 $nginx_port $usher_port; do
-  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 || curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 done
-sleep 1
-
-declare -A rps p50 p99
-run() { # name url
-  local out; out=$(wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$tmp/post.lua" "$2")
-  if grep -q "Non-2xx" <<<"$out"; then echo "$1: non-2xx answers:"; echo "$out"; exit 1; fi
-  rps[$1]+="$(awk '/Requests\/sec/ {print $2}' <<<"$out") "
-  p50[$1]+="$(awk '$1=="50%" {print $2}' <<<"$out") "
-  p99[$1]+="$(awk '$1=="99%" {print $2}' <<<"$out") "
-}
 for r in $(seq "$ROUNDS"); do
-  run direct "http://127.0.0.1:$sim1/v1/chat/completions"
-  run nginx "http://127.0.0.1:$nginx_port/v1/chat/completions"
-  run usher "http://127.0.0.1:$usher_port/v1/chat/completions"
+  for mode in $MODES; do
+    for name in $paths; do run "$mode" "$name"; done
+  done
 done
 
-echo
-echo "gateway hop, mode=$MODE tokens=$TOKENS conns=$CONNS duration=$DURATION rounds=$ROUNDS (per round: req/s, p50, p99)"
-printf "%-8s %-30s %-24s %-24s\n" path "req/s" "p50" "p99"
-for name in direct nginx usher; do
-  printf "%-8s %-30s %-24s %-24s\n" "$name" "${rps[$name]}" "${p50[$name]}" "${p99[$name]}"
-done
 mean() { awk '{s=0; for(i=1;i<=NF;i++) s+=$i; print s/NF}' <<<"$1"; }
-echo "usher/nginx throughput ratio: $(awk -v u="$(mean "${rps[usher]}")" -v n="$(mean "${rps[nginx]}")" 'BEGIN{printf "%.2f", u/n}')"
-
-if [ "$OPEN_RATE" != 0 ]; then
-  open_bench() { # name url: one open-loop run; prints its E2E p50 and p99 (µs)
-    bin/usher bench --url "$2/v1" --model demo-7b --random-input-len 8 --random-output-len "$TOKENS" --ignore-eos \
-      --rate "$OPEN_RATE" --duration "$OPEN_DURATION" --max-inflight 4096 --quiet --out "$tmp/open-$1.json" \
-      --tenant "bench=$key:::::whole" >"$tmp/open-$1.txt" 2>&1 || { cat "$tmp/open-$1.txt"; exit 1; }
-    jq -r '"\(.overall.ok) ok, \(.overall.failed + .overall.dropped) failed or dropped; E2E p50 \(.overall.e2e_ms.p50 * 1000 | round) µs, p99 \(.overall.e2e_ms.p99 * 1000 | round) µs"' "$tmp/open-$1.json"
-  }
+ratio() { awk -v a="$(mean "$1")" -v b="$(mean "$2")" 'BEGIN{printf "%.2f", a/b}'; }
+echo
+echo "gateway hop: tokens=$TOKENS wrk -t$THREADS -c$CONNS, $DURATION a run, $ROUNDS rounds, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for mode in $MODES; do
   echo
-  echo "added latency, open loop at $OPEN_RATE req/s for $OPEN_DURATION (mode chat, $TOKENS tokens):"
-  echo "  direct: $(open_bench direct "http://127.0.0.1:$sim1")"
-  before=$(curl -fs "http://127.0.0.1:$usher_port/metrics" | grep '^usher_gateway_overhead_seconds_bucket' || true)
-  echo "  usher:  $(open_bench usher "http://127.0.0.1:$usher_port")"
-  # usher's own view: the overhead histogram's buckets, this run only (after less before).
-  curl -fs "http://127.0.0.1:$usher_port/metrics" | grep '^usher_gateway_overhead_seconds_bucket' |
-    awk -v before="$before" 'BEGIN { n = split(before, lines, "\n"); for (i = 1; i <= n; i++) { split(lines[i], f, " "); b[f[1]] = f[2] } }
-      { le = $1; sub(/.*le="/, "", le); sub(/".*/, "", le); c[++k] = $2 - b[$1]; bound[k] = le }
-      END { total = c[k]; for (i = 1; i <= k; i++) { if (!p50 && c[i] >= total * 0.5) p50 = bound[i]; if (!p99 && c[i] >= total * 0.99) p99 = bound[i] }
-        printf "  usher_gateway_overhead_seconds over %d requests: p50 <= %s s, p99 <= %s s (bucket bounds)\n", total, p50, p99 }'
+  echo "mode $mode (each round: req/s | p50 | p99 | CPU s per 10,000 requests)"
+  for name in $paths; do
+    printf "  %-13s %-26s | %-26s | %-26s | %s\n" "$name" "${rps[$mode,$name]}" "${p50[$mode,$name]}" "${p99[$mode,$name]}" "${cpu[$mode,$name]:-}"
+  done
+  echo "  usher/reverseproxy req/s $(ratio "${rps[$mode,usher]}" "${rps[$mode,reverseproxy]}"), usher/nginx $(ratio "${rps[$mode,usher]}" "${rps[$mode,nginx]}"); CPU per request usher/reverseproxy $(ratio "${cpu[$mode,usher]}" "${cpu[$mode,reverseproxy]}")"
+done
+
+if [ "$OPEN_RATES" != 0 ]; then
+  open_bench() { # name rate: one open-loop run; prints its E2E p50 and p99 (µs)
+    bin/usher bench --url "$(url_of "$1")/v1" --model demo-7b --random-input-len 8 --random-output-len "$TOKENS" --ignore-eos \
+      --rate "$2" --duration "$OPEN_DURATION" --max-inflight 4096 --quiet --out "$tmp/open-$1.json" \
+      --tenant "bench=$key:::::whole" >"$tmp/open-$1.txt" 2>&1 || { cat "$tmp/open-$1.txt"; exit 1; }
+    jq -r '"\(.overall.ok) \(.overall.failed + .overall.dropped) \(.overall.e2e_ms.p50 * 1000 | round) \(.overall.e2e_ms.p99 * 1000 | round)"' "$tmp/open-$1.json"
+  }
+  for rate in $OPEN_RATES; do
+    echo
+    echo "open loop at $rate req/s for $OPEN_DURATION (chat, $TOKENS tokens): E2E latency, and added over direct"
+    read -r ok bad d50 d99 <<<"$(open_bench direct "$rate")"
+    printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs\n" direct "$ok" "$bad" "$d50" "$d99"
+    for name in reverseproxy usher; do
+      read -r ok bad q50 q99 <<<"$(open_bench "$name" "$rate")"
+      printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs  added p50 %5s µs  p99 %6s µs\n" "$name" "$ok" "$bad" "$q50" "$q99" $((q50 - d50)) $((q99 - d99))
+    done
+  done
 fi
