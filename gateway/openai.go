@@ -42,9 +42,10 @@ func (u usage) cachedTokens() int {
 
 var usageKey = []byte(`"usage"`)
 
-// parseUsage reads the usage object of a response or stream chunk, if it has one. It decodes only
+// parseUsage reads the usage object of a response or stream chunk, if it has one. It reads only
 // that object: the last "usage" key of the payload (a key, since a quote inside a JSON string is
-// always escaped), so a long answer is not decoded twice.
+// always escaped), so a long answer is not decoded twice; and it reads the object's counts in one
+// pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
 	i := bytes.LastIndex(payload, usageKey)
 	if i < 0 {
@@ -54,24 +55,128 @@ func parseUsage(payload []byte) (usage, bool) {
 	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
 	}
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	if len(rest) == 0 || rest[0] != '{' {
+		return usage{}, false // null, as OpenAI sends in every chunk but the last
+	}
+	obj := rest[:valueEnd(rest, 0)]
+	if u, ok := scanUsage(obj); ok {
+		return u, true
+	}
 	var u *usage
-	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil || u == nil {
+	if err := json.Unmarshal(obj, &u); err != nil || u == nil {
 		return usage{}, false
 	}
 	return *u, true
 }
 
+// scanUsage reads a usage object whose counts are plain non-negative integers, as engines write
+// them, without decoding it; ok is false for anything else (the caller decodes it then).
+func scanUsage(obj []byte) (u usage, ok bool) {
+	m, err := membersOf(obj)
+	if err != nil {
+		return usage{}, false
+	}
+	for m.next() {
+		var n *int
+		switch {
+		case keyIs(m.key, "prompt_tokens"):
+			n = &u.PromptTokens
+		case keyIs(m.key, "completion_tokens"):
+			n = &u.CompletionTokens
+		case keyIs(m.key, "total_tokens"):
+			n = &u.TotalTokens
+		case keyIs(m.key, "prompt_tokens_details"):
+			if isNull(m.value) {
+				u.PromptTokensDetails = nil
+				continue
+			}
+			d, err := membersOf(m.value)
+			if err != nil {
+				return usage{}, false
+			}
+			if u.PromptTokensDetails == nil {
+				u.PromptTokensDetails = &struct {
+					CachedTokens int `json:"cached_tokens"`
+				}{}
+			}
+			for d.next() {
+				if !keyIs(d.key, "cached_tokens") && foldsTo(d.key, "cached_tokens") {
+					return usage{}, false
+				}
+				if keyIs(d.key, "cached_tokens") && !isNull(d.value) {
+					if u.PromptTokensDetails.CachedTokens, ok = plainInt(d.value); !ok {
+						return usage{}, false
+					}
+				}
+			}
+			if d.err != nil {
+				return usage{}, false
+			}
+			continue
+		case bytes.IndexByte(m.key, '\\') >= 0 || foldsTo(m.key, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"):
+			return usage{}, false // escaped or re-cased: encoding/json reads it its way
+		default:
+			continue
+		}
+		if isNull(m.value) {
+			continue
+		}
+		if *n, ok = plainInt(m.value); !ok {
+			return usage{}, false
+		}
+	}
+	return u, m.err == nil
+}
+
+// foldsTo reports whether the raw JSON string k equals one of names but for case, as
+// encoding/json matches keys.
+func foldsTo(k []byte, names ...string) bool {
+	for _, name := range names {
+		if len(k) == len(name)+2 && bytes.EqualFold(k[1:len(k)-1], []byte(name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// plainInt reads b, a non-negative JSON integer of at most 15 digits.
+func plainInt(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 15 || (len(b) > 1 && b[0] == '0') {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
 // isUsageOnlyChunk reports whether a stream chunk is the usage chunk that include_usage adds:
 // empty choices and a usage object.
 func isUsageOnlyChunk(payload []byte) bool {
-	var v struct {
-		Choices []json.RawMessage `json:"choices"`
-		Usage   json.RawMessage   `json:"usage"`
-	}
-	if err := json.Unmarshal(payload, &v); err != nil {
+	m, err := membersOf(payload)
+	if err != nil {
 		return false
 	}
-	return len(v.Choices) == 0 && len(v.Usage) > 0 && !isNull(v.Usage)
+	hasUsage := false
+	for m.next() {
+		switch {
+		case keyIs(m.key, "choices") && !isNull(m.value):
+			list, err := elementsOf(m.value)
+			if err != nil || list.next() || list.err != nil {
+				return false
+			}
+		case keyIs(m.key, "usage"):
+			hasUsage = !isNull(m.value)
+		case bytes.IndexByte(m.key, '\\') >= 0:
+			return false
+		}
+	}
+	return hasUsage && m.err == nil
 }
 
 // outputKeys are the members of a stream chunk that carry generated output: chat's delta

@@ -11,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -77,9 +78,9 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if !cl.stream && !assembled {
 		silence = wholeAnswerSilence(s.cfg, cl.expected)
 	}
-	t := time.AfterFunc(silence, func() { cancel(errWorkerSilent) })
-	defer t.Stop()
-	idle := func() { t.Reset(silence) }
+	quiet := newSilenceBound(silence, func() { cancel(errWorkerSilent) })
+	defer quiet.stop()
+	idle := quiet.heard
 	sent := s.now()
 	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
 	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
@@ -148,6 +149,45 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		return true, err
 	}
 	return false, err
+}
+
+// silenceBound calls onSilent once nothing was heard for d. Hearing costs one clock read and one
+// atomic store (a stream hears at every line); its timer is re-armed only when it fires. Safe for
+// concurrent use.
+type silenceBound struct {
+	d        time.Duration
+	start    time.Time
+	last     atomic.Int64 // when something was last heard, as time since start
+	stopped  atomic.Bool
+	onSilent func()
+	t        *time.Timer
+}
+
+func newSilenceBound(d time.Duration, onSilent func()) *silenceBound {
+	b := &silenceBound{d: d, start: time.Now(), onSilent: onSilent}
+	b.t = time.AfterFunc(d, b.check)
+	return b
+}
+
+// heard restarts the bound.
+func (b *silenceBound) heard() { b.last.Store(int64(time.Since(b.start))) }
+
+// stop ends the bound: past it, onSilent runs only if a check already under way calls it.
+func (b *silenceBound) stop() {
+	b.stopped.Store(true)
+	b.t.Stop()
+}
+
+func (b *silenceBound) check() {
+	if b.stopped.Load() {
+		return
+	}
+	quiet := time.Since(b.start) - time.Duration(b.last.Load())
+	if quiet < b.d {
+		b.t.Reset(b.d - quiet)
+		return
+	}
+	b.onSilent()
 }
 
 // wholeAnswerTokenSilence is how long a worker computing a whole answer may stay silent for each

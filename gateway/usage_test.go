@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -158,4 +160,29 @@ func TestClientGoneBeforeAnswerIsNotServed(t *testing.T) {
 	if got[0].Outcome != tenants.OutcomeOther || got[0].CompletionTokens != 0 {
 		t.Errorf("recorded %+v, want OutcomeOther with no tokens", got[0])
 	}
+}
+
+// Whatever a valid usage object holds, parseUsage's own pass reads it as encoding/json does, or
+// leaves it to encoding/json. (It does not check the members it skips: the object comes from an
+// engine, and only the counts it reads are taken.)
+func FuzzScanUsageReadsAsEncodingJSON(f *testing.F) {
+	for _, seed := range []string{
+		`{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4}}`,
+		`{"prompt_tokens":9,"prompt_tokens_details":null,"completion_tokens":null}`,
+		`{"PROMPT_TOKENS":9,"prompt_tokens":3}`,
+		`{"prompt_tokens_details":{"cached_tokens":5},"prompt_tokens_details":{}}`,
+		`{"prompt_tokens":1.5}`, `{"prompt_tokens":-1}`, `{"prompt_\u0074okens":7}`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, obj string) {
+		fast, ok := scanUsage([]byte(obj))
+		var want usage
+		if !ok || json.Unmarshal([]byte(obj), &want) != nil {
+			return
+		}
+		if !reflect.DeepEqual(fast, want) {
+			t.Fatalf("%s: scanUsage read %+v %v, encoding/json %+v %v", obj, fast, fast.PromptTokensDetails, want, want.PromptTokensDetails)
+		}
+	})
 }
