@@ -47,10 +47,11 @@ var usageKey = []byte(`"usage"`)
 // always escaped), so a long answer is not decoded twice; and it reads the object's counts in one
 // pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
-	i := bytes.LastIndex(payload, usageKey)
-	if i < 0 {
+	// bytes.Index is vectorised, LastIndex is not: most stream chunks carry no usage at all.
+	if bytes.Index(payload, usageKey) < 0 {
 		return usage{}, false
 	}
+	i := bytes.LastIndex(payload, usageKey)
 	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
