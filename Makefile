@@ -1,4 +1,4 @@
-# usher: `make run` starts the demo, `make test` runs every test.
+# usher: `make run` builds bin/usher and starts the demo, `make test` runs every test.
 GO        ?= go
 BIN       := bin/usher
 PKGS      := ./...
@@ -13,8 +13,14 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/usher
 
-run:
-	$(GO) run ./cmd/usher demo
+# The demo runs the binary that `make build` leaves, so the README's next steps (bin/usher bench,
+# bin/usher sim) find it. Not `go run`: interrupted, it exits 1 although the demo exited 0.
+# Ctrl-C reaches the terminal's foreground process group, and GNU make, once its child has
+# ended, dies of the signal (status 130). So on a terminal the demo runs as a job of its own
+# (bash -m), which alone gets the terminal and its Ctrl-C: it stops cleanly and make exits 0.
+# Without a terminal (a script, `timeout -s INT`) make and the demo share the signal as usual.
+run: build
+	@if [ -t 0 ]; then bash -mc './$(BIN) demo & fg %1 >/dev/null'; else ./$(BIN) demo; fi
 
 test: test-deps
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
