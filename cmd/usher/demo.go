@@ -172,7 +172,7 @@ func demoConfig(listen string, workers []routing.WorkerSpec, keys demoKeys, data
 }
 
 // printBanner tells what the demo runs and how to try it. Its export lines paste into a shell
-// as they are; TestDemoBanner (test/binary_test.go) reads them. Its last command is a bench
+// as they are; the demo tests of test/binary_test.go read them. Its last command is a bench
 // line run with bin, the path this binary was started by.
 func printBanner(out io.Writer, addr string, keys demoKeys, workers int, bin string) {
 	base := "http://" + addr
