@@ -58,18 +58,18 @@ bench-hop:
 bench-policies:
 	./test/policybench/run.sh
 
-# Issue 4's queueing scenarios (protection, fairness, deadlines) with usher bench against the
+# The queueing scenarios (protection, fairness, deadlines) with usher bench against the
 # gateway and two simulated workers on loopback, about 6 minutes; see the script for its knobs.
 bench-queue:
 	./test/queuebench/run.sh
 
-# Issue 14's protection table: interactive TTFT beside a batch flood on three real llama-server
+# The protection table: interactive TTFT beside a batch flood on three real llama-server
 # workers (default config, queue.fifo, max_concurrency by hand, prefill-heavy batch); about 15
 # minutes after the engine is built; see the script for its knobs.
 bench-engine:
 	./test/enginebench/run.sh
 
-# Issue 10's slow-body attack: 20,000 trickling connections from 100 loopback addresses beside
+# The slow-body attack: 20,000 trickling connections from 100 loopback addresses beside
 # real requests, whose p99 it prints (about a minute); see the script for its knobs.
 bench-slow:
 	./test/slowbench/run.sh
