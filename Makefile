@@ -16,11 +16,15 @@ build:
 # The demo runs the binary that `make build` leaves, so the README's next steps (bin/usher bench,
 # bin/usher sim) find it. Not `go run`: interrupted, it exits 1 although the demo exited 0.
 # Ctrl-C reaches the terminal's foreground process group, and GNU make, once its child has
-# ended, dies of the signal (status 130). So on a terminal the demo runs as a job of its own
-# (bash -m), which alone gets the terminal and its Ctrl-C: it stops cleanly and make exits 0.
-# Without a terminal (a script, `timeout -s INT`) make and the demo share the signal as usual.
+# ended, dies of the signal (status 130). So when make runs in the foreground of a terminal
+# (stdin and stderr on it, its process group the terminal's), the demo runs as a job of its own
+# (bash -m) that alone gets the terminal and its Ctrl-C: it stops cleanly and make exits 0; if
+# that job cannot be brought to the foreground, it is stopped. Anywhere else (a script, a pipe
+# on stderr, `make run &`, `timeout -s INT`) make and the demo share the signal as usual.
 run: build
-	@if [ -t 0 ]; then bash -mc './$(BIN) demo & fg %1 >/dev/null'; else ./$(BIN) demo; fi
+	@if [ -t 0 ] && [ -t 2 ] && command -v ps >/dev/null && [ "$$(( $$(ps -o tpgid= -p $$$$) ))" = "$$(( $$(ps -o pgid= -p $$$$) ))" ]; then \
+	  bash -mc './$(BIN) demo & fg %1 >/dev/null || { kill %1; wait; exit 1; }'; \
+	else ./$(BIN) demo; fi
 
 test: test-deps
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
