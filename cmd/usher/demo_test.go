@@ -113,3 +113,33 @@ func TestDemoBannerBenchLine(t *testing.T) {
 		t.Errorf("the HTML report: %v", err)
 	}
 }
+
+// The README's bench line is the banner's, with the keys and URL as the export lines name them.
+func TestREADMEBenchLineIsTheBanners(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const start = `bin/usher bench --url "$OPENAI_BASE_URL"`
+	_, rest, ok := strings.Cut(string(readme), start)
+	block, _, ok2 := strings.Cut(rest, "\n```")
+	if !ok || !ok2 {
+		t.Fatalf("README.md has no block starting %q", start)
+	}
+	got := strings.Fields(strings.NewReplacer("\\\n", " ", `"`, "").Replace(`--url "$OPENAI_BASE_URL"` + block))
+	want := demoBenchArgs("$OPENAI_BASE_URL", demoKeys{Interactive: "$OPENAI_API_KEY", Batch: "$USHER_BATCH_KEY"})
+	if flagPairs(got) != flagPairs(want) {
+		t.Fatalf("the README's bench line has\n%s\nthe banner's has\n%s", flagPairs(got), flagPairs(want))
+	}
+}
+
+// flagPairs lists "--flag value" pairs one a line, sorted, so two command lines that give the
+// same flags in another order compare equal.
+func flagPairs(args []string) string {
+	var pairs []string
+	for i := 0; i+1 < len(args); i += 2 {
+		pairs = append(pairs, args[i]+" "+args[i+1])
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, "\n")
+}
