@@ -1,4 +1,4 @@
-# usher: `make run` starts the demo, `make test` runs every test.
+# usher: `make run` builds bin/usher and starts the demo, `make test` runs every test.
 GO        ?= go
 BIN       := bin/usher
 PKGS      := ./...
@@ -13,8 +13,18 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/usher
 
-run:
-	$(GO) run ./cmd/usher demo
+# The demo runs the binary that `make build` leaves, so the README's next steps (bin/usher bench,
+# bin/usher sim) find it. Not `go run`: interrupted, it exits 1 although the demo exited 0.
+# Ctrl-C reaches the terminal's foreground process group, and GNU make, once its child has
+# ended, dies of the signal (status 130). So when make runs in the foreground of a terminal
+# (stdin and stderr on it, its process group the terminal's), the demo runs as a job of its own
+# (bash -m) that alone gets the terminal and its Ctrl-C: it stops cleanly and make exits 0; if
+# that job cannot be brought to the foreground, it is stopped. Anywhere else (a script, a pipe
+# on stderr, `make run &`, `timeout -s INT`) make and the demo share the signal as usual.
+run: build
+	@if [ -t 0 ] && [ -t 2 ] && command -v ps >/dev/null && [ "$$(( $$(ps -o tpgid= -p $$$$) ))" = "$$(( $$(ps -o pgid= -p $$$$) ))" ]; then \
+	  bash -mc './$(BIN) demo & fg %1 >/dev/null || { kill %1; wait; exit 1; }'; \
+	else ./$(BIN) demo; fi
 
 test: test-deps
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
@@ -52,18 +62,18 @@ bench-hop:
 bench-policies:
 	./test/policybench/run.sh
 
-# Issue 4's queueing scenarios (protection, fairness, deadlines) with usher bench against the
+# The queueing scenarios (protection, fairness, deadlines) with usher bench against the
 # gateway and two simulated workers on loopback, about 6 minutes; see the script for its knobs.
 bench-queue:
 	./test/queuebench/run.sh
 
-# Issue 14's protection table: interactive TTFT beside a batch flood on three real llama-server
+# The protection table: interactive TTFT beside a batch flood on three real llama-server
 # workers (default config, queue.fifo, max_concurrency by hand, prefill-heavy batch); about 15
 # minutes after the engine is built; see the script for its knobs.
 bench-engine:
 	./test/enginebench/run.sh
 
-# Issue 10's slow-body attack: 20,000 trickling connections from 100 loopback addresses beside
+# The slow-body attack: 20,000 trickling connections from 100 loopback addresses beside
 # real requests, whose p99 it prints (about a minute); see the script for its knobs.
 bench-slow:
 	./test/slowbench/run.sh

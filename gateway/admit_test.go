@@ -62,8 +62,8 @@ func TestTierCapsTheClassAndTheModels(t *testing.T) {
 		t.Fatalf("got %d class %q, want 200 in batch: a tier's highest class is never exceeded", resp.StatusCode, got)
 	}
 	resp = g.post(t, "/v1/chat/completions", testKey, `{"model":"m2","messages":[{"role":"user","content":"x"}]}`, nil)
-	if resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("model outside the tier: got %d, want 403", resp.StatusCode)
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("model outside the tier: got %d, want 404, as a model that does not exist", resp.StatusCode)
 	}
 }
 

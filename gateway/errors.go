@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -71,8 +72,10 @@ var (
 
 // errorRule is one row of the error table: every error that errors.Is matches err gets status,
 // type, code and param; retry, when positive, is its Retry-After unless the error carries its
-// own. showCause says whether the wrapped error's message is shown (domain errors never carry a
-// credential) or only message.
+// own. showCause says whether the wrapped error's message is shown after message (domain errors
+// never carry a credential) or only message; a row with a message of its own leaves the
+// sentinel's text off the end of the cause, since its message says that already
+// ("authentication failed: unknown credential", not "...: unknown credential: unauthenticated").
 type errorRule struct {
 	err       error
 	status    int
@@ -83,16 +86,22 @@ type errorRule struct {
 	showCause bool
 }
 
+// modelNotFound is the message of a model that no worker serves or the caller's tier does not
+// include: the same for both.
+const modelNotFound = "model not found: it does not exist or you do not have access to it"
+
 // errorTable maps every domain error to what a client is told, most specific first. Adding a
 // sentinel anywhere that reaches a client means adding its row here.
 var errorTable = []errorRule{
 	// Who is calling.
 	{err: tenants.ErrUnauthenticated, status: http.StatusUnauthorized, typ: "authentication_error",
-		code: "invalid_api_key", message: "invalid or missing credential: ", showCause: true},
+		code: "invalid_api_key", message: "authentication failed: ", showCause: true},
 	{err: tenants.ErrForbidden, status: http.StatusForbidden, typ: "permission_error", code: "forbidden", showCause: true},
 	// Limits.
-	{err: tenants.ErrModelNotAllowed, status: http.StatusForbidden, typ: "permission_error", code: "model_not_allowed",
-		param: "model", message: "your tier does not include this model"},
+	// A model the caller's tier does not include is answered as one that does not exist (OpenAI's
+	// 404 model_not_found), word for word, so a tier cannot learn of the models it may not use.
+	{err: tenants.ErrModelNotAllowed, status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
+		param: "model", message: modelNotFound},
 	{err: tenants.ErrPromptTooLong, status: http.StatusBadRequest, typ: "invalid_request_error",
 		code: "context_length_exceeded", param: "messages", message: "the prompt is longer than your tier allows"},
 	{err: tenants.ErrBudgetExceeded, status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exceeded",
@@ -111,7 +120,7 @@ var errorTable = []errorRule{
 		message: "the gateway is shutting down; retry", retry: time.Second},
 	// Workers.
 	{err: routing.ErrUnknownModel, status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
-		param: "model", showCause: true},
+		param: "model", message: modelNotFound},
 	{err: errUnknownTarget, status: http.StatusBadRequest, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrUnknownWorker, status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found", showCause: true},
 	{err: routing.ErrWorkerExists, status: http.StatusConflict, typ: "invalid_request_error", code: "worker_exists", showCause: true},
@@ -157,7 +166,11 @@ func ErrorFor(err error) *APIError {
 		}
 		out := &APIError{Status: r.status, Type: r.typ, Code: r.code, Param: r.param, Message: r.message, RetryAfter: r.retry}
 		if r.showCause {
-			out.Message += err.Error()
+			cause := err.Error()
+			if r.message != "" {
+				cause = strings.TrimSuffix(cause, ": "+r.err.Error())
+			}
+			out.Message += cause
 		}
 		var rej *queue.Rejection
 		if errors.As(err, &rej) && rej.RetryAfter > 0 {

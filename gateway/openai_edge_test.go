@@ -253,7 +253,7 @@ func TestEmbeddingsAreProxied(t *testing.T) {
 		{`{"model":"embed-1","input":[1.5]}`, 400, "input"},
 		{`{"model":"embed-1","input":[[1],[]]}`, 400, "input"},
 		{`{"model":"embed-1","input":["a",1]}`, 400, "input"},
-		{`{"model":"embed-2","input":"x"}`, 403, "model"},
+		{`{"model":"embed-2","input":"x"}`, 404, "model"}, // not in the tier: as unknown
 		{`{"model":"embed-9","input":"x"}`, 404, "model"},
 	} {
 		resp := g.post(t, "/v1/embeddings", testKey, tc.body, nil)

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/usherllm/usher/test/testlog"
 )
 
 var (
@@ -105,10 +107,12 @@ func startDemo(t *testing.T) *demoProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = os.Stderr
+	log := &lockedBuffer{}
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	testlog.OnFailure(t, "usher demo", log.String)
 	d := &demoProcess{cmd: cmd}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	found := make(chan struct{})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/usherllm/usher/tenants"
+	"github.com/usherllm/usher/test/testlog"
 )
 
 // startSimProcess runs `usher sim` (the real binary) with args on a free port until /health
@@ -25,6 +26,7 @@ func startSimProcess(t *testing.T, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	testlog.OnFailure(t, "usher sim "+addr, log.String)
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
@@ -32,7 +34,7 @@ func startSimProcess(t *testing.T, args ...string) string {
 	eventually(t, 20*time.Second, "usher sim answers /health", func() bool {
 		select {
 		case <-exited:
-			t.Fatalf("usher sim exited:\n%s", log.String())
+			t.Fatalf("usher sim on %s exited before answering /health", addr)
 		default:
 		}
 		resp, err := http.Get(url + "/health")

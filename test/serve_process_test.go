@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/usherllm/usher/test/testlog"
 )
 
 // serveProcess is one `usher serve` process of the real binary, listening on a free loopback
@@ -58,8 +60,8 @@ func freeAddr(t *testing.T) string {
 }
 
 // startServe writes config(listen) to a file and runs `usher serve` on it until /healthz
-// answers. The process is killed when the test ends if it is still running; its log is printed
-// when the test fails.
+// answers. The process is killed when the test ends if it is still running; when the test
+// fails, its log is handed over by testlog (a file, or the output under -v).
 func startServe(t *testing.T, name string, config func(listen string) string) *serveProcess {
 	t.Helper()
 	return startServeCommand(t, name, config, func(bin, configPath string) *exec.Cmd {
@@ -87,12 +89,10 @@ func startServeCommand(t *testing.T, name string, config func(listen string) str
 		t.Fatal(err)
 	}
 	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
+	testlog.OnFailure(t, name, p.log.String)
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", p.name, p.log.String())
-		}
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -105,11 +105,11 @@ func startServeCommand(t *testing.T, name string, config func(listen string) str
 		}
 		select {
 		case <-p.exited:
-			t.Fatalf("%s exited before serving: %v\n%s", name, p.exitErr, p.log.String())
+			t.Fatalf("%s exited before serving: %v", name, p.exitErr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: /healthz not OK within 20s\n%s", name, p.log.String())
+			t.Fatalf("%s: /healthz not OK within 20s", name)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

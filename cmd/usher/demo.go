@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -99,7 +100,7 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		return err
 	}
 	err = serve(ctx, cfg, logger, serveHooks{ready: func(addr net.Addr) {
-		printBanner(out, addr.String(), keys, n)
+		printBanner(out, addr.String(), keys, n, os.Args[0])
 	}})
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -115,7 +116,11 @@ type demoKeys struct {
 }
 
 // The demo's tiers: both have limits, so every answer carries the x-ratelimit-* headers. They
-// leave room for the README's `usher bench` example (a Mooncake excerpt ten times faster).
+// leave room for the banner's bench line (demoBenchArgs). The batch tier's concurrency stays
+// below a client address's connection bound (server.max_connections_per_client, 256) less the
+// interactive tier's, with 16 to spare: one bench process sends both tenants' requests from one
+// address, and a batch flood past its own cap is refused (429) instead of taking the
+// connections the interactive requests need.
 var (
 	demoInteractiveTier = tenants.Tier{
 		Name: "interactive", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
@@ -123,9 +128,21 @@ var (
 	}
 	demoBatchTier = tenants.Tier{
 		Name: "batch", HighestClass: tenants.ClassBatch, DefaultClass: tenants.ClassBatch,
-		Weight: 1, RequestsPerMinute: 3000, TokensPerMinute: 4_000_000, MaxConcurrent: 256,
+		Weight: 1, RequestsPerMinute: 3000, TokensPerMinute: 4_000_000, MaxConcurrent: 176,
 	}
 )
+
+// demoBenchArgs are the arguments of the banner's `usher bench` line against the demo at base
+// (its /v1 URL): for 30 s, an interactive tenant at 2 requests/s beside a batch tenant at 26,
+// about 1.2 times what three simulated workers prefill of such prompts (1,024 tokens, 32 out)
+// while interactive requests are present, so batch waits in usher's queue while interactive
+// goes first; the HTML report shows both classes.
+func demoBenchArgs(base string, keys demoKeys) []string {
+	return []string{"--url", base, "--model", demoModel, "--workload", "random",
+		"--random-input-len", "1024", "--random-output-len", "32", "--random-spread", "0.5", "--duration", "30s",
+		"--tenant", "chat=" + keys.Interactive + ":1:interactive:2", "--tenant", "bulk=" + keys.Batch + ":1:batch:26",
+		"--html", "report.html"}
+}
 
 // demoConfig is the demo's whole configuration: every headline feature on with no flags. Two
 // tenants in two tiers with limits (an interactive and a batch key), and demoModel routed by
@@ -155,8 +172,9 @@ func demoConfig(listen string, workers []routing.WorkerSpec, keys demoKeys, data
 }
 
 // printBanner tells what the demo runs and how to try it. Its export lines paste into a shell
-// as they are; TestDemoBanner (test/binary_test.go) reads them.
-func printBanner(out io.Writer, addr string, keys demoKeys, workers int) {
+// as they are; the demo tests of test/binary_test.go read them. Its last command is a bench
+// line run with bin, the path this binary was started by.
+func printBanner(out io.Writer, addr string, keys demoKeys, workers int, bin string) {
 	base := "http://" + addr
 	it, bt := demoInteractiveTier, demoBatchTier
 	chat := func(key, session string) string {
@@ -188,9 +206,13 @@ Admin API (workers, pins, queue, tenants, keys): %[1]s/admin/api/v1/  admin toke
   curl -s %[1]s/admin/api/v1/pins -H "Authorization: Bearer %[14]s"
   every call, its body and answer: %[1]s/admin/api/v1/openapi.json (OpenAPI 3, no token needed)
 Metrics: %[1]s/metrics    Ready: %[1]s/readyz
+
+Interactive beside a batch flood, 30 s, then open report.html (TTFT per class, queue depth):
+  %[15]s
 Ctrl-C stops everything.
 
 `, base, workers, demoModel, keys.Interactive, keys.Batch,
 		it.Name, it.RequestsPerMinute, it.TokensPerMinute, bt.Name, bt.RequestsPerMinute, bt.TokensPerMinute,
-		chat(keys.Interactive, "my-chat"), chat(keys.Batch, "my-batch-job"), keys.Admin)
+		chat(keys.Interactive, "my-chat"), chat(keys.Batch, "my-batch-job"), keys.Admin,
+		strings.Join(append([]string{bin, "bench"}, demoBenchArgs(base+"/v1", keys)...), " "))
 }

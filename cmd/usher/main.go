@@ -58,7 +58,7 @@ func main() {
 	case "bench":
 		code = runBench(args)
 	case "migrate":
-		code = runMigrate(args, os.Stdout)
+		code = runMigrate(args, os.Stdout, os.Stderr)
 	case "keyhash":
 		code = runKeyhash(args, os.Stdin, os.Stdout)
 	case "version", "--version":

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/usherllm/usher/test/testlog"
 )
 
 // Version is the node-llama-cpp release whose llama.cpp source build.sh builds; it names the
@@ -120,24 +122,27 @@ func Start(t testing.TB, n int, o Options) []*Engine {
 // another process before the engine binds it.
 func start(t testing.TB, bin, model string, o Options, i int) *Engine {
 	t.Helper()
+	name := fmt.Sprintf("llama-server-%d", i)
 	var last error
 	for range 3 {
 		e, err := launch(bin, model, o)
 		if err == nil {
-			t.Cleanup(func() {
-				e.Stop()
-				if t.Failed() {
-					t.Logf("llama-server %d (%s) log tail:\n%s", i, e.URL, e.log.String())
-				}
-			})
+			// The end of its log, handed over when the test fails (testlog), once it stopped.
+			testlog.OnFailure(t, name, e.log.String)
+			t.Cleanup(e.Stop)
 			return e
 		}
 		last = err
+		if e != nil {
+			testlog.OnFailure(t, name+"-attempt", e.log.String)
+		}
 	}
 	t.Fatalf("realengine: llama-server %d: %v", i, last)
 	return nil
 }
 
+// launch starts one engine on a free port and waits until it is healthy. When it started but did
+// not become healthy, the stopped Engine comes back with the error, for its log.
 func launch(bin, model string, o Options) (*Engine, error) {
 	port, err := freePort()
 	if err != nil {
@@ -158,7 +163,7 @@ func launch(bin, model string, o Options) (*Engine, error) {
 	go func() { _ = e.cmd.Wait(); close(e.exited) }()
 	if err := e.waitHealthy(30 * time.Second); err != nil {
 		e.Stop()
-		return nil, fmt.Errorf("%w; log tail:\n%s", err, e.log.String())
+		return e, err // stopped, for its log
 	}
 	return e, nil
 }
