@@ -89,7 +89,10 @@ for tool in jq curl awk column; do
   command -v "$tool" >/dev/null 2>&1 || { echo "queuebench needs $tool" >&2; exit 1; }
 done
 
+# USHER_BIN runs another build of usher as the gateway (an A/B against an earlier commit); the
+# sims and the bench are this tree's.
 go build -o bin/usher ./cmd/usher
+gateway_bin=${USHER_BIN:-bin/usher}
 mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
@@ -194,7 +197,7 @@ start_default_gateway() {
 }
 # launch_gateway NAME: serves NAME.yaml; sets GW (host:port) once it answers a completion.
 launch_gateway() {
-  bin/usher serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  "$gateway_bin" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pid=$!
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
