@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"sync"
+	"sync/atomic"
 )
 
 // CacheScope is whose prompts may share a prefix cache (Config.CacheScope): a prompt matches, and
@@ -105,13 +106,14 @@ func (c *saltCache) of(namespace, key string) string {
 // OwnCached bounds cached, the prompt tokens of promptTokens that the lease's engine reported
 // finding in its cache, by what the request's own cache scope can have put there, so that a
 // client is never told of another scope's prefix. When every request shares a cache
-// (CacheScopeGlobal) or the engine isolates scopes by salt, the engine's count stands. Otherwise
+// (CacheScopeGlobal), the engine isolates scopes by salt, or the worker has served no scope but
+// this one since it joined the pool (a fleet of one tenant), the engine's count stands. Otherwise
 // the engine's cache is shared by every scope sent to the worker (llama.cpp's slots), and only
 // the prefix the policy's tree predicted this scope held there counts (cache_aware's prediction,
 // scaled from bytes to tokens); a policy that keeps no tree knows nothing of the scope's own
 // prefixes, and the bound is 0. Costs a few operations.
 func (l *Lease) OwnCached(cached, promptTokens int) int {
-	if l.namespace == "" || l.Worker.IsolatesCache() {
+	if l.namespace == "" || l.Worker.IsolatesCache() || l.Worker.scopes.only(l.namespace) {
 		return cached
 	}
 	p := l.pred
@@ -119,4 +121,31 @@ func (l *Lease) OwnCached(cached, promptTokens int) int {
 		return 0
 	}
 	return min(cached, int(int64(promptTokens)*int64(p.held)/int64(p.prompt)))
+}
+
+// scopeRecord remembers the one cache scope sent to a worker until a second one comes; then it
+// says mixed for good (an engine keeps a prompt in its cache for as long as it likes). The zero
+// value has seen none. Safe for concurrent use; noting costs an atomic load once mixed.
+type scopeRecord struct {
+	sole  atomic.Pointer[string]
+	mixed atomic.Bool
+}
+
+// note records that a request of scope namespace ("" for the global scope: nothing) was sent.
+func (s *scopeRecord) note(namespace string) {
+	if namespace == "" || s.mixed.Load() {
+		return
+	}
+	if s.sole.CompareAndSwap(nil, &namespace) {
+		return
+	}
+	if *s.sole.Load() != namespace {
+		s.mixed.Store(true)
+	}
+}
+
+// only reports whether namespace is the one scope ever sent.
+func (s *scopeRecord) only(namespace string) bool {
+	sole := s.sole.Load()
+	return !s.mixed.Load() && sole != nil && *sole == namespace
 }

@@ -376,3 +376,31 @@ func TestSlotEnginesAreNotTrustedToIsolate(t *testing.T) {
 		}
 	}
 }
+
+// TestOwnCachedOnAWorkerOfOneScope: an engine without a salt that has served only one scope
+// (a fleet of one tenant) holds only that scope's prompts, so its cached count stands even
+// under a policy that keeps no tree; once another scope was sent there, it no longer does.
+func TestOwnCachedOnAWorkerOfOneScope(t *testing.T) {
+	off := false
+	specs := testWorkers(1, "m")
+	specs[0].CacheSalt = &off
+	p, _ := newTestPool(t, Config{Workers: specs, Policy: "least_request"})
+	cached := func(tenant string) int {
+		t.Helper()
+		l, err := p.Pick(context.Background(), &Request{Model: "m", Tenant: tenant, Prompt: "hello there", Tokens: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(Outcome{})
+		return l.OwnCached(90, 100)
+	}
+	if got := cached("acme"); got != 90 {
+		t.Errorf("the worker's only tenant: got %d cached, want the engine's 90", got)
+	}
+	if got := cached("mallory"); got != 0 {
+		t.Errorf("a second tenant: got %d cached, want 0", got)
+	}
+	if got := cached("acme"); got != 0 {
+		t.Errorf("the first tenant after a second came: got %d cached, want 0", got)
+	}
+}

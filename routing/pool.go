@@ -649,6 +649,7 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
 		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r)}
 	l.prefilling.Store(true)
+	w.scopes.note(l.namespace)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)

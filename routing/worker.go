@@ -63,6 +63,9 @@ type Worker struct {
 	retiring atomic.Bool
 	breaker  breaker
 	load     loadSignal
+	// scopes is the cache scopes sent to the worker: whether its engine's cache holds any
+	// scope's prompts but one's (see Lease.OwnCached).
+	scopes scopeRecord
 
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
