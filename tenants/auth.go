@@ -18,6 +18,10 @@ type Principal struct {
 	// TierSpec is the tier named by Tier, shared and never modified. Authenticators built by
 	// NewDirectory always set it; Static alone leaves it nil.
 	TierSpec *Tier
+	// TenantTier is the tenant's own tier when the credential runs at a lower one (TierSpec is
+	// within it); nil when it runs at the tenant's. A lowered credential is held to both: its
+	// own tier's limits and its tenant's, which every credential of the tenant shares.
+	TenantTier *Tier
 	// KeyID names the credential that was presented, never the secret: the key's name for a
 	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
@@ -31,6 +35,14 @@ type Principal struct {
 	// service, within its own tier and expiry: a stored key created with manage_keys, a JWT
 	// whose scope claim holds ScopeManageKeys.
 	ManageKeys bool
+}
+
+// lowerTo makes p run at tier t, within its tenant's tier (the caller checked t.Within).
+func (p *Principal) lowerTo(t *Tier) {
+	if p.TenantTier == nil {
+		p.TenantTier = p.TierSpec
+	}
+	p.Tier, p.TierSpec = t.Name, t
 }
 
 // ScopeManageKeys is the scope a JWT carries (in its space-separated scope claim) to manage its

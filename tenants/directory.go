@@ -104,7 +104,6 @@ type Directory struct {
 // tierSet is the declared tiers and the config keys whose principals point at them; immutable.
 type tierSet struct {
 	byName map[string]*Tier
-	rank   map[string]int // position in Config.Tiers; 0 is the highest tier
 	list   []Tier
 	// defaultTier is the tier of a new tenant that names none.
 	defaultTier string
@@ -114,10 +113,9 @@ type tierSet struct {
 // newTierSet builds the tiers and points the config keys of specs at them. Every tier a spec
 // names must be declared.
 func newTierSet(tiers []Tier, defaultTier string, specs []TenantSpec) (*tierSet, error) {
-	ts := &tierSet{byName: map[string]*Tier{}, rank: map[string]int{}, list: slices.Clone(tiers), defaultTier: defaultTier}
+	ts := &tierSet{byName: map[string]*Tier{}, list: slices.Clone(tiers), defaultTier: defaultTier}
 	for i := range ts.list {
 		ts.byName[ts.list[i].Name] = &ts.list[i]
-		ts.rank[ts.list[i].Name] = i
 	}
 	if _, ok := ts.byName[defaultTier]; !ok {
 		return nil, fmt.Errorf("default_tier: names no tier in tiers: %q", defaultTier)
@@ -347,8 +345,15 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
 }
 
-// capTier lowers p to tier cap when the credential names one: p runs at cap, or stays at its
-// tenant's tier when that is lower. An empty cap changes nothing.
+// errKeyTierAbove refuses a key minted at a tier that is not within its tenant's (minted before
+// tiers were compared by what they grant, or the tenant's tier changed since): it may run
+// neither at its own tier, which grants more than the tenant's, nor at the tenant's, which
+// grants more than the key was given.
+var errKeyTierAbove = fmt.Errorf("the key's tier grants more than its tenant's; mint a new key: %w", ErrUnauthenticated)
+
+// capTier lowers p to tier cap when the credential names one: p runs at cap when cap is within
+// its tenant's tier, at the tenant's tier when that is within cap, and is refused when neither
+// is. An empty cap changes nothing.
 func (d *Directory) capTier(p *Principal, cap string) error {
 	if cap == "" {
 		return nil
@@ -358,8 +363,12 @@ func (d *Directory) capTier(p *Principal, cap string) error {
 		return errUndeclaredTier
 	}
 	p.TierCapped = true
-	if d.atOrBelow(cap, p.Tier) {
-		p.Tier, p.TierSpec = cap, spec
+	switch {
+	case spec == p.TierSpec:
+	case spec.Within(p.TierSpec):
+		p.lowerTo(spec)
+	case !p.TierSpec.Within(spec):
+		return errKeyTierAbove
 	}
 	return nil
 }
@@ -417,12 +426,13 @@ func (d *Directory) SetTiers(tiers []Tier, defaultTier string) error {
 	return nil
 }
 
-// atOrBelow reports whether tier lower may stand in for tier upper: the same or listed after it.
+// atOrBelow reports whether tier lower may stand in for tier upper: both are declared and lower
+// grants nothing upper does not (Tier.Within).
 func (d *Directory) atOrBelow(lower, upper string) bool {
 	ts := d.tiers.Load()
-	l, ok1 := ts.rank[lower]
-	u, ok2 := ts.rank[upper]
-	return ok1 && ok2 && l >= u
+	l, ok1 := ts.byName[lower]
+	u, ok2 := ts.byName[upper]
+	return ok1 && ok2 && l.Within(u)
 }
 
 // maxIncrementalChanges bounds the changes a reload applies row by row; more, and it reads
