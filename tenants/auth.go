@@ -25,6 +25,10 @@ type Principal struct {
 	// KeyID names the credential that was presented, never the secret: the key's name for a
 	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
+	// KeyParents are the ids of the stored keys that minted the stored key presented, nearest
+	// first (APIKey.Parent, then its parent...), separated by spaces (a string keeps Principal
+	// comparable); empty for none. A budget set on any of them bounds this key's spending too.
+	KeyParents string
 	// TierCapped is true when the credential itself names its tier (a stored key minted at a
 	// tier, a JWT tier claim): it never runs above that tier, whatever the tenant's becomes.
 	TierCapped bool

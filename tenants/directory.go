@@ -12,6 +12,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,11 @@ type snapshot struct {
 type keyEntry struct {
 	APIKey
 	hash [sha256.Size]byte
+	// parents are the ids of the keys that minted this one, nearest first, separated by spaces
+	// (Principal.KeyParents); set before the entry is published, never modified after.
+	parents string
+	// traced is true once parents is set.
+	traced bool
 	// lastUsed is the unix millisecond of the last successful use, written on the hot path;
 	// flushed is the value last written to the store, touched only by the flusher.
 	lastUsed, flushed atomic.Int64
@@ -281,7 +287,7 @@ func (d *Directory) authenticateStoredKey(ctx context.Context, credential string
 	if err := d.capTier(&p, k.Tier); err != nil {
 		return Principal{}, err
 	}
-	p.KeyID, p.Expires, p.ManageKeys = k.ID, k.Expires, k.ManageKeys
+	p.KeyID, p.Expires, p.ManageKeys, p.KeyParents = k.ID, k.Expires, k.ManageKeys, k.parents
 	// Only move the shared cache line when the stored value would change.
 	if ms := now.UnixMilli(); ms-k.lastUsed.Load() >= 1000 {
 		k.lastUsed.Store(ms)
@@ -501,7 +507,30 @@ func (d *Directory) loadAll(ctx context.Context, old *snapshot, rev int64) (*sna
 			next.keys[k.ID] = e
 		}
 	}
+	next.traceParents()
 	return next, nil
+}
+
+// maxKeyGenerations bounds the parents traced for one key.
+const maxKeyGenerations = 32
+
+// traceParents sets the parents of the keys new in s (those minted by a key and not traced
+// yet), from the keys s holds. A parent's own Parent never changes, so traced entries stay
+// right.
+func (s *snapshot) traceParents() {
+	for _, e := range s.keys {
+		if e.Parent == "" || e.traced {
+			continue
+		}
+		parents := []string{e.Parent}
+		for p, ok := s.keys[e.Parent]; ok && p.Parent != "" && len(parents) < maxKeyGenerations; p, ok = s.keys[p.Parent] {
+			if slices.Contains(parents, p.Parent) || p.Parent == e.ID {
+				break
+			}
+			parents = append(parents, p.Parent)
+		}
+		e.parents, e.traced = strings.Join(parents, " "), true
+	}
 }
 
 // loadChanges applies the changes between old and rev to a copy of old, reading only the rows
@@ -545,6 +574,7 @@ func (d *Directory) loadChanges(ctx context.Context, old *snapshot, rev int64) (
 			next.tenants[t.ID] = t
 		}
 	}
+	next.traceParents()
 	return next, nil
 }
 

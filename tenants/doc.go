@@ -23,7 +23,8 @@
 //     replica at a time); the store keeps it per tenant, key, model, class and hour, rolled up
 //     into days.
 //   - budget.go, budget_store.go: Budgets, tokens and requests per tenant (and key) per UTC day
-//     and month, from the tier or set through the admin API, counted in Redis or per replica.
+//     and month, from the tier or set through the admin API, counted in Redis or per replica:
+//     each request reserves its estimate at admission and settles what it was served.
 //   - static.go: Static, the config-keys-only Authenticator of the first gateway.
 //
 // Credentials are secrets: no error, log line or metric label of this package contains one.

@@ -76,6 +76,9 @@ type APIKey struct {
 	// ManageKeys allows the key to create and revoke the tenant's keys, within its own tier and
 	// expiry.
 	ManageKeys bool `json:"manage_keys"`
+	// Parent is the id of the stored key that minted this one; empty when the admin (or a JWT)
+	// made it. A budget set on the parent bounds this key too.
+	Parent string `json:"parent,omitempty"`
 
 	secretHash string
 }
@@ -459,6 +462,8 @@ type NewKey struct {
 	// Tier caps the key's tier (APIKey.Tier); empty: the tenant's tier.
 	Tier       string
 	ManageKeys bool
+	// Parent is the stored key minting it (APIKey.Parent); empty: none.
+	Parent string
 }
 
 // CreateKey makes a new API key for tenant tenantID and returns its description and the whole
@@ -469,8 +474,11 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey
 	if err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys}
+	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys, Parent: nk.Parent}
 	details := map[string]any{"name": nk.Name, "expires": nk.Expires, "tier": nk.Tier, "manage_keys": nk.ManageKeys}
+	if nk.Parent != "" {
+		details["parent"] = nk.Parent
+	}
 	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, details,
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
@@ -481,8 +489,8 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey
 				return fmt.Errorf("tenant %q: %w", tenantID, ErrNotFound)
 			}
 			k.Created = time.UnixMilli(now.UnixMilli())
-			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys))
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys), nk.Parent)
 			return err
 		})
 	if err != nil {
@@ -503,13 +511,13 @@ func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error
 	return nil
 }
 
-const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys`
+const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys, parent_id`
 
 func scanKey(row interface{ Scan(...any) error }) (APIKey, error) {
 	var k APIKey
 	var created, manage int64
 	var expires, revoked, used sql.NullInt64
-	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage); err != nil {
+	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage, &k.Parent); err != nil {
 		return APIKey{}, err
 	}
 	k.ManageKeys = manage != 0
