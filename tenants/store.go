@@ -36,11 +36,23 @@ type Store struct {
 	auditSeq atomic.Int64
 }
 
-// Errors callers branch on (the admin API maps them to 404 and 409).
+// Errors callers branch on (the admin API maps them to 404, 409 and 503).
 var (
 	ErrNotFound = errors.New("not found")
 	ErrConflict = errors.New("already exists")
+	// ErrStorage marks a failure of the database itself (down, read-only, full, too slow), not a
+	// refusal of what was asked: a server fault, worth retrying later.
+	ErrStorage = errors.New("the tenant store failed")
 )
+
+// storageFault marks err, from the database, as ErrStorage; nil, the store's own refusals
+// (ErrNotFound, ErrConflict) and a cancelled caller stay as they are.
+func storageFault(err error) error {
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStorage, err)
+}
 
 // Tenant statuses.
 const (
@@ -211,8 +223,13 @@ func (s *Store) q(query string) string {
 	return b.String()
 }
 
-// change runs fn in a transaction that also bumps the revision and writes an audit entry.
+// change runs fn in a transaction that also bumps the revision and writes an audit entry; a
+// failure of the database is ErrStorage.
 func (s *Store) change(ctx context.Context, actor, action, tenantID, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
+	return storageFault(s.changeTx(ctx, actor, action, tenantID, object, details, fn))
+}
+
+func (s *Store) changeTx(ctx context.Context, actor, action, tenantID, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
 	now := s.now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -270,18 +287,18 @@ type Change struct {
 func (s *Store) Changes(ctx context.Context, after, upTo int64) ([]Change, error) {
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT rev, tenant_id, key_id FROM changes WHERE rev > ? AND rev <= ? ORDER BY rev`), after, upTo)
 	if err != nil {
-		return nil, fmt.Errorf("read changes: %w", err)
+		return nil, storageFault(fmt.Errorf("read changes: %w", err))
 	}
 	defer rows.Close()
 	var out []Change
 	for rows.Next() {
 		var c Change
 		if err := rows.Scan(&c.Rev, &c.TenantID, &c.KeyID); err != nil {
-			return nil, fmt.Errorf("read changes: %w", err)
+			return nil, storageFault(fmt.Errorf("read changes: %w", err))
 		}
 		out = append(out, c)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // Record writes an audit entry for a change made outside the store (a worker drained, a pin
@@ -326,7 +343,7 @@ func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, act
 func (s *Store) Revision(ctx context.Context) (int64, error) {
 	var rev int64
 	if err := s.db.QueryRowContext(ctx, `SELECT rev FROM revision WHERE id = 1`).Scan(&rev); err != nil {
-		return 0, fmt.Errorf("read revision: %w", err)
+		return 0, storageFault(fmt.Errorf("read revision: %w", err))
 	}
 	return rev, nil
 }
@@ -431,7 +448,7 @@ func (s *Store) Tenant(ctx context.Context, id string) (Tenant, error) {
 		return Tenant{}, fmt.Errorf("tenant %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return Tenant{}, fmt.Errorf("read tenant %q: %w", id, err)
+		return Tenant{}, storageFault(fmt.Errorf("read tenant %q: %w", id, err))
 	}
 	return t, nil
 }
@@ -440,18 +457,18 @@ func (s *Store) Tenant(ctx context.Context, id string) (Tenant, error) {
 func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+tenantColumns+` FROM tenants ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("list tenants: %w", err)
+		return nil, storageFault(fmt.Errorf("list tenants: %w", err))
 	}
 	defer rows.Close()
 	var out []Tenant
 	for rows.Next() {
 		t, err := scanTenant(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list tenants: %w", err)
+			return nil, storageFault(fmt.Errorf("list tenants: %w", err))
 		}
 		out = append(out, t)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // NewKey describes a key to create.
@@ -533,7 +550,7 @@ func (s *Store) Key(ctx context.Context, id string) (APIKey, error) {
 		return APIKey{}, fmt.Errorf("key %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return APIKey{}, fmt.Errorf("read key %q: %w", id, err)
+		return APIKey{}, storageFault(fmt.Errorf("read key %q: %w", id, err))
 	}
 	return k, nil
 }
@@ -546,18 +563,18 @@ func (s *Store) Keys(ctx context.Context, tenantID string) ([]APIKey, error) {
 	}
 	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
+		return nil, storageFault(fmt.Errorf("list keys: %w", err))
 	}
 	defer rows.Close()
 	var out []APIKey
 	for rows.Next() {
 		k, err := scanKey(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list keys: %w", err)
+			return nil, storageFault(fmt.Errorf("list keys: %w", err))
 		}
 		out = append(out, k)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // TouchKeys records when keys were last used, in one transaction. It is not audited and does not
@@ -628,7 +645,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 	args = append(args, aq.Limit+1)
 	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+		return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 	}
 	defer rows.Close()
 	var page AuditPage
@@ -637,7 +654,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		var at int64
 		var details string
 		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.TenantID, &e.Object, &details); err != nil {
-			return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+			return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 		}
 		e.At = time.UnixMilli(at)
 		if details != "" && details != "null" {
@@ -646,7 +663,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		page.Entries = append(page.Entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+		return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 	}
 	if len(page.Entries) > aq.Limit {
 		page.Entries = page.Entries[:aq.Limit]
