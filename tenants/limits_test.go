@@ -614,3 +614,55 @@ func TestLimiterRenewsLeasesOfLongRequests(t *testing.T) {
 		t.Errorf("got %d live leases after Done, want 0", len(a.live))
 	}
 }
+
+// TestLoweredKeysOfOneTenantShareItsConcurrency is issue 26's item 9 as a tenant does it: a pro
+// tenant with max_concurrent 2 mints keys at two lower tiers (each within pro) and a JWT claims
+// a third; together they run 2 at once, as the tenant's own key does.
+func TestLoweredKeysOfOneTenantShareItsConcurrency(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{Tiers: []Tier{
+		{Name: "pro", MaxConcurrent: 2, Weight: 4},
+		{Name: "free", MaxConcurrent: 2, Weight: 1},
+		{Name: "small", MaxConcurrent: 1, Weight: 1},
+	}}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := openSQLite(t)
+	if _, err := s.CreateTenant(ctx, "test", Tenant{ID: "acme", Tier: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, tier := range []string{"", "free", "small"} {
+		_, key, err := s.CreateKey(ctx, "test", "acme", NewKey{Name: "k" + tier, Tier: tier})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	dir, err := NewDirectory(ctx, cfg, s, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range limiterKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			l := kind.new(t, newFakeClock())
+			running := 0
+			for range 2 {
+				for _, key := range keys {
+					p, err := dir.Authenticate(ctx, key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err == nil {
+						running++
+					}
+				}
+			}
+			if running != 2 {
+				t.Errorf("a pro tenant (max_concurrent 2) through keys at pro, free and small: %d at once, want 2", running)
+			}
+		})
+	}
+}
