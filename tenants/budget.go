@@ -280,7 +280,9 @@ func (b *Budgets) Reserve(ctx context.Context, p Principal, tokens int64) (*Spen
 	if len(scopes) == 0 {
 		return nil, nil
 	}
-	s := &Spend{b: b, scopes: scopes, tokens: max(tokens, 0)}
+	// Beyond 2^53 no cap holds it anyway (caps are at most that); the bound keeps Redis' sums
+	// from overflowing.
+	s := &Spend{b: b, scopes: scopes, tokens: min(max(tokens, 0), maxLimit)}
 	ps := s.periods()
 	if b.opts.Redis != nil {
 		refused, err := b.reserveRedis(ctx, s, ps)
