@@ -179,6 +179,10 @@ func (p *Plane) checkAttempts(c echo.Context) error {
 	return nil
 }
 
+// acceptedAttempt records a credential the Authenticator accepted: its client is not held back
+// by others' failures (SignInLimits).
+func (p *Plane) acceptedAttempt(c echo.Context) { p.attempts.succeeded(p.clientAddr(c.Request())) }
+
 // failedAttempt counts a credential the Authenticator refused.
 func (p *Plane) failedAttempt(c echo.Context, action string) {
 	addr := p.clientAddr(c.Request())

@@ -100,6 +100,7 @@ func (p *Plane) adminAuth(auth Authenticator) echo.MiddlewareFunc {
 				p.failedAttempt(c, "api.auth.refused")
 				return gateway.WriteError(c, gateway.ErrAdminCredential)
 			}
+			p.acceptedAttempt(c)
 			c.Set(actorKey, actor)
 			return next(c)
 		}

@@ -1,6 +1,7 @@
 package adminui
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,29 @@ func TestFleetChangesReachTheAuditLog(t *testing.T) {
 	for _, want := range []string{"worker.drain", "worker.undrain"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("audit log has no %s: %s", want, got)
+		}
+	}
+}
+
+// TestStorageFailureIs503 is issue 26's weak spot: a database that cannot be written answered
+// 400 to a tenant's creation, which tells automation the request itself was wrong. A failure of
+// the store is 503 storage_unavailable with a Retry-After, in the admin API's error shape.
+func TestStorageFailureIs503(t *testing.T) {
+	g, store := startTenantsReplica(t, filepath.Join(t.TempDir(), "usher.db"), rootToken)
+	if resp, out := g.admin(t, "POST", "/tenants", rootToken, `{"id":"acme","tier":"pro"}`); resp.StatusCode != 201 {
+		t.Fatalf("create a tenant: got %d %v", resp.StatusCode, out)
+	}
+	store.Close() // the database is gone
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/tenants", `{"id":"newco","tier":"pro"}`},
+		{"POST", "/tenants/acme/keys", `{"name":"ci"}`},
+		{"GET", "/tenants", ""},
+	} {
+		resp, out := g.admin(t, c.method, c.path, rootToken, c.body)
+		e, _ := out["error"].(map[string]any)
+		if resp.StatusCode != 503 || e["code"] != "storage_unavailable" || e["type"] != "server_error" || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("%s %s with the database gone: got %d %v (Retry-After %q), want 503 storage_unavailable with Retry-After",
+				c.method, c.path, resp.StatusCode, out, resp.Header.Get("Retry-After"))
 		}
 	}
 }

@@ -57,6 +57,11 @@ func TestAdminWorkersLifecycle(t *testing.T) {
 		{"change unknown", "PUT", "/workers/nope", `{"url":"` + w.srv.URL + `","models":["m1"]}`, 404, nil},
 		{"add again", "POST", "/workers", `{"id":"w2","url":"` + w.srv.URL + `","models":["m1"]}`, 409, nil},
 		{"add bad url", "POST", "/workers", `{"id":"w3","url":"nope","models":["m1"]}`, 400, nil},
+		{"add a cloud metadata url", "POST", "/workers", `{"id":"w3","url":"http://169.254.169.254/latest","models":["m1"]}`, 400, func(t *testing.T, out map[string]any) {
+			if msg, _ := out["error"].(map[string]any)["message"].(string); !strings.Contains(msg, "allow_link_local_workers") {
+				t.Errorf("message: got %q, want one naming allow_link_local_workers", msg)
+			}
+		}},
 		{"add unknown field", "POST", "/workers", `{"id":"w3","url":"http://127.0.0.1:1","models":["m1"],"weight":3}`, 400, nil},
 		{"add not json", "POST", "/workers", `id=w3`, 400, nil},
 		{"add too large", "POST", "/workers", `{"id":"` + strings.Repeat("x", maxAdminBody) + `"}`, 413, nil},

@@ -14,17 +14,19 @@ type Config struct {
 
 // SignInLimits bound the failed credential checks of console sign-ins and admin API calls: per
 // client address and for all clients together. Each failure takes one attempt; attempts come back
-// evenly over a minute. A client (or, past the global bound, everyone) with no attempt left is
-// refused with 429 and a Retry-After before its credential is checked, right or wrong. A missing
-// credential or a refused CSRF token is not an attempt.
+// evenly over a minute. A client with no attempt left, or, past the global bound, a client that
+// failed within the last minute, is refused with 429 and a Retry-After before its credential is
+// checked, right or wrong. A missing credential or a refused CSRF token is not an attempt.
 type SignInLimits struct {
 	// PerClientPerMinute is the failed attempts one client address may make per minute, all at
 	// once or spread. Default 10.
 	PerClientPerMinute int `yaml:"per_client_per_minute"`
 	// GlobalPerMinute is the failed attempts all clients together may make per minute, against
-	// guessing from many addresses. Past it the admin plane refuses every sign-in until attempts
-	// come back: a flood of wrong credentials can lock operators out for a minute, never let a
-	// guess through. Default 100.
+	// guessing from many addresses. Past it the admin plane refuses the clients that failed
+	// within the last minute, until attempts come back, so each guessing address gets at most
+	// one guess a minute; an address whose credential was accepted within a day, or that has not
+	// failed, still gets in, unless more than twice this many addresses are failing at once.
+	// Default 100.
 	GlobalPerMinute int `yaml:"global_per_minute"`
 }
 

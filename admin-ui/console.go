@@ -343,6 +343,7 @@ func (con *console) signinSubmit(c echo.Context) error {
 		con.p.failedAttempt(c, "console.signin.refused")
 		return con.renderSignin(c, gateway.ErrorFor(gateway.ErrAdminCredential).Status, "That token is not the admin or viewer token.")
 	}
+	con.p.acceptedAttempt(c)
 	role := roleViewer
 	if actor.Admin {
 		role = roleAdmin

@@ -52,7 +52,7 @@ func startTenantsReplicaRouted(t *testing.T, db, token, policy string) (*testGat
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	cfg := tenants.Config{Admin: tenants.AdminConfig{Token: token, ViewerToken: viewerToken},
-		Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}}}
+		Tiers: []tenants.Tier{{Name: "pro", Weight: 4}, {Name: "free", Weight: 1}}} // free grants less than pro
 	cfg.Database.URL = "sqlite:" + db
 	cfg.SetDefaults()
 	store, err := tenants.Open(ctx, cfg.Database.URL, migrations.FS)

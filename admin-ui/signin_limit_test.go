@@ -46,15 +46,19 @@ func TestAttemptsPerClientAndGlobal(t *testing.T) {
 	if w := a.wait("10.0.0.2"); w != 0 {
 		t.Fatalf("another client: got wait %v, want none", w)
 	}
-	// Two more clients fail once each: the global bound of 5 is spent, for everyone.
+	// Two more clients fail once each: the global bound of 5 is spent, for every client that
+	// failed lately; a client that did not is not held back by the others' failures.
 	a.failed("10.0.0.2")
 	a.failed("10.0.0.3")
-	if w := a.wait("10.0.0.4"); w != 12*time.Second {
-		t.Fatalf("a new client past the global bound: got wait %v, want 12s", w)
+	if w := a.wait("10.0.0.2"); w != 12*time.Second {
+		t.Fatalf("a client that failed once, past the global bound: got wait %v, want 12s", w)
+	}
+	if w := a.wait("10.0.0.4"); w != 0 {
+		t.Fatalf("a new client past the global bound: got wait %v, want none", w)
 	}
 	clk.Advance(12 * time.Second)
-	if w := a.wait("10.0.0.4"); w != 0 {
-		t.Fatalf("a new client once one global attempt is back: got wait %v, want none", w)
+	if w := a.wait("10.0.0.2"); w != 0 {
+		t.Fatalf("a client that failed once, once one global attempt is back: got wait %v, want none", w)
 	}
 	if w := a.wait("10.0.0.1"); w != 8*time.Second {
 		t.Fatalf("the first client 12s later: got wait %v, want 8s", w)
@@ -166,5 +170,59 @@ func TestSignInLimitsReadClientsThroughTrustedProxies(t *testing.T) {
 				t.Fatalf("the right token forwarded for another address: got %d, want %d", got, tt.wantOther)
 			}
 		})
+	}
+}
+
+// TestGuessersDoNotLockOutTheOwner is issue 26's weak spot: wrong credentials from 12 addresses
+// spent the global bound, and the admin plane then refused everyone, the real admin and every
+// tenant reading its usage included. The global bound holds back only clients that failed
+// lately: the guessers. An address whose credential was accepted, or one that has not guessed,
+// still gets in.
+func TestGuessersDoNotLockOutTheOwner(t *testing.T) {
+	try := func(g *testGateway, token, from string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", g.url+"/admin/api/v1/workers", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("X-Forwarded-For", from)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	g := startGateway(t, []routing.WorkerSpec{newFakeWorker(t).spec("w1")}, func(s *setup) {
+		s.Now = newClock().Now
+		s.TrustedProxies = []string{"127.0.0.0/8"}
+		s.Config.SignIn = SignInLimits{PerClientPerMinute: 10, GlobalPerMinute: 10}
+	})
+	const owner, newcomer = "192.0.2.10", "192.0.2.20"
+	if got := try(g, adminToken, owner); got != http.StatusOK {
+		t.Fatalf("the admin before any guess: got %d, want 200", got)
+	}
+	refused := 0
+	for i := range 12 {
+		guesser := "198.51.100." + strconv.Itoa(i+1)
+		for j := range 2 {
+			switch try(g, "wrong-"+strconv.Itoa(j), guesser) {
+			case http.StatusUnauthorized:
+			case http.StatusTooManyRequests:
+				refused++
+			default:
+				t.Fatalf("guesser %s: want 401 or 429", guesser)
+			}
+		}
+	}
+	if refused < 24-12-10 {
+		t.Errorf("guesses refused by the global bound of 10: got %d of 24, want at least %d", refused, 24-12-10)
+	}
+	if got := try(g, adminToken, "198.51.100.1"); got != http.StatusTooManyRequests {
+		t.Errorf("the right token from an address that guessed: got %d, want 429", got)
+	}
+	if got := try(g, adminToken, owner); got != http.StatusOK {
+		t.Errorf("the admin from the address it used before: got %d, want 200", got)
+	}
+	if got := try(g, adminToken, newcomer); got != http.StatusOK {
+		t.Errorf("the admin from an address that never guessed: got %d, want 200", got)
 	}
 }

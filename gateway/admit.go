@@ -91,7 +91,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := s.classAndDeadline(cl, h); err != nil {
 		return err
 	}
-	if err := s.checkBudget(c, cl); err != nil {
+	if err := s.reserveBudget(c, cl); err != nil {
 		return err
 	}
 	if err := s.holdLimits(c, cl); err != nil {
@@ -151,6 +151,18 @@ func (s *Server) classAndDeadline(cl *call, h http.Header) error {
 		cl.deadline = s.now().Add(budget)
 	}
 	return nil
+}
+
+// reserveBudget holds the call in its tenant's budgets: one request and its estimate (prompt
+// plus the output it may produce, as the queue counts it), so concurrent calls cannot pass a cap
+// between admission and settlement; settle charges what was served in its place.
+func (s *Server) reserveBudget(c echo.Context, cl *call) error {
+	if s.budgets == nil {
+		return nil
+	}
+	spend, err := s.budgets.Reserve(c.Request().Context(), cl.principal, int64(addTokens(cl.promptTokens, cl.expected)))
+	cl.spend = spend
+	return err
 }
 
 // holdLimits applies the tenant's limits; settle releases the hold with the tokens really used.

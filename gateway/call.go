@@ -55,7 +55,7 @@ type call struct {
 	classed   bool // class is resolved: the request reached the queue
 	deadline  time.Time
 	hold      *tenants.Hold  // the tenant's limits held for this call; nil: none
-	spend     *tenants.Spend // the tenant's budget charged at the end; nil: none
+	spend     *tenants.Spend // the call's reservation in its tenant's budgets, ended by settle; nil: none
 	grant     *queue.Grant   // the queue's capacity held for this call
 	queued    time.Duration  // time waited in the queue, preemptions included
 

@@ -137,6 +137,8 @@ var errorTable = []errorRule{
 	{err: ErrReadOnlyActor, status: http.StatusForbidden, typ: "permission_error", code: "read_only", showCause: true},
 	{err: ErrTooManyAttempts, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "too_many_attempts", showCause: true},
 	// The tenant store (admin API).
+	{err: tenants.ErrStorage, status: http.StatusServiceUnavailable, typ: "server_error", code: "storage_unavailable",
+		message: "the tenant store cannot be read or written now; retry", retry: time.Second},
 	{err: tenants.ErrNotFound, status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found", showCause: true},
 	{err: tenants.ErrConflict, status: http.StatusConflict, typ: "invalid_request_error", code: "conflict", showCause: true},
 	{err: tenants.ErrInvalid, status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request", showCause: true},

@@ -12,9 +12,9 @@ import (
 )
 
 // settle is the last stage of every call, whatever happened before: it gives back what admit
-// held (the queue's capacity and the tenant's limits, charged with the tokens really served),
-// counts the call in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records the call in the metrics
-// and the access log.
+// held (the queue's capacity, the tenant's limits and its budget reservation, charged with the
+// tokens really served), counts the call in the usage ledger, answers err in OpenAI's shape
+// when nothing was sent yet, and records the call in the metrics and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.chargePieces(cl)
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
@@ -24,6 +24,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	if cl.hold != nil {
 		cl.hold.Done(int64(served))
 	}
+	settleBudget(cl, int64(served), err)
 	s.recordUsage(cl, err)
 	status := c.Response().Status
 	switch {
@@ -55,6 +56,18 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated)
 	return err
+}
+
+// settleBudget ends the call's budget reservation: a call served, or one that was served
+// something before it failed, is charged the tokens it was served in place of its estimate; any
+// other (refused, timed out in the queue, failed before an answer, left before anything was
+// served) gives back its request and its estimate.
+func settleBudget(cl *call, served int64, err error) {
+	if served > 0 || err == nil {
+		cl.spend.Settle(served)
+		return
+	}
+	cl.spend.Release()
 }
 
 // account records the usage of the call's answer and turns it into the routing outcome.

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
@@ -19,32 +17,18 @@ type Ledger interface {
 
 // Budgets enforces the tiers' day and month budgets; *tenants.Budgets implements it.
 type Budgets interface {
-	// Check admits a request of p (a nil Spend: no budget applies) or refuses it with a
-	// *tenants.BudgetError.
-	Check(ctx context.Context, p tenants.Principal) (*tenants.Spend, error)
-}
-
-// checkBudget refuses the call when its tenant's budget is spent; settle charges what it was
-// served.
-func (s *Server) checkBudget(c echo.Context, cl *call) error {
-	if s.budgets == nil {
-		return nil
-	}
-	spend, err := s.budgets.Check(c.Request().Context(), cl.principal)
-	cl.spend = spend
-	return err
+	// Reserve holds one request and tokens (the call's estimate) in p's budgets (a nil Spend: no
+	// budget applies) or refuses it with a *tenants.BudgetError. The Spend is settled or
+	// released once.
+	Reserve(ctx context.Context, p tenants.Principal, tokens int64) (*tenants.Spend, error)
 }
 
 // recordUsage counts the call in the ledger: every call that reached a queue, with what it was
-// served (the engine's usage, or what the stream relayed when that never came) and how it ended;
-// and charges a served call to its tenant's budget.
+// served (the engine's usage, or what the stream relayed when that never came) and how it ended.
 func (s *Server) recordUsage(cl *call, err error) {
 	u, outcome := cl.usage, outcomeOf(err)
 	if outcome == tenants.OutcomeServed && errors.Is(err, errClientGone) && u.PromptTokens+u.CompletionTokens == 0 {
 		outcome = tenants.OutcomeOther // the client left before anything was served
-	}
-	if outcome == tenants.OutcomeServed {
-		cl.spend.Done(int64(u.PromptTokens) + int64(u.CompletionTokens))
 	}
 	if s.ledger == nil || !cl.classed {
 		return

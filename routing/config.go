@@ -173,6 +173,13 @@ type Config struct {
 	// changed and removed through the admin API, in case it missed an announcement; default
 	// 500ms. With Redis, replicas apply such a change at once.
 	RegistrySync time.Duration `yaml:"registry_sync"`
+	// AllowLinkLocalWorkers lets workers added or changed through the admin API point at a
+	// link-local address (169.254.0.0/16, fe80::/10) or a cloud's instance metadata service
+	// (metadata.google.internal, fd00:ec2::254...). Default false: they are refused with 400,
+	// since such a worker would let an admin API caller read the cloud's credentials through
+	// usher. Workers of this file are not checked; a name that resolves to such an address is
+	// not caught (block the metadata service at the network for that).
+	AllowLinkLocalWorkers bool `yaml:"allow_link_local_workers"`
 	// MaxConcurrency is the ceiling of the learned concurrency limit of workers that set no
 	// max_concurrency of their own; default 256.
 	MaxConcurrency int `yaml:"max_concurrency"`

@@ -56,6 +56,9 @@ func (p *Pool) AddWorker(ctx context.Context, spec WorkerSpec) error {
 	if errs := validateWorker("worker", spec); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	if err := checkWorkerHost(spec.URL, p.cfg.AllowLinkLocalWorkers); err != nil {
+		return fmt.Errorf("worker.url: %w", err)
+	}
 	if p.registry == nil {
 		return p.add(spec, SourceAdmin)
 	}
@@ -79,6 +82,9 @@ func (p *Pool) AddWorker(ctx context.Context, spec WorkerSpec) error {
 func (p *Pool) UpdateWorker(ctx context.Context, spec WorkerSpec) error {
 	if errs := validateWorker("worker", spec); len(errs) > 0 {
 		return errors.Join(errs...)
+	}
+	if err := checkWorkerHost(spec.URL, p.cfg.AllowLinkLocalWorkers); err != nil {
+		return fmt.Errorf("worker.url: %w", err)
 	}
 	if p.registry == nil {
 		return p.replace(spec, SourceAdmin)

@@ -415,7 +415,11 @@ func (a *Admin) CreateKey(ctx context.Context, actor Actor, tenantID string, in 
 			return APIKey{}, "", err
 		}
 	}
-	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, NewKey(in))
+	nk := NewKey{Name: in.Name, Expires: in.Expires, Tier: in.Tier, ManageKeys: in.ManageKeys}
+	if !actor.Admin && looksLikeStoredKeyID(actor.Credential.KeyID) {
+		nk.Parent = actor.Credential.KeyID
+	}
+	k, key, err := a.store.CreateKey(ctx, actor.Name, tenantID, nk)
 	if err != nil {
 		return APIKey{}, "", err
 	}

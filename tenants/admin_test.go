@@ -411,3 +411,70 @@ func TestAdminLoweredCredentialsMintNothingStronger(t *testing.T) {
 		t.Errorf("a key revoking itself: got %v, want allowed", err)
 	}
 }
+
+// TestFreeTenantCannotMintOrUseABatchKey is issue 26's item 2 against the example config: a free
+// tenant minted a key at the batch tier, listed after free but allowing every model, 10x the
+// requests, 8x the prompt cap and no budget, and used it. Neither the tenant nor the admin mints
+// it now, one minted before is refused, and a JWT tier claim cannot name it.
+func TestFreeTenantCannotMintOrUseABatchKey(t *testing.T) {
+	ctx := context.Background()
+	clock := newFakeClock()
+	cfg := exampleTiers(t)
+	jc := JWTConfig{Algorithms: []string{"HS256"}, HS256Secret: testHS256Secret, Issuer: "https://idp.example", Audience: "usher"}
+	jc.setDefaults()
+	v, err := NewJWTVerifier(jc, clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openSQLite(t)
+	s.now = clock.Now
+	for _, tn := range []Tenant{{ID: "frugal", Name: "Frugal", Tier: "free"}, {ID: "acme", Name: "Acme", Tier: "pro"}} {
+		if _, err := s.CreateTenant(ctx, "test", tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, manager, err := s.CreateKey(ctx, "test", "frugal", NewKey{Name: "ci", ManageKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A batch key as one was minted before tiers were compared by what they grant.
+	_, old, err := s.CreateKey(ctx, "test", "frugal", NewKey{Name: "old", Tier: "batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := NewDirectory(ctx, cfg, s, DirectoryOptions{JWT: v, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAdmin(AdminConfig{}, s, dir, clock.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, err := a.AuthenticateActor(ctx, manager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.CreateKey(ctx, tenant, "frugal", KeyInput{Name: "escape", Tier: "batch"}); !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrForbidden) {
+		t.Errorf("free tenant mints a batch key: got %v, want refused", err)
+	}
+	if _, _, err := a.CreateKey(ctx, Actor{Name: "admin", Admin: true}, "frugal", KeyInput{Name: "escape", Tier: "batch"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("admin mints a batch key for a free tenant: got %v, want ErrInvalid", err)
+	}
+	if p, err := dir.Authenticate(ctx, old); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("a batch key of a free tenant: got %+v, %v; want refused", p, err)
+	}
+	token := func(sub, tier string) string {
+		return sign(t, jwt.SigningMethodHS256, []byte(testHS256Secret), "", jwt.MapClaims{
+			"sub": sub, "iss": "https://idp.example", "aud": "usher", "exp": clock.Now().Add(time.Hour).Unix(), "tier": tier})
+	}
+	if p, err := dir.Authenticate(ctx, token("frugal", "batch")); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("a free tenant's JWT claiming batch: got %+v, %v; want refused", p, err)
+	}
+	if p, err := dir.Authenticate(ctx, token("acme", "batch")); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("a pro tenant's JWT claiming batch (more tokens per minute, a longer queue): got %+v, %v; want refused", p, err)
+	}
+	p, err := dir.Authenticate(ctx, token("acme", "free"))
+	if err != nil || p.Tier != "free" || p.TenantTier == nil || p.TenantTier.Name != "pro" {
+		t.Errorf("a pro tenant's JWT claiming free: got %+v, %v; want free within pro", p, err)
+	}
+}

@@ -18,9 +18,17 @@ type Principal struct {
 	// TierSpec is the tier named by Tier, shared and never modified. Authenticators built by
 	// NewDirectory always set it; Static alone leaves it nil.
 	TierSpec *Tier
+	// TenantTier is the tenant's own tier when the credential runs at a lower one (TierSpec is
+	// within it); nil when it runs at the tenant's. A lowered credential is held to both: its
+	// own tier's limits and its tenant's, which every credential of the tenant shares.
+	TenantTier *Tier
 	// KeyID names the credential that was presented, never the secret: the key's name for a
 	// config key, the public id for a stored key, "jwt" (or "jwt:<kid>") for a token.
 	KeyID string
+	// KeyParents are the ids of the stored keys that minted the stored key presented, nearest
+	// first (APIKey.Parent, then its parent...), separated by spaces (a string keeps Principal
+	// comparable); empty for none. A budget set on any of them bounds this key's spending too.
+	KeyParents string
 	// TierCapped is true when the credential itself names its tier (a stored key minted at a
 	// tier, a JWT tier claim): it never runs above that tier, whatever the tenant's becomes.
 	TierCapped bool
@@ -31,6 +39,14 @@ type Principal struct {
 	// service, within its own tier and expiry: a stored key created with manage_keys, a JWT
 	// whose scope claim holds ScopeManageKeys.
 	ManageKeys bool
+}
+
+// lowerTo makes p run at tier t, within its tenant's tier (the caller checked t.Within).
+func (p *Principal) lowerTo(t *Tier) {
+	if p.TenantTier == nil {
+		p.TenantTier = p.TierSpec
+	}
+	p.Tier, p.TierSpec = t.Name, t
 }
 
 // ScopeManageKeys is the scope a JWT carries (in its space-separated scope claim) to manage its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,12 +28,19 @@ type BudgetError struct {
 	Reset time.Time
 	// RetryAfter is the time from the refusal to Reset.
 	RetryAfter time.Duration
+	// Left is what remains of the cap in the period, requests already admitted counted; Asked
+	// is what the request would have reserved (its token estimate, or one request).
+	Left, Asked int64
 }
 
 func (e *BudgetError) Error() string {
 	whose := "the tenant's"
 	if e.Key != "" {
 		whose = "this key's"
+	}
+	if e.Left > 0 {
+		return fmt.Sprintf("%s budget of %d %s has %d left, less than this request may use (%d); it resets at %s", whose,
+			e.Limit, capWords[e.Cap], e.Left, e.Asked, e.Reset.UTC().Format(time.RFC3339))
 	}
 	return fmt.Sprintf("%s budget of %d %s is spent; it resets at %s", whose, e.Limit, capWords[e.Cap],
 		e.Reset.UTC().Format(time.RFC3339))
@@ -67,11 +75,15 @@ type BudgetsOptions struct {
 }
 
 // Budgets enforces the tiers' budgets (Tier.Budget): tokens and requests per tenant per UTC day
-// and month. Check refuses a request once a cap is reached; Spend.Done adds what the request
-// was served. With Redis the spending is counted there, so every replica refuses within one
-// request of the cap (requests already admitted when it is reached still finish); without
-// Redis each replica counts its own. Either way a period's count starts from the usage ledger
-// when it is not held yet, so a restart does not hand out a new budget.
+// and month. Reserve holds one request and the request's token estimate against every cap at
+// admission, and refuses a request the caps cannot hold; Spend.Settle replaces the estimate by
+// what the request was served, and Spend.Release gives both back for a request that was not
+// served. So concurrent requests never pass a cap between admission and settlement. With Redis
+// the spending and the reservations are counted there (one atomic script), shared by every
+// replica; without Redis each replica counts its own. Either way a period's count starts from
+// the usage ledger when it is not held yet, so a restart does not hand out a new budget. A
+// replica that dies with requests in flight leaves their estimates counted: a budget may be
+// charged more than was served, never less.
 //
 // Crossing SoftThreshold of a cap is reported once per period: the metric
 // usher_budget_soft_threshold_total and an audit entry "budget.soft_threshold".
@@ -83,7 +95,7 @@ type Budgets struct {
 
 	mu sync.Mutex
 	// local counts each tenant's spending per period when there is no Redis, or when Redis
-	// fails (guarded by mu); soft marks the thresholds reported without Redis.
+	// fails (guarded by mu); soft marks the thresholds this replica knows are reported.
 	local map[periodKey]*spending
 	soft  map[softKey]bool
 
@@ -146,10 +158,15 @@ func NewBudgets(opts BudgetsOptions) *Budgets {
 	return b
 }
 
-// Spend is an admitted request's place in its budgets. Call Done once when it ends.
+// Spend is an admitted request's reservation in its budgets. Call Settle or Release once when
+// it ends (further calls do nothing). The methods of a nil Spend do nothing.
 type Spend struct {
 	b      *Budgets
 	scopes []budgetScope
+	// tokens is the token estimate reserved; inRedis tells where it was reserved.
+	tokens  int64
+	inRedis bool
+	ended   atomic.Bool
 }
 
 // budgetScope is one budget a request counts against: its tenant's, or its key's.
@@ -162,25 +179,33 @@ type budgetScope struct {
 
 // budgetCap is one cap of a scope in one of its periods.
 type budgetCap struct {
-	name  string // "tokens_per_day", ...
-	limit int64
-	count func(spending) int64
-	at    int // index of the period: 0 day, 1 month
+	name     string // "tokens_per_day", ...
+	limit    int64
+	requests bool // it counts requests; else tokens
+	at       int  // index of the period: 0 day, 1 month
+}
+
+func (c budgetCap) count(s spending) int64 {
+	if c.requests {
+		return s.requests
+	}
+	return s.tokens
 }
 
 func (sc budgetScope) caps() []budgetCap {
-	tokens := func(s spending) int64 { return s.tokens }
-	requests := func(s spending) int64 { return s.requests }
 	return []budgetCap{
-		{"tokens_per_day", sc.limits.TokensPerDay, tokens, 0},
-		{"requests_per_day", sc.limits.RequestsPerDay, requests, 0},
-		{"tokens_per_month", sc.limits.TokensPerMonth, tokens, 1},
-		{"requests_per_month", sc.limits.RequestsPerMonth, requests, 1},
+		{"tokens_per_day", sc.limits.TokensPerDay, false, 0},
+		{"requests_per_day", sc.limits.RequestsPerDay, true, 0},
+		{"tokens_per_month", sc.limits.TokensPerMonth, false, 1},
+		{"requests_per_month", sc.limits.RequestsPerMonth, true, 1},
 	}
 }
 
 // scopes returns the budgets a request of p counts against at now: its tenant's (the override
-// set through the admin API, else its tier's) and its key's, when one is set.
+// set through the admin API, else its tenant's tier's; a credential below its tenant's tier is
+// held to that lower tier's caps too, on the tenant's counts), its key's when one is set, and
+// the one set for each key its key was minted by (Principal.KeyParents): a minted key spends
+// from its parents' budgets too, so minting never adds budget.
 func (b *Budgets) scopes(p Principal, now time.Time) []budgetScope {
 	overrides := *b.overrides.Load()
 	d := dayOf(now)
@@ -192,66 +217,258 @@ func (b *Budgets) scopes(p Principal, now time.Time) []budgetScope {
 	}
 	soft := 0.8
 	tenant := BudgetOverride{TenantID: p.TenantID}
-	if t := p.TierSpec; t != nil {
-		soft = t.Budget.SoftThreshold
-		tenant.TokensPerDay, tenant.TokensPerMonth = t.Budget.TokensPerDay, t.Budget.TokensPerMonth
-		tenant.RequestsPerDay, tenant.RequestsPerMonth = t.Budget.RequestsPerDay, t.Budget.RequestsPerMonth
+	own := p.TenantTier
+	if own == nil {
+		own = p.TierSpec
+	}
+	if own != nil {
+		soft = own.Budget.SoftThreshold
+		tenant.TokensPerDay, tenant.TokensPerMonth = own.Budget.TokensPerDay, own.Budget.TokensPerMonth
+		tenant.RequestsPerDay, tenant.RequestsPerMonth = own.Budget.RequestsPerDay, own.Budget.RequestsPerMonth
 	}
 	if o, ok := overrides[[2]string{p.TenantID, ""}]; ok {
 		tenant = o
+	}
+	if p.TenantTier != nil && p.TierSpec != nil {
+		lower := p.TierSpec.Budget
+		tenant.TokensPerDay, tenant.TokensPerMonth = tighter(tenant.TokensPerDay, lower.TokensPerDay), tighter(tenant.TokensPerMonth, lower.TokensPerMonth)
+		tenant.RequestsPerDay, tenant.RequestsPerMonth = tighter(tenant.RequestsPerDay, lower.RequestsPerDay), tighter(tenant.RequestsPerMonth, lower.RequestsPerMonth)
 	}
 	var out []budgetScope
 	if tenant.capped() {
 		out = append(out, scope(tenant, soft))
 	}
-	if o, ok := overrides[[2]string{p.TenantID, p.KeyID}]; ok && p.KeyID != "" && o.capped() {
+	if p.KeyID == "" {
+		return out
+	}
+	if o, ok := overrides[[2]string{p.TenantID, p.KeyID}]; ok && o.capped() {
 		out = append(out, scope(o, soft))
+	}
+	for parent := range strings.FieldsSeq(p.KeyParents) {
+		if o, ok := overrides[[2]string{p.TenantID, parent}]; ok && o.capped() {
+			out = append(out, scope(o, soft))
+		}
 	}
 	return out
 }
 
-// Check admits a request of p or refuses it with a *BudgetError. A request no budget applies
-// to costs a map lookup and returns nil, nil; otherwise one Redis round trip (with Redis), or a
+// addDelta adds d, of either sign, to the count n, saturating at 0 and math.MaxInt64.
+func addDelta(n, d int64) int64 {
+	if d >= 0 {
+		return addSat(n, d)
+	}
+	return max(n+d, 0)
+}
+
+// tighter is the stricter of two caps, 0 meaning none.
+func tighter(a, b int64) int64 {
+	if a == 0 || b != 0 && b < a {
+		return b
+	}
+	return a
+}
+
+// Reserve admits a request of p that may use up to tokens (its prompt and its output bound) and
+// holds one request and tokens in every budget p counts against, or refuses it with a
+// *BudgetError when a cap cannot hold them: the request would pass the cap's requests or
+// tokens, counting what requests admitted before it reserved. A request no budget applies to
+// costs a map lookup and returns nil, nil; otherwise one Redis round trip (with Redis), or a
 // map lookup (without), and once per tenant (or key) and period a query of the usage ledger.
-func (b *Budgets) Check(ctx context.Context, p Principal) (*Spend, error) {
+func (b *Budgets) Reserve(ctx context.Context, p Principal, tokens int64) (*Spend, error) {
 	now := b.opts.Now()
 	scopes := b.scopes(p, now)
 	if len(scopes) == 0 {
 		return nil, nil
 	}
-	var ps []periodKey
-	for _, sc := range scopes {
-		ps = append(ps, sc.periods[:]...)
-	}
-	spent := b.spent(ctx, ps)
-	for i, sc := range scopes {
-		for _, c := range sc.caps() {
-			if c.limit > 0 && c.count(spent[2*i+c.at]) >= c.limit {
-				end := sc.ends[c.at]
-				return nil, &BudgetError{Cap: c.name, Key: sc.limits.KeyID, Limit: c.limit, Reset: end, RetryAfter: end.Sub(now)}
-			}
+	// Beyond 2^53 no cap holds it anyway (caps are at most that); the bound keeps Redis' sums
+	// from overflowing.
+	s := &Spend{b: b, scopes: scopes, tokens: min(max(tokens, 0), maxLimit)}
+	ps := s.periods()
+	if b.opts.Redis != nil {
+		refused, err := b.reserveRedis(ctx, s, ps)
+		if err == nil {
+			s.inRedis = true
+			return s.refusal(refused, now)
 		}
+		b.redisFallbacks.Inc()
+		b.log.Warn("budget: redis failed, counting on this replica", "tenant", p.TenantID, "err", err)
 	}
-	return &Spend{b: b, scopes: scopes}, nil
+	return s.refusal(b.reserveLocal(ctx, s, ps), now)
 }
 
-// Done adds the request's tokens (prompt plus completion, as served) and the request itself to
-// the periods it was admitted in. Nil-safe.
-func (s *Spend) Done(tokens int64) {
-	if s == nil {
-		return
+// refusal is s when nothing refused it, else the refusal of the cap refused.
+func (s *Spend) refusal(refused *capRefused, now time.Time) (*Spend, error) {
+	if refused == nil {
+		return s, nil
 	}
-	tokens = max(tokens, 0)
-	var ps []periodKey
+	sc := s.scopes[refused.period/2]
+	for _, c := range sc.caps() {
+		if c.at != refused.period%2 || c.requests != refused.requests {
+			continue
+		}
+		end := sc.ends[c.at]
+		asked := s.tokens
+		if c.requests {
+			asked = 1
+		}
+		return nil, &BudgetError{Cap: c.name, Key: sc.limits.KeyID, Limit: c.limit, Reset: end, RetryAfter: end.Sub(now),
+			Left: max(0, c.limit-c.count(refused.spent)), Asked: asked}
+	}
+	return nil, fmt.Errorf("budget: refused by an unknown cap of period %d", refused.period)
+}
+
+// capRefused names the cap a reservation did not fit: the index of its period in
+// Spend.periods, whether it counts requests (else tokens), and the period's spending.
+type capRefused struct {
+	period   int
+	requests bool
+	spent    spending
+}
+
+// periods lists the periods of s's scopes: for scope i, the day at 2i and the month at 2i+1.
+func (s *Spend) periods() []periodKey {
+	ps := make([]periodKey, 0, 2*len(s.scopes))
 	for _, sc := range s.scopes {
 		ps = append(ps, sc.periods[:]...)
 	}
-	before, after := s.b.add(ps, tokens)
+	return ps
+}
+
+// limitsOf returns the token and request caps of period i of s.periods() (0: none).
+func (s *Spend) limitsOf(i int) (tokens, requests int64) {
+	l := s.scopes[i/2].limits
+	if i%2 == 0 {
+		return l.TokensPerDay, l.RequestsPerDay
+	}
+	return l.TokensPerMonth, l.RequestsPerMonth
+}
+
+// fits returns the first cap of s that one more request of s.tokens would pass, given the
+// periods' spending; nil when every cap holds it.
+func (s *Spend) fits(spent []spending) *capRefused {
+	for i, sp := range spent {
+		tcap, rcap := s.limitsOf(i)
+		if rcap > 0 && addSat(sp.requests, 1) > rcap {
+			return &capRefused{period: i, requests: true, spent: sp}
+		}
+		if tcap > 0 && addSat(sp.tokens, s.tokens) > tcap {
+			return &capRefused{period: i, spent: sp}
+		}
+	}
+	return nil
+}
+
+// reserveLocal reserves s on this replica's counts.
+func (b *Budgets) reserveLocal(ctx context.Context, s *Spend, ps []periodKey) *capRefused {
+	counts := make([]*spending, len(ps))
+	for i, p := range ps {
+		counts[i] = b.localSpending(ctx, p) // seeds from the ledger outside the lock
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	spent := make([]spending, len(ps))
+	for i, c := range counts {
+		spent[i] = *c
+	}
+	if refused := s.fits(spent); refused != nil {
+		return refused
+	}
+	for _, c := range counts {
+		c.tokens, c.requests = addSat(c.tokens, s.tokens), addSat(c.requests, 1)
+	}
+	return nil
+}
+
+// reserveScript reserves one request and ARGV[1] tokens in every period hash of KEYS (fields t
+// and r) when no cap would be passed, atomically. ARGV[2] is the hashes' time to live in ms;
+// ARGV[1+2i] and ARGV[2+2i] are the token and request caps of KEYS[i] (0: none). Returns {0}
+// reserved; {-1, i} when KEYS[i] is not seeded yet (nothing written); {1, i, t, r} when KEYS[i]'s
+// request cap, {2, i, t, r} when its token cap, would be passed (t, r: its spending).
+var reserveScript = redis.NewScript(`
+local tok = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {-1, i} end
+end
+for i = 1, #KEYS do
+  local v = redis.call('HMGET', KEYS[i], 't', 'r')
+  local t, r = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+  local tcap, rcap = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  if rcap > 0 and r + 1 > rcap then return {1, i, t, r} end
+  if tcap > 0 and t + tok > tcap then return {2, i, t, r} end
+end
+for i = 1, #KEYS do
+  redis.call('HINCRBY', KEYS[i], 't', tok)
+  redis.call('HINCRBY', KEYS[i], 'r', 1)
+  redis.call('PEXPIRE', KEYS[i], ARGV[2])
+end
+return {0}`)
+
+// reserveRedis reserves s in Redis, seeding the periods Redis does not hold from the ledger
+// first. err is Redis' failure (nothing was reserved then).
+func (b *Budgets) reserveRedis(ctx context.Context, s *Spend, ps []periodKey) (*capRefused, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.RedisTimeout)
+	defer cancel()
+	keys := make([]string, len(ps))
+	args := []any{s.tokens, keep.Milliseconds()}
+	for i, p := range ps {
+		keys[i] = b.redisKey(p)
+		tcap, rcap := s.limitsOf(i)
+		args = append(args, tcap, rcap)
+	}
+	for range len(ps) + 1 { // each round seeds one period at most
+		res, err := reserveScript.Run(ctx, b.opts.Redis, keys, args...).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case len(res) == 1 && res[0] == 0:
+			return nil, nil
+		case len(res) == 2 && res[0] == -1 && res[1] >= 1 && int(res[1]) <= len(ps):
+			p := ps[res[1]-1]
+			seed := b.ledgerSpending(ctx, p)
+			if err := seedScript.Run(ctx, b.opts.Redis, []string{keys[res[1]-1]}, seed.tokens, seed.requests, keep.Milliseconds()).Err(); err != nil {
+				return nil, err
+			}
+		case len(res) == 4 && (res[0] == 1 || res[0] == 2) && res[1] >= 1 && int(res[1]) <= len(ps):
+			return &capRefused{period: int(res[1] - 1), requests: res[0] == 1, spent: spending{tokens: res[2], requests: res[3]}}, nil
+		default:
+			return nil, fmt.Errorf("budget: unexpected answer %v from redis", res)
+		}
+	}
+	return nil, errors.New("budget: redis kept losing the seeded periods")
+}
+
+// Settle charges the request what it was served (prompt plus completion tokens) in place of its
+// estimate; the request stays counted. Nil-safe.
+func (s *Spend) Settle(tokens int64) {
+	if s != nil {
+		s.end(max(tokens, 0)-s.tokens, 0)
+	}
+}
+
+// Release gives back the request and its estimate: it was not served (refused after its
+// reservation, or failed before anything was computed). Nil-safe.
+func (s *Spend) Release() {
+	if s != nil {
+		s.end(-s.tokens, -1)
+	}
+}
+
+// end adds tokens and requests to the periods s reserved in, and reports the soft thresholds
+// the result reaches.
+func (s *Spend) end(tokens, requests int64) {
+	if !s.ended.CompareAndSwap(false, true) {
+		return
+	}
+	ps := s.periods()
+	after := s.b.add(ps, tokens, requests, s.inRedis)
+	if requests < 0 {
+		return
+	}
 	for i, sc := range s.scopes {
 		for _, c := range sc.caps() {
 			j := 2*i + c.at
-			threshold := toInt64(float64(c.limit) * sc.soft)
-			if c.limit > 0 && c.count(before[j]) < threshold && c.count(after[j]) >= threshold {
+			if c.limit > 0 && c.count(after[j]) >= toInt64(float64(c.limit)*sc.soft) {
 				s.b.crossed(ps[j], c.name, c.limit, c.count(after[j]))
 			}
 		}
@@ -311,60 +528,6 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 return redis.call('HMGET', KEYS[1], 't', 'r')`)
 
-// spent returns the spending of each period, from Redis or this replica's counts.
-func (b *Budgets) spent(ctx context.Context, ps []periodKey) []spending {
-	out := make([]spending, len(ps))
-	if b.opts.Redis != nil {
-		if err := b.spentRedis(ctx, ps, out); err == nil {
-			return out
-		}
-		b.redisFallbacks.Inc()
-	}
-	for i, p := range ps {
-		out[i] = *b.localSpending(ctx, p)
-	}
-	return out
-}
-
-func (b *Budgets) spentRedis(ctx context.Context, ps []periodKey, out []spending) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.RedisTimeout)
-	defer cancel()
-	cmds := make([]*redis.SliceCmd, len(ps))
-	_, err := b.opts.Redis.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		for i, p := range ps {
-			cmds[i] = pl.HMGet(ctx, b.redisKey(p), "t", "r")
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for i, p := range ps {
-		vals := cmds[i].Val()
-		if vals[0] == nil {
-			seed := b.ledgerSpending(ctx, p)
-			res, err := seedScript.Run(ctx, b.opts.Redis, []string{b.redisKey(p)}, seed.tokens, seed.requests, keep.Milliseconds()).Slice()
-			if err != nil {
-				return err
-			}
-			vals = res
-		}
-		out[i].tokens, out[i].requests = toCount(vals[0]), toCount(vals[1])
-	}
-	return nil
-}
-
-func toCount(v any) int64 {
-	switch v := v.(type) {
-	case string:
-		n, _ := strconv.ParseInt(v, 10, 64)
-		return n
-	case int64:
-		return v
-	}
-	return 0
-}
-
 // localSpending returns this replica's counts of p, seeded from the ledger the first time.
 func (b *Budgets) localSpending(ctx context.Context, p periodKey) *spending {
 	b.mu.Lock()
@@ -408,31 +571,30 @@ func (b *Budgets) ledgerSpending(ctx context.Context, p periodKey) spending {
 	return s
 }
 
-// add counts tokens and one request in each period and returns the counts before and after.
-func (b *Budgets) add(ps []periodKey, tokens int64) (before, after []spending) {
-	before, after = make([]spending, len(ps)), make([]spending, len(ps))
-	if b.opts.Redis != nil {
-		if err := b.addRedis(ps, tokens, after); err == nil {
-			for i := range after {
-				before[i] = spending{after[i].tokens - tokens, after[i].requests - 1}
-			}
-			return before, after
+// add adds tokens and requests to each period, in Redis when inRedis (where the request
+// reserved) or else on this replica, and returns the counts after. A Redis failure leaves the
+// reservation counted there: the request is charged its estimate.
+func (b *Budgets) add(ps []periodKey, tokens, requests int64, inRedis bool) []spending {
+	after := make([]spending, len(ps))
+	if inRedis {
+		if err := b.addRedis(ps, tokens, requests, after); err != nil {
+			b.redisFallbacks.Inc()
+			b.log.Warn("budget: redis failed to settle a request; its estimate stays charged", "err", err)
 		}
-		b.redisFallbacks.Inc()
+		return after
 	}
 	ctx := context.Background()
 	for i, p := range ps {
 		s := b.localSpending(ctx, p)
 		b.mu.Lock()
-		before[i] = *s
-		s.tokens, s.requests = addSat(s.tokens, tokens), addSat(s.requests, 1)
+		s.tokens, s.requests = addDelta(s.tokens, tokens), addDelta(s.requests, requests)
 		after[i] = *s
 		b.mu.Unlock()
 	}
-	return before, after
+	return after
 }
 
-func (b *Budgets) addRedis(ps []periodKey, tokens int64, after []spending) error {
+func (b *Budgets) addRedis(ps []periodKey, tokens, requests int64, after []spending) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.RedisTimeout)
 	defer cancel()
 	cmds := make([]*redis.IntCmd, 2*len(ps))
@@ -440,7 +602,7 @@ func (b *Budgets) addRedis(ps []periodKey, tokens int64, after []spending) error
 		for i, p := range ps {
 			k := b.redisKey(p)
 			cmds[2*i] = pl.HIncrBy(ctx, k, "t", tokens)
-			cmds[2*i+1] = pl.HIncrBy(ctx, k, "r", 1)
+			cmds[2*i+1] = pl.HIncrBy(ctx, k, "r", requests)
 			pl.PExpire(ctx, k, keep)
 		}
 		return nil
@@ -458,6 +620,12 @@ func (b *Budgets) addRedis(ps []periodKey, tokens int64, after []spending) error
 // (with Redis) or on this replica (without).
 func (b *Budgets) crossed(p periodKey, cap string, limit, spent int64) {
 	mark := softKey{p, cap}
+	b.mu.Lock()
+	known := b.soft[mark]
+	b.mu.Unlock()
+	if known {
+		return // reported already, by this replica or, as Redis said, by another
+	}
 	first, decided := false, false
 	if b.opts.Redis != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), b.opts.RedisTimeout)
@@ -469,17 +637,17 @@ func (b *Budgets) crossed(p periodKey, cap string, limit, spent int64) {
 			b.redisFallbacks.Inc()
 		}
 	}
+	b.mu.Lock()
 	if !decided {
-		b.mu.Lock()
 		first = !b.soft[mark]
-		b.soft[mark] = true
-		for k := range b.soft { // periods over are forgotten
-			if k.p.period == p.period && k.p.start.Before(p.start) {
-				delete(b.soft, k)
-			}
-		}
-		b.mu.Unlock()
 	}
+	b.soft[mark] = true
+	for k := range b.soft { // periods over are forgotten
+		if k.p.period == p.period && k.p.start.Before(p.start) {
+			delete(b.soft, k)
+		}
+	}
+	b.mu.Unlock()
 	if !first {
 		return
 	}

@@ -61,16 +61,16 @@ func (s *Store) DeleteBudget(ctx context.Context, actor, tenantID, keyID string)
 func (s *Store) BudgetOverrides(ctx context.Context) ([]BudgetOverride, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT tenant_id, key_id, tokens_per_day, tokens_per_month, requests_per_day, requests_per_month FROM budgets`)
 	if err != nil {
-		return nil, fmt.Errorf("budgets: %w", err)
+		return nil, storageFault(fmt.Errorf("budgets: %w", err))
 	}
 	defer rows.Close()
 	var out []BudgetOverride
 	for rows.Next() {
 		var o BudgetOverride
 		if err := rows.Scan(&o.TenantID, &o.KeyID, &o.TokensPerDay, &o.TokensPerMonth, &o.RequestsPerDay, &o.RequestsPerMonth); err != nil {
-			return nil, fmt.Errorf("budgets: %w", err)
+			return nil, storageFault(fmt.Errorf("budgets: %w", err))
 		}
 		out = append(out, o)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }

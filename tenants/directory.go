@@ -12,6 +12,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,7 +105,6 @@ type Directory struct {
 // tierSet is the declared tiers and the config keys whose principals point at them; immutable.
 type tierSet struct {
 	byName map[string]*Tier
-	rank   map[string]int // position in Config.Tiers; 0 is the highest tier
 	list   []Tier
 	// defaultTier is the tier of a new tenant that names none.
 	defaultTier string
@@ -114,10 +114,9 @@ type tierSet struct {
 // newTierSet builds the tiers and points the config keys of specs at them. Every tier a spec
 // names must be declared.
 func newTierSet(tiers []Tier, defaultTier string, specs []TenantSpec) (*tierSet, error) {
-	ts := &tierSet{byName: map[string]*Tier{}, rank: map[string]int{}, list: slices.Clone(tiers), defaultTier: defaultTier}
+	ts := &tierSet{byName: map[string]*Tier{}, list: slices.Clone(tiers), defaultTier: defaultTier}
 	for i := range ts.list {
 		ts.byName[ts.list[i].Name] = &ts.list[i]
-		ts.rank[ts.list[i].Name] = i
 	}
 	if _, ok := ts.byName[defaultTier]; !ok {
 		return nil, fmt.Errorf("default_tier: names no tier in tiers: %q", defaultTier)
@@ -148,6 +147,11 @@ type snapshot struct {
 type keyEntry struct {
 	APIKey
 	hash [sha256.Size]byte
+	// parents are the ids of the keys that minted this one, nearest first, separated by spaces
+	// (Principal.KeyParents); set before the entry is published, never modified after.
+	parents string
+	// traced is true once parents is set.
+	traced bool
 	// lastUsed is the unix millisecond of the last successful use, written on the hot path;
 	// flushed is the value last written to the store, touched only by the flusher.
 	lastUsed, flushed atomic.Int64
@@ -283,7 +287,7 @@ func (d *Directory) authenticateStoredKey(ctx context.Context, credential string
 	if err := d.capTier(&p, k.Tier); err != nil {
 		return Principal{}, err
 	}
-	p.KeyID, p.Expires, p.ManageKeys = k.ID, k.Expires, k.ManageKeys
+	p.KeyID, p.Expires, p.ManageKeys, p.KeyParents = k.ID, k.Expires, k.ManageKeys, k.parents
 	// Only move the shared cache line when the stored value would change.
 	if ms := now.UnixMilli(); ms-k.lastUsed.Load() >= 1000 {
 		k.lastUsed.Store(ms)
@@ -347,8 +351,15 @@ func (d *Directory) principal(t Tenant) (Principal, error) {
 	return Principal{TenantID: t.ID, TenantName: t.Name, Tier: t.Tier, TierSpec: tier}, nil
 }
 
-// capTier lowers p to tier cap when the credential names one: p runs at cap, or stays at its
-// tenant's tier when that is lower. An empty cap changes nothing.
+// errKeyTierAbove refuses a key minted at a tier that is not within its tenant's (minted before
+// tiers were compared by what they grant, or the tenant's tier changed since): it may run
+// neither at its own tier, which grants more than the tenant's, nor at the tenant's, which
+// grants more than the key was given.
+var errKeyTierAbove = fmt.Errorf("the key's tier grants more than its tenant's; mint a new key: %w", ErrUnauthenticated)
+
+// capTier lowers p to tier cap when the credential names one: p runs at cap when cap is within
+// its tenant's tier, at the tenant's tier when that is within cap, and is refused when neither
+// is. An empty cap changes nothing.
 func (d *Directory) capTier(p *Principal, cap string) error {
 	if cap == "" {
 		return nil
@@ -358,8 +369,12 @@ func (d *Directory) capTier(p *Principal, cap string) error {
 		return errUndeclaredTier
 	}
 	p.TierCapped = true
-	if d.atOrBelow(cap, p.Tier) {
-		p.Tier, p.TierSpec = cap, spec
+	switch {
+	case spec == p.TierSpec:
+	case spec.Within(p.TierSpec):
+		p.lowerTo(spec)
+	case !p.TierSpec.Within(spec):
+		return errKeyTierAbove
 	}
 	return nil
 }
@@ -417,12 +432,13 @@ func (d *Directory) SetTiers(tiers []Tier, defaultTier string) error {
 	return nil
 }
 
-// atOrBelow reports whether tier lower may stand in for tier upper: the same or listed after it.
+// atOrBelow reports whether tier lower may stand in for tier upper: both are declared and lower
+// grants nothing upper does not (Tier.Within).
 func (d *Directory) atOrBelow(lower, upper string) bool {
 	ts := d.tiers.Load()
-	l, ok1 := ts.rank[lower]
-	u, ok2 := ts.rank[upper]
-	return ok1 && ok2 && l >= u
+	l, ok1 := ts.byName[lower]
+	u, ok2 := ts.byName[upper]
+	return ok1 && ok2 && l.Within(u)
 }
 
 // maxIncrementalChanges bounds the changes a reload applies row by row; more, and it reads
@@ -491,7 +507,30 @@ func (d *Directory) loadAll(ctx context.Context, old *snapshot, rev int64) (*sna
 			next.keys[k.ID] = e
 		}
 	}
+	next.traceParents()
 	return next, nil
+}
+
+// maxKeyGenerations bounds the parents traced for one key.
+const maxKeyGenerations = 32
+
+// traceParents sets the parents of the keys new in s (those minted by a key and not traced
+// yet), from the keys s holds. A parent's own Parent never changes, so traced entries stay
+// right.
+func (s *snapshot) traceParents() {
+	for _, e := range s.keys {
+		if e.Parent == "" || e.traced {
+			continue
+		}
+		parents := []string{e.Parent}
+		for p, ok := s.keys[e.Parent]; ok && p.Parent != "" && len(parents) < maxKeyGenerations; p, ok = s.keys[p.Parent] {
+			if slices.Contains(parents, p.Parent) || p.Parent == e.ID {
+				break
+			}
+			parents = append(parents, p.Parent)
+		}
+		e.parents, e.traced = strings.Join(parents, " "), true
+	}
 }
 
 // loadChanges applies the changes between old and rev to a copy of old, reading only the rows
@@ -535,6 +574,7 @@ func (d *Directory) loadChanges(ctx context.Context, old *snapshot, rev int64) (
 			next.tenants[t.ID] = t
 		}
 	}
+	next.traceParents()
 	return next, nil
 }
 

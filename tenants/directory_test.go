@@ -39,12 +39,12 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// testConfig has tiers enterprise > pro > free and one config tenant, "cfg" (pro), with the key
-// "sk-config".
+// testConfig has tiers enterprise > pro > free (each grants less weight than the one before) and
+// one config tenant, "cfg" (pro), with the key "sk-config".
 func testConfig(t testing.TB) Config {
 	t.Helper()
 	c := Config{
-		Tiers:   []Tier{{Name: "enterprise"}, {Name: "pro"}, {Name: "free"}},
+		Tiers:   []Tier{{Name: "enterprise", Weight: 8}, {Name: "pro", Weight: 4}, {Name: "free", Weight: 1}},
 		Tenants: []TenantSpec{{ID: "cfg", Name: "Config Tenant", Tier: "pro", Keys: []KeySpec{{Name: "main", SHA256: HashKey("sk-config")}}}},
 	}
 	c.SetDefaults()

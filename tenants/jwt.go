@@ -502,10 +502,13 @@ func (v *JWTVerifier) authenticate(ctx context.Context, token string, d *Directo
 	}
 	if vt.hasTier {
 		spec, known := d.Tier(vt.tier)
-		if !known || !d.atOrBelow(vt.tier, t.Tier) {
+		if !known || !spec.Within(p.TierSpec) {
 			return Principal{}, errTokenTier
 		}
-		p.Tier, p.TierSpec, p.TierCapped = vt.tier, spec, true
+		p.TierCapped = true
+		if spec != p.TierSpec {
+			p.lowerTo(spec)
+		}
 	}
 	p.KeyID, p.Expires, p.ManageKeys = vt.keyID, vt.exp, vt.manageKeys
 	return p, nil

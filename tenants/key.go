@@ -61,6 +61,11 @@ func parseStoredKey(credential string) (id, secret string, ok bool) {
 	return id, secret, true
 }
 
+// looksLikeStoredKeyID reports whether a Principal's KeyID is a stored key's public id (not a
+// config key's name, which is never 13 base62 characters of a stored tenant's key, nor a JWT's
+// "jwt" or "jwt:<kid>").
+func looksLikeStoredKeyID(id string) bool { return len(id) == keyIDLen && isBase62(id) }
+
 func isBase62(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]

@@ -128,9 +128,11 @@ const replicaWindow = time.Minute
 // admission and reconciled with real usage in Hold.Done, so concurrent requests cannot
 // overrun the limit between admission and completion.
 //
-// Counters are kept per tenant and tier: a credential that lowers its tenant's tier (a JWT tier
-// claim, a key minted at a lower tier) gets that tier's limits on counters of its own, neither
-// starved by nor starving the tenant's traffic at its full tier.
+// Counters are kept per tenant and tier. A credential that lowers its tenant's tier (a JWT tier
+// claim, a key minted at a lower tier; Principal.TenantTier) is held to both: its tier's limits
+// on counters of its own, which the tenant's traffic at its full tier does not use up, and the
+// tenant's limits on the tenant's counters, which every credential of the tenant shares. So
+// lowered keys never add to what the tenant may do.
 //
 // Without Redis the counters live in this process (golang.org/x/time/rate buckets). With Redis
 // every decision is one atomic Lua script run (limits.lua), shared by all replicas, and each
@@ -240,9 +242,13 @@ type Hold struct {
 	// counters names the counters the request holds.
 	counters counterKey
 	reserved int64
-	bucket   *localBucket // set when the local buckets admitted the request
-	lease    string       // the Redis lease held; "" for none
-	done     atomic.Bool
+	bucket   *localBucket      // set when the local buckets admitted the request
+	request  *rate.Reservation // the local request token taken, given back by cancel
+	lease    string            // the Redis lease held; "" for none
+	// tenant is the hold on the tenant's own counters of a request that runs at a lower tier;
+	// nil otherwise. Done and cancel end it with this one.
+	tenant *Hold
+	done   atomic.Bool
 	// Quota is the tenant's quota right after admission, for the response headers.
 	Quota Quota
 }
@@ -251,28 +257,56 @@ type Hold struct {
 func (a *Hold) Reserved() int64 { return a.reserved }
 
 // Admit checks p's tier limits for d and, when they allow it, holds one request, one
-// concurrency slot and the token estimate (prompt + max output) until Done. Refusals:
-// ErrModelNotAllowed, ErrPromptTooLong, or a *LimitError wrapping ErrRateLimited.
-// p.TierSpec must be set (Directory does). Cost without Redis: a map lookup, a mutex and a few
-// float operations; with Redis one round trip (two, once a second, to count the replicas). A
-// tier without rate, token or concurrency limits costs neither.
+// concurrency slot and the token estimate (prompt + max output) until Done; a credential that
+// runs below its tenant's tier (p.TenantTier) holds them on its tier's counters and on its
+// tenant's, and is refused when either refuses. Refusals: ErrModelNotAllowed,
+// ErrPromptTooLong, or a *LimitError wrapping ErrRateLimited. p.TierSpec must be set
+// (Directory does). Cost without Redis: a map lookup, a mutex and a few float operations per
+// tier; with Redis one round trip per tier (two, once a second, to count the replicas). A tier
+// without rate, token or concurrency limits costs neither.
 func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Hold, error) {
 	tier := p.TierSpec
 	if tier == nil {
 		return nil, errors.New("limiter: principal without a tier")
 	}
-	if !tier.AllowsModel(d.Model) {
-		return nil, ErrModelNotAllowed
+	tiers := []*Tier{tier}
+	if p.TenantTier != nil && p.TenantTier != tier {
+		tiers = append(tiers, p.TenantTier)
 	}
-	if tier.MaxPromptTokens > 0 && d.PromptTokens > tier.MaxPromptTokens {
-		return nil, ErrPromptTooLong
+	for _, t := range tiers {
+		if !t.AllowsModel(d.Model) {
+			return nil, ErrModelNotAllowed
+		}
+		if t.MaxPromptTokens > 0 && d.PromptTokens > t.MaxPromptTokens {
+			return nil, ErrPromptTooLong
+		}
 	}
 	out := d.MaxOutputTokens
 	if out <= 0 {
 		out = tier.ExpectedOutputTokens
 	}
-	a := &Hold{l: l, tenantID: p.TenantID, tier: tier, counters: counterKey{p.TenantID, tier.Name},
-		reserved: addSat(max(d.PromptTokens, 0), max(out, 0))}
+	reserved := addSat(max(d.PromptTokens, 0), max(out, 0))
+	var tenant *Hold
+	if len(tiers) > 1 {
+		var err error
+		if tenant, err = l.admitAt(ctx, p.TenantID, p.TenantTier, reserved); err != nil {
+			return nil, err
+		}
+	}
+	a, err := l.admitAt(ctx, p.TenantID, tier, reserved)
+	if err != nil {
+		if tenant != nil {
+			tenant.cancel()
+		}
+		return nil, err
+	}
+	a.tenant = tenant
+	return a, nil
+}
+
+// admitAt holds one request of tenant on its counters at tier.
+func (l *Limiter) admitAt(ctx context.Context, tenantID string, tier *Tier, reserved int64) (*Hold, error) {
+	a := &Hold{l: l, tenantID: tenantID, tier: tier, counters: counterKey{tenantID, tier.Name}, reserved: reserved}
 	if tier.RequestsPerMinute == 0 && tier.TokensPerMinute == 0 && tier.MaxConcurrent == 0 {
 		a.done.Store(true) // nothing to count, nothing to release
 		return a, nil
@@ -301,15 +335,31 @@ func (l *Limiter) Admit(ctx context.Context, p Principal, d Demand) (*Hold, erro
 // plus completion as the worker reported them; 0 when nothing was generated). Usage above the
 // reservation is charged too, up to one full bucket, so the next requests wait for it.
 func (a *Hold) Done(usedTokens int64) {
+	if a.tenant != nil {
+		a.tenant.Done(usedTokens)
+	}
 	if !a.done.CompareAndSwap(false, true) {
 		return
 	}
 	usedTokens = max(usedTokens, 0)
 	if a.bucket == nil {
-		a.l.doneRedis(a, usedTokens)
+		a.l.doneRedis(a, usedTokens, false)
 		return
 	}
-	a.l.doneLocal(a.bucket, a.tier, a.reserved, usedTokens)
+	a.l.doneLocal(a, usedTokens, false)
+}
+
+// cancel gives back everything the hold took, its request included, as if it had never been
+// admitted: the other tier refused the request.
+func (a *Hold) cancel() {
+	if !a.done.CompareAndSwap(false, true) {
+		return
+	}
+	if a.bucket == nil {
+		a.l.doneRedis(a, 0, true)
+		return
+	}
+	a.l.doneLocal(a, 0, true)
 }
 
 func perSecond(perMinute int64) rate.Limit {
@@ -379,13 +429,24 @@ func (l *Limiter) admitLocal(a *Hold, share int64) error {
 	return nil
 }
 
-func (l *Limiter) doneLocal(b *localBucket, tier *Tier, reserved, used int64) {
+// doneLocal ends a's hold on its local bucket: it charges used tokens, or, cancelled, gives
+// back the request token too.
+func (l *Limiter) doneLocal(a *Hold, used int64, cancelled bool) {
 	now := l.now()
+	b := a.bucket
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.outstanding = math.Max(0, b.outstanding-float64(reserved))
+	b.outstanding = math.Max(0, b.outstanding-float64(a.reserved))
 	b.inflight--
-	if b.lim.tpm > 0 && used > 0 && b.tier == tier {
+	if cancelled {
+		// Give the request token back, never past a full bucket. (A Reservation's CancelAt
+		// gives nothing back once its time to act has passed, which is at once.)
+		if b.lim.rpm > 0 && b.requests.TokensAt(now) <= float64(b.lim.rpm)-1 {
+			b.requests.AllowN(now, -1)
+		}
+		return
+	}
+	if b.lim.tpm > 0 && used > 0 && b.tier == a.tier {
 		// A reservation cannot exceed the burst; larger usage is charged up to one full bucket,
 		// which leaves the tenant a minute of debt.
 		b.tokens.ReserveN(now, int(min(used, b.lim.tpm)))
@@ -573,19 +634,25 @@ func quotaFrom(t *Tier, remainingRequests, remainingTokens int64) Quota {
 	return q
 }
 
-func (l *Limiter) doneRedis(a *Hold, used int64) {
+// doneRedis ends a's hold in Redis: it charges used tokens, or, cancelled, gives back the
+// request token too.
+func (l *Limiter) doneRedis(a *Hold, used int64, cancelled bool) {
 	t := a.tier
 	if a.lease != "" {
 		l.leaseMu.Lock()
 		delete(l.live, a)
 		l.leaseMu.Unlock()
 	}
-	if a.lease == "" && t.TokensPerMinute == 0 {
-		return // nothing held, nothing to charge
+	if a.lease == "" && t.TokensPerMinute == 0 && !(cancelled && t.RequestsPerMinute > 0) {
+		return // nothing held, nothing to charge or give back
+	}
+	op := "done"
+	if cancelled {
+		op = "cancel"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
 	defer cancel()
-	err := limitsScript.Run(ctx, l.redis, l.redisKeys(a.counters), "done", l.now().UnixMilli(),
+	err := limitsScript.Run(ctx, l.redis, l.redisKeys(a.counters), op, l.now().UnixMilli(),
 		t.RequestsPerMinute, t.TokensPerMinute, t.MaxConcurrent, l.cfg.LeaseTTL.Milliseconds(), a.lease, min(used, t.TokensPerMinute)).Err()
 	if err != nil {
 		// The lease is no longer renewed: it expires within LeaseTTL and frees its slot then.

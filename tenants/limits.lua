@@ -5,9 +5,12 @@
 --   admitted request in flight; its replica renews it every lease_ttl/3 until the request is done.
 --   A lease whose release was lost (Redis cut, replica killed) expires on its own and is pruned by
 --   the next admission, so its concurrency slot and its reservation come back within lease_ttl.
--- ARGV: op ("admit" | "done" | "renew"), now_ms, rpm, tpm, max_concurrent, lease_ttl_ms, then
+-- ARGV: op ("admit" | "done" | "cancel" | "renew"), now_ms, rpm, tpm, max_concurrent,
+--   lease_ttl_ms, then
 --   admit: lease id ("" to hold none), reserved tokens;
 --   done: lease id ("" for none), used tokens;
+--   cancel: lease id ("" for none), 0: as done, and the request admitted is given back too (the
+--     tenant's other counters refused it);
 --   renew: the ids of the leases to extend (those already expired stay expired).
 -- A limit of 0 is unlimited. A refusal writes nothing but the pruning of expired leases, so
 -- retries never extend any expiry. Returns {code, retry_ms, remaining_requests,
@@ -54,8 +57,11 @@ local function remaining()
   return math.max(0, math.floor(rt)), math.max(0, math.floor(tt - out))
 end
 
-if op == 'done' then
+if op == 'done' or op == 'cancel' then
   local lease, used = ARGV[7], tonumber(ARGV[8])
+  if op == 'cancel' and rpm > 0 then
+    rt = math.min(rpm, rt + 1)
+  end
   -- A lease already expired was pruned with its reservation: nothing to give back twice.
   if lease ~= '' and redis.call('ZREM', leases, lease) == 1 then
     out = math.max(0, out - (tonumber(redis.call('HGET', bucket, 'r:' .. lease)) or 0))

@@ -397,6 +397,85 @@ func TestLimiterLoweredTierHasItsOwnCounters(t *testing.T) {
 	}
 }
 
+// loweredPrincipal is p of tenant at tier lower, below its tenant's tier full, as Directory
+// builds it for a key minted at lower or a JWT tier claim.
+func loweredPrincipal(tenant string, full, lower Tier) Principal {
+	p := limitedPrincipal(tenant, lower)
+	p.TenantTier = limitedPrincipal(tenant, full).TierSpec
+	return p
+}
+
+// TestLimiterLoweredKeysShareTheTenantsLimits is issue 26's item 9: counters were per tenant
+// and tier, so a pro tenant with max_concurrent 2 and self-minted keys at two lower tiers ran 6
+// requests at once. A lowered credential counts against its tenant's limits too, and keeps its
+// own (issue 10's item 11, TestLimiterLoweredTierHasItsOwnCounters): the tenant's traffic at
+// its full tier does not use up the lowered tier's counters.
+func TestLimiterLoweredKeysShareTheTenantsLimits(t *testing.T) {
+	pro := Tier{Name: "pro", MaxConcurrent: 2, RequestsPerMinute: 100}
+	for _, kind := range limiterKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			l := kind.new(t, newFakeClock())
+			ctx := context.Background()
+			credentials := []Principal{
+				limitedPrincipal("acme", pro),
+				loweredPrincipal("acme", pro, Tier{Name: "free", MaxConcurrent: 2, RequestsPerMinute: 60}),
+				loweredPrincipal("acme", pro, Tier{Name: "small", MaxConcurrent: 1, RequestsPerMinute: 10}),
+			}
+			admitted := 0
+			var holds []*Hold
+			for range 2 {
+				for _, p := range credentials {
+					h, err := l.Admit(ctx, p, Demand{Model: "m"})
+					var le *LimitError
+					switch {
+					case err == nil:
+						admitted++
+						holds = append(holds, h)
+					case !errors.As(err, &le) || le.Limit != LimitConcurrency:
+						t.Fatalf("%s: got %v, want admitted or refused by max_concurrent", p.Tier, err)
+					}
+				}
+			}
+			if admitted != 2 {
+				t.Errorf("pro tenant (max_concurrent 2) with keys at three tiers: %d at once, want 2", admitted)
+			}
+			for _, h := range holds {
+				h.Done(0)
+			}
+
+			// The tenant's full-tier traffic leaves the lowered tier's own counters alone; the
+			// lowered tier's own limit still binds while the tenant has room, and a request it
+			// refuses gives back what it took of the tenant's requests per minute.
+			full := limitedPrincipal("globex", Tier{Name: "enterprise", MaxConcurrent: 10, RequestsPerMinute: 8})
+			lowered := loweredPrincipal("globex", *full.TierSpec, Tier{Name: "free", MaxConcurrent: 2, RequestsPerMinute: 100})
+			for i := range 4 {
+				if _, err := l.Admit(ctx, full, Demand{Model: "m"}); err != nil {
+					t.Fatalf("full tier, request %d: got %v, want admitted", i, err)
+				}
+			}
+			for i := range 2 {
+				if _, err := l.Admit(ctx, lowered, Demand{Model: "m"}); err != nil {
+					t.Fatalf("lowered tier beside 4 of the tenant's 10, request %d: got %v, want admitted", i, err)
+				}
+			}
+			var le *LimitError
+			for i := range 5 {
+				if _, err := l.Admit(ctx, lowered, Demand{Model: "m"}); !errors.As(err, &le) || le.Limit != LimitConcurrency || le.Quota.LimitRequests != 100 {
+					t.Fatalf("lowered tier, third at once (try %d): got %v, want its own max_concurrent of 2", i, err)
+				}
+			}
+			for i := range 2 {
+				if _, err := l.Admit(ctx, full, Demand{Model: "m"}); err != nil {
+					t.Fatalf("full tier, request %d of its 8 a minute: got %v, want admitted (the refused lowered requests gave theirs back)", 7+i, err)
+				}
+			}
+			if _, err := l.Admit(ctx, full, Demand{Model: "m"}); !errors.As(err, &le) || le.Limit != LimitRequests {
+				t.Errorf("full tier, request 9 of 8 a minute: got %v, want requests_per_minute", err)
+			}
+		})
+	}
+}
+
 // TestLimiterOutageEnforcesReplicaShare shows the documented Redis-outage behaviour: each
 // replica enforces the limit divided by the replicas it last saw through Redis, so two replicas
 // cut from Redis admit the limit between them, not twice the limit.
@@ -533,5 +612,57 @@ func TestLimiterRenewsLeasesOfLongRequests(t *testing.T) {
 	defer a.leaseMu.Unlock()
 	if len(a.live) != 0 {
 		t.Errorf("got %d live leases after Done, want 0", len(a.live))
+	}
+}
+
+// TestLoweredKeysOfOneTenantShareItsConcurrency is issue 26's item 9 as a tenant does it: a pro
+// tenant with max_concurrent 2 mints keys at two lower tiers (each within pro) and a JWT claims
+// a third; together they run 2 at once, as the tenant's own key does.
+func TestLoweredKeysOfOneTenantShareItsConcurrency(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{Tiers: []Tier{
+		{Name: "pro", MaxConcurrent: 2, Weight: 4},
+		{Name: "free", MaxConcurrent: 2, Weight: 1},
+		{Name: "small", MaxConcurrent: 1, Weight: 1},
+	}}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := openSQLite(t)
+	if _, err := s.CreateTenant(ctx, "test", Tenant{ID: "acme", Tier: "pro"}); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, tier := range []string{"", "free", "small"} {
+		_, key, err := s.CreateKey(ctx, "test", "acme", NewKey{Name: "k" + tier, Tier: tier})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+	}
+	dir, err := NewDirectory(ctx, cfg, s, DirectoryOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range limiterKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			l := kind.new(t, newFakeClock())
+			running := 0
+			for range 2 {
+				for _, key := range keys {
+					p, err := dir.Authenticate(ctx, key)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := l.Admit(ctx, p, Demand{Model: "m"}); err == nil {
+						running++
+					}
+				}
+			}
+			if running != 2 {
+				t.Errorf("a pro tenant (max_concurrent 2) through keys at pro, free and small: %d at once, want 2", running)
+			}
+		})
 	}
 }

@@ -36,11 +36,23 @@ type Store struct {
 	auditSeq atomic.Int64
 }
 
-// Errors callers branch on (the admin API maps them to 404 and 409).
+// Errors callers branch on (the admin API maps them to 404, 409 and 503).
 var (
 	ErrNotFound = errors.New("not found")
 	ErrConflict = errors.New("already exists")
+	// ErrStorage marks a failure of the database itself (down, read-only, full, too slow), not a
+	// refusal of what was asked: a server fault, worth retrying later.
+	ErrStorage = errors.New("the tenant store failed")
 )
+
+// storageFault marks err, from the database, as ErrStorage; nil, the store's own refusals
+// (ErrNotFound, ErrConflict) and a cancelled caller stay as they are.
+func storageFault(err error) error {
+	if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStorage, err)
+}
 
 // Tenant statuses.
 const (
@@ -76,6 +88,9 @@ type APIKey struct {
 	// ManageKeys allows the key to create and revoke the tenant's keys, within its own tier and
 	// expiry.
 	ManageKeys bool `json:"manage_keys"`
+	// Parent is the id of the stored key that minted this one; empty when the admin (or a JWT)
+	// made it. A budget set on the parent bounds this key too.
+	Parent string `json:"parent,omitempty"`
 
 	secretHash string
 }
@@ -208,8 +223,13 @@ func (s *Store) q(query string) string {
 	return b.String()
 }
 
-// change runs fn in a transaction that also bumps the revision and writes an audit entry.
+// change runs fn in a transaction that also bumps the revision and writes an audit entry; a
+// failure of the database is ErrStorage.
 func (s *Store) change(ctx context.Context, actor, action, tenantID, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
+	return storageFault(s.changeTx(ctx, actor, action, tenantID, object, details, fn))
+}
+
+func (s *Store) changeTx(ctx context.Context, actor, action, tenantID, object string, details any, fn func(tx *sql.Tx, now time.Time) error) error {
 	now := s.now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -267,18 +287,18 @@ type Change struct {
 func (s *Store) Changes(ctx context.Context, after, upTo int64) ([]Change, error) {
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT rev, tenant_id, key_id FROM changes WHERE rev > ? AND rev <= ? ORDER BY rev`), after, upTo)
 	if err != nil {
-		return nil, fmt.Errorf("read changes: %w", err)
+		return nil, storageFault(fmt.Errorf("read changes: %w", err))
 	}
 	defer rows.Close()
 	var out []Change
 	for rows.Next() {
 		var c Change
 		if err := rows.Scan(&c.Rev, &c.TenantID, &c.KeyID); err != nil {
-			return nil, fmt.Errorf("read changes: %w", err)
+			return nil, storageFault(fmt.Errorf("read changes: %w", err))
 		}
 		out = append(out, c)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // Record writes an audit entry for a change made outside the store (a worker drained, a pin
@@ -323,7 +343,7 @@ func (s *Store) audit(ctx context.Context, tx *sql.Tx, now time.Time, actor, act
 func (s *Store) Revision(ctx context.Context) (int64, error) {
 	var rev int64
 	if err := s.db.QueryRowContext(ctx, `SELECT rev FROM revision WHERE id = 1`).Scan(&rev); err != nil {
-		return 0, fmt.Errorf("read revision: %w", err)
+		return 0, storageFault(fmt.Errorf("read revision: %w", err))
 	}
 	return rev, nil
 }
@@ -428,7 +448,7 @@ func (s *Store) Tenant(ctx context.Context, id string) (Tenant, error) {
 		return Tenant{}, fmt.Errorf("tenant %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return Tenant{}, fmt.Errorf("read tenant %q: %w", id, err)
+		return Tenant{}, storageFault(fmt.Errorf("read tenant %q: %w", id, err))
 	}
 	return t, nil
 }
@@ -437,18 +457,18 @@ func (s *Store) Tenant(ctx context.Context, id string) (Tenant, error) {
 func (s *Store) Tenants(ctx context.Context) ([]Tenant, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT `+tenantColumns+` FROM tenants ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("list tenants: %w", err)
+		return nil, storageFault(fmt.Errorf("list tenants: %w", err))
 	}
 	defer rows.Close()
 	var out []Tenant
 	for rows.Next() {
 		t, err := scanTenant(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list tenants: %w", err)
+			return nil, storageFault(fmt.Errorf("list tenants: %w", err))
 		}
 		out = append(out, t)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // NewKey describes a key to create.
@@ -459,6 +479,8 @@ type NewKey struct {
 	// Tier caps the key's tier (APIKey.Tier); empty: the tenant's tier.
 	Tier       string
 	ManageKeys bool
+	// Parent is the stored key minting it (APIKey.Parent); empty: none.
+	Parent string
 }
 
 // CreateKey makes a new API key for tenant tenantID and returns its description and the whole
@@ -469,8 +491,11 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey
 	if err != nil {
 		return APIKey{}, "", err
 	}
-	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys}
+	k := APIKey{ID: id, TenantID: tenantID, Name: nk.Name, Expires: nk.Expires, Tier: nk.Tier, ManageKeys: nk.ManageKeys, Parent: nk.Parent}
 	details := map[string]any{"name": nk.Name, "expires": nk.Expires, "tier": nk.Tier, "manage_keys": nk.ManageKeys}
+	if nk.Parent != "" {
+		details["parent"] = nk.Parent
+	}
 	err = s.change(ctx, actor, "key.create", tenantID, "key:"+id, details,
 		func(tx *sql.Tx, now time.Time) error {
 			var n int
@@ -481,8 +506,8 @@ func (s *Store) CreateKey(ctx context.Context, actor, tenantID string, nk NewKey
 				return fmt.Errorf("tenant %q: %w", tenantID, ErrNotFound)
 			}
 			k.Created = time.UnixMilli(now.UnixMilli())
-			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
-				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys))
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO api_keys (id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, tier, manage_keys, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+				id, tenantID, nk.Name, HashKey(secret), now.UnixMilli(), nullMillis(nk.Expires), nk.Tier, boolInt(nk.ManageKeys), nk.Parent)
 			return err
 		})
 	if err != nil {
@@ -503,13 +528,13 @@ func (s *Store) RevokeKey(ctx context.Context, actor, tenantID, id string) error
 	return nil
 }
 
-const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys`
+const keyColumns = `id, tenant_id, name, secret_sha256, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, tier, manage_keys, parent_id`
 
 func scanKey(row interface{ Scan(...any) error }) (APIKey, error) {
 	var k APIKey
 	var created, manage int64
 	var expires, revoked, used sql.NullInt64
-	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage); err != nil {
+	if err := row.Scan(&k.ID, &k.TenantID, &k.Name, &k.secretHash, &created, &expires, &revoked, &used, &k.Tier, &manage, &k.Parent); err != nil {
 		return APIKey{}, err
 	}
 	k.ManageKeys = manage != 0
@@ -525,7 +550,7 @@ func (s *Store) Key(ctx context.Context, id string) (APIKey, error) {
 		return APIKey{}, fmt.Errorf("key %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return APIKey{}, fmt.Errorf("read key %q: %w", id, err)
+		return APIKey{}, storageFault(fmt.Errorf("read key %q: %w", id, err))
 	}
 	return k, nil
 }
@@ -538,18 +563,18 @@ func (s *Store) Keys(ctx context.Context, tenantID string) ([]APIKey, error) {
 	}
 	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
+		return nil, storageFault(fmt.Errorf("list keys: %w", err))
 	}
 	defer rows.Close()
 	var out []APIKey
 	for rows.Next() {
 		k, err := scanKey(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list keys: %w", err)
+			return nil, storageFault(fmt.Errorf("list keys: %w", err))
 		}
 		out = append(out, k)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // TouchKeys records when keys were last used, in one transaction. It is not audited and does not
@@ -620,7 +645,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 	args = append(args, aq.Limit+1)
 	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+		return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 	}
 	defer rows.Close()
 	var page AuditPage
@@ -629,7 +654,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		var at int64
 		var details string
 		if err := rows.Scan(&e.ID, &at, &e.Actor, &e.Action, &e.TenantID, &e.Object, &details); err != nil {
-			return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+			return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 		}
 		e.At = time.UnixMilli(at)
 		if details != "" && details != "null" {
@@ -638,7 +663,7 @@ func (s *Store) Audit(ctx context.Context, aq AuditQuery) (AuditPage, error) {
 		page.Entries = append(page.Entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		return AuditPage{}, fmt.Errorf("query audit log: %w", err)
+		return AuditPage{}, storageFault(fmt.Errorf("query audit log: %w", err))
 	}
 	if len(page.Entries) > aq.Limit {
 		page.Entries = page.Entries[:aq.Limit]

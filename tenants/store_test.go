@@ -311,3 +311,31 @@ func testStoreAuditPaging(t *testing.T, s *Store) {
 // migrationsFS is the migration set as the binary embeds it (package migrations), read from the
 // folder so that tenants stays free of project imports.
 var migrationsFS fs.FS = os.DirFS(filepath.Join("..", "migrations"))
+
+// TestStorageFailuresAreErrStorage is issue 26's weak spot: a read-only database answered 400 to
+// a tenant's creation, which tells automation not to retry. A failure of the database itself
+// is ErrStorage (503 at the admin API); the store's own refusals stay what they were.
+func TestStorageFailuresAreErrStorage(t *testing.T) {
+	a, f := newAdminFixture(t, AdminConfig{})
+	ctx := context.Background()
+	admin := Actor{Name: "admin", Admin: true}
+	if _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "acme"}); !errors.Is(err, ErrConflict) || errors.Is(err, ErrStorage) {
+		t.Errorf("a taken id: got %v, want ErrConflict alone", err)
+	}
+	if _, err := f.store.db.ExecContext(ctx, `PRAGMA query_only = 1`); err != nil { // the one connection
+		t.Fatal(err)
+	}
+	if _, err := a.CreateTenant(ctx, admin, TenantInput{ID: "newco"}); !errors.Is(err, ErrStorage) {
+		t.Errorf("create a tenant on a read-only database: got %v, want ErrStorage", err)
+	}
+	if _, _, err := a.CreateKey(ctx, admin, "acme", KeyInput{Name: "k"}); !errors.Is(err, ErrStorage) {
+		t.Errorf("create a key on a read-only database: got %v, want ErrStorage", err)
+	}
+	if _, err := f.store.Tenant(ctx, "nobody"); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrStorage) {
+		t.Errorf("an unknown tenant on a read-only database: got %v, want ErrNotFound alone", err)
+	}
+	f.store.Close()
+	if _, err := f.store.Tenants(ctx); !errors.Is(err, ErrStorage) {
+		t.Errorf("list tenants of a closed database: got %v, want ErrStorage", err)
+	}
+}

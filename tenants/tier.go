@@ -16,8 +16,9 @@ const (
 
 var classRank = map[string]int{ClassInteractive: 3, ClassStandard: 2, ClassBatch: 1}
 
-// Tier is an SLA tier declared in the config file. Tiers are listed from highest to lowest: a JWT
-// `tier` claim may name the tenant's own tier or one listed after it, never one before it.
+// Tier is an SLA tier declared in the config file. A credential may run at a lower tier than its
+// tenant's (a JWT `tier` claim, a key minted at a tier) only when that tier grants nothing the
+// tenant's does not (see Tier.Within); the order of the list is for display.
 //
 // For the rates, caps and MaxPromptTokens, 0 means unlimited. A Tier is never modified after
 // Config.SetDefaults; share it by pointer.
@@ -164,6 +165,55 @@ func (t *Tier) validate(f string) []error {
 		}
 	}
 	return errs
+}
+
+// Within reports whether t grants nothing u does not, so that a credential of a tenant of tier u
+// may run at t: every model t allows u allows, its highest class is not above u's, and each of
+// its rates, caps and budgets is u's or lower (0, unlimited, is within only 0), its weight and
+// expected output no larger, and it targets workers only if u does. Deadlines are not grants
+// (a client sets any deadline up to a day with X-Usher-Deadline-Ms), nor is the default class
+// (never above the highest) or the soft threshold (a report, not an allowance).
+// Cost: one pass over both model lists per model of t.
+func (t *Tier) Within(u *Tier) bool {
+	capWithin := func(tv, uv int64) bool { return uv == 0 || tv != 0 && tv <= uv }
+	return classRank[t.HighestClass] <= classRank[u.HighestClass] &&
+		capWithin(t.RequestsPerMinute, u.RequestsPerMinute) &&
+		capWithin(t.TokensPerMinute, u.TokensPerMinute) &&
+		capWithin(t.MaxConcurrent, u.MaxConcurrent) &&
+		capWithin(t.MaxQueued, u.MaxQueued) &&
+		capWithin(t.MaxPromptTokens, u.MaxPromptTokens) &&
+		capWithin(t.Budget.TokensPerDay, u.Budget.TokensPerDay) &&
+		capWithin(t.Budget.TokensPerMonth, u.Budget.TokensPerMonth) &&
+		capWithin(t.Budget.RequestsPerDay, u.Budget.RequestsPerDay) &&
+		capWithin(t.Budget.RequestsPerMonth, u.Budget.RequestsPerMonth) &&
+		t.Weight <= u.Weight &&
+		t.ExpectedOutputTokens <= u.ExpectedOutputTokens &&
+		(!t.MayTargetWorker || u.MayTargetWorker) &&
+		u.allowsModels(t.Models)
+}
+
+// allowsModels reports whether every model the patterns of models match, t allows.
+func (t *Tier) allowsModels(models []string) bool {
+	for _, m := range models {
+		prefix, pattern := strings.CutSuffix(m, "*")
+		if !pattern {
+			if !t.AllowsModel(m) {
+				return false
+			}
+			continue
+		}
+		covered := false
+		for _, um := range t.Models {
+			if up, ok := strings.CutSuffix(um, "*"); ok && strings.HasPrefix(prefix, up) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			return false
+		}
+	}
+	return true
 }
 
 // AllowsModel reports whether the tier may use model. Cost: one pass over Models.

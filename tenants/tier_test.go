@@ -3,6 +3,7 @@ package tenants
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,115 @@ func TestExampleTiers(t *testing.T) {
 	}
 	if got := strings.Join(names, ","); got != "enterprise,pro,free,batch" {
 		t.Errorf("got tiers %s, want enterprise,pro,free,batch", got)
+	}
+}
+
+// exampleTiers are the tiers of deploy/usher.example.yaml, after SetDefaults.
+func exampleTiers(t testing.TB) Config {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "usher.example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c Config
+	if err := yaml.Unmarshal(b, &c); err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("got %v, want a valid config", err)
+	}
+	return Config{Tiers: c.Tiers, DefaultTier: c.DefaultTier}
+}
+
+// TestTierWithinComparesEveryGrant is issue 26's item 2: tiers used to rank by their place in
+// the list, so the example's batch tier, listed after free but allowing every model, 10x its
+// requests, 8x its prompt cap and no budget, counted as "below" free. A tier is within another
+// only when it grants no more of anything.
+func TestTierWithinComparesEveryGrant(t *testing.T) {
+	c := exampleTiers(t)
+	tier := func(name string) *Tier {
+		for i := range c.Tiers {
+			if c.Tiers[i].Name == name {
+				return &c.Tiers[i]
+			}
+		}
+		t.Fatalf("no tier %s in the example", name)
+		return nil
+	}
+	for _, tt := range []struct {
+		lower, upper string
+		want         bool
+	}{
+		{"pro", "enterprise", true}, {"free", "pro", true}, {"free", "enterprise", true}, {"free", "free", true},
+		{"enterprise", "pro", false}, {"pro", "free", false},
+		{"batch", "free", false}, {"batch", "pro", false},
+	} {
+		if got := tier(tt.lower).Within(tier(tt.upper)); got != tt.want {
+			t.Errorf("%s within %s: got %v, want %v", tt.lower, tt.upper, got, tt.want)
+		}
+	}
+
+	base := Tier{Name: "u", HighestClass: ClassStandard, RequestsPerMinute: 60, TokensPerMinute: 1000, MaxConcurrent: 4,
+		MaxQueued: 8, MaxPromptTokens: 100, Models: []string{"demo-*", "big"}, Weight: 2, ExpectedOutputTokens: 256,
+		Budget: Budget{TokensPerDay: 10, TokensPerMonth: 100, RequestsPerDay: 5, RequestsPerMonth: 50}}
+	base.setDefaults()
+	for _, tt := range []struct {
+		name string
+		more func(*Tier)
+	}{
+		{"a higher class", func(l *Tier) { l.HighestClass = ClassInteractive }},
+		{"more requests", func(l *Tier) { l.RequestsPerMinute = 61 }},
+		{"unlimited requests", func(l *Tier) { l.RequestsPerMinute = 0 }},
+		{"more tokens", func(l *Tier) { l.TokensPerMinute = 1001 }},
+		{"more concurrency", func(l *Tier) { l.MaxConcurrent = 5 }},
+		{"a longer queue", func(l *Tier) { l.MaxQueued = 0 }},
+		{"a longer prompt", func(l *Tier) { l.MaxPromptTokens = 101 }},
+		{"no tokens per day", func(l *Tier) { l.Budget.TokensPerDay = 0 }},
+		{"more tokens per month", func(l *Tier) { l.Budget.TokensPerMonth = 101 }},
+		{"more requests per day", func(l *Tier) { l.Budget.RequestsPerDay = 6 }},
+		{"no requests per month", func(l *Tier) { l.Budget.RequestsPerMonth = 0 }},
+		{"a heavier weight", func(l *Tier) { l.Weight = 3 }},
+		{"more expected output", func(l *Tier) { l.ExpectedOutputTokens = 257 }},
+		{"targeting workers", func(l *Tier) { l.MayTargetWorker = true }},
+		{"every model", func(l *Tier) { l.Models = []string{"*"} }},
+		{"a wider pattern", func(l *Tier) { l.Models = []string{"demo*"} }},
+		{"another model", func(l *Tier) { l.Models = []string{"premium"} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := base
+			l.Name = "l"
+			tt.more(&l)
+			if l.Within(&base) {
+				t.Errorf("a tier with %s: got within, want not", tt.name)
+			}
+		})
+	}
+	less := base
+	less.Name, less.HighestClass, less.DefaultClass = "l", ClassBatch, ClassBatch
+	less.RequestsPerMinute, less.Budget.TokensPerDay, less.Models = 1, 1, []string{"demo-small", "demo-big*", "big"}
+	less.Deadlines.Batch = 24 * time.Hour // a default deadline is no grant: the client sets its own
+	if !less.Within(&base) {
+		t.Errorf("a tier with less of everything: got not within, want within")
+	}
+}
+
+// TestTierWithinWeighsEveryField fails when Tier gains a field Within has not been taught:
+// each field is a grant Within compares, or named here as no grant.
+func TestTierWithinWeighsEveryField(t *testing.T) {
+	known := map[string]bool{
+		"Name": true, "DefaultClass": true, "Deadlines": true, // no grants (see Within)
+		"HighestClass": true, "Weight": true, "RequestsPerMinute": true, "TokensPerMinute": true,
+		"MaxConcurrent": true, "MaxQueued": true, "MaxPromptTokens": true, "ExpectedOutputTokens": true,
+		"Models": true, "MayTargetWorker": true, "Budget": true,
+	}
+	rt := reflect.TypeOf(Tier{})
+	for i := range rt.NumField() {
+		if !known[rt.Field(i).Name] {
+			t.Errorf("Tier.%s: decide whether it is a grant, teach Within, and name it here", rt.Field(i).Name)
+		}
+	}
+	if n := reflect.TypeOf(Budget{}).NumField(); n != 5 {
+		t.Errorf("Budget has %d fields, Within compares 4 caps and skips the soft threshold", n)
 	}
 }

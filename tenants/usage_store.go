@@ -120,7 +120,7 @@ func (s *Store) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 	query += fmt.Sprintf(" ORDER BY start DESC, tenant_id, key_id, model, class LIMIT %d", limit)
 	rows, err := s.db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return nil, fmt.Errorf("usage: %w", err)
+		return nil, storageFault(fmt.Errorf("usage: %w", err))
 	}
 	defer rows.Close()
 	var out []UsageRow
@@ -132,13 +132,13 @@ func (s *Store) Usage(ctx context.Context, q UsageQuery) ([]UsageRow, error) {
 			dst = append(dst, f)
 		}
 		if err := rows.Scan(dst...); err != nil {
-			return nil, fmt.Errorf("usage: %w", err)
+			return nil, storageFault(fmt.Errorf("usage: %w", err))
 		}
 		r.Start = time.UnixMilli(start).UTC()
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("usage: %w", err)
+		return nil, storageFault(fmt.Errorf("usage: %w", err))
 	}
 	return out, nil
 }

@@ -20,7 +20,7 @@ type StoredWorker struct {
 func (s *Store) Workers(ctx context.Context) ([]StoredWorker, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, spec, created_at_ms, updated_at_ms FROM workers ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("read workers: %w", err)
+		return nil, storageFault(fmt.Errorf("read workers: %w", err))
 	}
 	defer rows.Close()
 	var out []StoredWorker
@@ -29,12 +29,12 @@ func (s *Store) Workers(ctx context.Context) ([]StoredWorker, error) {
 		var spec string
 		var created, updated int64
 		if err := rows.Scan(&w.ID, &spec, &created, &updated); err != nil {
-			return nil, fmt.Errorf("read workers: %w", err)
+			return nil, storageFault(fmt.Errorf("read workers: %w", err))
 		}
 		w.Spec, w.Created, w.Updated = []byte(spec), time.UnixMilli(created), time.UnixMilli(updated)
 		out = append(out, w)
 	}
-	return out, rows.Err()
+	return out, storageFault(rows.Err())
 }
 
 // CreateWorker stores a new worker; ErrConflict when the id is taken.
@@ -47,7 +47,7 @@ func (s *Store) CreateWorker(ctx context.Context, id string, spec []byte) error 
 		if qerr := s.db.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM workers WHERE id = ?`), id).Scan(&n); qerr == nil && n > 0 {
 			return fmt.Errorf("worker %q: %w", id, ErrConflict)
 		}
-		return fmt.Errorf("create worker %q: %w", id, err)
+		return storageFault(fmt.Errorf("create worker %q: %w", id, err))
 	}
 	return nil
 }
@@ -56,7 +56,7 @@ func (s *Store) CreateWorker(ctx context.Context, id string, spec []byte) error 
 func (s *Store) UpdateWorker(ctx context.Context, id string, spec []byte) error {
 	err := exactlyOne(s.db.ExecContext(ctx, s.q(`UPDATE workers SET spec = ?, updated_at_ms = ? WHERE id = ?`), string(spec), s.now().UnixMilli(), id))
 	if err != nil {
-		return fmt.Errorf("update worker %q: %w", id, err)
+		return storageFault(fmt.Errorf("update worker %q: %w", id, err))
 	}
 	return nil
 }
@@ -64,7 +64,7 @@ func (s *Store) UpdateWorker(ctx context.Context, id string, spec []byte) error 
 // DeleteWorker removes a stored worker; ErrNotFound when there is none.
 func (s *Store) DeleteWorker(ctx context.Context, id string) error {
 	if err := exactlyOne(s.db.ExecContext(ctx, s.q(`DELETE FROM workers WHERE id = ?`), id)); err != nil {
-		return fmt.Errorf("delete worker %q: %w", id, err)
+		return storageFault(fmt.Errorf("delete worker %q: %w", id, err))
 	}
 	return nil
 }
