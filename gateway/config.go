@@ -14,6 +14,13 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxJSONDepth bounds how deep objects and arrays may nest in a request body (the body
+	// itself is level 1); a deeper body gets 400. Python engines parse, validate and render JSON
+	// recursively, several frames a level, under a recursion limit of 1,000: thousands of levels
+	// make them drop the connection. Real bodies stay far below the default: a tool's JSON
+	// schema ten levels deep (OpenAI's own bound for structured outputs) nests about 25 levels
+	// in a request. Default 128; at least 5 (a chat message's content parts).
+	MaxJSONDepth int `yaml:"max_json_depth"`
 	// MaxHeaderBytes bounds the request line and headers. Default 64 KiB.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxResponseBytes bounds a non-streaming worker response the gateway reads to learn its
@@ -82,6 +89,7 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	setDefault(&c.Listen, "127.0.0.1:8080")
 	setDefault(&c.MaxBodyBytes, 8<<20)
+	setDefault(&c.MaxJSONDepth, defaultMaxJSONDepth)
 	setDefault(&c.MaxHeaderBytes, 64<<10)
 	setDefault(&c.MaxResponseBytes, 64<<20)
 	setDefault(&c.ReadHeaderTimeout, 10*time.Second)
@@ -99,6 +107,9 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.ShutdownSettle, 5*time.Second)
 	setDefault(&c.ShutdownGrace, 30*time.Second)
 }
+
+// defaultMaxJSONDepth is MaxJSONDepth's default.
+const defaultMaxJSONDepth = 128
 
 func setDefault[T comparable](field *T, value T) {
 	var zero T
@@ -135,6 +146,9 @@ func (c Config) Validate() error {
 		if !p.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", p.name))
 		}
+	}
+	if c.MaxJSONDepth < 5 {
+		errs = append(errs, errors.New("server.max_json_depth: must be at least 5 (a chat message's content parts nest 5 deep)"))
 	}
 	if c.MaxConnectionsPerClient != nil && *c.MaxConnectionsPerClient < 0 {
 		errs = append(errs, errors.New("server.max_connections_per_client: must not be negative (0 turns the bound off)"))

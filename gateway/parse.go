@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 )
@@ -58,6 +59,13 @@ type jsonField struct {
 // members in order. It refuses duplicate keys and keys that equal one of known but for case. A
 // value that is not an object gives errNotObject.
 func objectFields(data []byte, known []string) ([]jsonField, error) {
+	return splitObject(data, known, 0)
+}
+
+// splitObject is objectFields; with maxDepth > 0 it also checks every byte it passes (the whole
+// object) for what an engine must reject (see checkedValueEnd), so the top-level split is the
+// one pass that both splits and checks the body.
+func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error) {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return nil, errNotObject
@@ -68,15 +76,26 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 		return fields, nil
 	}
 	for i < len(data) {
-		end := stringEnd(data, i)
+		end, vstart, vend := 0, 0, 0
+		if maxDepth > 0 {
+			var err error
+			if end, err = checkedStringEnd(data, i); err != nil {
+				return nil, err
+			}
+			vstart = skipSpace(data, skipSpace(data, end)+1) // past the colon
+			if vend, err = checkedValueEnd(data, vstart, maxDepth-1); err != nil {
+				return nil, err
+			}
+		} else {
+			end = stringEnd(data, i)
+			vstart = skipSpace(data, skipSpace(data, end)+1)
+			vend = valueEnd(data, vstart)
+		}
 		rawKey := data[i:end]
 		key, err := unquote(rawKey)
 		if err != nil {
 			return nil, err
 		}
-		i = skipSpace(data, end)
-		i = skipSpace(data, i+1) // the colon
-		vend := valueEnd(data, i)
 		for _, f := range fields {
 			if f.key == key {
 				return nil, fmt.Errorf("the key %q appears twice", key)
@@ -87,7 +106,7 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
 			}
 		}
-		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[i:vend], at: i})
+		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[vstart:vend], at: vstart})
 		i = skipSpace(data, vend)
 		if i >= len(data) || data[i] == '}' {
 			break
@@ -106,13 +125,21 @@ func skipSpace(data []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the index just past the JSON string starting at data[i] (a quote).
+// stringEnd returns the index just past the JSON string starting at data[i] (a quote). It looks
+// for quotes with bytes.IndexByte and counts the backslashes before each: a quote after an odd
+// number of them is escaped.
 func stringEnd(data []byte, i int) int {
 	for j := i + 1; j < len(data); j++ {
-		switch data[j] {
-		case '\\':
-			j++
-		case '"':
+		k := bytes.IndexByte(data[j:], '"')
+		if k < 0 {
+			break
+		}
+		j += k
+		escaped := false
+		for b := j - 1; b > i && data[b] == '\\'; b-- {
+			escaped = !escaped
+		}
+		if !escaped {
 			return j + 1
 		}
 	}
@@ -155,6 +182,111 @@ func valueEnd(data []byte, i int) int {
 	return j
 }
 
+// errInputDepth, errInputUTF8 and errInputSurrogate name what checkedValueEnd refuses.
+var (
+	errInputDepth     = errors.New("JSON nests deeper than the gateway allows")
+	errInputUTF8      = errors.New("a string holds bytes that are not UTF-8")
+	errInputSurrogate = errors.New("a string holds a \\u escape of a lone UTF-16 surrogate")
+)
+
+// checkedStringEnd is stringEnd that also refuses what Python engines cannot encode: bytes that
+// are not UTF-8 (Go's json.Valid accepts them; Python's strict decoder does not) and \u escapes
+// of a UTF-16 surrogate without its pair (Python decodes them into a string it then fails to
+// encode; Go reads U+FFFD). Both checks go a word or a vector at a time over ASCII text
+// (utf8.Valid, bytes.IndexByte).
+func checkedStringEnd(data []byte, i int) (int, error) {
+	end := stringEnd(data, i)
+	s := data[i:end]
+	if !utf8.Valid(s) {
+		return 0, fmt.Errorf("%w (in the string at byte %d)", errInputUTF8, i)
+	}
+	for k := bytes.IndexByte(s, '\\'); k >= 0 && k+1 < len(s); {
+		n := 2
+		if s[k+1] == 'u' {
+			var err error
+			if n, err = unicodeEscape(s, k+1); err != nil {
+				return 0, fmt.Errorf("%w (at byte %d)", err, i+k)
+			}
+			n++
+		}
+		next := bytes.IndexByte(s[k+n:], '\\')
+		if next < 0 {
+			break
+		}
+		k += n + next
+	}
+	return end, nil
+}
+
+// unicodeEscape checks the \u escape whose 'u' is data[j] (data is valid JSON, so four hex
+// digits follow) and returns its length from the 'u': 5, or 11 for a surrogate pair.
+func unicodeEscape(data []byte, j int) (int, error) {
+	r := hex4(data[j+1 : j+5])
+	switch {
+	case r < 0xd800 || r >= 0xe000:
+		return 5, nil
+	case r < 0xdc00 && j+10 < len(data) && data[j+5] == '\\' && data[j+6] == 'u':
+		if lo := hex4(data[j+7 : j+11]); lo >= 0xdc00 && lo < 0xe000 {
+			return 11, nil
+		}
+	}
+	return 0, errInputSurrogate
+}
+
+// hex4 decodes four hex digits.
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
+}
+
+// checkedValueEnd is valueEnd that also refuses, in every string it passes, what
+// checkedStringEnd refuses, and objects and arrays nested more than maxDepth deep inside the
+// value (0: the value may not be an object or array).
+func checkedValueEnd(data []byte, i, maxDepth int) (int, error) {
+	if i >= len(data) {
+		return i, nil
+	}
+	switch data[i] {
+	case '"':
+		return checkedStringEnd(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				end, err := checkedStringEnd(data, j)
+				if err != nil {
+					return 0, err
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+				if depth > maxDepth {
+					return 0, errInputDepth
+				}
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1, nil
+				}
+			}
+		}
+		return len(data), nil
+	}
+	return valueEnd(data, i), nil
+}
+
 // unquote decodes a raw JSON string; most keys have no escapes and cost no decoding.
 func unquote(raw []byte) (string, error) {
 	if bytes.IndexByte(raw, '\\') < 0 && len(raw) >= 2 {
@@ -172,7 +304,7 @@ func (s *Server) parse(c echo.Context, cl *call) error {
 	if err != nil {
 		return err
 	}
-	return parseBody(body, cl)
+	return parseBody(body, cl, s.cfg.MaxJSONDepth)
 }
 
 // readBody reads the request body within the configured bound.
@@ -198,8 +330,11 @@ func (s *Server) readBody(c echo.Context) ([]byte, error) {
 func isNull(raw []byte) bool { return bytes.Equal(raw, []byte("null")) }
 
 // parseBody reads body into cl for endpoint cl.ep and builds the upstream body. Every error is a
-// 400 naming the field.
-func parseBody(body []byte, cl *call) error {
+// 400 naming the field. Besides JSON's grammar, the body must be what every engine can read:
+// UTF-8 throughout, no lone UTF-16 surrogate escapes, objects and arrays nested at most maxDepth
+// deep (the body itself is level 1); an engine that fails on such input drops the connection,
+// and usher would count that against the worker.
+func parseBody(body []byte, cl *call, maxDepth int) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return BadRequest("", "request body is empty; expected a JSON object")
 	}
@@ -208,9 +343,12 @@ func parseBody(body []byte, cl *call) error {
 		err := json.Unmarshal(body, &v)
 		return BadRequest("", "request body is not valid JSON: %v", err)
 	}
-	fields, err := objectFields(body, readKeys)
-	if errors.Is(err, errNotObject) {
+	fields, err := splitObject(body, readKeys, maxDepth)
+	switch {
+	case errors.Is(err, errNotObject):
 		return BadRequest("", "request body must be a JSON object")
+	case errors.Is(err, errInputDepth):
+		return BadRequest("", "request body: JSON nests deeper than %d levels", maxDepth)
 	}
 	if err != nil {
 		return BadRequest("", "request body: %v", err)

@@ -26,7 +26,7 @@ func BenchmarkParseBody(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := parseBody(body, newCall(bench.ep, time.Time{})); err != nil {
+				if err := parseBody(body, newCall(bench.ep, time.Time{}), defaultMaxJSONDepth); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -36,7 +36,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 			ep = chatEndpoint
 		}
 		cl := newCall(ep, time.Time{})
-		if parseBody(body, cl) != nil {
+		if parseBody(body, cl, defaultMaxJSONDepth) != nil {
 			return // refusals are FuzzParseInferenceRequest's
 		}
 		cl.class = queue.Batch
@@ -86,7 +86,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 		}
 
 		again := newCall(ep, time.Time{})
-		if err := parseBody(cl.upstream, again); err != nil {
+		if err := parseBody(cl.upstream, again, defaultMaxJSONDepth); err != nil {
 			t.Fatalf("the upstream body does not parse again: %v\n%s", err, cl.upstream)
 		}
 		if again.model != cl.model || again.stream != cl.stream || again.maxOutput != cl.maxOutput ||
@@ -124,5 +124,25 @@ func TestParserDifferentialNeverReachesACaseSensitiveWorker(t *testing.T) {
 	}
 	if got := w.body(); got["model"] != "m1" || got["max_tokens"] != float64(5) {
 		t.Fatalf("the worker read model %v, max_tokens %v; usher read m1 and 5", got["model"], got["max_tokens"])
+	}
+}
+
+// Through the whole gateway, input an engine must reject never reaches the worker (issue 26,
+// item 1), so no engine's failure on it counts against the worker's breaker.
+func TestInputAnEngineMustRejectNeverReachesTheWorker(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	for _, body := range []string{
+		`{"model":"m1","messages":[{"role":"user","content":"caf` + "\xe9" + `"}]}`,
+		`{"model":"m1","messages":[{"role":"user","content":"\ud800"}]}`,
+		`{"model":"m1","messages":[{"role":"user","content":"x"}],"tools":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`,
+	} {
+		resp := g.post(t, "/v1/chat/completions", testKey, body, nil)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("body %.50q...: got %d, want 400", body, resp.StatusCode)
+		}
+	}
+	if n := w.requests.Load(); n != 0 {
+		t.Fatalf("the worker got %d of the bodies", n)
 	}
 }
