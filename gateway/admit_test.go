@@ -329,3 +329,46 @@ func TestRoutingKeysAreBounded(t *testing.T) {
 		t.Errorf("the worker got %d requests, want the 2 with sane keys", got)
 	}
 }
+
+// Tokens reserved are tokens allowed (issue 26, item 8): without max_tokens the worker is told
+// the bound usher reserved, and a completions batch or n choices reserve every answer they ask
+// for, so a tier of 20,000 tokens a minute refuses 6 x 4,000 at once.
+func TestReservedOutputIsTheBoundTheWorkerGets(t *testing.T) {
+	tier := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}, TokensPerMinute: 20000, ExpectedOutputTokens: 2000}
+	start := func(t *testing.T) (*testGateway, *fakeWorker) {
+		w := newFakeWorker(t, nil)
+		g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+			d.Auth = tierAuth{tier}
+			d.Limits = tenants.NewLimiter(tenants.LimitsConfig{}, tenants.LimiterOptions{})
+		})
+		return g, w
+	}
+	t.Run("no max_tokens", func(t *testing.T) {
+		g, w := start(t)
+		for _, body := range []string{chatBody, `{"model":"m1","max_tokens":null,"messages":[{"role":"user","content":"x"}]}`} {
+			if resp := g.post(t, "/v1/chat/completions", testKey, body, nil); resp.StatusCode != http.StatusOK {
+				t.Fatalf("got %d, want 200", resp.StatusCode)
+			}
+			if got := w.body()["max_tokens"]; got != float64(2000) {
+				t.Fatalf("the worker read max_tokens %v, want the 2000 usher reserved", got)
+			}
+		}
+	})
+	for _, tt := range []struct{ name, path, body string }{
+		{"a batch of prompts", "/v1/completions", `{"model":"m1","max_tokens":4000,"prompt":["a","b","c","d","e","f"]}`},
+		{"n choices", "/v1/chat/completions", `{"model":"m1","max_tokens":4000,"n":6,"messages":[{"role":"user","content":"x"}]}`},
+		{"best_of", "/v1/completions", `{"model":"m1","max_tokens":4000,"best_of":6,"prompt":"a"}`},
+		{"a batch without max_tokens", "/v1/completions", `{"model":"m1","prompt":["a","b","c","d","e","f","g","h","i","j","k"]}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g, w := start(t)
+			if resp := g.post(t, tt.path, testKey, tt.body, nil); resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("got %d, want 429: the answers asked for exceed 20,000 tokens a minute", resp.StatusCode)
+			}
+			if n := w.requests.Load(); n != 0 {
+				t.Fatalf("the worker got %d requests", n)
+			}
+		})
+	}
+}

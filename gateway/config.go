@@ -73,8 +73,9 @@ type Config struct {
 	// the worker has not begun) and that request waits in the queue again, ahead of its tenant's
 	// later ones.
 	DisablePreemption bool `yaml:"disable_preemption"`
-	// DefaultMaxTokens is the expected output length of a request that does not set max_tokens,
-	// used for token accounting until the real usage is known. Default 256.
+	// DefaultMaxTokens bounds the output of a request that sets no output limit and whose tier
+	// sets no expected_output_tokens: usher reserves it and sends it to the worker as
+	// max_tokens, so the engine never generates more than was reserved. Default 256.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// ShutdownSettle is how long a stopping gateway keeps accepting and serving new requests
 	// after /readyz turned 503, so that load balancers and Kubernetes endpoints stop sending

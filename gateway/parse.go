@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -34,10 +35,14 @@ const maxOutputTokens = 1 << 24
 
 // readKeys are the top-level keys usher reads; their re-cased variants are refused.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "messages", "prompt", "input", "service_tier", "priority"}
+	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority"}
 
-// maxChoices bounds `n`, the choices generated for one request: each is an answer's worth of
-// output tokens.
+// outputLimitKeys are the members that bound a call's output, in whichever order an engine reads
+// them (llama.cpp n_predict first, vLLM max_completion_tokens).
+var outputLimitKeys = []string{"max_tokens", "max_completion_tokens", "n_predict"}
+
+// maxChoices bounds `n` and `best_of`, the choices generated for one prompt: each is an answer's
+// worth of output tokens.
 const maxChoices = 128
 
 var (
@@ -386,12 +391,13 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 				return BadRequest(f.key, "'%s' must be an integer from 0 to %d", f.key, maxOutputTokens)
 			}
 			cl.maxOutput = max(cl.maxOutput, int(n))
-		case "n":
+		case "n", "best_of":
+			// best_of (vLLM, OpenAI's legacy completions) generates that many and returns n.
 			n, err := strconv.ParseInt(string(v), 10, 64)
 			if err != nil || n < 1 || n > maxChoices {
-				return BadRequest("n", "'n' must be an integer from 1 to %d", maxChoices)
+				return BadRequest(f.key, "'%s' must be an integer from 1 to %d", f.key, maxChoices)
 			}
-			cl.choices = int(n)
+			cl.choices = max(cl.choices, int(n))
 		case "messages":
 			messages = v
 		case "prompt":
@@ -509,11 +515,11 @@ func (cl *call) parsePrompt(raw []byte) error {
 	if len(raw) == 0 {
 		return BadRequest("prompt", "missing required parameter: 'prompt'")
 	}
-	first, tokens, err := estimateInputs(raw, "prompt")
+	first, tokens, count, err := estimateInputs(raw, "prompt")
 	if err != nil {
 		return err
 	}
-	cl.prompt, cl.promptTokens = first, tokens
+	cl.prompt, cl.promptTokens, cl.prompts = first, tokens, count
 	return nil
 }
 
@@ -528,17 +534,19 @@ func addTokens(a, b int) int { return min(a+min(b, maxTokenCount), maxTokenCount
 func estimateTokens(text string) int { return len(text)/4 + 1 }
 
 // buildUpstream returns the body to send to the worker: the client's members in order, as sent,
-// except that the client's `priority` is dropped and, for a stream whose client did not ask for
-// usage, stream_options asks for it (the proxy removes that chunk again), so the gateway learns
-// real token counts of every request. A body that needs no change is returned as it is.
+// except that the client's `priority` is dropped, so are output limits set to null (null is
+// "not set" to every engine; boundOutput may then add max_tokens without a duplicate), and, for
+// a stream whose client did not ask for usage, stream_options asks for it (the proxy removes
+// that chunk again), so the gateway learns real token counts of every request. A body that needs
+// no change is returned as it is.
 func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	addUsage := cl.stream && !cl.clientWantsUsage
 	changed := addUsage
 	for _, f := range fields {
-		switch f.key {
-		case "priority":
+		switch {
+		case dropped(f):
 			changed = true
-		case "model":
+		case f.key == "model":
 			cl.modelSpan = [2]int{f.at, f.at + len(f.value)}
 		}
 	}
@@ -553,10 +561,7 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 		}
 	}
 	for _, f := range fields {
-		switch {
-		case f.key == "priority":
-			continue
-		case f.key == "stream_options" && addUsage:
+		if dropped(f) || f.key == "stream_options" && addUsage {
 			continue
 		}
 		sep()
@@ -585,6 +590,37 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	return append(out, '}')
 }
 
+// dropped reports whether buildUpstream leaves the client's member f out.
+func dropped(f jsonField) bool {
+	return f.key == "priority" || isNull(f.value) && slices.Contains(outputLimitKeys, f.key)
+}
+
+// boundOutput settles what the call may generate and reserves it (cl.expected): the output
+// limit the client set, or, when it set none, fallback, which is then added to the upstream body
+// as max_tokens (what vLLM, llama.cpp without n_predict, and OpenAI read), so the engine's bound
+// and usher's reservation are one number. The reservation counts every prompt of a batch and
+// every choice: prompts x choices x the bound, saturating at maxTokenCount. The model span is
+// unchanged (the member goes last).
+func (cl *call) boundOutput(fallback int) {
+	if cl.maxOutput < 0 {
+		cl.maxOutput = fallback
+		cl.upstream = withMember(cl.upstream, "max_tokens", strconv.AppendInt(nil, int64(fallback), 10))
+	}
+	cl.expected = min(cl.maxOutput*cl.choices*cl.prompts, maxTokenCount)
+}
+
+// withMember returns the JSON object b with the member key: value added last, in a new slice.
+func withMember(b []byte, key string, value []byte) []byte {
+	end := bytes.LastIndexByte(b, '}')
+	out := make([]byte, 0, len(b)+len(key)+len(value)+4)
+	out = append(out, b[:end]...)
+	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
+		out = append(out, ',')
+	}
+	out = append(append(append(append(out, '"'), key...), '"', ':'), value...)
+	return append(out, b[end:]...)
+}
+
 // upstreamBody is the body for a worker: for one that calls the model by another name
 // (routing.WorkerSpec.ModelAliases) the model is that name, given as engineModel ("" or the
 // call's own model: no change); for one that schedules by priority (vLLM's `priority` field,
@@ -602,12 +638,5 @@ func (cl *call) upstreamBody(handoff bool, engineModel string) []byte {
 	if !handoff {
 		return b
 	}
-	end := bytes.LastIndexByte(b, '}')
-	out := make([]byte, 0, len(b)+16)
-	out = append(out, b[:end]...)
-	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
-		out = append(out, ',')
-	}
-	out = strconv.AppendInt(append(out, `"priority":`...), int64(cl.class), 10)
-	return append(out, b[end:]...)
+	return withMember(b, "priority", strconv.AppendInt(nil, int64(cl.class), 10))
 }

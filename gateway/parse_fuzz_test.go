@@ -16,7 +16,8 @@ import (
 // (issue 10, item 1): an engine that reads JSON case-sensitively and keeps the last duplicate
 // (Python's json.loads, like vLLM and SGLang), or one that folds case, reads from the body usher
 // sends exactly what usher enforced (model, stream, output limits, choices, priority), and the
-// body usher sends parses back to the same call.
+// body usher sends parses back to the same call. A body without an output limit reaches the
+// engine with the one usher reserved (issue 26, item 8).
 func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
@@ -40,6 +41,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 			return // refusals are FuzzParseInferenceRequest's
 		}
 		cl.class = queue.Batch
+		cl.boundOutput(77)
 		out := cl.upstreamBody(handoff, "")
 
 		var engine map[string]json.RawMessage // exact keys, the last duplicate wins
@@ -57,17 +59,24 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 		if err := json.Unmarshal(engine["model"], &model); err != nil || model != cl.model {
 			t.Fatalf("engine reads model %q, usher enforced %q\n%s", model, cl.model, out)
 		}
-		for _, key := range []string{"max_tokens", "max_completion_tokens", "n_predict"} {
+		bounded := false
+		for _, key := range outputLimitKeys {
 			if v, ok := engine[key]; ok && !isNull(v) {
 				n, err := strconv.ParseInt(string(v), 10, 64)
 				if err != nil || n < 0 || int(n) > cl.maxOutput {
 					t.Fatalf("engine reads %s = %s, usher reserved %d output tokens\n%s", key, v, cl.maxOutput, out)
 				}
+				bounded = true
 			}
 		}
-		if v, ok := engine["n"]; ok && !isNull(v) {
-			if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || int(n) > cl.choices {
-				t.Fatalf("engine reads n = %s, usher counted %d choices\n%s", v, cl.choices, out)
+		if !bounded && !cl.ep.embed {
+			t.Fatalf("the engine reads no output limit and takes its own default; usher reserved %d\n%s", cl.maxOutput, out)
+		}
+		for _, key := range []string{"n", "best_of"} {
+			if v, ok := engine[key]; ok && !isNull(v) {
+				if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || int(n) > cl.choices {
+					t.Fatalf("engine reads %s = %s, usher counted %d choices\n%s", key, v, cl.choices, out)
+				}
 			}
 		}
 		stream := false

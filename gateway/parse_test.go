@@ -381,3 +381,44 @@ func TestInputAnEngineMustRejectIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// boundOutput reserves prompts x choices x the output bound, and a call without a bound tells the
+// worker the one it reserved, once, whatever null limits the client sent.
+func TestBoundOutputIsWhatTheWorkerReads(t *testing.T) {
+	tests := []struct {
+		name     string
+		ep       endpoint
+		body     string
+		expected int
+		engine   map[string]any // output limits the worker reads
+	}{
+		{"none", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, 300, map[string]any{"max_tokens": 300.0}},
+		{"nulls", chatEndpoint, `{"model":"m","max_tokens":null,"n_predict":null,"max_completion_tokens":null,"messages":[{"role":"user","content":"x"}]}`, 300, map[string]any{"max_tokens": 300.0}},
+		{"client's own", chatEndpoint, `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`, 50, map[string]any{"max_tokens": 50.0}},
+		{"n choices", chatEndpoint, `{"model":"m","n":4,"messages":[{"role":"user","content":"x"}]}`, 1200, map[string]any{"max_tokens": 300.0}},
+		{"a batch of prompts", completionEndpoint, `{"model":"m","max_tokens":10,"n":2,"prompt":["a","b","c"]}`, 60, map[string]any{"max_tokens": 10.0}},
+		{"token-id batch", completionEndpoint, `{"model":"m","prompt":[[1],[2]]}`, 600, map[string]any{"max_tokens": 300.0}},
+		{"best_of", completionEndpoint, `{"model":"m","max_tokens":10,"n":2,"best_of":5,"prompt":"a"}`, 50, map[string]any{"max_tokens": 10.0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := newCall(tt.ep, time.Time{})
+			if err := parseBody([]byte(tt.body), cl, defaultMaxJSONDepth); err != nil {
+				t.Fatal(err)
+			}
+			cl.boundOutput(300)
+			if cl.expected != tt.expected {
+				t.Errorf("reserved %d output tokens, want %d", cl.expected, tt.expected)
+			}
+			var engine map[string]any
+			if err := json.Unmarshal(cl.upstreamBody(false, "engine"), &engine); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range outputLimitKeys {
+				if engine[k] != tt.engine[k] {
+					t.Errorf("the worker reads %s = %v, want %v", k, engine[k], tt.engine[k])
+				}
+			}
+		})
+	}
+}
