@@ -372,3 +372,56 @@ func TestReservedOutputIsTheBoundTheWorkerGets(t *testing.T) {
 		})
 	}
 }
+
+// The prompt cap counts what the engine renders (issue 26, item 6): text in content parts of any
+// type, tool calls, tools, functions and response_format schemas. 42 KB in any of them passed a
+// 50-token cap and reached the worker.
+func TestPromptCapCountsWhatTheEngineRenders(t *testing.T) {
+	start := func(promptCap int64) (*testGateway, *fakeWorker) {
+		tier := &tenants.Tier{Name: "small", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+			Weight: 1, Models: []string{"*"}, MaxPromptTokens: promptCap}
+		w := newFakeWorker(t, nil)
+		g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+			d.Auth = tierAuth{tier}
+			d.Limits = tenants.NewLimiter(tenants.LimitsConfig{}, tenants.LimiterOptions{})
+		})
+		return g, w
+	}
+	g, w := start(50)
+	big := strings.Repeat("lorem ipsum ", 3500) // 42 KB
+	schema := `{"type":"object","description":"` + big + `"}`
+	user := `{"role":"user","content":"hi"}`
+	for name, body := range map[string]string{
+		"input_text part":       `{"model":"m1","messages":[{"role":"user","content":[{"type":"input_text","text":"` + big + `"}]}]}`,
+		"output_text part":      `{"model":"m1","messages":[{"role":"assistant","content":[{"type":"output_text","text":"` + big + `"}]},` + user + `]}`,
+		"thinking part":         `{"model":"m1","messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"` + big + `"}]},` + user + `]}`,
+		"tool_calls":            `{"model":"m1","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"` + big + `"}}]},` + user + `]}`,
+		"reasoning":             `{"model":"m1","messages":[{"role":"assistant","content":"ok","reasoning_content":"` + big + `"},` + user + `]}`,
+		"tools":                 `{"model":"m1","messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":` + schema + `}}]}`,
+		"functions":             `{"model":"m1","messages":[` + user + `],"functions":[{"name":"f","parameters":` + schema + `}]}`,
+		"response_format":       `{"model":"m1","messages":[` + user + `],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":` + schema + `}}}`,
+		"text in an image part": `{"model":"m1","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"},"text":"` + big + `"}]}]}`,
+		"completions suffix":    `{"model":"m1","prompt":"a","suffix":"` + big + `"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := "/v1/chat/completions"
+			if strings.Contains(body, `"prompt"`) {
+				path = "/v1/completions"
+			}
+			resp := g.post(t, path, testKey, body, nil)
+			if ae := decodeError(t, resp); resp.StatusCode != http.StatusBadRequest || ae.Code != "context_length_exceeded" {
+				t.Fatalf("got %d %q, want 400 context_length_exceeded", resp.StatusCode, ae.Code)
+			}
+		})
+	}
+	if n := w.requests.Load(); n != 0 {
+		t.Fatalf("the worker got %d of the long prompts", n)
+	}
+	// An image counts by its own rule, not by the bytes of its data URL.
+	g, _ = start(2000)
+	image := `{"model":"m1","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUFB", 25000) + `"}}]}]}`
+	if resp := g.post(t, "/v1/chat/completions", testKey, image, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a 100 KB image under a 2,000-token cap: got %d, want 200", resp.StatusCode)
+	}
+}

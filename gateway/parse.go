@@ -358,12 +358,21 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 	if err != nil {
 		return BadRequest("", "request body: %v", err)
 	}
+	promptKey := "prompt"
+	switch {
+	case cl.ep.chat:
+		promptKey = "messages"
+	case cl.ep.embed:
+		promptKey = "input"
+	}
 	var messages, prompt, input []byte
+	rendered := 0 // bytes of members besides the prompt that the engine may render
 	for _, f := range fields {
 		v := f.value
 		if isNull(v) {
 			continue
 		}
+		rendered += renderedBytes(f, promptKey)
 		switch f.key {
 		case "model":
 			if json.Unmarshal(v, &cl.model) != nil {
@@ -424,12 +433,17 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 	if err != nil {
 		return err
 	}
+	if rendered > 0 {
+		cl.promptTokens = addTokens(cl.promptTokens, estimateBytes(rendered))
+	}
 	cl.upstream = cl.buildUpstream(body, fields)
 	return nil
 }
 
 // parseMessages renders the messages' text in order, the prefix structure a worker's prompt cache
-// sees: a later turn of a conversation extends the earlier turn's text.
+// sees: a later turn of a conversation extends the earlier turn's text. The prompt estimate
+// counts every byte of every message (any member a chat template may render: content parts of
+// every type, tool calls, names, reasoning), media payloads by their own rule (mediaPartTokens).
 func (cl *call) parseMessages(raw []byte) error {
 	if len(raw) == 0 || raw[0] != '[' {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
@@ -439,6 +453,7 @@ func (cl *call) parseMessages(raw []byte) error {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	var b strings.Builder
+	rendered, media := 0, 0 // bytes of the messages counted as text, media parts
 	for i, m := range msgs {
 		fields, err := objectFields(m, messageKeys)
 		if err != nil {
@@ -459,41 +474,62 @@ func (cl *call) parseMessages(raw []byte) error {
 		}
 		b.WriteString(role)
 		b.WriteByte(' ')
-		if err := appendContent(&b, content); err != nil {
+		mediaBytes, mediaParts, err := appendContent(&b, content)
+		if err != nil {
 			return BadRequest("messages", "messages[%d].content: %v", i, err)
 		}
 		b.WriteByte('\n')
+		rendered += len(m) - mediaBytes
+		media += mediaParts
 	}
 	cl.prompt = b.String()
-	cl.promptTokens = estimateTokens(cl.prompt)
+	cl.promptTokens = addTokens(estimateBytes(rendered), media*mediaPartTokens)
 	cl.messages = raw
 	return nil
 }
 
-// appendContent writes a message's content, a string or an array of parts of which the text
-// parts count.
-func appendContent(b *strings.Builder, raw []byte) error {
+// mediaPartTokens is what a content part of a medium (an image, audio, video or file) counts for
+// in the prompt estimate instead of its bytes: a data URL's bytes say nothing of the tokens an
+// engine makes of it, and a URL says nothing at all. It is OpenAI's rule for one high-detail
+// image at its largest (85 + 170 per 512-pixel tile, 8 tiles); engines differ by model.
+const mediaPartTokens = 85 + 170*8
+
+// mediaTypes are the content part types whose payload is a medium; the payload is the member of
+// the part named in mediaPayloadKeys (vLLM's and OpenAI's chat and Responses part shapes).
+var (
+	mediaTypes = []string{"image_url", "input_image", "image", "image_embeds", "input_audio", "audio_url",
+		"audio", "audio_embeds", "video_url", "video", "file", "input_file"}
+	mediaPayloadKeys = []string{"image_url", "image", "image_embeds", "input_audio", "audio_url", "audio",
+		"audio_embeds", "video_url", "video", "file", "file_data"}
+)
+
+// appendContent writes a message's content, a string or an array of parts, to the routing text:
+// the text member of every part that has one (text, input_text, output_text). For the prompt
+// estimate it returns the bytes of the media payloads in the content (counted as mediaParts
+// parts of mediaPartTokens each, not by their bytes); every other byte of a message counts.
+func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, err error) {
 	if len(raw) == 0 || isNull(raw) {
-		return nil
+		return 0, 0, nil
 	}
 	if raw[0] == '"' {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return err
+			return 0, 0, err
 		}
 		b.WriteString(s)
-		return nil
+		return 0, 0, nil
 	}
 	var parts []json.RawMessage
 	if raw[0] != '[' || json.Unmarshal(raw, &parts) != nil {
-		return errors.New("must be a string or an array of content parts")
+		return 0, 0, errors.New("must be a string or an array of content parts")
 	}
 	for i, p := range parts {
 		fields, err := objectFields(p, partKeys)
 		if err != nil {
-			return fmt.Errorf("part %d: %w", i, err)
+			return 0, 0, fmt.Errorf("part %d: %w", i, err)
 		}
 		var typ, text string
+		payload := 0
 		for _, f := range fields {
 			switch f.key {
 			case "type":
@@ -501,12 +537,17 @@ func appendContent(b *strings.Builder, raw []byte) error {
 			case "text":
 				_ = json.Unmarshal(f.value, &text)
 			}
+			if slices.Contains(mediaPayloadKeys, f.key) {
+				payload += len(f.value)
+			}
 		}
-		if typ == "text" {
-			b.WriteString(text)
+		b.WriteString(text)
+		if slices.Contains(mediaTypes, typ) {
+			mediaBytes += payload
+			mediaParts++
 		}
 	}
-	return nil
+	return mediaBytes, mediaParts, nil
 }
 
 // parsePrompt reads the prompt of /v1/completions: a string, an array of strings, an array of
@@ -531,7 +572,32 @@ func addTokens(a, b int) int { return min(a+min(b, maxTokenCount), maxTokenCount
 
 // estimateTokens is a cheap prompt token estimate (about four bytes a token, as OpenAI's rule of
 // thumb); accounting is reconciled with the worker's real usage afterwards.
-func estimateTokens(text string) int { return len(text)/4 + 1 }
+func estimateTokens(text string) int { return estimateBytes(len(text)) }
+
+// estimateBytes is estimateTokens of n bytes of text.
+func estimateBytes(n int) int { return n/4 + 1 }
+
+// scalarKeys are the members usher reads that an engine never renders into the prompt.
+var scalarKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"n_predict", "n", "best_of", "service_tier", "priority"}
+
+// renderedBytes is how many bytes of the member f count toward the prompt estimate besides the
+// endpoint's own prompt member (promptKey): every string, array or object usher does not read as
+// a scalar. Chat templates render tools, functions and documents, engines compile
+// response_format and guided-decoding schemas, templates may read any extra variable
+// (chat_template_kwargs, even a chat_template): counting all of them bounds what the engine
+// renders from above; the members honest clients send besides (stop, logit_bias, metadata) are
+// small.
+func renderedBytes(f jsonField, promptKey string) int {
+	if f.key == promptKey || slices.Contains(scalarKeys, f.key) {
+		return 0
+	}
+	switch f.value[0] {
+	case '"', '[', '{':
+		return len(f.value)
+	}
+	return 0
+}
 
 // buildUpstream returns the body to send to the worker: the client's members in order, as sent,
 // except that the client's `priority` is dropped, so are output limits set to null (null is
