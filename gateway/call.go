@@ -35,6 +35,7 @@ type call struct {
 	start time.Time
 
 	// parse
+	body             *bodyHold // the body's bytes held in the body bound until the call ends
 	model            string
 	stream           bool
 	clientWantsUsage bool   // stream_options.include_usage as the client sent it
@@ -84,6 +85,7 @@ func newCall(ep endpoint, start time.Time) *call {
 func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		cl := newCall(ep, s.now())
+		defer func() { cl.body.release() }() // parse sets cl.body
 		err := s.parse(c, cl)
 		if err == nil {
 			err = s.admit(c, cl)

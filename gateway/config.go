@@ -14,6 +14,17 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxBodyBytesHeld bounds the request-body bytes the gateway holds in memory at once, every
+	// call's together: a body is held from before it is read (from its Content-Length, or as it
+	// arrives) until its call ends. A request that would pass it gets 503 with Retry-After.
+	// Default 256 MiB.
+	MaxBodyBytesHeld int64 `yaml:"max_body_bytes_held"`
+	// MaxBodyBytesPerTenant bounds the request-body bytes one tenant's calls hold at once, so one
+	// tenant's slow uploads cannot take every other tenant's share: a request that would pass it
+	// gets 429 with Retry-After. Default a quarter of max_body_bytes_held (64 MiB: 8 bodies of
+	// the largest size, thousands of ordinary ones), at least max_body_bytes; it must lie from
+	// max_body_bytes to max_body_bytes_held.
+	MaxBodyBytesPerTenant int64 `yaml:"max_body_bytes_per_tenant"`
 	// MaxJSONDepth bounds how deep objects and arrays may nest in a request body (the body
 	// itself is level 1); a deeper body gets 400. Python engines parse, validate and render JSON
 	// recursively, several frames a level, under a recursion limit of 1,000: thousands of levels
@@ -90,6 +101,8 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	setDefault(&c.Listen, "127.0.0.1:8080")
 	setDefault(&c.MaxBodyBytes, 8<<20)
+	setDefault(&c.MaxBodyBytesHeld, 256<<20)
+	setDefault(&c.MaxBodyBytesPerTenant, min(max(c.MaxBodyBytesHeld/4, c.MaxBodyBytes), c.MaxBodyBytesHeld))
 	setDefault(&c.MaxJSONDepth, defaultMaxJSONDepth)
 	setDefault(&c.MaxHeaderBytes, 64<<10)
 	setDefault(&c.MaxResponseBytes, 64<<20)
@@ -147,6 +160,10 @@ func (c Config) Validate() error {
 		if !p.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", p.name))
 		}
+	}
+	if c.MaxBodyBytesPerTenant < c.MaxBodyBytes || c.MaxBodyBytesPerTenant > c.MaxBodyBytesHeld {
+		errs = append(errs, fmt.Errorf("server.max_body_bytes_per_tenant: must be from max_body_bytes (%d) to max_body_bytes_held (%d)",
+			c.MaxBodyBytes, c.MaxBodyBytesHeld))
 	}
 	if c.MaxJSONDepth < 5 {
 		errs = append(errs, errors.New("server.max_json_depth: must be at least 5 (a chat message's content parts nest 5 deep)"))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -302,34 +303,64 @@ func unquote(raw []byte) (string, error) {
 	return s, err
 }
 
-// parse is the first stage: read the body within its bound, decode it into cl and build the
+// parse is the first stage: read the body within its bounds, decode it into cl and build the
 // upstream body.
 func (s *Server) parse(c echo.Context, cl *call) error {
-	body, err := s.readBody(c)
+	body, err := s.readBody(c, cl)
 	if err != nil {
 		return err
 	}
 	return parseBody(body, cl, s.cfg.MaxJSONDepth)
 }
 
-// readBody reads the request body within the configured bound.
-func (s *Server) readBody(c echo.Context) ([]byte, error) {
+// Buffer sizes of readBody for a body without Content-Length: the first, then doubled.
+const firstBodyBuffer = 16 << 10
+
+// readBody reads the request body within the configured bound, each byte reserved in the body
+// bound (bodyBytes) before it is read: all of them at once from Content-Length, else as the
+// buffer doubles. What it reserves cl.body holds until the call ends.
+func (s *Server) readBody(c echo.Context, cl *call) ([]byte, error) {
 	r := c.Request()
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
-	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, TooLarge(s.cfg.MaxBodyBytes)
-	case r.Context().Err() != nil:
-		return nil, errClientGone
-	case err != nil:
-		return nil, BadRequest("", "reading the request body: %v", err)
+	cl.body = s.bodies.hold(principalOf(c).TenantID)
+	size := int64(firstBodyBuffer)
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1 // room to read the end of the body
 	}
-	return buf.Bytes(), nil
+	if err := cl.body.grow(size); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 0, size)
+	body := http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes)
+	for {
+		if len(buf) == cap(buf) {
+			more := min(int64(cap(buf)), s.cfg.MaxBodyBytes+1-int64(cap(buf)))
+			if more <= 0 {
+				return nil, TooLarge(s.cfg.MaxBodyBytes)
+			}
+			if err := cl.body.grow(more); err != nil {
+				return nil, err
+			}
+			buf = append(make([]byte, 0, int64(cap(buf))+more), buf...)
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		var mbe *http.MaxBytesError
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			return buf, nil
+		case errors.As(err, &mbe):
+			return nil, TooLarge(s.cfg.MaxBodyBytes)
+		case r.Context().Err() != nil:
+			return nil, errClientGone
+		default:
+			return nil, BadRequest("", "reading the request body: %v", err)
+		}
+	}
 }
 
 func isNull(raw []byte) bool { return bytes.Equal(raw, []byte("null")) }
