@@ -131,10 +131,13 @@ func skipSpace(data []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the index just past the JSON string starting at data[i] (a quote). It looks
-// for quotes with bytes.IndexByte and counts the backslashes before each: a quote after an odd
-// number of them is escaped.
+// stringEnd returns the index just past the JSON string starting at data[i] (a quote). Past a
+// short plain string (plainShortString) it looks for quotes with bytes.IndexByte and counts the
+// backslashes before each: a quote after an odd number of them is escaped.
 func stringEnd(data []byte, i int) int {
+	if end, ok := plainShortString(data, i); ok {
+		return end
+	}
 	for j := i + 1; j < len(data); j++ {
 		k := bytes.IndexByte(data[j:], '"')
 		if k < 0 {
@@ -201,7 +204,10 @@ var (
 // encode; Go reads U+FFFD). Both checks go a word or a vector at a time over ASCII text
 // (utf8.Valid, bytes.IndexByte).
 func checkedStringEnd(data []byte, i int) (int, error) {
-	end := stringEnd(data, i)
+	if end, ok := plainShortString(data, i); ok {
+		return end, nil
+	}
+	end := stringEnd(data, i) // its own short-string loop fails again: at most plainShortLen bytes
 	s := data[i:end]
 	if !utf8.Valid(s) {
 		return 0, fmt.Errorf("%w (in the string at byte %d)", errInputUTF8, i)
@@ -223,6 +229,32 @@ func checkedStringEnd(data []byte, i int) (int, error) {
 	}
 	return end, nil
 }
+
+// plainShortString returns the end of the JSON string at data[i] when it closes within
+// plainShortLen bytes, all ASCII and unescaped (most keys and enum values): one table lookup a
+// byte instead of checkedStringEnd's three calls.
+func plainShortString(data []byte, i int) (int, bool) {
+	end := min(len(data), i+1+plainShortLen)
+	j := i + 1
+	for j < end && plainByte[data[j]] {
+		j++
+	}
+	if j < end && data[j] == '"' {
+		return j + 1, true
+	}
+	return 0, false
+}
+
+const plainShortLen = 32
+
+// plainByte holds the bytes of a JSON string that need no look: not a quote, a backslash or
+// part of a multi-byte UTF-8 sequence.
+var plainByte = func() (t [256]bool) {
+	for c := range utf8.RuneSelf {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // unicodeEscape checks the \u escape whose 'u' is data[j] (data is valid JSON, so four hex
 // digits follow) and returns its length from the 'u': 5, or 11 for a surrogate pair.
