@@ -80,14 +80,11 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if target != "" && !cl.tier.MayTargetWorker {
 		return errTargetNotAllowed
 	}
-	cl.expected = cl.maxOutput
-	if cl.expected < 0 {
-		cl.expected = s.cfg.DefaultMaxTokens
-		if cl.tier.ExpectedOutputTokens > 0 {
-			cl.expected = int(min(cl.tier.ExpectedOutputTokens, maxOutputTokens))
-		}
+	fallback := s.cfg.DefaultMaxTokens
+	if cl.tier.ExpectedOutputTokens > 0 {
+		fallback = int(min(cl.tier.ExpectedOutputTokens, maxOutputTokens))
 	}
-	cl.expected = min(cl.expected*cl.choices, maxTokenCount)
+	cl.boundOutput(fallback)
 	if err := s.classAndDeadline(cl, h); err != nil {
 		return err
 	}

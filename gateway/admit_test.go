@@ -329,3 +329,99 @@ func TestRoutingKeysAreBounded(t *testing.T) {
 		t.Errorf("the worker got %d requests, want the 2 with sane keys", got)
 	}
 }
+
+// Tokens reserved are tokens allowed (issue 26, item 8): without max_tokens the worker is told
+// the bound usher reserved, and a completions batch or n choices reserve every answer they ask
+// for, so a tier of 20,000 tokens a minute refuses 6 x 4,000 at once.
+func TestReservedOutputIsTheBoundTheWorkerGets(t *testing.T) {
+	tier := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+		Weight: 1, Models: []string{"*"}, TokensPerMinute: 20000, ExpectedOutputTokens: 2000}
+	start := func(t *testing.T) (*testGateway, *fakeWorker) {
+		w := newFakeWorker(t, nil)
+		g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+			d.Auth = tierAuth{tier}
+			d.Limits = tenants.NewLimiter(tenants.LimitsConfig{}, tenants.LimiterOptions{})
+		})
+		return g, w
+	}
+	t.Run("no max_tokens", func(t *testing.T) {
+		g, w := start(t)
+		for _, body := range []string{chatBody, `{"model":"m1","max_tokens":null,"messages":[{"role":"user","content":"x"}]}`} {
+			if resp := g.post(t, "/v1/chat/completions", testKey, body, nil); resp.StatusCode != http.StatusOK {
+				t.Fatalf("got %d, want 200", resp.StatusCode)
+			}
+			if got := w.body()["max_tokens"]; got != float64(2000) {
+				t.Fatalf("the worker read max_tokens %v, want the 2000 usher reserved", got)
+			}
+		}
+	})
+	for _, tt := range []struct{ name, path, body string }{
+		{"a batch of prompts", "/v1/completions", `{"model":"m1","max_tokens":4000,"prompt":["a","b","c","d","e","f"]}`},
+		{"n choices", "/v1/chat/completions", `{"model":"m1","max_tokens":4000,"n":6,"messages":[{"role":"user","content":"x"}]}`},
+		{"best_of", "/v1/completions", `{"model":"m1","max_tokens":4000,"best_of":6,"prompt":"a"}`},
+		{"a batch without max_tokens", "/v1/completions", `{"model":"m1","prompt":["a","b","c","d","e","f","g","h","i","j","k"]}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g, w := start(t)
+			if resp := g.post(t, tt.path, testKey, tt.body, nil); resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("got %d, want 429: the answers asked for exceed 20,000 tokens a minute", resp.StatusCode)
+			}
+			if n := w.requests.Load(); n != 0 {
+				t.Fatalf("the worker got %d requests", n)
+			}
+		})
+	}
+}
+
+// The prompt cap counts what the engine renders (issue 26, item 6): text in content parts of any
+// type, tool calls, tools, functions and response_format schemas. 42 KB in any of them passed a
+// 50-token cap and reached the worker.
+func TestPromptCapCountsWhatTheEngineRenders(t *testing.T) {
+	start := func(promptCap int64) (*testGateway, *fakeWorker) {
+		tier := &tenants.Tier{Name: "small", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassStandard,
+			Weight: 1, Models: []string{"*"}, MaxPromptTokens: promptCap}
+		w := newFakeWorker(t, nil)
+		g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+			d.Auth = tierAuth{tier}
+			d.Limits = tenants.NewLimiter(tenants.LimitsConfig{}, tenants.LimiterOptions{})
+		})
+		return g, w
+	}
+	g, w := start(50)
+	big := strings.Repeat("lorem ipsum ", 3500) // 42 KB
+	schema := `{"type":"object","description":"` + big + `"}`
+	user := `{"role":"user","content":"hi"}`
+	for name, body := range map[string]string{
+		"input_text part":       `{"model":"m1","messages":[{"role":"user","content":[{"type":"input_text","text":"` + big + `"}]}]}`,
+		"output_text part":      `{"model":"m1","messages":[{"role":"assistant","content":[{"type":"output_text","text":"` + big + `"}]},` + user + `]}`,
+		"thinking part":         `{"model":"m1","messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"` + big + `"}]},` + user + `]}`,
+		"tool_calls":            `{"model":"m1","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"` + big + `"}}]},` + user + `]}`,
+		"reasoning":             `{"model":"m1","messages":[{"role":"assistant","content":"ok","reasoning_content":"` + big + `"},` + user + `]}`,
+		"tools":                 `{"model":"m1","messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":` + schema + `}}]}`,
+		"functions":             `{"model":"m1","messages":[` + user + `],"functions":[{"name":"f","parameters":` + schema + `}]}`,
+		"response_format":       `{"model":"m1","messages":[` + user + `],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":` + schema + `}}}`,
+		"text in an image part": `{"model":"m1","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"},"text":"` + big + `"}]}]}`,
+		"completions suffix":    `{"model":"m1","prompt":"a","suffix":"` + big + `"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := "/v1/chat/completions"
+			if strings.Contains(body, `"prompt"`) {
+				path = "/v1/completions"
+			}
+			resp := g.post(t, path, testKey, body, nil)
+			if ae := decodeError(t, resp); resp.StatusCode != http.StatusBadRequest || ae.Code != "context_length_exceeded" {
+				t.Fatalf("got %d %q, want 400 context_length_exceeded", resp.StatusCode, ae.Code)
+			}
+		})
+	}
+	if n := w.requests.Load(); n != 0 {
+		t.Fatalf("the worker got %d of the long prompts", n)
+	}
+	// An image counts by its own rule, not by the bytes of its data URL.
+	g, _ = start(2000)
+	image := `{"model":"m1","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUFB", 25000) + `"}}]}]}`
+	if resp := g.post(t, "/v1/chat/completions", testKey, image, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a 100 KB image under a 2,000-token cap: got %d, want 200", resp.StatusCode)
+	}
+}

@@ -131,7 +131,8 @@ func TestCacheSaltReachesTheEngine(t *testing.T) {
 }
 
 // TestCachedTokensOnlyTheScopesOwn: an engine that takes no salt reports hits on every tenant's
-// prefixes; the client is told (and the ledger counts) only what its own scope put there.
+// prefixes; once another tenant was sent there, the client is told (and the ledger counts) only
+// what its own scope put there.
 func TestCachedTokensOnlyTheScopesOwn(t *testing.T) {
 	off := false
 	w := newFakeWorker(t, nil) // reports 2 of 5 prompt tokens cached
@@ -148,7 +149,10 @@ func TestCachedTokensOnlyTheScopesOwn(t *testing.T) {
 		{"an engine that does not, global scope", noSalt, routing.CacheScopeGlobal, 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{tt.spec}, CacheScope: tt.scope}, nil, nil)
+			g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{tt.spec}, CacheScope: tt.scope}, nil, twoTenants(t))
+			other := g.post(t, "/v1/chat/completions", "sk-key-two", `{"model":"m1","messages":[{"role":"user","content":"hello"}]}`, nil)
+			other.Body.Close()
+			before := tokensServed(t, g, "cached")
 			for _, body := range []string{
 				`{"model":"m1","messages":[{"role":"user","content":"hello"}]}`,
 				`{"model":"m1","messages":[{"role":"user","content":"hello"}],"stream":true,"stream_options":{"include_usage":true}}`,
@@ -170,7 +174,7 @@ func TestCachedTokensOnlyTheScopesOwn(t *testing.T) {
 					t.Errorf("the client was told %s, want %s", answer, want)
 				}
 			}
-			if got := tokensServed(t, g, "cached"); got != float64(2*tt.want) {
+			if got := tokensServed(t, g, "cached") - before; got != float64(2*tt.want) {
 				t.Errorf("cached tokens counted: got %v, want %v", got, 2*tt.want)
 			}
 		})

@@ -35,12 +35,14 @@ type call struct {
 	start time.Time
 
 	// parse
+	body             *bodyHold // the body's bytes held in the body bound until the call ends
 	model            string
 	stream           bool
 	clientWantsUsage bool   // stream_options.include_usage as the client sent it
 	serviceTier      string // OpenAI's service_tier
-	maxOutput        int    // the largest output limit the body sets; -1: none
-	choices          int    // n: answers generated
+	maxOutput        int    // the largest output limit the body sets; -1: none (boundOutput sets it)
+	choices          int    // answers generated for each prompt: n, or best_of if larger
+	prompts          int    // prompts: a completions batch's count, else 1
 	prompt           string // the text the worker prefills, for routing
 	messages         []byte // chat: the messages array as sent (JSON), for routing
 	promptTokens     int    // its estimate, every prompt of a batch counted
@@ -50,7 +52,7 @@ type call struct {
 	// admit
 	principal tenants.Principal
 	tier      *tenants.Tier
-	expected  int // output tokens the call may cost: its limits, or the tier's estimate
+	expected  int // output tokens the call may cost, all prompts and choices (boundOutput)
 	class     queue.Class
 	classed   bool // class is resolved: the request reached the queue
 	deadline  time.Time
@@ -81,13 +83,14 @@ type call struct {
 }
 
 func newCall(ep endpoint, start time.Time) *call {
-	return &call{ep: ep, start: start, maxOutput: -1, choices: 1}
+	return &call{ep: ep, start: start, maxOutput: -1, choices: 1, prompts: 1}
 }
 
 // inference serves one OpenAI inference endpoint: the stages in order, then settle.
 func (s *Server) inference(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		cl := newCall(ep, s.now())
+		defer func() { cl.body.release() }() // parse sets cl.body
 		err := s.parse(c, cl)
 		if err == nil {
 			err = s.admit(c, cl)

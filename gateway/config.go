@@ -14,6 +14,24 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// MaxBodyBytes bounds a request body; larger bodies get 413. Default 8 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxBodyBytesHeld bounds the request-body bytes the gateway holds in memory at once, every
+	// call's together: a body is held from before it is read (from its Content-Length, or as it
+	// arrives) until its call ends. A request that would pass it gets 503 with Retry-After.
+	// Default 256 MiB.
+	MaxBodyBytesHeld int64 `yaml:"max_body_bytes_held"`
+	// MaxBodyBytesPerTenant bounds the request-body bytes one tenant's calls hold at once, so one
+	// tenant's slow uploads cannot take every other tenant's share: a request that would pass it
+	// gets 429 with Retry-After. Default a quarter of max_body_bytes_held (64 MiB: 8 bodies of
+	// the largest size, thousands of ordinary ones), at least max_body_bytes; it must lie from
+	// max_body_bytes to max_body_bytes_held.
+	MaxBodyBytesPerTenant int64 `yaml:"max_body_bytes_per_tenant"`
+	// MaxJSONDepth bounds how deep objects and arrays may nest in a request body (the body
+	// itself is level 1); a deeper body gets 400. Python engines parse, validate and render JSON
+	// recursively, several frames a level, under a recursion limit of 1,000: thousands of levels
+	// make them drop the connection. Real bodies stay far below the default: a tool's JSON
+	// schema ten levels deep (OpenAI's own bound for structured outputs) nests about 25 levels
+	// in a request. Default 128; at least 5 (a chat message's content parts).
+	MaxJSONDepth int `yaml:"max_json_depth"`
 	// MaxHeaderBytes bounds the request line and headers. Default 64 KiB.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// MaxResponseBytes bounds a non-streaming worker response the gateway reads to learn its
@@ -66,8 +84,9 @@ type Config struct {
 	// the worker has not begun) and that request waits in the queue again, ahead of its tenant's
 	// later ones.
 	DisablePreemption bool `yaml:"disable_preemption"`
-	// DefaultMaxTokens is the expected output length of a request that does not set max_tokens,
-	// used for token accounting until the real usage is known. Default 256.
+	// DefaultMaxTokens bounds the output of a request that sets no output limit and whose tier
+	// sets no expected_output_tokens: usher reserves it and sends it to the worker as
+	// max_tokens, so the engine never generates more than was reserved. Default 256.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// ShutdownSettle is how long a stopping gateway keeps accepting and serving new requests
 	// after /readyz turned 503, so that load balancers and Kubernetes endpoints stop sending
@@ -82,6 +101,9 @@ type Config struct {
 func (c *Config) SetDefaults() {
 	setDefault(&c.Listen, "127.0.0.1:8080")
 	setDefault(&c.MaxBodyBytes, 8<<20)
+	setDefault(&c.MaxBodyBytesHeld, 256<<20)
+	setDefault(&c.MaxBodyBytesPerTenant, min(max(c.MaxBodyBytesHeld/4, c.MaxBodyBytes), c.MaxBodyBytesHeld))
+	setDefault(&c.MaxJSONDepth, defaultMaxJSONDepth)
 	setDefault(&c.MaxHeaderBytes, 64<<10)
 	setDefault(&c.MaxResponseBytes, 64<<20)
 	setDefault(&c.ReadHeaderTimeout, 10*time.Second)
@@ -99,6 +121,9 @@ func (c *Config) SetDefaults() {
 	setDefault(&c.ShutdownSettle, 5*time.Second)
 	setDefault(&c.ShutdownGrace, 30*time.Second)
 }
+
+// defaultMaxJSONDepth is MaxJSONDepth's default.
+const defaultMaxJSONDepth = 128
 
 func setDefault[T comparable](field *T, value T) {
 	var zero T
@@ -135,6 +160,13 @@ func (c Config) Validate() error {
 		if !p.ok {
 			errs = append(errs, fmt.Errorf("%s: must be positive", p.name))
 		}
+	}
+	if c.MaxBodyBytesPerTenant < c.MaxBodyBytes || c.MaxBodyBytesPerTenant > c.MaxBodyBytesHeld {
+		errs = append(errs, fmt.Errorf("server.max_body_bytes_per_tenant: must be from max_body_bytes (%d) to max_body_bytes_held (%d)",
+			c.MaxBodyBytes, c.MaxBodyBytesHeld))
+	}
+	if c.MaxJSONDepth < 5 {
+		errs = append(errs, errors.New("server.max_json_depth: must be at least 5 (a chat message's content parts nest 5 deep)"))
 	}
 	if c.MaxConnectionsPerClient != nil && *c.MaxConnectionsPerClient < 0 {
 		errs = append(errs, errors.New("server.max_connections_per_client: must not be negative (0 turns the bound off)"))

@@ -24,7 +24,7 @@ func (cl *call) parseInput(raw []byte) error {
 	if len(raw) == 0 {
 		return BadRequest("input", "missing required parameter: 'input'")
 	}
-	first, tokens, err := estimateInputs(raw, "input")
+	first, tokens, _, err := estimateInputs(raw, "input")
 	if err != nil {
 		return err
 	}
@@ -36,58 +36,59 @@ func (cl *call) parseInput(raw []byte) error {
 // estimateInputs estimates the tokens of a prompt or embedding input (raw, valid JSON, not
 // null): a string, an array of strings, an array of token ids, or an array of token-id arrays.
 // Every input counts (a token id is a token; a string is estimated by estimateTokens); the sum
-// saturates at maxTokenCount, and arrays of inputs hold at most maxInputs. first is the first
+// saturates at maxTokenCount, and arrays of inputs hold at most maxInputs; count is how many
+// inputs there are (each a prompt that gets its own answer). first is the first
 // string input, the text routing sees ("" for token ids). One decode, chosen by the value's
 // first bytes; an error is a 400 naming param.
-func estimateInputs(raw []byte, param string) (first string, tokens int, err error) {
+func estimateInputs(raw []byte, param string) (first string, tokens, count int, err error) {
 	bad := BadRequest(param, "'%s' must be a string, an array of strings, an array of token ids or an array of token-id arrays", param)
 	if raw[0] == '"' {
 		if json.Unmarshal(raw, &first) != nil {
-			return "", 0, bad
+			return "", 0, 0, bad
 		}
-		return first, estimateTokens(first), nil
+		return first, estimateTokens(first), 1, nil
 	}
 	if raw[0] != '[' {
-		return "", 0, bad
+		return "", 0, 0, bad
 	}
 	i := skipSpace(raw, 1)
 	if i >= len(raw) || raw[i] == ']' {
-		return "", 0, BadRequest(param, "'%s' must not be an empty array", param)
+		return "", 0, 0, BadRequest(param, "'%s' must not be an empty array", param)
 	}
 	tooMany := BadRequest(param, "'%s' holds more than %d inputs", param, maxInputs)
 	switch raw[i] {
 	case '"':
 		var list []string
 		if json.Unmarshal(raw, &list) != nil {
-			return "", 0, bad
+			return "", 0, 0, bad
 		}
 		if len(list) > maxInputs {
-			return "", 0, tooMany
+			return "", 0, 0, tooMany
 		}
 		for _, s := range list {
 			tokens = addTokens(tokens, estimateTokens(s))
 		}
-		return list[0], tokens, nil
+		return list[0], tokens, len(list), nil
 	case '[':
 		var lists [][]int64
 		if json.Unmarshal(raw, &lists) != nil {
-			return "", 0, bad
+			return "", 0, 0, bad
 		}
 		if len(lists) > maxInputs {
-			return "", 0, tooMany
+			return "", 0, 0, tooMany
 		}
 		for _, ids := range lists {
 			if len(ids) == 0 {
-				return "", 0, BadRequest(param, "'%s' must not hold an empty token array", param)
+				return "", 0, 0, BadRequest(param, "'%s' must not hold an empty token array", param)
 			}
 			tokens = addTokens(tokens, len(ids))
 		}
-		return "", tokens, nil
+		return "", tokens, len(lists), nil
 	default:
 		var ids []int64
 		if json.Unmarshal(raw, &ids) != nil {
-			return "", 0, bad
+			return "", 0, 0, bad
 		}
-		return "", min(len(ids), maxTokenCount), nil
+		return "", min(len(ids), maxTokenCount), 1, nil
 	}
 }

@@ -107,6 +107,10 @@ var errorTable = []errorRule{
 	{err: tenants.ErrBudgetExceeded, status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exceeded",
 		showCause: true},
 	{err: errTargetNotAllowed, status: http.StatusForbidden, typ: "permission_error", code: "target_worker_not_allowed", showCause: true},
+	{err: errTenantBodyBytes, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "body_bytes_exceeded",
+		retry: time.Second, showCause: true},
+	{err: errBodyBytes, status: http.StatusServiceUnavailable, typ: "server_error", code: "server_busy",
+		retry: time.Second, showCause: true},
 	// The queue.
 	{err: queue.ErrQueueFull, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full",
 		message: "the queue for this tenant or class is full; retry later"},

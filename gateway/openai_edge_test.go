@@ -285,7 +285,7 @@ func TestEstimateInputs(t *testing.T) {
 		{`[99999999999999999999]`, "", 0, false},
 		{many, "", 0, false},
 	} {
-		first, tokens, err := estimateInputs([]byte(tc.raw), "input")
+		first, tokens, _, err := estimateInputs([]byte(tc.raw), "input")
 		if (err == nil) != tc.ok || tc.ok && (first != tc.first || tokens != tc.tokens) {
 			t.Errorf("%.40s: got %q, %d, %v; want %q, %d, ok %v", tc.raw, first, tokens, err, tc.first, tc.tokens, tc.ok)
 		}

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 )
@@ -33,10 +36,14 @@ const maxOutputTokens = 1 << 24
 
 // readKeys are the top-level keys usher reads; their re-cased variants are refused.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "messages", "prompt", "input", "service_tier", "priority"}
+	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority"}
 
-// maxChoices bounds `n`, the choices generated for one request: each is an answer's worth of
-// output tokens.
+// outputLimitKeys are the members that bound a call's output, in whichever order an engine reads
+// them (llama.cpp n_predict first, vLLM max_completion_tokens).
+var outputLimitKeys = []string{"max_tokens", "max_completion_tokens", "n_predict"}
+
+// maxChoices bounds `n` and `best_of`, the choices generated for one prompt: each is an answer's
+// worth of output tokens.
 const maxChoices = 128
 
 var (
@@ -58,6 +65,13 @@ type jsonField struct {
 // members in order. It refuses duplicate keys and keys that equal one of known but for case. A
 // value that is not an object gives errNotObject.
 func objectFields(data []byte, known []string) ([]jsonField, error) {
+	return splitObject(data, known, 0)
+}
+
+// splitObject is objectFields; with maxDepth > 0 it also checks every byte it passes (the whole
+// object) for what an engine must reject (see checkedValueEnd), so the top-level split is the
+// one pass that both splits and checks the body.
+func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error) {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return nil, errNotObject
@@ -68,15 +82,26 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 		return fields, nil
 	}
 	for i < len(data) {
-		end := stringEnd(data, i)
+		end, vstart, vend := 0, 0, 0
+		if maxDepth > 0 {
+			var err error
+			if end, err = checkedStringEnd(data, i); err != nil {
+				return nil, err
+			}
+			vstart = skipSpace(data, skipSpace(data, end)+1) // past the colon
+			if vend, err = checkedValueEnd(data, vstart, maxDepth-1); err != nil {
+				return nil, err
+			}
+		} else {
+			end = stringEnd(data, i)
+			vstart = skipSpace(data, skipSpace(data, end)+1)
+			vend = valueEnd(data, vstart)
+		}
 		rawKey := data[i:end]
 		key, err := unquote(rawKey)
 		if err != nil {
 			return nil, err
 		}
-		i = skipSpace(data, end)
-		i = skipSpace(data, i+1) // the colon
-		vend := valueEnd(data, i)
 		for _, f := range fields {
 			if f.key == key {
 				return nil, fmt.Errorf("the key %q appears twice", key)
@@ -87,7 +112,7 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
 			}
 		}
-		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[i:vend], at: i})
+		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[vstart:vend], at: vstart})
 		i = skipSpace(data, vend)
 		if i >= len(data) || data[i] == '}' {
 			break
@@ -106,13 +131,24 @@ func skipSpace(data []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the index just past the JSON string starting at data[i] (a quote).
+// stringEnd returns the index just past the JSON string starting at data[i] (a quote). Past a
+// short plain string (plainShortString) it looks for quotes with bytes.IndexByte and counts the
+// backslashes before each: a quote after an odd number of them is escaped.
 func stringEnd(data []byte, i int) int {
+	if end, ok := plainShortString(data, i); ok {
+		return end
+	}
 	for j := i + 1; j < len(data); j++ {
-		switch data[j] {
-		case '\\':
-			j++
-		case '"':
+		k := bytes.IndexByte(data[j:], '"')
+		if k < 0 {
+			break
+		}
+		j += k
+		escaped := false
+		for b := j - 1; b > i && data[b] == '\\'; b-- {
+			escaped = !escaped
+		}
+		if !escaped {
 			return j + 1
 		}
 	}
@@ -155,6 +191,140 @@ func valueEnd(data []byte, i int) int {
 	return j
 }
 
+// errInputDepth, errInputUTF8 and errInputSurrogate name what checkedValueEnd refuses.
+var (
+	errInputDepth     = errors.New("JSON nests deeper than the gateway allows")
+	errInputUTF8      = errors.New("a string holds bytes that are not UTF-8")
+	errInputSurrogate = errors.New("a string holds a \\u escape of a lone UTF-16 surrogate")
+)
+
+// checkedStringEnd is stringEnd that also refuses what Python engines cannot encode: bytes that
+// are not UTF-8 (Go's json.Valid accepts them; Python's strict decoder does not) and \u escapes
+// of a UTF-16 surrogate without its pair (Python decodes them into a string it then fails to
+// encode; Go reads U+FFFD). Both checks go a word or a vector at a time over ASCII text
+// (utf8.Valid, bytes.IndexByte).
+func checkedStringEnd(data []byte, i int) (int, error) {
+	if end, ok := plainShortString(data, i); ok {
+		return end, nil
+	}
+	end := stringEnd(data, i) // its own short-string loop fails again: at most plainShortLen bytes
+	s := data[i:end]
+	if !utf8.Valid(s) {
+		return 0, fmt.Errorf("%w (in the string at byte %d)", errInputUTF8, i)
+	}
+	for k := bytes.IndexByte(s, '\\'); k >= 0 && k+1 < len(s); {
+		n := 2
+		if s[k+1] == 'u' {
+			var err error
+			if n, err = unicodeEscape(s, k+1); err != nil {
+				return 0, fmt.Errorf("%w (at byte %d)", err, i+k)
+			}
+			n++
+		}
+		next := bytes.IndexByte(s[k+n:], '\\')
+		if next < 0 {
+			break
+		}
+		k += n + next
+	}
+	return end, nil
+}
+
+// plainShortString returns the end of the JSON string at data[i] when it closes within
+// plainShortLen bytes, all ASCII and unescaped (most keys and enum values): one table lookup a
+// byte instead of checkedStringEnd's three calls.
+func plainShortString(data []byte, i int) (int, bool) {
+	end := min(len(data), i+1+plainShortLen)
+	j := i + 1
+	for j < end && plainByte[data[j]] {
+		j++
+	}
+	if j < end && data[j] == '"' {
+		return j + 1, true
+	}
+	return 0, false
+}
+
+const plainShortLen = 32
+
+// plainByte holds the bytes of a JSON string that need no look: not a quote, a backslash or
+// part of a multi-byte UTF-8 sequence.
+var plainByte = func() (t [256]bool) {
+	for c := range utf8.RuneSelf {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// unicodeEscape checks the \u escape whose 'u' is data[j] (data is valid JSON, so four hex
+// digits follow) and returns its length from the 'u': 5, or 11 for a surrogate pair.
+func unicodeEscape(data []byte, j int) (int, error) {
+	r := hex4(data[j+1 : j+5])
+	switch {
+	case r < 0xd800 || r >= 0xe000:
+		return 5, nil
+	case r < 0xdc00 && j+10 < len(data) && data[j+5] == '\\' && data[j+6] == 'u':
+		if lo := hex4(data[j+7 : j+11]); lo >= 0xdc00 && lo < 0xe000 {
+			return 11, nil
+		}
+	}
+	return 0, errInputSurrogate
+}
+
+// hex4 decodes four hex digits.
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
+}
+
+// checkedValueEnd is valueEnd that also refuses, in every string it passes, what
+// checkedStringEnd refuses, and objects and arrays nested more than maxDepth deep inside the
+// value (0: the value may not be an object or array).
+func checkedValueEnd(data []byte, i, maxDepth int) (int, error) {
+	if i >= len(data) {
+		return i, nil
+	}
+	switch data[i] {
+	case '"':
+		return checkedStringEnd(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				end, err := checkedStringEnd(data, j)
+				if err != nil {
+					return 0, err
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+				if depth > maxDepth {
+					return 0, errInputDepth
+				}
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1, nil
+				}
+			}
+		}
+		return len(data), nil
+	}
+	return valueEnd(data, i), nil
+}
+
 // unquote decodes a raw JSON string; most keys have no escapes and cost no decoding.
 func unquote(raw []byte) (string, error) {
 	if bytes.IndexByte(raw, '\\') < 0 && len(raw) >= 2 {
@@ -165,41 +335,74 @@ func unquote(raw []byte) (string, error) {
 	return s, err
 }
 
-// parse is the first stage: read the body within its bound, decode it into cl and build the
+// parse is the first stage: read the body within its bounds, decode it into cl and build the
 // upstream body.
 func (s *Server) parse(c echo.Context, cl *call) error {
-	body, err := s.readBody(c)
+	body, err := s.readBody(c, cl)
 	if err != nil {
 		return err
 	}
-	return parseBody(body, cl)
+	return parseBody(body, cl, s.cfg.MaxJSONDepth)
 }
 
-// readBody reads the request body within the configured bound.
-func (s *Server) readBody(c echo.Context) ([]byte, error) {
+// Buffer sizes of readBody for a body without Content-Length: the first, then doubled.
+const firstBodyBuffer = 16 << 10
+
+// readBody reads the request body within the configured bound, each byte reserved in the body
+// bound (bodyBytes) before it is read: all of them at once from Content-Length, else as the
+// buffer doubles. What it reserves cl.body holds until the call ends.
+func (s *Server) readBody(c echo.Context, cl *call) ([]byte, error) {
 	r := c.Request()
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(r.ContentLength, 512)+1))
-	_, err := buf.ReadFrom(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, TooLarge(s.cfg.MaxBodyBytes)
-	case r.Context().Err() != nil:
-		return nil, errClientGone
-	case err != nil:
-		return nil, BadRequest("", "reading the request body: %v", err)
+	cl.body = s.bodies.hold(principalOf(c).TenantID)
+	size := int64(firstBodyBuffer)
+	if r.ContentLength >= 0 {
+		size = r.ContentLength + 1 // room to read the end of the body
 	}
-	return buf.Bytes(), nil
+	if err := cl.body.grow(size); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 0, size)
+	body := http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes)
+	for {
+		if len(buf) == cap(buf) {
+			more := min(int64(cap(buf)), s.cfg.MaxBodyBytes+1-int64(cap(buf)))
+			if more <= 0 {
+				return nil, TooLarge(s.cfg.MaxBodyBytes)
+			}
+			if err := cl.body.grow(more); err != nil {
+				return nil, err
+			}
+			buf = append(make([]byte, 0, int64(cap(buf))+more), buf...)
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		var mbe *http.MaxBytesError
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			return buf, nil
+		case errors.As(err, &mbe):
+			return nil, TooLarge(s.cfg.MaxBodyBytes)
+		case r.Context().Err() != nil:
+			return nil, errClientGone
+		default:
+			return nil, BadRequest("", "reading the request body: %v", err)
+		}
+	}
 }
 
 func isNull(raw []byte) bool { return bytes.Equal(raw, []byte("null")) }
 
 // parseBody reads body into cl for endpoint cl.ep and builds the upstream body. Every error is a
-// 400 naming the field.
-func parseBody(body []byte, cl *call) error {
+// 400 naming the field. Besides JSON's grammar, the body must be what every engine can read:
+// UTF-8 throughout, no lone UTF-16 surrogate escapes, objects and arrays nested at most maxDepth
+// deep (the body itself is level 1); an engine that fails on such input drops the connection,
+// and usher would count that against the worker.
+func parseBody(body []byte, cl *call, maxDepth int) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return BadRequest("", "request body is empty; expected a JSON object")
 	}
@@ -208,19 +411,31 @@ func parseBody(body []byte, cl *call) error {
 		err := json.Unmarshal(body, &v)
 		return BadRequest("", "request body is not valid JSON: %v", err)
 	}
-	fields, err := objectFields(body, readKeys)
-	if errors.Is(err, errNotObject) {
+	fields, err := splitObject(body, readKeys, maxDepth)
+	switch {
+	case errors.Is(err, errNotObject):
 		return BadRequest("", "request body must be a JSON object")
+	case errors.Is(err, errInputDepth):
+		return BadRequest("", "request body: JSON nests deeper than %d levels", maxDepth)
 	}
 	if err != nil {
 		return BadRequest("", "request body: %v", err)
 	}
+	promptKey := "prompt"
+	switch {
+	case cl.ep.chat:
+		promptKey = "messages"
+	case cl.ep.embed:
+		promptKey = "input"
+	}
 	var messages, prompt, input []byte
+	rendered := 0 // bytes of members besides the prompt that the engine may render
 	for _, f := range fields {
 		v := f.value
 		if isNull(v) {
 			continue
 		}
+		rendered += renderedBytes(f, promptKey)
 		switch f.key {
 		case "model":
 			if json.Unmarshal(v, &cl.model) != nil {
@@ -248,12 +463,13 @@ func parseBody(body []byte, cl *call) error {
 				return BadRequest(f.key, "'%s' must be an integer from 0 to %d", f.key, maxOutputTokens)
 			}
 			cl.maxOutput = max(cl.maxOutput, int(n))
-		case "n":
+		case "n", "best_of":
+			// best_of (vLLM, OpenAI's legacy completions) generates that many and returns n.
 			n, err := strconv.ParseInt(string(v), 10, 64)
 			if err != nil || n < 1 || n > maxChoices {
-				return BadRequest("n", "'n' must be an integer from 1 to %d", maxChoices)
+				return BadRequest(f.key, "'%s' must be an integer from 1 to %d", f.key, maxChoices)
 			}
-			cl.choices = int(n)
+			cl.choices = max(cl.choices, int(n))
 		case "messages":
 			messages = v
 		case "prompt":
@@ -280,12 +496,17 @@ func parseBody(body []byte, cl *call) error {
 	if err != nil {
 		return err
 	}
+	if rendered > 0 {
+		cl.promptTokens = addTokens(cl.promptTokens, estimateBytes(rendered))
+	}
 	cl.upstream = cl.buildUpstream(body, fields)
 	return nil
 }
 
 // parseMessages renders the messages' text in order, the prefix structure a worker's prompt cache
-// sees: a later turn of a conversation extends the earlier turn's text.
+// sees: a later turn of a conversation extends the earlier turn's text. The prompt estimate
+// counts every byte of every message (any member a chat template may render: content parts of
+// every type, tool calls, names, reasoning), media payloads by their own rule (mediaPartTokens).
 func (cl *call) parseMessages(raw []byte) error {
 	if len(raw) == 0 || raw[0] != '[' {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
@@ -295,6 +516,7 @@ func (cl *call) parseMessages(raw []byte) error {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	var b strings.Builder
+	rendered, media := 0, 0 // bytes of the messages counted as text, media parts
 	for i, m := range msgs {
 		fields, err := objectFields(m, messageKeys)
 		if err != nil {
@@ -315,41 +537,62 @@ func (cl *call) parseMessages(raw []byte) error {
 		}
 		b.WriteString(role)
 		b.WriteByte(' ')
-		if err := appendContent(&b, content); err != nil {
+		mediaBytes, mediaParts, err := appendContent(&b, content)
+		if err != nil {
 			return BadRequest("messages", "messages[%d].content: %v", i, err)
 		}
 		b.WriteByte('\n')
+		rendered += len(m) - mediaBytes
+		media += mediaParts
 	}
 	cl.prompt = b.String()
-	cl.promptTokens = estimateTokens(cl.prompt)
+	cl.promptTokens = addTokens(estimateBytes(rendered), media*mediaPartTokens)
 	cl.messages = raw
 	return nil
 }
 
-// appendContent writes a message's content, a string or an array of parts of which the text
-// parts count.
-func appendContent(b *strings.Builder, raw []byte) error {
+// mediaPartTokens is what a content part of a medium (an image, audio, video or file) counts for
+// in the prompt estimate instead of its bytes: a data URL's bytes say nothing of the tokens an
+// engine makes of it, and a URL says nothing at all. It is OpenAI's rule for one high-detail
+// image at its largest (85 + 170 per 512-pixel tile, 8 tiles); engines differ by model.
+const mediaPartTokens = 85 + 170*8
+
+// mediaTypes are the content part types whose payload is a medium; the payload is the member of
+// the part named in mediaPayloadKeys (vLLM's and OpenAI's chat and Responses part shapes).
+var (
+	mediaTypes = []string{"image_url", "input_image", "image", "image_embeds", "input_audio", "audio_url",
+		"audio", "audio_embeds", "video_url", "video", "file", "input_file"}
+	mediaPayloadKeys = []string{"image_url", "image", "image_embeds", "input_audio", "audio_url", "audio",
+		"audio_embeds", "video_url", "video", "file", "file_data"}
+)
+
+// appendContent writes a message's content, a string or an array of parts, to the routing text:
+// the text member of every part that has one (text, input_text, output_text). For the prompt
+// estimate it returns the bytes of the media payloads in the content (counted as mediaParts
+// parts of mediaPartTokens each, not by their bytes); every other byte of a message counts.
+func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, err error) {
 	if len(raw) == 0 || isNull(raw) {
-		return nil
+		return 0, 0, nil
 	}
 	if raw[0] == '"' {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return err
+			return 0, 0, err
 		}
 		b.WriteString(s)
-		return nil
+		return 0, 0, nil
 	}
 	var parts []json.RawMessage
 	if raw[0] != '[' || json.Unmarshal(raw, &parts) != nil {
-		return errors.New("must be a string or an array of content parts")
+		return 0, 0, errors.New("must be a string or an array of content parts")
 	}
 	for i, p := range parts {
 		fields, err := objectFields(p, partKeys)
 		if err != nil {
-			return fmt.Errorf("part %d: %w", i, err)
+			return 0, 0, fmt.Errorf("part %d: %w", i, err)
 		}
 		var typ, text string
+		payload := 0
 		for _, f := range fields {
 			switch f.key {
 			case "type":
@@ -357,12 +600,17 @@ func appendContent(b *strings.Builder, raw []byte) error {
 			case "text":
 				_ = json.Unmarshal(f.value, &text)
 			}
+			if slices.Contains(mediaPayloadKeys, f.key) {
+				payload += len(f.value)
+			}
 		}
-		if typ == "text" {
-			b.WriteString(text)
+		b.WriteString(text)
+		if slices.Contains(mediaTypes, typ) {
+			mediaBytes += payload
+			mediaParts++
 		}
 	}
-	return nil
+	return mediaBytes, mediaParts, nil
 }
 
 // parsePrompt reads the prompt of /v1/completions: a string, an array of strings, an array of
@@ -371,11 +619,11 @@ func (cl *call) parsePrompt(raw []byte) error {
 	if len(raw) == 0 {
 		return BadRequest("prompt", "missing required parameter: 'prompt'")
 	}
-	first, tokens, err := estimateInputs(raw, "prompt")
+	first, tokens, count, err := estimateInputs(raw, "prompt")
 	if err != nil {
 		return err
 	}
-	cl.prompt, cl.promptTokens = first, tokens
+	cl.prompt, cl.promptTokens, cl.prompts = first, tokens, count
 	return nil
 }
 
@@ -387,20 +635,47 @@ func addTokens(a, b int) int { return min(a+min(b, maxTokenCount), maxTokenCount
 
 // estimateTokens is a cheap prompt token estimate (about four bytes a token, as OpenAI's rule of
 // thumb); accounting is reconciled with the worker's real usage afterwards.
-func estimateTokens(text string) int { return len(text)/4 + 1 }
+func estimateTokens(text string) int { return estimateBytes(len(text)) }
+
+// estimateBytes is estimateTokens of n bytes of text.
+func estimateBytes(n int) int { return n/4 + 1 }
+
+// scalarKeys are the members usher reads that an engine never renders into the prompt.
+var scalarKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"n_predict", "n", "best_of", "service_tier", "priority"}
+
+// renderedBytes is how many bytes of the member f count toward the prompt estimate besides the
+// endpoint's own prompt member (promptKey): every string, array or object usher does not read as
+// a scalar. Chat templates render tools, functions and documents, engines compile
+// response_format and guided-decoding schemas, templates may read any extra variable
+// (chat_template_kwargs, even a chat_template): counting all of them bounds what the engine
+// renders from above; the members honest clients send besides (stop, logit_bias, metadata) are
+// small.
+func renderedBytes(f jsonField, promptKey string) int {
+	if f.key == promptKey || slices.Contains(scalarKeys, f.key) {
+		return 0
+	}
+	switch f.value[0] {
+	case '"', '[', '{':
+		return len(f.value)
+	}
+	return 0
+}
 
 // buildUpstream returns the body to send to the worker: the client's members in order, as sent,
-// except that the client's `priority` is dropped and, for a stream whose client did not ask for
-// usage, stream_options asks for it (the proxy removes that chunk again), so the gateway learns
-// real token counts of every request. A body that needs no change is returned as it is.
+// except that the client's `priority` is dropped, so are output limits set to null (null is
+// "not set" to every engine; boundOutput may then add max_tokens without a duplicate), and, for
+// a stream whose client did not ask for usage, stream_options asks for it (the proxy removes
+// that chunk again), so the gateway learns real token counts of every request. A body that needs
+// no change is returned as it is.
 func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	addUsage := cl.stream && !cl.clientWantsUsage
 	changed := addUsage
 	for _, f := range fields {
-		switch f.key {
-		case "priority":
+		switch {
+		case dropped(f):
 			changed = true
-		case "model":
+		case f.key == "model":
 			cl.modelSpan = [2]int{f.at, f.at + len(f.value)}
 		}
 	}
@@ -415,10 +690,7 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 		}
 	}
 	for _, f := range fields {
-		switch {
-		case f.key == "priority":
-			continue
-		case f.key == "stream_options" && addUsage:
+		if dropped(f) || f.key == "stream_options" && addUsage {
 			continue
 		}
 		sep()
@@ -447,6 +719,37 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 	return append(out, '}')
 }
 
+// dropped reports whether buildUpstream leaves the client's member f out.
+func dropped(f jsonField) bool {
+	return f.key == "priority" || isNull(f.value) && slices.Contains(outputLimitKeys, f.key)
+}
+
+// boundOutput settles what the call may generate and reserves it (cl.expected): the output
+// limit the client set, or, when it set none, fallback, which is then added to the upstream body
+// as max_tokens (what vLLM, llama.cpp without n_predict, and OpenAI read), so the engine's bound
+// and usher's reservation are one number. The reservation counts every prompt of a batch and
+// every choice: prompts x choices x the bound, saturating at maxTokenCount. The model span is
+// unchanged (the member goes last).
+func (cl *call) boundOutput(fallback int) {
+	if cl.maxOutput < 0 {
+		cl.maxOutput = fallback
+		cl.upstream = withMember(cl.upstream, "max_tokens", strconv.AppendInt(nil, int64(fallback), 10))
+	}
+	cl.expected = min(cl.maxOutput*cl.choices*cl.prompts, maxTokenCount)
+}
+
+// withMember returns the JSON object b with the member key: value added last, in a new slice.
+func withMember(b []byte, key string, value []byte) []byte {
+	end := bytes.LastIndexByte(b, '}')
+	out := make([]byte, 0, len(b)+len(key)+len(value)+4)
+	out = append(out, b[:end]...)
+	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
+		out = append(out, ',')
+	}
+	out = append(append(append(append(out, '"'), key...), '"', ':'), value...)
+	return append(out, b[end:]...)
+}
+
 // upstreamBody is the body for a worker: for one that calls the model by another name
 // (routing.WorkerSpec.ModelAliases) the model is that name, given as engineModel ("" or the
 // call's own model: no change); for one that schedules by priority (vLLM's `priority` field,
@@ -464,12 +767,5 @@ func (cl *call) upstreamBody(handoff bool, engineModel string) []byte {
 	if !handoff {
 		return b
 	}
-	end := bytes.LastIndexByte(b, '}')
-	out := make([]byte, 0, len(b)+16)
-	out = append(out, b[:end]...)
-	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
-		out = append(out, ',')
-	}
-	out = strconv.AppendInt(append(out, `"priority":`...), int64(cl.class), 10)
-	return append(out, b[end:]...)
+	return withMember(b, "priority", strconv.AppendInt(nil, int64(cl.class), 10))
 }

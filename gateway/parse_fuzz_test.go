@@ -16,7 +16,8 @@ import (
 // (issue 10, item 1): an engine that reads JSON case-sensitively and keeps the last duplicate
 // (Python's json.loads, like vLLM and SGLang), or one that folds case, reads from the body usher
 // sends exactly what usher enforced (model, stream, output limits, choices, priority), and the
-// body usher sends parses back to the same call.
+// body usher sends parses back to the same call. A body without an output limit reaches the
+// engine with the one usher reserved (issue 26, item 8).
 func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
@@ -36,10 +37,11 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 			ep = chatEndpoint
 		}
 		cl := newCall(ep, time.Time{})
-		if parseBody(body, cl) != nil {
+		if parseBody(body, cl, defaultMaxJSONDepth) != nil {
 			return // refusals are FuzzParseInferenceRequest's
 		}
 		cl.class = queue.Batch
+		cl.boundOutput(77)
 		out := cl.upstreamBody(handoff, "")
 
 		var engine map[string]json.RawMessage // exact keys, the last duplicate wins
@@ -57,17 +59,24 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 		if err := json.Unmarshal(engine["model"], &model); err != nil || model != cl.model {
 			t.Fatalf("engine reads model %q, usher enforced %q\n%s", model, cl.model, out)
 		}
-		for _, key := range []string{"max_tokens", "max_completion_tokens", "n_predict"} {
+		bounded := false
+		for _, key := range outputLimitKeys {
 			if v, ok := engine[key]; ok && !isNull(v) {
 				n, err := strconv.ParseInt(string(v), 10, 64)
 				if err != nil || n < 0 || int(n) > cl.maxOutput {
 					t.Fatalf("engine reads %s = %s, usher reserved %d output tokens\n%s", key, v, cl.maxOutput, out)
 				}
+				bounded = true
 			}
 		}
-		if v, ok := engine["n"]; ok && !isNull(v) {
-			if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || int(n) > cl.choices {
-				t.Fatalf("engine reads n = %s, usher counted %d choices\n%s", v, cl.choices, out)
+		if !bounded && !cl.ep.embed {
+			t.Fatalf("the engine reads no output limit and takes its own default; usher reserved %d\n%s", cl.maxOutput, out)
+		}
+		for _, key := range []string{"n", "best_of"} {
+			if v, ok := engine[key]; ok && !isNull(v) {
+				if n, err := strconv.ParseInt(string(v), 10, 64); err != nil || int(n) > cl.choices {
+					t.Fatalf("engine reads %s = %s, usher counted %d choices\n%s", key, v, cl.choices, out)
+				}
 			}
 		}
 		stream := false
@@ -86,7 +95,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 		}
 
 		again := newCall(ep, time.Time{})
-		if err := parseBody(cl.upstream, again); err != nil {
+		if err := parseBody(cl.upstream, again, defaultMaxJSONDepth); err != nil {
 			t.Fatalf("the upstream body does not parse again: %v\n%s", err, cl.upstream)
 		}
 		if again.model != cl.model || again.stream != cl.stream || again.maxOutput != cl.maxOutput ||
@@ -124,5 +133,25 @@ func TestParserDifferentialNeverReachesACaseSensitiveWorker(t *testing.T) {
 	}
 	if got := w.body(); got["model"] != "m1" || got["max_tokens"] != float64(5) {
 		t.Fatalf("the worker read model %v, max_tokens %v; usher read m1 and 5", got["model"], got["max_tokens"])
+	}
+}
+
+// Through the whole gateway, input an engine must reject never reaches the worker (issue 26,
+// item 1), so no engine's failure on it counts against the worker's breaker.
+func TestInputAnEngineMustRejectNeverReachesTheWorker(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	for _, body := range []string{
+		`{"model":"m1","messages":[{"role":"user","content":"caf` + "\xe9" + `"}]}`,
+		`{"model":"m1","messages":[{"role":"user","content":"\ud800"}]}`,
+		`{"model":"m1","messages":[{"role":"user","content":"x"}],"tools":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `}`,
+	} {
+		resp := g.post(t, "/v1/chat/completions", testKey, body, nil)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("body %.50q...: got %d, want 400", body, resp.StatusCode)
+		}
+	}
+	if n := w.requests.Load(); n != 0 {
+		t.Fatalf("the worker got %d of the bodies", n)
 	}
 }

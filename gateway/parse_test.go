@@ -40,7 +40,7 @@ func TestParseInferenceRequest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newCall(tt.ep, time.Time{})
-			err := parseBody([]byte(tt.body), r)
+			err := parseBody([]byte(tt.body), r, defaultMaxJSONDepth)
 			if tt.wantOK {
 				if err != nil {
 					t.Fatalf("got error %v, want none", err)
@@ -78,7 +78,7 @@ func TestForUpstreamAsksForUsage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			body := withPrompt(tt.body)
 			r := newCall(completionEndpoint, time.Time{})
-			if err := parseBody([]byte(body), r); err != nil {
+			if err := parseBody([]byte(body), r, defaultMaxJSONDepth); err != nil {
 				t.Fatal(err)
 			}
 			out := r.upstream
@@ -201,7 +201,7 @@ func FuzzParseInferenceRequest(f *testing.F) {
 			ep = chatEndpoint
 		}
 		r := newCall(ep, time.Time{})
-		if err := parseBody(body, r); err != nil {
+		if err := parseBody(body, r, defaultMaxJSONDepth); err != nil {
 			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
 				t.Fatalf("got %v, want a 400", err)
@@ -261,7 +261,7 @@ func TestParserDifferentialsAreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := parseBody([]byte(tt.body), newCall(tt.ep, time.Time{}))
+			err := parseBody([]byte(tt.body), newCall(tt.ep, time.Time{}), defaultMaxJSONDepth)
 			var ae *APIError
 			if !errors.As(err, &ae) || ae.Status != 400 {
 				t.Fatalf("got %v, want a 400", err)
@@ -284,7 +284,7 @@ func TestOutputLimitIsTheLargestTheEnginesRead(t *testing.T) {
 	}
 	for _, tt := range tests {
 		cl := newCall(chatEndpoint, time.Time{})
-		if err := parseBody([]byte(tt.body), cl); err != nil {
+		if err := parseBody([]byte(tt.body), cl, defaultMaxJSONDepth); err != nil {
 			t.Fatalf("%s: %v", tt.body, err)
 		}
 		if cl.maxOutput != tt.maxOutput || cl.choices != tt.choices {
@@ -306,7 +306,7 @@ func TestCompletionPromptsAreAllCounted(t *testing.T) {
 	}
 	for _, tt := range tests {
 		cl := newCall(completionEndpoint, time.Time{})
-		if err := parseBody([]byte(`{"model":"m","prompt":`+tt.prompt+`}`), cl); err != nil {
+		if err := parseBody([]byte(`{"model":"m","prompt":`+tt.prompt+`}`), cl, defaultMaxJSONDepth); err != nil {
 			t.Fatal(err)
 		}
 		if cl.promptTokens < tt.atLeast {
@@ -319,7 +319,7 @@ func TestCompletionPromptsAreAllCounted(t *testing.T) {
 func TestUpstreamBodyKeepsTheClientsMembers(t *testing.T) {
 	body := `{"model":"m","priority":-100,"temperature":0.5,"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":2}}`
 	cl := newCall(chatEndpoint, time.Time{})
-	if err := parseBody([]byte(body), cl); err != nil {
+	if err := parseBody([]byte(body), cl, defaultMaxJSONDepth); err != nil {
 		t.Fatal(err)
 	}
 	want := `{"model":"m","temperature":0.5,"messages":[{"role":"user","content":"x"}],"logit_bias":{"1":2}}`
@@ -329,5 +329,96 @@ func TestUpstreamBodyKeepsTheClientsMembers(t *testing.T) {
 	cl.class = 2
 	if got, want := string(cl.upstreamBody(true, "")), want[:len(want)-1]+`,"priority":2}`; got != want {
 		t.Errorf("handed down:\n got %s\nwant %s", got, want)
+	}
+}
+
+// Input an engine must reject is refused by usher first (issue 26, item 1): bytes that are not
+// UTF-8, lone UTF-16 surrogate escapes and JSON nested thousands deep made a Python engine drop
+// the connection, which counted against the worker. Each is a 400 at parse; what is close to
+// them but valid passes.
+func TestInputAnEngineMustRejectIsRefused(t *testing.T) {
+	chat := func(content string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + content + `"}]}`
+	}
+	deep := func(levels int) string {
+		return `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":` +
+			strings.Repeat("[", levels) + strings.Repeat("]", levels) + `}`
+	}
+	tests := []struct {
+		name string
+		body string
+		ok   bool
+	}{
+		{"invalid UTF-8 in content", chat("caf\xe9"), false},
+		{"a UTF-8 surrogate code point", chat("\xed\xa0\x80"), false},
+		{"truncated UTF-8 sequence", chat("\xe6\x9d"), false},
+		{"invalid UTF-8 in a key", `{"model":"m","messages":[{"role":"user","content":"x"}],"k\xff":1}`, false},
+		{"invalid UTF-8 in an unread member", `{"model":"m","messages":[{"role":"user","content":"x"}],"user":"\xc3"}`, false},
+		{"lone high surrogate", chat(`\ud800`), false},
+		{"lone low surrogate", chat(`\udc00`), false},
+		{"high surrogate then a non-surrogate", chat(`\ud800\u0041`), false},
+		{"reversed pair", chat(`\udc00\ud800`), false},
+		{"5,000 levels deep", deep(5000), false},
+		{"one level over the bound", deep(defaultMaxJSONDepth), false},
+		{"at the bound", deep(defaultMaxJSONDepth - 1), true},
+		{"UTF-8 text", chat("Grüße 東京 🎉"), true},
+		{"a surrogate pair escape", chat(`\ud83c\udf89 \u00e9`), true},
+		{"an escaped backslash before u", chat(`\\ud800`), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := parseBody([]byte(tt.body), newCall(chatEndpoint, time.Time{}), defaultMaxJSONDepth)
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("got %v, want it accepted", err)
+				}
+				return
+			}
+			var ae *APIError
+			if !errors.As(err, &ae) || ae.Status != 400 || ae.Type != "invalid_request_error" {
+				t.Fatalf("got %v, want a 400 invalid_request_error", err)
+			}
+		})
+	}
+}
+
+// boundOutput reserves prompts x choices x the output bound, and a call without a bound tells the
+// worker the one it reserved, once, whatever null limits the client sent.
+func TestBoundOutputIsWhatTheWorkerReads(t *testing.T) {
+	tests := []struct {
+		name     string
+		ep       endpoint
+		body     string
+		expected int
+		engine   map[string]any // output limits the worker reads
+	}{
+		{"none", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, 300, map[string]any{"max_tokens": 300.0}},
+		{"nulls", chatEndpoint, `{"model":"m","max_tokens":null,"n_predict":null,"max_completion_tokens":null,"messages":[{"role":"user","content":"x"}]}`, 300, map[string]any{"max_tokens": 300.0}},
+		{"client's own", chatEndpoint, `{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"x"}]}`, 50, map[string]any{"max_tokens": 50.0}},
+		{"n choices", chatEndpoint, `{"model":"m","n":4,"messages":[{"role":"user","content":"x"}]}`, 1200, map[string]any{"max_tokens": 300.0}},
+		{"a batch of prompts", completionEndpoint, `{"model":"m","max_tokens":10,"n":2,"prompt":["a","b","c"]}`, 60, map[string]any{"max_tokens": 10.0}},
+		{"token-id batch", completionEndpoint, `{"model":"m","prompt":[[1],[2]]}`, 600, map[string]any{"max_tokens": 300.0}},
+		{"best_of", completionEndpoint, `{"model":"m","max_tokens":10,"n":2,"best_of":5,"prompt":"a"}`, 50, map[string]any{"max_tokens": 10.0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := newCall(tt.ep, time.Time{})
+			if err := parseBody([]byte(tt.body), cl, defaultMaxJSONDepth); err != nil {
+				t.Fatal(err)
+			}
+			cl.boundOutput(300)
+			if cl.expected != tt.expected {
+				t.Errorf("reserved %d output tokens, want %d", cl.expected, tt.expected)
+			}
+			var engine map[string]any
+			if err := json.Unmarshal(cl.upstreamBody(false, "engine"), &engine); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range outputLimitKeys {
+				if engine[k] != tt.engine[k] {
+					t.Errorf("the worker reads %s = %v, want %v", k, engine[k], tt.engine[k])
+				}
+			}
+		})
 	}
 }

@@ -219,7 +219,7 @@ func readPieceMessage(raw []byte) (pieceMessage, bool) {
 			} else {
 				// Content parts: their text counts, as parseMessages renders it.
 				var parts strings.Builder
-				_ = appendContent(&parts, f.value)
+				_, _, _ = appendContent(&parts, f.value)
 				text = parts.Len()
 			}
 		}

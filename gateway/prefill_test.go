@@ -72,7 +72,7 @@ func TestPieceBody(t *testing.T) {
 				t.Fatal("got no piece")
 			}
 			cl := newCall(endpoint{chat: tt.chat}, time.Now())
-			if err := parseBody(b, cl); err != nil {
+			if err := parseBody(b, cl, defaultMaxJSONDepth); err != nil {
 				t.Fatalf("the piece %s does not parse: %v", b, err)
 			}
 			if cl.prompt != tt.want {
@@ -283,7 +283,7 @@ func FuzzPieceBodyIsAPrefix(f *testing.F) {
 			ep = chatEndpoint
 		}
 		cl := newCall(ep, time.Time{})
-		if parseBody(body, cl) != nil || tokens < 1 || tokens > 1<<20 {
+		if parseBody(body, cl, defaultMaxJSONDepth) != nil || tokens < 1 || tokens > 1<<20 {
 			return
 		}
 		b, ok := pieceBody(cl.upstream, chat, tokens)
@@ -291,7 +291,7 @@ func FuzzPieceBodyIsAPrefix(f *testing.F) {
 			return
 		}
 		piece := newCall(ep, time.Time{})
-		if err := parseBody(b, piece); err != nil {
+		if err := parseBody(b, piece, defaultMaxJSONDepth); err != nil {
 			t.Fatalf("the piece is refused: %v\n%s", err, b)
 		}
 		if piece.stream || piece.maxOutput != 1 || piece.choices != 1 || piece.model != cl.model {

@@ -72,6 +72,8 @@ type Server struct {
 	echo       *echo.Echo
 	// trusted are the proxies whose forwarding headers name the client (clientaddr.go).
 	trusted trustedProxies
+	// bodies bounds the request-body bytes held in memory (bodies.go).
+	bodies *bodyBytes
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }
@@ -122,6 +124,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		now:        d.Now,
 		metrics:    m,
 		traffic:    &traffic{now: d.Now},
+		bodies:     newBodyBytes(cfg.MaxBodyBytesHeld, cfg.MaxBodyBytesPerTenant),
 		trusted:    trusted,
 	}
 	e := echo.New()

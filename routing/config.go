@@ -29,6 +29,7 @@ const (
 	DefaultRegistrySync       = 500 * time.Millisecond
 	DefaultBreakerFailures    = 5
 	DefaultBreakerCooldown    = 10 * time.Second
+	DefaultMaxPinsPerTenant   = 10000
 )
 
 // WorkerSpec declares one inference worker: an OpenAI-compatible server and the models it serves.
@@ -205,6 +206,12 @@ type Config struct {
 	// name: still one per scope through usher, which replaces any cache_salt a client sends,
 	// but computable by whoever knows a tenant's ID and reaches an engine directly.
 	CacheSaltKey string `yaml:"cache_salt_key"`
+	// MaxPinsPerTenant bounds the pins (sessions and routing keys of sticky_session and manual,
+	// every model's together) one tenant holds in the pin store: a new pin past it removes that
+	// tenant's least recently used one, so a tenant inventing session ids costs the store no
+	// more than this many pins and loses only its own stickiness. Default 10,000 (a pin takes
+	// about 1 KB in memory).
+	MaxPinsPerTenant int `yaml:"max_pins_per_tenant"`
 }
 
 // SetDefaults fills the zero fields of c with the package defaults. Worker caps left at 0 stay 0
@@ -231,6 +238,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.CacheScope == "" {
 		c.CacheScope = CacheScopeTenant
+	}
+	if c.MaxPinsPerTenant == 0 {
+		c.MaxPinsPerTenant = DefaultMaxPinsPerTenant
 	}
 	c.Concurrency.setDefaults()
 	sc := &c.Scrape
@@ -272,6 +282,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConcurrency < 1 {
 		bad("max_concurrency", "must be at least 1, got %d", c.MaxConcurrency)
+	}
+	if c.MaxPinsPerTenant < 1 {
+		bad("max_pins_per_tenant", "must be at least 1, got %d", c.MaxPinsPerTenant)
 	}
 	if c.MaxTokensInFlight < 1 {
 		bad("max_tokens_in_flight", "must be at least 1, got %d", c.MaxTokensInFlight)

@@ -215,7 +215,7 @@ func TestDrainSharedThroughRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	newGateway := func() *Pool {
-		store := NewRedisStore(newRedisClient(t, srv))
+		store := NewRedisStore(newRedisClient(t, srv), 0)
 		p, err := NewPool(Config{Workers: testWorkers(2, "m")}, Options{Pins: store, Drains: store})
 		if err != nil {
 			t.Fatal(err)
@@ -284,7 +284,7 @@ func TestRetireRemovesOnceEmpty(t *testing.T) {
 
 func TestRetiringIgnoresSharedUndrain(t *testing.T) {
 	rs := redistest.Start(t)
-	store := NewRedisStore(newRedisClient(t, rs))
+	store := NewRedisStore(newRedisClient(t, rs), 0)
 	p, err := NewPool(Config{Workers: testWorkers(1, "m")}, Options{Drains: store})
 	if err != nil {
 		t.Fatal(err)

@@ -2,10 +2,10 @@ package routing
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -85,14 +85,18 @@ type PinStore interface {
 // MemoryPinStore is a PinStore in the gateway's memory, for a single gateway without Redis. Pins
 // expire lazily: an expired pin is dropped when it is next read or listed, and all expired pins
 // are swept whenever the store has doubled since the last sweep, so pins of sessions never seen
-// again (one per new session ID) hold at most about twice the live pins' memory. Safe for
-// concurrent use; the zero value is not usable, call NewMemoryPinStore.
+// again (one per new session ID) hold at most about twice the live pins' memory. A tenant holds
+// at most maxPerTenant pins, every model's together: a new pin past it removes the tenant's least
+// recently used one (see Config.MaxPinsPerTenant). Safe for concurrent use; the zero value is not
+// usable, call NewMemoryPinStore.
 type MemoryPinStore struct {
-	now func() time.Time
+	now          func() time.Time
+	maxPerTenant int
 
-	mu      sync.Mutex // guards pins and sweepAt
-	pins    map[PinKey]memoryPin
-	sweepAt int // the size at which the next new pin sweeps the expired ones
+	mu      sync.Mutex // guards pins, tenants and sweepAt
+	pins    map[PinKey]*memoryPin
+	tenants map[string]*list.List // each tenant's pins (PinKey), most recently used first; none: no entry
+	sweepAt int                   // the size at which the next new pin sweeps the expired ones
 }
 
 // minSweepAt is the smallest store size at which expired pins are swept.
@@ -101,34 +105,71 @@ const minSweepAt = 1024
 type memoryPin struct {
 	worker  string
 	expires time.Time
+	use     *list.Element // in the tenant's list
 }
 
 var _ PinStore = (*MemoryPinStore)(nil)
 
-// NewMemoryPinStore returns an empty store reading time from now (time.Now if nil).
-func NewMemoryPinStore(now func() time.Time) *MemoryPinStore {
+// NewMemoryPinStore returns an empty store reading time from now (time.Now if nil), holding at
+// most maxPerTenant pins of a tenant (DefaultMaxPinsPerTenant if not positive).
+func NewMemoryPinStore(now func() time.Time, maxPerTenant int) *MemoryPinStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemoryPinStore{now: now, pins: make(map[PinKey]memoryPin), sweepAt: minSweepAt}
+	if maxPerTenant <= 0 {
+		maxPerTenant = DefaultMaxPinsPerTenant
+	}
+	return &MemoryPinStore{now: now, maxPerTenant: maxPerTenant, pins: make(map[PinKey]*memoryPin),
+		tenants: make(map[string]*list.List), sweepAt: minSweepAt}
 }
 
-// putLocked stores p under k, sweeping the expired pins first when the store has grown to
-// sweepAt: amortized O(1) per pin. s.mu must be held.
-func (s *MemoryPinStore) putLocked(k PinKey, p memoryPin, now time.Time) {
-	if _, ok := s.pins[k]; !ok && len(s.pins) >= s.sweepAt {
-		maps.DeleteFunc(s.pins, func(_ PinKey, p memoryPin) bool { return !now.Before(p.expires) })
+// putLocked pins k to worker until expires. A new pin sweeps the expired pins first when the
+// store has grown to sweepAt (amortized O(1) per pin), and then removes its tenant's least
+// recently used pins past maxPerTenant (O(1) each). s.mu must be held.
+func (s *MemoryPinStore) putLocked(k PinKey, worker string, expires, now time.Time) {
+	if p, ok := s.pins[k]; ok {
+		p.worker, p.expires = worker, expires
+		s.tenants[k.Tenant].MoveToFront(p.use)
+		return
+	}
+	if len(s.pins) >= s.sweepAt {
+		for k, p := range s.pins {
+			if !now.Before(p.expires) {
+				s.removeLocked(k)
+			}
+		}
 		s.sweepAt = max(2*len(s.pins), minSweepAt)
 	}
-	s.pins[k] = p
+	uses := s.tenants[k.Tenant]
+	if uses == nil {
+		uses = list.New()
+		s.tenants[k.Tenant] = uses
+	}
+	s.pins[k] = &memoryPin{worker: worker, expires: expires, use: uses.PushFront(k)}
+	for uses.Len() > s.maxPerTenant {
+		s.removeLocked(uses.Back().Value.(PinKey))
+	}
+}
+
+// removeLocked removes the pin of k, if any. s.mu must be held.
+func (s *MemoryPinStore) removeLocked(k PinKey) {
+	p, ok := s.pins[k]
+	if !ok {
+		return
+	}
+	delete(s.pins, k)
+	uses := s.tenants[k.Tenant]
+	if uses.Remove(p.use); uses.Len() == 0 {
+		delete(s.tenants, k.Tenant)
+	}
 }
 
 // live returns the unexpired pin of k. s.mu must be held.
-func (s *MemoryPinStore) live(k PinKey, now time.Time) (memoryPin, bool) {
+func (s *MemoryPinStore) live(k PinKey, now time.Time) (*memoryPin, bool) {
 	p, ok := s.pins[k]
 	if ok && !now.Before(p.expires) {
-		delete(s.pins, k)
-		return memoryPin{}, false
+		s.removeLocked(k)
+		return nil, false
 	}
 	return p, ok
 }
@@ -143,7 +184,7 @@ func (s *MemoryPinStore) Get(_ context.Context, k PinKey, ttl time.Duration) (st
 		return "", nil
 	}
 	p.expires = now.Add(ttl)
-	s.pins[k] = p
+	s.tenants[k.Tenant].MoveToFront(p.use)
 	return p.worker, nil
 }
 
@@ -152,13 +193,11 @@ func (s *MemoryPinStore) Claim(_ context.Context, k PinKey, expect, worker strin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	p, ok := s.live(k, now)
-	if !ok || p.worker == expect {
-		p.worker = worker
+	if p, ok := s.live(k, now); ok && p.worker != expect {
+		worker = p.worker
 	}
-	p.expires = now.Add(ttl)
-	s.putLocked(k, p, now)
-	return p.worker, nil
+	s.putLocked(k, worker, now.Add(ttl), now)
+	return worker, nil
 }
 
 // Set implements PinStore.
@@ -166,7 +205,8 @@ func (s *MemoryPinStore) Set(_ context.Context, k PinKey, worker string, ttl tim
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	s.putLocked(k, memoryPin{worker: worker, expires: now.Add(ttl)}, now)
+	s.live(k, now)
+	s.putLocked(k, worker, now.Add(ttl), now)
 	return nil
 }
 
@@ -174,7 +214,7 @@ func (s *MemoryPinStore) Set(_ context.Context, k PinKey, worker string, ttl tim
 func (s *MemoryPinStore) Delete(_ context.Context, k PinKey) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.pins, k)
+	s.removeLocked(k)
 	return nil
 }
 

@@ -12,7 +12,7 @@ import (
 // session ID for every request holds about twice the live pins, not every pin ever made.
 func TestMemoryPinStoreSweepsPinsNeverReadAgain(t *testing.T) {
 	clock := newFakeClock()
-	s := NewMemoryPinStore(clock.Now)
+	s := NewMemoryPinStore(clock.Now, 0)
 	ctx := context.Background()
 	const live = 10_000
 	for round := range 10 {
@@ -32,11 +32,12 @@ func TestMemoryPinStoreSweepsPinsNeverReadAgain(t *testing.T) {
 	if held > 2*live+minSweepAt {
 		t.Fatalf("pins held after 10 rounds of %d one-off sessions: %d, want at most %d", live, held, 2*live+minSweepAt)
 	}
-	// A live pin is never swept.
+	// A live pin is never swept (the one-off pins are another tenant's: a tenant's own pins past
+	// MaxPinsPerTenant replace its least recently used, see TestPinsPerTenantAreBounded).
 	k := PinKey{Model: "m", Tenant: "t", Key: "kept"}
 	_ = s.Set(ctx, k, "w2", time.Hour)
 	for i := range 3 * live {
-		_ = s.Set(ctx, PinKey{Model: "m", Tenant: "t", Key: fmt.Sprintf("x%d", i)}, "w1", time.Second)
+		_ = s.Set(ctx, PinKey{Model: "m", Tenant: "u", Key: fmt.Sprintf("x%d", i)}, "w1", time.Second)
 		if i%live == 0 {
 			clock.Advance(2 * time.Second)
 		}

@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -24,8 +25,8 @@ func TestPinStores(t *testing.T) {
 		name string
 		new  func(t *testing.T) PinStore
 	}{
-		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil) }},
-		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t))) }},
+		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil, 0) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t)), 0) }},
 	}
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
@@ -110,7 +111,7 @@ func sameSet(a, b []string) bool {
 
 func TestMemoryPinStoreSlidingTTL(t *testing.T) {
 	clock := newFakeClock()
-	s := NewMemoryPinStore(clock.Now)
+	s := NewMemoryPinStore(clock.Now, 0)
 	ctx := context.Background()
 	k := PinKey{Model: "m", Tenant: "t", Key: "s"}
 	_ = s.Set(ctx, k, "w1", time.Minute)
@@ -143,8 +144,8 @@ func TestPinStoresPage(t *testing.T) {
 		name string
 		new  func(t *testing.T) PinStore
 	}{
-		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil) }},
-		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t))) }},
+		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil, 0) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t)), 0) }},
 	}
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
@@ -192,6 +193,73 @@ func TestPinStoresPage(t *testing.T) {
 			got, err := s.List(ctx, PinFilter{Key: "s0420"})
 			if err != nil || len(got) != 1 || got[0].Worker != "w1" {
 				t.Errorf("List by key: got %v, %v; want s0420 on w1", got, err)
+			}
+		})
+	}
+}
+
+// A tenant's pins are bounded (issue 26, weak spot: 100,000 distinct session ids held 89 MB for
+// the pin TTL): past MaxPinsPerTenant, every model's together, a new pin replaces that tenant's
+// least recently used one; another tenant's pins stay.
+func TestPinsPerTenantAreBounded(t *testing.T) {
+	const bound = 50
+	stores := []struct {
+		name string
+		new  func(t *testing.T) PinStore
+	}{
+		{name: "memory", new: func(*testing.T) PinStore { return NewMemoryPinStore(nil, bound) }},
+		{name: "redis", new: func(t *testing.T) PinStore { return NewRedisStore(newRedisClient(t, redistest.Start(t)), bound) }},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := st.new(t)
+			victim := PinKey{Model: "m", Tenant: "victim", Key: "s"}
+			if err := s.Set(ctx, victim, "w1", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			used := PinKey{Model: "m", Tenant: "a", Key: "used"}
+			if _, err := s.Claim(ctx, used, "", "w1", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2000 {
+				k := PinKey{Model: []string{"m", "n"}[i%2], Tenant: "a", Key: fmt.Sprintf("s%d", i)}
+				if i%2 == 0 {
+					_, err := s.Claim(ctx, k, "", "w2", time.Hour)
+					if err != nil {
+						t.Fatal(err)
+					}
+				} else if err := s.Set(ctx, k, "w2", time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				if i%10 == 0 {
+					if got, err := s.Get(ctx, used, time.Hour); err != nil || got != "w1" {
+						t.Fatalf("the tenant's session in use: got %q, %v; want w1", got, err)
+					}
+				}
+			}
+			pins, err := s.List(ctx, PinFilter{Tenant: "a"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(pins) != bound {
+				t.Fatalf("tenant a holds %d pins after 2,001, want %d", len(pins), bound)
+			}
+			kept := map[string]bool{}
+			for _, p := range pins {
+				kept[p.Key] = true
+			}
+			if !kept["used"] || !kept["s1999"] || kept["s0"] {
+				t.Errorf("kept %v: want the session in use and the newest, not the oldest", slices.Sorted(maps.Keys(kept)))
+			}
+			if got, _ := s.Get(ctx, victim, time.Hour); got != "w1" {
+				t.Errorf("another tenant's pin: got %q, want w1", got)
+			}
+			if err := s.Delete(ctx, used); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := s.Get(ctx, used, time.Hour); got != "" {
+				t.Errorf("a deleted pin: got %q, want none", got)
 			}
 		})
 	}

@@ -353,7 +353,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	p.pins = opts.Pins
 	if p.pins == nil {
-		p.pins = NewMemoryPinStore(p.now)
+		p.pins = NewMemoryPinStore(p.now, cfg.MaxPinsPerTenant)
 	}
 	p.metrics = newPoolMetrics(p)
 	for _, spec := range cfg.Workers {

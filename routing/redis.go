@@ -12,13 +12,16 @@ import (
 )
 
 // RedisStore keeps what every gateway replica must share about routing in Redis: the pins, one
-// string per pin under `usher:pin:<model>:<tenant>:<key>` (':' and '%' in the parts
-// percent-encoded) holding the worker ID, with a sliding TTL; the draining workers, a set
-// under `usher:draining`; the announcements of worker registry changes (WorkersChannel); and, as
-// a PrefixFeed, the Pub/Sub channel `usher:prefixes:<model>`. Each method is one round trip
-// except List, which scans. Safe for concurrent use.
+// string per pin under `usher:pin:<model>:{<tenant>}:<key>` (':', '%', '{' and '}' in the parts
+// percent-encoded) holding the worker ID, with a sliding TTL, and per tenant a sorted set under
+// `usher:pins-of:{<tenant>}` of its pins' keys by last use, which bounds the pins a tenant
+// holds (the tenant's hash tag keeps a tenant's keys in one Redis Cluster slot); the draining
+// workers, a set under `usher:draining`; the announcements of worker registry changes
+// (WorkersChannel); and, as a PrefixFeed, the Pub/Sub channel `usher:prefixes:<model>`. Each
+// method is one round trip except List, which scans. Safe for concurrent use.
 type RedisStore struct {
-	client redis.UniversalClient
+	client       redis.UniversalClient
+	maxPerTenant int
 }
 
 var (
@@ -30,8 +33,9 @@ var (
 
 // Keys of RedisStore.
 const (
-	pinKeyPrefix = "usher:pin:"
-	drainingKey  = "usher:draining"
+	pinKeyPrefix     = "usher:pin:"
+	tenantPinsPrefix = "usher:pins-of:"
+	drainingKey      = "usher:draining"
 	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
 	// WorkerRegistry.
 	WorkersChannel = "usher:workers:changes"
@@ -40,30 +44,81 @@ const (
 	prefixChannelPrefix = "usher:prefixes:"
 )
 
-// NewRedisStore returns a store on client; the caller owns client and closes it.
-func NewRedisStore(client redis.UniversalClient) *RedisStore {
-	return &RedisStore{client: client}
+// NewRedisStore returns a store on client holding at most maxPinsPerTenant pins of a tenant
+// (DefaultMaxPinsPerTenant if not positive); the caller owns client and closes it.
+func NewRedisStore(client redis.UniversalClient, maxPinsPerTenant int) *RedisStore {
+	if maxPinsPerTenant <= 0 {
+		maxPinsPerTenant = DefaultMaxPinsPerTenant
+	}
+	return &RedisStore{client: client, maxPerTenant: maxPinsPerTenant}
 }
 
-var pinPartEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+var pinPartEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
 
 func redisPinKey(k PinKey) string {
-	return pinKeyPrefix + pinPartEscaper.Replace(k.Model) + ":" + pinPartEscaper.Replace(k.Tenant) + ":" + pinPartEscaper.Replace(k.Key)
+	return pinKeyPrefix + pinPartEscaper.Replace(k.Model) + ":{" + pinPartEscaper.Replace(k.Tenant) + "}:" + pinPartEscaper.Replace(k.Key)
 }
 
-var pinPartUnescaper = strings.NewReplacer("%3A", ":", "%25", "%")
+// tenantPinsKey is the sorted set of a tenant's pin keys, scored by last use.
+func tenantPinsKey(tenant string) string {
+	return tenantPinsPrefix + "{" + pinPartEscaper.Replace(tenant) + "}"
+}
+
+var pinPartUnescaper = strings.NewReplacer("%3A", ":", "%7B", "{", "%7D", "}", "%25", "%")
 
 func parseRedisPinKey(s string) (PinKey, bool) {
 	parts := strings.Split(strings.TrimPrefix(s, pinKeyPrefix), ":")
-	if len(parts) != 3 || !strings.HasPrefix(s, pinKeyPrefix) {
+	if len(parts) != 3 || !strings.HasPrefix(s, pinKeyPrefix) || len(parts[1]) < 2 ||
+		parts[1][0] != '{' || parts[1][len(parts[1])-1] != '}' {
 		return PinKey{}, false
 	}
-	return PinKey{Model: pinPartUnescaper.Replace(parts[0]), Tenant: pinPartUnescaper.Replace(parts[1]), Key: pinPartUnescaper.Replace(parts[2])}, true
+	tenant := parts[1][1 : len(parts[1])-1]
+	return PinKey{Model: pinPartUnescaper.Replace(parts[0]), Tenant: pinPartUnescaper.Replace(tenant), Key: pinPartUnescaper.Replace(parts[2])}, true
 }
 
-// Get implements PinStore with GETEX.
+// The pin scripts take KEYS[1], the pin, and KEYS[2], its tenant's set (one Cluster slot: the
+// tenant's hash tag). usePin marks the pin used now in the set, which lives as long as the
+// longest TTL it saw (ARGV[ttl], milliseconds); boundPins then removes the tenant's least
+// recently used pins past ARGV[max], from the set and the store (their keys share the slot).
+// A pin that expired stays in the set until it is the least recently used and goes first.
+const (
+	usePin = `
+local function usePin(ttl)
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[2], t[1] .. '.' .. string.format('%06d', tonumber(t[2])), KEYS[1])
+  if redis.call('PTTL', KEYS[2]) < tonumber(ttl) then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+end
+`
+	boundPins = `
+local function boundPins(max)
+  local over = redis.call('ZCARD', KEYS[2]) - tonumber(max)
+  if over > 0 then
+    local old = redis.call('ZPOPMIN', KEYS[2], over)
+    for i = 1, #old, 2 do
+      redis.call('DEL', old[i])
+    end
+  end
+end
+`
+)
+
+// getScript returns the worker KEYS[1] holds, extending its TTL to ARGV[1] milliseconds and
+// marking it used; nil if there is none.
+var getScript = redis.NewScript(usePin + `
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return false
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+usePin(ARGV[1])
+return v
+`)
+
+// Get implements PinStore with one script call.
 func (s *RedisStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
-	v, err := s.client.GetEx(ctx, redisPinKey(k), ttl).Result()
+	v, err := getScript.Run(ctx, s.client, []string{redisPinKey(k), tenantPinsKey(k.Tenant)}, ttl.Milliseconds()).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}
@@ -74,37 +129,58 @@ func (s *RedisStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (stri
 }
 
 // claimScript sets KEYS[1] to ARGV[2] when it is absent or holds ARGV[1], refreshes its TTL to
-// ARGV[3] milliseconds, and returns the value it holds afterwards.
-var claimScript = redis.NewScript(`
+// ARGV[3] milliseconds, bounds the tenant's pins to ARGV[4], and returns the value it holds
+// afterwards.
+var claimScript = redis.NewScript(usePin + boundPins + `
 local v = redis.call('GET', KEYS[1])
 if (not v) or v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return ARGV[2]
+  v = ARGV[2]
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+usePin(ARGV[3])
+boundPins(ARGV[4])
 return v
 `)
 
 // Claim implements PinStore with one script call.
 func (s *RedisStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
-	v, err := claimScript.Run(ctx, s.client, []string{redisPinKey(k)}, expect, worker, ttl.Milliseconds()).Text()
+	v, err := claimScript.Run(ctx, s.client, []string{redisPinKey(k), tenantPinsKey(k.Tenant)},
+		expect, worker, ttl.Milliseconds(), s.maxPerTenant).Text()
 	if err != nil {
 		return "", fmt.Errorf("claim pin: %w", err)
 	}
 	return v, nil
 }
 
-// Set implements PinStore.
+// setScript sets KEYS[1] to ARGV[1] for ARGV[2] milliseconds and bounds the tenant's pins to
+// ARGV[3].
+var setScript = redis.NewScript(usePin + boundPins + `
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+usePin(ARGV[2])
+boundPins(ARGV[3])
+return 1
+`)
+
+// Set implements PinStore with one script call.
 func (s *RedisStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
-	if err := s.client.Set(ctx, redisPinKey(k), worker, ttl).Err(); err != nil {
+	err := setScript.Run(ctx, s.client, []string{redisPinKey(k), tenantPinsKey(k.Tenant)}, worker, ttl.Milliseconds(), s.maxPerTenant).Err()
+	if err != nil {
 		return fmt.Errorf("set pin: %w", err)
 	}
 	return nil
 }
 
-// Delete implements PinStore.
+// Delete implements PinStore with one transaction.
 func (s *RedisStore) Delete(ctx context.Context, k PinKey) error {
-	if err := s.client.Del(ctx, redisPinKey(k)).Err(); err != nil {
+	key := redisPinKey(k)
+	_, err := s.client.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Del(ctx, key)
+		pipe.ZRem(ctx, tenantPinsKey(k.Tenant), key)
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("delete pin: %w", err)
 	}
 	return nil

@@ -71,7 +71,7 @@ func sourcedIDs(p *Pool) []string {
 func TestRegistrySharesAdminWorkers(t *testing.T) {
 	ctx := context.Background()
 	reg := &memoryRegistry{specs: map[string]WorkerSpec{}}
-	pins := NewMemoryPinStore(time.Now)
+	pins := NewMemoryPinStore(time.Now, 0)
 	newPool := func() *Pool {
 		p, err := NewPool(Config{Policy: "round_robin", Workers: testWorkers(1, "m")}, Options{Registry: reg, Pins: pins})
 		if err != nil {

@@ -82,7 +82,7 @@ func TestStickyAcrossGatewaysAndRedisOutage(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		cfg := Config{Policy: "sticky_session", Workers: testWorkers(4, "m"),
 			Models: map[string]ModelConfig{"m": {StickySession: StickySessionConfig{Fallback: "random"}}}}
-		p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(seed, seed), Pins: NewRedisStore(newRedisClient(t, srv))})
+		p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(seed, seed), Pins: NewRedisStore(newRedisClient(t, srv), 0)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,7 @@ func startCacheReplica(t *testing.T, specs []routing.WorkerSpec, rdb redis.Unive
 	t.Helper()
 	cfg := routing.Config{Workers: specs, Policy: "cache_aware"}
 	cfg.SetDefaults()
-	store := routing.NewRedisStore(rdb)
+	store := routing.NewRedisStore(rdb, 0)
 	r := &cacheReplica{reg: prometheus.NewRegistry()}
 	r.url = serveReplica(t, cfg, routing.Options{Pins: store, Drains: store, Prefixes: store, Registerer: r.reg})
 	return r

@@ -37,7 +37,7 @@ func startReplica(t *testing.T, specs []routing.WorkerSpec, policy string, rdb r
 	// disagree for reasons this test is not about.
 	cfg.Models = map[string]routing.ModelConfig{model: {Policy: policy, Pins: routing.PinConfig{Timeout: 500 * time.Millisecond}}}
 	cfg.SetDefaults()
-	store := routing.NewRedisStore(rdb)
+	store := routing.NewRedisStore(rdb, 0)
 	return &replica{url: serveReplica(t, cfg, routing.Options{Pins: store, Drains: store})}
 }
 

@@ -28,6 +28,8 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_admin_ui.yaml", "admin_ui.sign_in.global_per_minute"},
 		{"bad_connections.yaml", "server.max_connections_per_client"},
 		{"bad_cache_scope.yaml", "routing.cache_scope"},
+		{"bad_body_bounds.yaml", "server.max_body_bytes_per_tenant: must be from max_body_bytes"},
+		{"bad_body_bounds.yaml", "server.max_json_depth: must be at least 5"},
 		{"bad_connections.yaml", `server.trusted_proxies[1]: "not-an-address"`},
 		{"bad_usage.yaml", "usage.retention: must be at least usage.hourly_retention"},
 		{"bad_budget.yaml", "tiers[0].budget.soft_threshold"},

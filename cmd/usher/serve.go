@@ -120,7 +120,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	defer store.Close()
 	popts := routing.Options{Logger: logger, Registerer: reg, Registry: adminui.StoredWorkers{Store: store}}
 	if rdb != nil {
-		rs := routing.NewRedisStore(rdb)
+		rs := routing.NewRedisStore(rdb, cfg.Routing.MaxPinsPerTenant)
 		popts.Pins, popts.Drains, popts.Announcer, popts.Prefixes = rs, rs, rs, rs
 	}
 	pool, err := routing.NewPool(cfg.Routing, popts)
