@@ -23,6 +23,15 @@ func newModelAlias(public, engine string) *modelAlias {
 // jsonString is s as a JSON string, with <, > and & as they are (not \u escapes), as the
 // engines behind usher write them, so a name found in their answers is found as written.
 func jsonString(s string) []byte {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		c := s[i]
+		plain = c >= 0x20 && c < 0x80 && c != '"' && c != '\\'
+	}
+	if plain {
+		// What the encoder would write, without it: most names and salts are plain ASCII.
+		return append(append(append(make([]byte, 0, len(s)+2), '"'), s...), '"')
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)

@@ -511,13 +511,16 @@ func (cl *call) parseMessages(raw []byte) error {
 	if len(raw) == 0 || raw[0] != '[' {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
-	var msgs []json.RawMessage
-	if json.Unmarshal(raw, &msgs) != nil || len(msgs) == 0 {
+	// The body is valid JSON (parseBody checked it): its lists are walked, not decoded again.
+	msgs, err := elementsOf(raw)
+	if err != nil {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	var b strings.Builder
 	rendered, media := 0, 0 // bytes of the messages counted as text, media parts
-	for i, m := range msgs {
+	i := 0
+	for ; msgs.next(); i++ {
+		m := msgs.value
 		fields, err := objectFields(m, messageKeys)
 		if err != nil {
 			return BadRequest("messages", "messages[%d]: %v", i, err)
@@ -527,7 +530,7 @@ func (cl *call) parseMessages(raw []byte) error {
 		for _, f := range fields {
 			switch f.key {
 			case "role":
-				_ = json.Unmarshal(f.value, &role)
+				role = stringValue(f.value)
 			case "content":
 				content = f.value
 			}
@@ -544,6 +547,9 @@ func (cl *call) parseMessages(raw []byte) error {
 		b.WriteByte('\n')
 		rendered += len(m) - mediaBytes
 		media += mediaParts
+	}
+	if msgs.err != nil || i == 0 {
+		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	cl.prompt = b.String()
 	cl.promptTokens = addTokens(estimateBytes(rendered), media*mediaPartTokens)
@@ -575,19 +581,19 @@ func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, 
 		return 0, 0, nil
 	}
 	if raw[0] == '"' {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
+		s, err := unquote(raw)
+		if err != nil {
 			return 0, 0, err
 		}
 		b.WriteString(s)
 		return 0, 0, nil
 	}
-	var parts []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &parts) != nil {
+	parts, err := elementsOf(raw)
+	if err != nil {
 		return 0, 0, errors.New("must be a string or an array of content parts")
 	}
-	for i, p := range parts {
-		fields, err := objectFields(p, partKeys)
+	for i := 0; parts.next(); i++ {
+		fields, err := objectFields(parts.value, partKeys)
 		if err != nil {
 			return 0, 0, fmt.Errorf("part %d: %w", i, err)
 		}
@@ -596,9 +602,9 @@ func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, 
 		for _, f := range fields {
 			switch f.key {
 			case "type":
-				_ = json.Unmarshal(f.value, &typ)
+				typ = stringValue(f.value)
 			case "text":
-				_ = json.Unmarshal(f.value, &text)
+				text = stringValue(f.value)
 			}
 			if slices.Contains(mediaPayloadKeys, f.key) {
 				payload += len(f.value)
@@ -610,7 +616,23 @@ func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, 
 			mediaParts++
 		}
 	}
+	if parts.err != nil {
+		return 0, 0, errors.New("must be a string or an array of content parts")
+	}
 	return mediaBytes, mediaParts, nil
+}
+
+// stringValue is the raw JSON value's string, or "" when it is not a string (as decoding it into
+// a string would leave it).
+func stringValue(raw []byte) string {
+	if len(raw) == 0 || raw[0] != '"' {
+		return ""
+	}
+	s, err := unquote(raw)
+	if err != nil {
+		return ""
+	}
+	return s
 }
 
 // parsePrompt reads the prompt of /v1/completions: a string, an array of strings, an array of

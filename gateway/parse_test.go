@@ -422,3 +422,19 @@ func TestBoundOutputIsWhatTheWorkerReads(t *testing.T) {
 		})
 	}
 }
+
+// jsonString writes what encoding/json's encoder (HTML escaping off) writes, plain ASCII or not.
+func FuzzJSONStringIsTheEncoders(f *testing.F) {
+	for _, seed := range []string{"demo-7b", `a"b\c`, "tab\there", "<&>", "é\u2028\x7f\x00", "\xff"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s)
+		if got, want := string(jsonString(s)), strings.TrimSuffix(b.String(), "\n"); got != want {
+			t.Fatalf("jsonString(%q) = %s, want %s", s, got, want)
+		}
+	})
+}
