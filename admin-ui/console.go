@@ -63,6 +63,8 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 		},
 		"join":  func(s []string) string { return strings.Join(s, ", ") },
 		"count": count,
+		// chartLegend is the key of the Overview charts' class lines.
+		"chartLegend": historyLegend,
 		"replicaQueued": func(o Overview) (n int) {
 			for _, c := range o.Classes {
 				n += c.Queued

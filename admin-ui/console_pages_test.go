@@ -103,8 +103,9 @@ func TestConsoleSessionsPage(t *testing.T) {
 	}
 }
 
-// TestConsoleUsageSpreadsAWeek: hours of one day in a 7-day view are bars at different x, and
-// the page's numbers are thousands separated.
+// TestConsoleUsageSpreadsAWeek: hours of one day in a 7-day view are bars at different x, a
+// day rolled up by the ledger is spread over its hours, and the page's numbers are thousands
+// separated.
 func TestConsoleUsageSpreadsAWeek(t *testing.T) {
 	g, store := startTenantsReplica(t, t.TempDir()+"/usher.db", rootToken)
 	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-24 * time.Hour)
@@ -113,7 +114,13 @@ func TestConsoleUsageSpreadsAWeek(t *testing.T) {
 		rows[tenants.UsageKey{Tenant: "acme", Key: "k", Model: testModel, Class: tenants.ClassBatch, Start: day.Add(time.Duration(h) * time.Hour)}] =
 			tenants.UsageCounts{Requests: 1000, PromptTokens: 1_234_567, CompletionTokens: 1000}
 	}
+	// A day the ledger rolled up (its hours gone) is spread over its 24 hours.
+	rolled := day.Add(-48*time.Hour + 5*time.Hour)
+	rows[tenants.UsageKey{Tenant: "acme", Key: "k", Model: testModel, Class: tenants.ClassBatch, Start: rolled}] = tenants.UsageCounts{PromptTokens: 2400}
 	if err := store.AddUsage(context.Background(), "", rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RollUp(context.Background(), day.Add(-24*time.Hour), day.Add(-30*24*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	b := newBrowser(t, g.url)
@@ -128,10 +135,13 @@ func TestConsoleUsageSpreadsAWeek(t *testing.T) {
 	for _, m := range regexp.MustCompile(`<rect x="([0-9.]+)"`).FindAllStringSubmatch(chart, -1) {
 		xs[m[1]] = true
 	}
-	if len(xs) != 3 {
-		t.Errorf("bars of three hours of one day in a 7-day view: got x positions %v, want 3 different", xs)
+	if len(xs) != 3+24 {
+		t.Errorf("bars of three hours of one day and of a rolled-up day in a 7-day view: got %d x positions (%v), want 27 different", len(xs), xs)
 	}
-	for _, want := range []string{`id="usage-requests">3,000<`, ">3,703,701<", "top of the scale: 1,235,567 tokens"} {
+	if n := strings.Count(chart, ": 100 tokens</title>"); n != 24 {
+		t.Errorf("the rolled-up day's 2,400 tokens: got %d bars of 100, want 24", n)
+	}
+	for _, want := range []string{`id="usage-requests">3,000<`, ">3,706,101<", "top of the scale: 1,235,567 tokens"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("usage page: no %q", want)
 		}

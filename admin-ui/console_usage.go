@@ -130,10 +130,15 @@ func (con *console) usagePage(c echo.Context) error {
 		if r.Period == tenants.PeriodDay && step < 24*time.Hour {
 			span = int(24 * time.Hour / step)
 		}
-		tokens := (r.PromptTokens + r.CompletionTokens) / int64(span)
+		tokens := r.PromptTokens + r.CompletionTokens
+		each := tokens / int64(span)
 		for j := i; j < min(i+span, buckets); j++ {
-			byTenant[j][name] += tokens
-			byClass[j][r.Class] += tokens
+			n := each
+			if j == i {
+				n += tokens - each*int64(span) // the remainder, so the day's sum is kept
+			}
+			byTenant[j][name] += n
+			byClass[j][r.Class] += n
 		}
 	}
 	v.ByTenant = drawStacks(byTenant, tenantSeries, from, step)

@@ -1,7 +1,6 @@
 package adminui
 
 import (
-	"html/template"
 	"net/http"
 	"time"
 
@@ -31,9 +30,6 @@ type Overview struct {
 
 // Charts are the console's charts of History.
 func (o Overview) Charts() []historyChart { return o.charts }
-
-// ChartLegend is the key of the charts' class lines.
-func (o Overview) ChartLegend() template.HTML { return historyLegend() }
 
 // ClassOverview is one class in an Overview. Latencies and shed rate are over the last 60 s,
 // the rate over the last 10 s, the queue is now (all models).

@@ -284,6 +284,26 @@ func TestConsoleInABrowser(t *testing.T) {
 		long := longStream(t, base, secret)
 		do(t, ctx, "workers page", chromedp.Navigate(base+"/admin/workers"), chromedp.WaitVisible(chromedp.CSS("#drain-sim-0")))
 		screenshot(t, ctx, "02-workers")
+		// The config file's workers can be drained, not removed: the page says where they live.
+		removable, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#remove-sim-0') !== null`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if removable || text(t, ctx, "#fixed-sim-0") != "from the config file" {
+			t.Errorf("config worker sim-0: Remove offered %v, source note %q, want no Remove and \"from the config file\"", removable, text(t, ctx, "#fixed-sim-0"))
+		}
+		// A refused action (a worker ID taken: 409 in the API) comes back to the Workers page
+		// with its message, not to an error page.
+		do(t, ctx, "add a worker whose ID is taken",
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="id"]`), "sim-1"),
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="url"]`), "http://127.0.0.1:9"),
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="models"]`), model),
+			chromedp.Click(chromedp.CSS(`#add-worker button`)), chromedp.WaitVisible(chromedp.CSS("#error")))
+		where, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.pathname`))
+		if msg := text(t, ctx, "#error"); err != nil || where != "/admin/workers" || !strings.Contains(msg, "sim-1") {
+			t.Errorf("refused add: at %q (%v) showing %q, want the Workers page naming sim-1", where, err, msg)
+		}
+		screenshot(t, ctx, "02-workers-refused")
 		do(t, ctx, "drain sim-0",
 			chromedp.Click(chromedp.CSS("#drain-sim-0")), chromedp.WaitVisible(chromedp.CSS("#flash")),
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="draining"]`)))
@@ -329,6 +349,13 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Fatalf("pin listed on the page: got %q, want %q", got, target)
 		}
 		screenshot(t, ctx, "03-sessions")
+		formsFirst, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#pin-form').getBoundingClientRect().bottom < document.querySelector('#pins').getBoundingClientRect().top`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if total := text(t, ctx, "#pins-total"); !formsFirst || total != "1 pin" {
+			t.Errorf("sessions page: forms above the list %v, total %q, want true and \"1 pin\"", formsFirst, total)
+		}
 		for range 3 {
 			if status, w := infer(t, base, secret, "sess-42"); status != 200 || w != target {
 				t.Fatalf("session sess-42 after the pin: got %d from %q, want 200 from %s (it was on %s)", status, w, target, first)
