@@ -34,8 +34,9 @@ const (
 
 // consoleStack is a gateway with the real admin service (SQLite in a temporary directory) in
 // front of two simulated workers, sim-0 (real time: about 12 ms a token) and sim-1 (20 times
-// faster); the model pins sessions (sticky_session).
-func startConsoleStack(t *testing.T) string {
+// faster); the model pins sessions (sticky_session). It returns the gateway's URL and its store
+// (where a test may write earlier usage).
+func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -96,7 +97,7 @@ func startConsoleStack(t *testing.T) string {
 	wg.Go(func() { plane.Run(ctx) })
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return srv.URL
+	return srv.URL, store
 }
 
 // startBrowser starts headless Chromium with a fresh profile; dialogs (the console's
@@ -231,7 +232,7 @@ func longStream(t *testing.T, base, key string) <-chan error {
 
 func TestConsoleInABrowser(t *testing.T) {
 	start := time.Now()
-	base := startConsoleStack(t)
+	base, store := startConsoleStack(t)
 	ctx := startBrowser(t)
 
 	// Sign in.
@@ -406,6 +407,27 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("cached share: got %q, want a percentage", share)
 	}
 	screenshot(t, ctx, "07-usage")
+
+	// A week of earlier usage: its 7-day view spreads the hours across the axis (one bar per
+	// hour, each at its own x), where it used to stack them into one bar per day.
+	day := time.Now().UTC().Truncate(24*time.Hour).Add(-24 * time.Hour)
+	earlier := map[tenants.UsageKey]tenants.UsageCounts{}
+	for d := range 5 {
+		for _, h := range []int{3, 9, 14, 20} {
+			at := day.Add(time.Duration(-d*24+h) * time.Hour)
+			earlier[tenants.UsageKey{Tenant: "acme", Key: "k", Model: model, Class: tenants.ClassBatch, Start: at}] =
+				tenants.UsageCounts{Requests: 40, PromptTokens: int64(20_000 + 5_000*h), CompletionTokens: 4_000}
+		}
+	}
+	if err := store.AddUsage(context.Background(), "", earlier); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ctx, "usage over 7 days", chromedp.Navigate(base+"/admin/usage?days=7"), chromedp.WaitVisible(chromedp.CSS("#usage-by-class")))
+	xs, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...new Set([...document.querySelectorAll('#usage-by-class rect:not(.usage-frame)')].map(r => r.getAttribute('x')))]`))
+	if err != nil || len(xs) < 5*4 {
+		t.Errorf("7-day usage: bars at %d different x (%v), want at least 20 (%v)", len(xs), xs, err)
+	}
+	screenshot(t, ctx, "07-usage-week")
 
 	t.Run("viewer is refused every change", func(t *testing.T) {
 		do(t, ctx, "sign out and in as the viewer",
