@@ -410,7 +410,7 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// A week of earlier usage: its 7-day view spreads the hours across the axis (one bar per
 	// hour, each at its own x), where it used to stack them into one bar per day.
-	day := time.Now().UTC().Truncate(24*time.Hour).Add(-24 * time.Hour)
+	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-24 * time.Hour)
 	earlier := map[tenants.UsageKey]tenants.UsageCounts{}
 	for d := range 5 {
 		for _, h := range []int{3, 9, 14, 20} {
