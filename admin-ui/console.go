@@ -61,7 +61,10 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 			}
 			return float64(a) / float64(b)
 		},
-		"join": func(s []string) string { return strings.Join(s, ", ") },
+		"join":  func(s []string) string { return strings.Join(s, ", ") },
+		"count": count,
+		// chartLegend is the key of the Overview charts' class lines.
+		"chartLegend": historyLegend,
 		"replicaQueued": func(o Overview) (n int) {
 			for _, c := range o.Classes {
 				n += c.Queued
@@ -248,13 +251,28 @@ func (con *console) pageData(c echo.Context, page string, data any) pageData {
 	sess := sessionOf(c)
 	pd := pageData{Page: page, Role: sess.Role, CSRF: con.codec.csrf(sess), CanChange: sess.Role == roleAdmin,
 		HasTenants: con.ta != nil, Data: data}
-	if ck, err := c.Request().Cookie(flashCookie); err == nil {
-		if msg, err := base64.RawURLEncoding.DecodeString(ck.Value); err == nil {
-			pd.Flash = string(msg)
-		}
-		c.SetCookie(consoleCookie(c.Request(), flashCookie, "", -1))
-	}
+	pd.Flash = takeFlash(c, flashCookie)
+	pd.Error = takeFlash(c, refusalCookie)
 	return pd
+}
+
+// takeFlash reads and clears the one-time message of cookie name ("" without one).
+func takeFlash(c echo.Context, name string) string {
+	ck, err := c.Request().Cookie(name)
+	if err != nil {
+		return ""
+	}
+	c.SetCookie(consoleCookie(c.Request(), name, "", -1))
+	msg, err := base64.RawURLEncoding.DecodeString(ck.Value)
+	if err != nil {
+		return ""
+	}
+	return string(msg)
+}
+
+// setFlash sets the one-time message msg in cookie name, shown by the next page.
+func setFlash(c echo.Context, name, msg string) {
+	c.SetCookie(consoleCookie(c.Request(), name, base64.RawURLEncoding.EncodeToString([]byte(msg)), time.Minute))
 }
 
 // render writes page (or, when block is set, only that template of it) with data.
@@ -289,7 +307,8 @@ func (con *console) fail(c echo.Context, back string, err error) error {
 }
 
 // act runs an action and redirects to back (or, when back is empty, to the page the action
-// names) with its message as a one-time flash.
+// names) with its message as a one-time flash. A refused action comes back to the same page,
+// its refusal (the JSON API's message) shown there as a one-time error: no bare error page.
 func (con *console) act(back string, action func(c echo.Context) (msg, to string, err error)) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		msg, to, err := action(c)
@@ -297,9 +316,10 @@ func (con *console) act(back string, action func(c echo.Context) (msg, to string
 			to = back
 		}
 		if err != nil {
-			return con.fail(c, to, err)
+			setFlash(c, refusalCookie, "Refused: "+gateway.Invalid(err).Message)
+			return c.Redirect(http.StatusSeeOther, to)
 		}
-		c.SetCookie(consoleCookie(c.Request(), flashCookie, base64.RawURLEncoding.EncodeToString([]byte(msg)), time.Minute))
+		setFlash(c, flashCookie, msg)
 		return c.Redirect(http.StatusSeeOther, to)
 	}
 }
@@ -369,4 +389,35 @@ func (con *console) signout(c echo.Context) error {
 	c.SetCookie(consoleCookie(c.Request(), sessionCookie, "", -1))
 	con.p.log.Info("admin", "actor", actorOf(c).Name, "action", "console.signout")
 	return c.Redirect(http.StatusSeeOther, "/admin/signin")
+}
+
+// count writes a whole number for people, thousands separated: 1234567 reads "1,234,567".
+// It takes the integer types the pages hold (int and int64).
+func count(n any) string {
+	var v int64
+	switch n := n.(type) {
+	case int:
+		v = int64(n)
+	case int64:
+		v = n
+	default:
+		return fmt.Sprint(n)
+	}
+	return thousands(v)
+}
+
+func thousands(v int64) string {
+	s := strconv.FormatInt(v, 10)
+	sign := ""
+	if v < 0 {
+		sign, s = "-", s[1:]
+	}
+	var b strings.Builder
+	for i, d := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(d)
+	}
+	return sign + b.String()
 }

@@ -88,41 +88,66 @@ func (con *console) workersLive(c echo.Context) error {
 	return con.render(c, http.StatusOK, "workers", "workers-live", con.pageData(c, "workers", v))
 }
 
-// sessionsPage is how many pins the Sessions page shows at once.
-const sessionsPage = 200
+// sessionsPageSize is how many pins the Sessions page shows at once.
+const sessionsPageSize = 50
 
-// sessionsView is the Sessions page: the pins a search finds, and the choices of its forms.
+// sessionsView is the Sessions page: one page of the pins a search finds, their total, and
+// the choices of its forms.
 type sessionsView struct {
 	Filter routing.PinFilter
 	Key    string
 	Pins   []routing.Pin
-	// Next is the cursor of the next page ("" on the last); NextQuery the query string that
-	// shows it.
-	Next, NextQuery string
-	Workers         []string
-	Models          []string
+	// Total is how many pins the search finds; First and Last number the page's first and last
+	// pin among them (from 1; 0 when none).
+	Total, First, Last int
+	// Prev and Next are the addresses of the pages before and after this one, "" when there
+	// is none.
+	Prev, Next string
+	Workers    []string
+	Models     []string
 }
 
+// sessionsPage shows the pins a search finds, sessionsPageSize at a time by page number: it
+// lists them all to count them, as the Workers page does (one listing of the search's pins).
 func (con *console) sessionsPage(c echo.Context) error {
 	v := sessionsView{
 		Filter: routing.PinFilter{Model: c.QueryParam("model"), Tenant: c.QueryParam("tenant"), Worker: c.QueryParam("worker")},
 		Key:    c.QueryParam("key"),
 		Models: con.p.fleet.Models(),
 	}
+	page := 0
+	if s := c.QueryParam("page"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return con.fail(c, "/admin/sessions", gateway.BadRequest("page", "page must be a whole number from 1"))
+		}
+		page = n - 1
+	}
 	ws := con.p.fleet.Workers()
 	sortWorkers(ws)
 	for _, w := range ws {
 		v.Workers = append(v.Workers, w.ID)
 	}
-	pins, next, err := con.p.findPins(c.Request().Context(), v.Filter, v.Key, c.QueryParam("after"), sessionsPage)
+	f := v.Filter
+	f.Key = v.Key
+	pins, err := con.p.fleet.Pins(c.Request().Context(), f)
 	if err != nil {
 		return con.fail(c, "/admin/", err)
 	}
-	v.Pins, v.Next = pins, next
-	if next != "" {
-		q := c.Request().URL.Query()
-		q.Set("after", next)
-		v.NextQuery = q.Encode()
+	v.Total = len(pins)
+	from := min(page*sessionsPageSize, v.Total)
+	v.Pins = pins[from:min(from+sessionsPageSize, v.Total)]
+	if len(v.Pins) > 0 {
+		v.First, v.Last = from+1, from+len(v.Pins)
+	}
+	q := c.Request().URL.Query()
+	if page > 0 {
+		q.Set("page", strconv.Itoa(max(1, min(page, (v.Total+sessionsPageSize-1)/sessionsPageSize))))
+		v.Prev = "/admin/sessions?" + q.Encode()
+	}
+	if from+sessionsPageSize < v.Total {
+		q.Set("page", strconv.Itoa(page+2))
+		v.Next = "/admin/sessions?" + q.Encode()
 	}
 	return con.page(c, "sessions", v)
 }

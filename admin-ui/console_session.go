@@ -38,6 +38,7 @@ const (
 	sessionCookie   = "usher_console"
 	signinCookie    = "usher_console_signin"
 	flashCookie     = "usher_console_flash"
+	refusalCookie   = "usher_console_refusal"
 	consolePath     = "/admin/"
 	sessionLifetime = 8 * time.Hour
 	signinLifetime  = 15 * time.Minute

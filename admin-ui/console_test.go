@@ -364,10 +364,10 @@ func TestConsoleAdminActions(t *testing.T) {
 	if resp, _ := g.admin(t, "GET", "/workers/w2", rootToken, ""); resp.StatusCode != 404 {
 		t.Errorf("removed w2: got %d, want 404", resp.StatusCode)
 	}
-	// A failed action shows the API's status and message.
-	resp, body := b.do("POST", "/admin/workers/nope/drain", url.Values{"csrf": {csrf}})
-	if resp.StatusCode != 404 || !strings.Contains(body, "nope") {
-		t.Errorf("drain of an unknown worker: got %d, want 404 naming it", resp.StatusCode)
+	// A failed action comes back to its page with the API's message.
+	resp, _ := b.do("POST", "/admin/workers/nope/drain", url.Values{"csrf": {csrf}})
+	if _, body := b.do("GET", "/admin/workers", nil); resp.StatusCode != http.StatusSeeOther || !strings.Contains(body, `id="error"`) || !strings.Contains(body, "nope") {
+		t.Errorf("drain of an unknown worker: got %d, then a page without an error naming it", resp.StatusCode)
 	}
 	// Sign out ends the session in the browser.
 	if resp, _ := b.do("POST", "/admin/signout", url.Values{"csrf": {csrf}}); resp.StatusCode != http.StatusSeeOther {

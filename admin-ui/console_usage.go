@@ -2,6 +2,7 @@ package adminui
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -48,10 +49,13 @@ type usageChart struct {
 	First, Last   string // the first and last bucket's times
 }
 
+// usageRect is one series of one bar, in SVG units; X and W are fractional so that the bars
+// fill the width whatever their number.
 type usageRect struct {
-	X, Y, W, H int
-	Fill       string
-	Title      string
+	X, W  float64
+	Y, H  int
+	Fill  string
+	Title string
 }
 
 type usageLegend struct{ Name, Fill string }
@@ -71,10 +75,7 @@ func (con *console) usagePage(c echo.Context) error {
 		v.Days = n
 	}
 	now := con.p.now().UTC()
-	step := 24 * time.Hour
-	if v.Days <= 2 {
-		step = time.Hour
-	}
+	step := usageStep(v.Days)
 	from := now.Truncate(step).Add(-time.Duration(v.Days)*24*time.Hour + step)
 	rows, err := con.ta.Usage(c.Request().Context(), actorOf(c), tenants.UsageQuery{Tenant: v.Tenant, Class: v.Class, From: from})
 	if err != nil {
@@ -119,13 +120,26 @@ func (con *console) usagePage(c echo.Context) error {
 		if r.Start.Before(from) || i >= buckets {
 			continue
 		}
-		tokens := r.PromptTokens + r.CompletionTokens
 		name := r.Tenant
 		if !named[name] {
 			name = "other"
 		}
-		byTenant[i][name] += tokens
-		byClass[i][r.Class] += tokens
+		// A day the ledger rolled up (older than its hourly retention) is spread evenly over
+		// its hours in an hourly chart: the hours themselves are gone.
+		span := 1
+		if r.Period == tenants.PeriodDay && step < 24*time.Hour {
+			span = int(24 * time.Hour / step)
+		}
+		tokens := r.PromptTokens + r.CompletionTokens
+		each := tokens / int64(span)
+		for j := i; j < min(i+span, buckets); j++ {
+			n := each
+			if j == i {
+				n += tokens - each*int64(span) // the remainder, so the day's sum is kept
+			}
+			byTenant[j][name] += n
+			byClass[j][r.Class] += n
+		}
 	}
 	v.ByTenant = drawStacks(byTenant, tenantSeries, from, step)
 	v.ByClass = drawStacks(byClass, classSeries, from, step)
@@ -133,6 +147,16 @@ func (con *console) usagePage(c echo.Context) error {
 		v.Top = v.Top[:20]
 	}
 	return con.page(c, "usage", v)
+}
+
+// usageStep is the Usage chart's bucket for a range of days: an hour up to a week, so that
+// a few hours of traffic spread across the axis instead of stacking into the last day's bar
+// at its right edge; a day beyond (a bar of at most a few pixels otherwise).
+func usageStep(days int) time.Duration {
+	if days <= 7 {
+		return time.Hour
+	}
+	return 24 * time.Hour
 }
 
 func share(part, whole int64) float64 {
@@ -169,12 +193,13 @@ func drawStacks(stacks []map[string]int64, series []string, from time.Time, step
 	if step < 24*time.Hour {
 		layout = "01-02 15:04"
 	}
-	ch.Max = strconv.FormatInt(top, 10)
+	ch.Max = thousands(top)
 	ch.First, ch.Last = from.Format(layout), from.Add(time.Duration(len(stacks)-1)*step).Format(layout)
 	if top == 0 || len(stacks) == 0 {
 		return ch
 	}
-	barW := max(width/len(stacks), 1)
+	barW := float64(width) / float64(len(stacks))
+	gap := min(1, barW/4)
 	for i, s := range stacks {
 		y := height
 		at := from.Add(time.Duration(i) * step).Format(layout)
@@ -185,9 +210,12 @@ func drawStacks(stacks []map[string]int64, series []string, from time.Time, step
 			}
 			h := max(int(float64(n)/float64(top)*float64(height)), 1)
 			y -= h
-			ch.Rects = append(ch.Rects, usageRect{X: i * barW, Y: y, W: max(barW-1, 1), H: h,
-				Fill: usagePalette[j%len(usagePalette)], Title: at + " " + name + ": " + strconv.FormatInt(n, 10) + " tokens"})
+			ch.Rects = append(ch.Rects, usageRect{X: round2(float64(i) * barW), Y: y, W: round2(barW - gap), H: h,
+				Fill: usagePalette[j%len(usagePalette)], Title: at + " " + name + ": " + thousands(n) + " tokens"})
 		}
 	}
 	return ch
 }
+
+// round2 rounds to hundredths, enough for SVG units and short in the page.
+func round2(v float64) float64 { return math.Round(v*100) / 100 }

@@ -113,8 +113,37 @@ type historyChart struct {
 	SVG       template.HTML
 }
 
-// classColors are the classes' colours on the charts, as the console's class labels.
-var classColors = map[queue.Class]string{queue.Interactive: "#2f5bea", queue.Standard: "#1c2330", queue.Batch: "#6b46c1"}
+// classStrokes are the classes' lines on the charts: colours far apart in hue (blue, orange,
+// green, told apart also by most colour-blind readers) and a dash pattern each, so the lines
+// read apart in grey too.
+var classStrokes = map[queue.Class]stroke{
+	queue.Interactive: {color: "#1f5bd6"},
+	queue.Standard:    {color: "#d9480f", dash: "6 3"},
+	queue.Batch:       {color: "#2b8a3e", dash: "1.5 2.5"},
+}
+
+// stroke is how a line is drawn: its colour and SVG dash pattern ("" for solid).
+type stroke struct{ color, dash string }
+
+// historyLegend is the key of the Overview's class lines, one sample of each line and its name.
+func historyLegend() template.HTML {
+	var b strings.Builder
+	b.WriteString(`<div class="row small legend" id="chart-legend">`)
+	for _, cl := range queue.Classes() {
+		st := classStrokes[cl]
+		fmt.Fprintf(&b, `<svg width="28" height="10" aria-hidden="true"><line x1="1" y1="5" x2="27" y2="5" stroke="%s" stroke-width="2"%s/></svg><span class="legend-class" data-series="%s">%s</span>`,
+			st.color, dashAttr(st.dash), cl, cl)
+	}
+	b.WriteString(`</div>`)
+	return template.HTML(b.String())
+}
+
+func dashAttr(dash string) string {
+	if dash == "" {
+		return ""
+	}
+	return ` stroke-dasharray="` + dash + `"`
+}
 
 // historyCharts draws the samples as of now: per class requests/s, TTFT p99, queue depth and
 // shed rate, and the fleet's cache hit rate, each from the oldest sample (at least a minute,
@@ -140,7 +169,7 @@ func historyCharts(samples []OverviewSample, now time.Time) []historyChart {
 	for _, m := range metrics {
 		var lines []chartLine
 		for _, cl := range queue.Classes() {
-			l := chartLine{name: cl.String(), color: classColors[cl]}
+			l := chartLine{name: cl.String(), stroke: classStrokes[cl]}
 			for _, s := range samples {
 				if int(cl) < len(s.Classes) {
 					l.points = append(l.points, chartPoint{s.At, m.value(s.Classes[cl])})
@@ -150,7 +179,7 @@ func historyCharts(samples []OverviewSample, now time.Time) []historyChart {
 		}
 		out = append(out, historyChart{ID: m.id, Title: m.title, SVG: drawHistory(m.id, lines, now, span, m.format)})
 	}
-	cache := chartLine{name: "fleet", color: "#6a3d9a"}
+	cache := chartLine{name: "fleet", stroke: stroke{color: "#6a3d9a"}}
 	for _, s := range samples {
 		if s.CacheHitRate != nil {
 			cache.points = append(cache.points, chartPoint{s.At, *s.CacheHitRate * 100})
@@ -167,8 +196,9 @@ type chartPoint struct {
 }
 
 type chartLine struct {
-	name, color string
-	points      []chartPoint
+	name   string
+	stroke stroke
+	points []chartPoint
 }
 
 // The charts' drawing area, in SVG units; the SVG scales to its box.
@@ -206,7 +236,7 @@ func drawHistory(id string, lines []chartLine, now time.Time, span time.Duration
 		return max(histLeft, histTo-(histTo-histLeft)*float64(now.Sub(at))/float64(span))
 	}
 	py := func(v float64) float64 { return histBot - (histBot-histTop)*v/top }
-	for i, l := range lines {
+	for _, l := range lines {
 		if len(l.points) == 0 {
 			continue
 		}
@@ -218,14 +248,10 @@ func drawHistory(id string, lines []chartLine, now time.Time, span time.Duration
 			}
 			fmt.Fprintf(&d, "%s%.1f %.1f", cmd, px(pt.at), py(pt.v))
 		}
-		fmt.Fprintf(&b, `<path class="line" data-series="%s" d="%s" fill="none" stroke="%s" stroke-width="1.6"/>`,
-			template.HTMLEscapeString(l.name), d.String(), l.color)
+		fmt.Fprintf(&b, `<path class="line" data-series="%s" d="%s" fill="none" stroke="%s" stroke-width="1.8"%s/>`,
+			template.HTMLEscapeString(l.name), d.String(), l.stroke.color, dashAttr(l.stroke.dash))
 		if len(l.points) == 1 { // a path of one point draws nothing
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>`, px(l.points[0].at), py(l.points[0].v), l.color)
-		}
-		if len(lines) > 1 {
-			fmt.Fprintf(&b, `<text x="%d" y="10" font-size="9" fill="%s" text-anchor="end">%s</text>`,
-				histTo-(len(lines)-1-i)*64, l.color, template.HTMLEscapeString(l.name))
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>`, px(l.points[0].at), py(l.points[0].v), l.stroke.color)
 		}
 	}
 	b.WriteString(`</svg>`)

@@ -51,6 +51,8 @@ func TestBenchHTMLReportInABrowser(t *testing.T) {
 	do(t, ctx, "open the report", chromedp.Navigate("file://"+page), chromedp.WaitVisible(chromedp.CSS("#summary")))
 	type facts struct {
 		Rows      []string       `json:"rows"`
+		Scopes    []string       `json:"scopes"`
+		Widest    float64        `json:"widest"`
 		Charts    map[string]int `json:"charts"`
 		Empty     []string       `json:"empty"`
 		Bars      int            `json:"bars"`
@@ -69,7 +71,10 @@ func TestBenchHTMLReportInABrowser(t *testing.T) {
 			if (marks.length === 0) empty.push(kind + ' ' + svg.dataset.run);
 		}
 		return {
-			rows: [...document.querySelectorAll('#summary tbody tr td:first-child')].map(td => td.textContent),
+			rows: [...document.querySelectorAll('#summary tbody tr.run td:first-child')].map(td => td.textContent),
+			scopes: [...document.querySelectorAll('#summary tbody tr.scope')].map(tr => tr.dataset.run + ' ' + tr.dataset.scope + ' ' + tr.dataset.name +
+				' ' + (tr.querySelector('.ttft-p99').textContent !== '' && tr.querySelector('.e2e-p99').textContent !== '')),
+			widest: Math.max(...[...document.querySelectorAll('svg.chart')].map(s => s.getBoundingClientRect().width)) / document.body.clientWidth,
 			charts, empty, invisible,
 			bars: document.querySelectorAll('rect.bar').length,
 			fetched: performance.getEntriesByType('resource').map(e => e.name),
@@ -80,6 +85,20 @@ func TestBenchHTMLReportInABrowser(t *testing.T) {
 	}
 	if strings.Join(got.Rows, ",") != "round_robin,cache_aware" {
 		t.Errorf("summary rows: got %v, want round_robin and cache_aware", got.Rows)
+	}
+	// Each run's classes and tenants have their own latency rows.
+	var wantScopes []string
+	for _, r := range runs {
+		for _, s := range []string{"class interactive", "class batch", "tenant chat", "tenant bulk"} {
+			wantScopes = append(wantScopes, r.Name+" "+s+" true")
+		}
+	}
+	if strings.Join(got.Scopes, ",") != strings.Join(wantScopes, ",") {
+		t.Errorf("summary rows of classes and tenants: got %v, want %v", got.Scopes, wantScopes)
+	}
+	// Two runs side by side share the page's width: each chart takes more than a third of it.
+	if got.Widest < 0.4 {
+		t.Errorf("widest chart: %.2f of the page's width, want at least 0.4", got.Widest)
 	}
 	for _, kind := range []string{"ttft-class", "e2e-class", "ttft-tenant", "e2e-tenant", "workers", "throughput", "tokens", "queue"} {
 		if got.Charts[kind] != len(runs) {

@@ -34,8 +34,9 @@ const (
 
 // consoleStack is a gateway with the real admin service (SQLite in a temporary directory) in
 // front of two simulated workers, sim-0 (real time: about 12 ms a token) and sim-1 (20 times
-// faster); the model pins sessions (sticky_session).
-func startConsoleStack(t *testing.T) string {
+// faster); the model pins sessions (sticky_session). It returns the gateway's URL and its store
+// (where a test may write earlier usage).
+func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -96,7 +97,7 @@ func startConsoleStack(t *testing.T) string {
 	wg.Go(func() { plane.Run(ctx) })
 	srv := httptest.NewServer(gw)
 	t.Cleanup(srv.Close)
-	return srv.URL
+	return srv.URL, store
 }
 
 // startBrowser starts headless Chromium with a fresh profile; dialogs (the console's
@@ -231,7 +232,7 @@ func longStream(t *testing.T, base, key string) <-chan error {
 
 func TestConsoleInABrowser(t *testing.T) {
 	start := time.Now()
-	base := startConsoleStack(t)
+	base, store := startConsoleStack(t)
 	ctx := startBrowser(t)
 
 	// Sign in.
@@ -284,6 +285,26 @@ func TestConsoleInABrowser(t *testing.T) {
 		long := longStream(t, base, secret)
 		do(t, ctx, "workers page", chromedp.Navigate(base+"/admin/workers"), chromedp.WaitVisible(chromedp.CSS("#drain-sim-0")))
 		screenshot(t, ctx, "02-workers")
+		// The config file's workers can be drained, not removed: the page says where they live.
+		removable, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#remove-sim-0') !== null`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if removable || text(t, ctx, "#fixed-sim-0") != "from the config file" {
+			t.Errorf("config worker sim-0: Remove offered %v, source note %q, want no Remove and \"from the config file\"", removable, text(t, ctx, "#fixed-sim-0"))
+		}
+		// A refused action (a worker ID taken: 409 in the API) comes back to the Workers page
+		// with its message, not to an error page.
+		do(t, ctx, "add a worker whose ID is taken",
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="id"]`), "sim-1"),
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="url"]`), "http://127.0.0.1:9"),
+			chromedp.SendKeys(chromedp.CSS(`#add-worker input[name="models"]`), model),
+			chromedp.Click(chromedp.CSS(`#add-worker button`)), chromedp.WaitVisible(chromedp.CSS("#error")))
+		where, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.pathname`))
+		if msg := text(t, ctx, "#error"); err != nil || where != "/admin/workers" || !strings.Contains(msg, "sim-1") {
+			t.Errorf("refused add: at %q (%v) showing %q, want the Workers page naming sim-1", where, err, msg)
+		}
+		screenshot(t, ctx, "02-workers-refused")
 		do(t, ctx, "drain sim-0",
 			chromedp.Click(chromedp.CSS("#drain-sim-0")), chromedp.WaitVisible(chromedp.CSS("#flash")),
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="draining"]`)))
@@ -329,6 +350,13 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Fatalf("pin listed on the page: got %q, want %q", got, target)
 		}
 		screenshot(t, ctx, "03-sessions")
+		formsFirst, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#pin-form').getBoundingClientRect().bottom < document.querySelector('#pins').getBoundingClientRect().top`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if total := text(t, ctx, "#pins-total"); !formsFirst || total != "1 pin" {
+			t.Errorf("sessions page: forms above the list %v, total %q, want true and \"1 pin\"", formsFirst, total)
+		}
 		for range 3 {
 			if status, w := infer(t, base, secret, "sess-42"); status != 200 || w != target {
 				t.Fatalf("session sess-42 after the pin: got %d from %q, want 200 from %s (it was on %s)", status, w, target, first)
@@ -379,6 +407,27 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("cached share: got %q, want a percentage", share)
 	}
 	screenshot(t, ctx, "07-usage")
+
+	// A week of earlier usage: its 7-day view spreads the hours across the axis (one bar per
+	// hour, each at its own x), where it used to stack them into one bar per day.
+	day := time.Now().UTC().Truncate(24 * time.Hour).Add(-24 * time.Hour)
+	earlier := map[tenants.UsageKey]tenants.UsageCounts{}
+	for d := range 5 {
+		for _, h := range []int{3, 9, 14, 20} {
+			at := day.Add(time.Duration(-d*24+h) * time.Hour)
+			earlier[tenants.UsageKey{Tenant: "acme", Key: "k", Model: model, Class: tenants.ClassBatch, Start: at}] =
+				tenants.UsageCounts{Requests: 40, PromptTokens: int64(20_000 + 5_000*h), CompletionTokens: 4_000}
+		}
+	}
+	if err := store.AddUsage(context.Background(), "", earlier); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ctx, "usage over 7 days", chromedp.Navigate(base+"/admin/usage?days=7"), chromedp.WaitVisible(chromedp.CSS("#usage-by-class")))
+	xs, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...new Set([...document.querySelectorAll('#usage-by-class rect:not(.usage-frame)')].map(r => r.getAttribute('x')))]`))
+	if err != nil || len(xs) < 5*4 {
+		t.Errorf("7-day usage: bars at %d different x (%v), want at least 20 (%v)", len(xs), xs, err)
+	}
+	screenshot(t, ctx, "07-usage-week")
 
 	t.Run("viewer is refused every change", func(t *testing.T) {
 		do(t, ctx, "sign out and in as the viewer",

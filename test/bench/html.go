@@ -138,6 +138,9 @@ var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 	"ms":  func(v float64) string { return fmt.Sprintf("%.0f", v) },
 	"pct": func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) },
 	"f2":  func(v float64) string { return fmt.Sprintf("%.2f", v) },
+	"scope": func(run, kind string, s Stats) scopeRow {
+		return scopeRow{Run: run, Kind: kind, Stats: s}
+	},
 	"jain": func(f Fairness) string {
 		if f.Windows == 0 {
 			return "n/a"
@@ -153,23 +156,34 @@ h1{font-size:22px;margin:0 0 12px}h2{font-size:17px;margin:28px 0 2px}
 p.note{color:#666;margin:0 0 8px;font-size:12px}
 table{border-collapse:collapse;margin:8px 0;font-size:12px}th,td{padding:3px 6px;border-bottom:1px solid #ddd;text-align:right}
 th:first-child,td:first-child{text-align:left}th,.nowrap{white-space:nowrap}
-.row{display:flex;flex-wrap:wrap;gap:16px}
-svg.chart{background:#fafafa;border:1px solid #e4e4e4;border-radius:4px}
+tr.scope td:first-child{padding-left:18px;color:#555}tr.run td{border-top:1px solid #bbb;font-weight:600}
+.row{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:16px}
+svg.chart{display:block;width:100%;height:auto;background:#fafafa;border:1px solid #e4e4e4;border-radius:4px}
 svg text{font:11px system-ui,sans-serif;fill:#333}
 svg .title{font-size:13px;font-weight:600}svg .grid{stroke:#e6e6e6}svg .axis{stroke:#999}
 </style></head><body>
 <h1>usher bench report</h1>
 <table id="summary"><thead><tr><th>run</th><th>workload</th><th>elapsed s</th><th>sent</th><th>ok</th><th>failed</th><th>dropped</th><th>req/s</th><th>out tok/s</th>
 <th>TTFT p50</th><th>p99</th><th>E2E p50</th><th>p99</th><th>cache hit</th><th>worker max/mean</th><th>Jain</th></tr></thead><tbody>
-{{range .Runs}}{{$o := .Report.Overall}}<tr><td>{{.Name}}</td><td>{{.Report.Run.Workload}}</td><td>{{printf "%.1f" .Report.ElapsedSeconds}}</td><td>{{$o.Sent}}</td><td>{{$o.OK}}</td><td>{{$o.Failed}}</td><td>{{$o.Dropped}}</td>
+{{range .Runs}}{{$o := .Report.Overall}}<tr class="run"><td>{{.Name}}</td><td>{{.Report.Run.Workload}}</td><td>{{printf "%.1f" .Report.ElapsedSeconds}}</td><td>{{$o.Sent}}</td><td>{{$o.OK}}</td><td>{{$o.Failed}}</td><td>{{$o.Dropped}}</td>
 <td>{{f2 $o.RequestsPerSecond}}</td><td>{{printf "%.1f" $o.OutputTokensPerSecond}}</td><td>{{ms $o.TTFT.P50}}</td><td>{{ms $o.TTFT.P99}}</td><td>{{ms $o.E2E.P50}}</td><td>{{ms $o.E2E.P99}}</td>
 <td>{{pct $o.CacheHitRate}}</td><td>{{f2 .Report.WorkerLoadRatio}}</td><td class="nowrap" title="over {{.Report.Fairness.Windows}} windows of {{.Report.Fairness.WindowSeconds}} s">{{jain .Report.Fairness}}</td></tr>
+{{$run := .Name}}{{range .Report.Classes}}{{template "scope" scope $run "class" .}}{{end}}{{if gt (len .Report.Tenants) 1}}{{range .Report.Tenants}}{{template "scope" scope $run "tenant" .}}{{end}}{{end}}
 {{end}}</tbody></table>
-<p class="note">latencies in ms; {{range $i, $r := .Runs}}{{if $i}}; {{end}}{{$r.Name}}: {{$r.Report.Run.URL}} model {{$r.Report.Run.Model}}{{end}}</p>
+<p class="note">latencies in ms; indented rows are each run's classes and tenants (the overall figures mix them); {{range $i, $r := .Runs}}{{if $i}}; {{end}}{{$r.Name}}: {{$r.Report.Run.URL}} model {{$r.Report.Run.Model}}{{end}}</p>
 {{range .Sections}}<h2>{{.Title}}</h2><p class="note">{{.Note}}</p>
 <div class="row">{{range .Charts}}{{.}}{{end}}</div>
 {{end}}</body></html>
-`))
+{{define "scope"}}{{$s := .Stats}}<tr class="scope" data-run="{{.Run}}" data-scope="{{.Kind}}" data-name="{{$s.Name}}"><td class="nowrap">{{.Kind}} {{$s.Name}}</td><td></td><td></td><td>{{$s.Sent}}</td><td>{{$s.OK}}</td><td>{{$s.Failed}}</td><td>{{$s.Dropped}}</td>
+<td>{{f2 $s.RequestsPerSecond}}</td><td>{{printf "%.1f" $s.OutputTokensPerSecond}}</td><td class="ttft-p50">{{ms $s.TTFT.P50}}</td><td class="ttft-p99">{{ms $s.TTFT.P99}}</td><td class="e2e-p50">{{ms $s.E2E.P50}}</td><td class="e2e-p99">{{ms $s.E2E.P99}}</td>
+<td>{{pct $s.CacheHitRate}}</td><td></td><td></td></tr>
+{{end}}`))
+
+// scopeRow is one class or tenant of a run in the summary table.
+type scopeRow struct {
+	Run, Kind string
+	Stats     Stats
+}
 
 // The plots: a small SVG line chart and a bar chart, drawn here so the page needs nothing else.
 
@@ -250,7 +264,7 @@ func tickLabel(v float64) string {
 }
 
 const (
-	chartW, chartH                       = 460, 260
+	chartW, chartH                       = 720, 300
 	padLeft, padRight, padTop, padBottom = 48, 12, 26, 56
 	plotW, plotH                         = chartW - padLeft - padRight, chartH - padTop - padBottom
 	legendRow                            = 14
