@@ -26,8 +26,9 @@ run: build
 	  bash -mc './$(BIN) demo & fg %1 >/dev/null || { kill %1; wait; exit 1; }'; \
 	else ./$(BIN) demo; fi
 
+# go test through test/gotest.sh, which says every 30 s that it still runs.
 test: test-deps
-	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	@./test/gotest.sh $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 # What the tests need beyond Go: redis-server (tests start their own on a free port), Chromium
 # (console tests), Node.js with the openai npm package (client compatibility test), llama.cpp's
