@@ -160,6 +160,7 @@ if [ "$OPEN_RATES" != 0 ]; then
       --rate "$2" --duration "$OPEN_DURATION" --max-inflight 4096 --quiet --out "$tmp/open-$1.json" \
       --tenant "bench=$key:::::whole" >"$tmp/open-$1.txt" 2>&1 || { cat "$tmp/open-$1.txt"; exit 1; }
     jq -r '"\(.overall.ok) \(.overall.failed + .overall.dropped) \(.overall.e2e_ms.p50 * 1000 | round) \(.overall.e2e_ms.p99 * 1000 | round)"' "$tmp/open-$1.json"
+    jq -r '(.overall.failures // [])[] | "    failed: \(.)"' "$tmp/open-$1.json" >&2
   }
   for rate in $OPEN_RATES; do
     echo
