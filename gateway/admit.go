@@ -207,6 +207,8 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	if err != nil {
 		return err
 	}
+	// The routing policy's I/O, if any, now: the placer picks under the queue's lock.
+	s.pool.Prepare(c.Request().Context(), &cl.route)
 	ticket, err := q.Enqueue(queue.Request{
 		Tenant:       cl.principal.TenantID,
 		Class:        cl.class,

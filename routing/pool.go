@@ -556,6 +556,26 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	}
 }
 
+// preparer is implemented by policies that need I/O for a request before they can pick for it
+// (kv_aware's /tokenize); see Pool.Prepare.
+type preparer interface {
+	prepare(ctx context.Context, r *Request, workers []*Worker)
+}
+
+// Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
+// /tokenize for the prompt's token ids) and keeps the result on r, so that the picks for r do
+// none: the gateway calls it before r waits in its queue, whose lock its picks are made under.
+// Without it, Pick does that I/O itself. It costs what the policy documents; nothing for most.
+func (p *Pool) Prepare(ctx context.Context, r *Request) {
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return
+	}
+	if pr, ok := ms.policy.(preparer); ok {
+		pr.prepare(ctx, r, ms.workers)
+	}
+}
+
 // yieldToInteractive returns a copy of r that yields to interactive requests, which are present:
 // a standard or batch request gets the prefill budget and, with the clear lane on, keeps a worker
 // clear; an interactive one prefers a clear worker (see lane.go). A request for a named worker
