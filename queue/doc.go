@@ -56,7 +56,9 @@
 // full, though the pool has room), it is passed over for the round and the next request in the
 // same order is tried, so a request pinned to a full worker does not hold back the ones that
 // can go elsewhere; it keeps its place and is tried first again at the next round. A round
-// passes over at most maxPassedOver requests. Rounds run at each Enqueue, Done, Requeue,
+// passes over at most maxPassedOver requests, and at most maxRefusedPerFlow of one tenant's in a
+// class one by one: at the next refusal the rest of that tenant's requests in the class wait for
+// the next round, so one tenant's unplaceable requests never hold back another tenant's. Rounds run at each Enqueue, Done, Requeue,
 // SetCapacity and deadline, and at Retry: the gateway calls it when a worker frees a slot.
 //
 // # Deadlines

@@ -33,6 +33,22 @@ var ErrNoRoom = errors.New("no room to place the request now")
 // for the next round (the next Enqueue, Done, Retry or capacity change).
 const maxPassedOver = 16
 
+// maxRefusedPerFlow is how many of one flow's requests (one tenant in one class) a round passes
+// over one by one; at the next refusal it passes over the rest of the flow for the round. So a
+// tenant whose requests cannot be placed (all pinned to one full worker, say) spends at most
+// that many of the round's maxPassedOver, and holds back no other tenant's requests.
+const maxRefusedPerFlow = 2
+
+// round is what a release round passed over, restored at its end.
+type round struct {
+	tickets [maxPassedOver]*Ticket
+	flows   [maxPassedOver]*flow
+	nt, nf  int
+}
+
+// full reports whether the round passed over as many as it may.
+func (r *round) full() bool { return r.nt+r.nf >= maxPassedOver }
+
 // Retry runs a release round: call it when room may have appeared that Capacity does not show,
 // such as a slot freed on a worker a Placer found full. Cost: that of the requests it releases
 // and at most maxPassedOver refused Place calls.
@@ -72,27 +88,44 @@ func (q *Queue) placeLocked(t *Ticket) int {
 	}
 }
 
-// passOverLocked takes a queued ticket its Placer could not place out of its flow's order for
-// the rest of this release round, so that the requests behind it are tried. It stays counted as
-// queued and in its class's arrival list (FIFO mode skips it there); restoreLocked puts it back.
-func (q *Queue) passOverLocked(t *Ticket) {
+// passOverLocked takes a queued ticket its Placer could not place out of the order for the rest
+// of round r, so that the requests behind it are tried: the ticket alone, or, at its flow's
+// maxRefusedPerFlow-th refusal in the round (except in FIFO mode), its whole flow. A ticket passed
+// over stays counted as queued and in its class's arrival list (FIFO mode skips it there);
+// restoreLocked puts it back.
+func (q *Queue) passOverLocked(t *Ticket, r *round) {
 	f, cls := t.flow, &q.classes[t.flow.class]
+	f.refused++
+	if !q.cfg.FIFO && f.refused >= maxRefusedPerFlow {
+		cls.flows.remove(f.idx)
+		f.passedItems = len(f.items)
+		cls.passed += f.passedItems
+		r.flows[r.nf] = f
+		r.nf++
+		return
+	}
 	f.items.remove(t.flowIdx)
 	if len(f.items) == 0 {
 		cls.flows.remove(f.idx)
 	}
 	t.passed = true
 	cls.passed++
+	r.tickets[r.nt] = t
+	r.nt++
 }
 
-// restoreLocked files the tickets passed over in a round back in their flows, each where it was
-// (its deadline and arrival number are its keys), and its flow back with the counter it has.
-func (q *Queue) restoreLocked(passed []*Ticket) {
-	for _, t := range passed {
-		if !t.passed {
-			continue
-		}
+// restoreLocked files what round r passed over back where it was: each flow with the counter it
+// has, each ticket in its flow (its deadline and arrival number are its keys).
+func (q *Queue) restoreLocked(r *round) {
+	for _, f := range r.flows[:r.nf] {
+		cls := &q.classes[f.class]
+		cls.flows.push(f)
+		cls.passed -= f.passedItems
+		f.passedItems = 0
+	}
+	for _, t := range r.tickets[:r.nt] {
 		f, cls := t.flow, &q.classes[t.flow.class]
+		f.refused = 0
 		t.passed = false
 		cls.passed--
 		f.items.push(t)

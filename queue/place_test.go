@@ -1,9 +1,13 @@
 package queue_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,20 +173,158 @@ func TestUnplaceableRequestEndsWithThePlacersError(t *testing.T) {
 	granted(t, next)
 }
 
-// A release round passes over at most a bounded number of requests its Placer cannot place;
-// Retry runs another round.
-func TestReleaseRoundPassesOverABoundedNumber(t *testing.T) {
+// A tenant whose requests cannot be placed (here: all pinned to a full worker) holds back no other
+// tenant's: a round tries at most maxRefusedPerFlow of them before it passes over the rest.
+func TestTenantsUnplaceableRequestsDoNotHoldBackOthers(t *testing.T) {
 	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 100})
 	fleet := newWorkers(map[string]int{"a": 0, "b": 0})
 	for range 40 {
 		enqueue(t, q, queue.Request{Tenant: "t", Class: queue.Standard, Placer: &slot{w: fleet, target: "a"}})
 	}
+	other := enqueue(t, q, queue.Request{Tenant: "u", Class: queue.Standard, Placer: &slot{w: fleet, target: "b"}})
+	fleet.free["b"] = 1
+	fleet.tries = 0
+	q.Retry()
+	if !ready(other) || fleet.tries != 3 {
+		t.Fatalf("after 40 unplaceable requests of another tenant: released %v after %d placements; want released after 3",
+			ready(other), fleet.tries)
+	}
+}
+
+// A release round passes over at most a bounded number of requests its Placer cannot place;
+// Retry runs another round.
+func TestReleaseRoundPassesOverABoundedNumber(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 100})
+	fleet := newWorkers(map[string]int{"a": 0, "b": 0})
+	for i := range 40 {
+		enqueue(t, q, queue.Request{Tenant: fmt.Sprint("t", i), Class: queue.Standard, Placer: &slot{w: fleet, target: "a"}})
+	}
 	last := enqueue(t, q, queue.Request{Tenant: "u", Class: queue.Batch, Placer: &slot{w: fleet, target: "b"}})
 	fleet.free["b"] = 1
 	fleet.tries = 0
 	q.Retry()
-	if fleet.tries > 16 || ready(last) {
-		t.Fatalf("one round made %d placements and released the last request: %v; want at most 16, not released",
+	if fleet.tries != 16 || ready(last) {
+		t.Fatalf("one round made %d placements and released the last request: %v; want 16, not released",
 			fleet.tries, ready(last))
 	}
+}
+
+// fleet is a fake fleet safe for concurrent use: Place runs under the queue's lock, frees on the
+// requests' goroutines.
+type fleet struct {
+	mu   sync.Mutex
+	free [3]int
+}
+
+// seat is a request's Placer on fleet: on worker target, or any with room when target is -1.
+type seat struct {
+	f      *fleet
+	target int
+	on     int
+}
+
+func (s *seat) Place() (queue.Placement, error) {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	for i, n := range s.f.free {
+		if (s.target < 0 || i == s.target) && n > 0 {
+			s.f.free[i]--
+			s.on = i
+			return s, nil
+		}
+	}
+	return nil, queue.ErrNoRoom
+}
+
+func (s *seat) Undo() {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	s.f.free[s.on]++
+}
+
+// Under concurrent arrivals, cancellations, deadlines and frees, every request placed holds a
+// slot of a worker (none is ever over-filled), every request ends once, and in the end every
+// slot is free and nothing is queued.
+func TestPlacementUnderConcurrency(t *testing.T) {
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 6})
+	f := &fleet{free: [3]int{1, 2, 3}}
+	const goroutines, perG = 12, 300
+	var grants, cancels, expired, refused atomic.Int64
+	stop := make(chan struct{})
+	var background sync.WaitGroup
+	background.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				clk.Advance(time.Millisecond)
+				q.Retry()
+			}
+		}
+	})
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 11))
+			for range perG {
+				s := &seat{f: f, target: rng.IntN(4) - 1}
+				r := queue.Request{Tenant: fmt.Sprint("t", rng.IntN(5)), Class: queue.Class(rng.IntN(3)),
+					PromptTokens: 10, MaxTokens: 10, Placer: s,
+					Deadline: clk.Now().Add(time.Duration(1+rng.IntN(40)) * time.Millisecond)}
+				tk, err := q.Enqueue(r)
+				if err != nil {
+					if !errors.Is(err, queue.ErrDeadlineUnreachable) {
+						t.Errorf("Enqueue: got %v, want admitted or deadline_unreachable", err)
+					}
+					refused.Add(1)
+					continue
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				if rng.IntN(4) == 0 {
+					go cancel()
+				}
+				gr, err := tk.Wait(ctx)
+				cancel()
+				switch {
+				case err == nil:
+					if gr.Placement != s {
+						t.Errorf("granted with placement %v, want its own", gr.Placement)
+					}
+					f.mu.Lock()
+					if f.free[s.on] < 0 {
+						t.Errorf("worker %d over-filled: %d free", s.on, f.free[s.on])
+					}
+					f.mu.Unlock()
+					grants.Add(1)
+					s.Undo()
+					gr.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 5})
+					q.Retry()
+				case errors.Is(err, context.Canceled):
+					cancels.Add(1)
+				case errors.Is(err, queue.ErrDeadlineExceeded):
+					expired.Add(1)
+				default:
+					t.Errorf("Wait: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	background.Wait()
+	if total := grants.Load() + cancels.Load() + expired.Load() + refused.Load(); total != goroutines*perG {
+		t.Fatalf("%d grants + %d cancels + %d expired + %d refused = %d, want %d",
+			grants.Load(), cancels.Load(), expired.Load(), refused.Load(), total, goroutines*perG)
+	}
+	if s := q.Snapshot(); queued(s) != 0 || s.InFlight != (queue.Capacity{}) {
+		t.Fatalf("after the run: %d queued, %+v in flight, want none", queued(s), s.InFlight)
+	}
+	if f.free != [3]int{1, 2, 3} {
+		t.Fatalf("slots free after the run %v, want all [1 2 3]", f.free)
+	}
+	if grants.Load() == 0 {
+		t.Fatal("nothing was granted")
+	}
+	t.Logf("%d grants, %d cancels, %d expired, %d refused", grants.Load(), cancels.Load(), expired.Load(), refused.Load())
 }

@@ -115,6 +115,8 @@ type flow struct {
 	headDeadline int64 // deadline of its head request (unix ns; math.MaxInt64 for none)
 	queuedTokens int64
 	inflight     int
+	refused      int // requests refused by their Placer in the current release round
+	passedItems  int // requests passed over with the whole flow in the current round; 0: not passed
 }
 
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
@@ -462,13 +464,12 @@ func (q *Queue) lowerFits(t *Ticket) bool {
 
 // dispatchLocked runs a release round: it releases requests, in the order the package doc
 // describes, for as long as the next one fits and its Placer places it. A request its Placer
-// finds no room for is passed over for the round, so the ones behind it are tried (at most
-// maxPassedOver of them are passed over).
+// finds no room for is passed over for the round, so the ones behind it are tried (see
+// passOverLocked; at most maxPassedOver are).
 func (q *Queue) dispatchLocked(now time.Time) {
 	nowNano := now.UnixNano()
-	var passed [maxPassedOver]*Ticket
-	n := 0
-	for n < maxPassedOver {
+	var r round
+	for !r.full() {
 		t := q.nextLocked(nowNano)
 		if t == nil {
 			break
@@ -477,12 +478,10 @@ func (q *Queue) dispatchLocked(now time.Time) {
 		case placed:
 			q.grantLocked(t, now)
 		case noRoom:
-			q.passOverLocked(t)
-			passed[n] = t
-			n++
+			q.passOverLocked(t, &r)
 		}
 	}
-	q.restoreLocked(passed[:n])
+	q.restoreLocked(&r)
 }
 
 // headLocked returns class c's next request in order, first ending those whose deadline has
