@@ -206,8 +206,8 @@ func resetString(d time.Duration) string {
 	return d.Round(time.Second).String()
 }
 
-// wait queues the call in its model's queue and blocks until it is released (cl.grant), its
-// deadline passes, the client goes away or the gateway stops admitting.
+// wait queues the call in its model's queue and blocks until it is released (cl.grant) on its
+// worker (cl.lease), its deadline passes, the client goes away or the gateway stops admitting.
 func (s *Server) wait(c echo.Context, cl *call) error {
 	if !s.dispatcher.hasCapacity(cl.model) {
 		return fmt.Errorf("model %q: %w", cl.model, routing.ErrNoWorker)
@@ -216,6 +216,8 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	if err != nil {
 		return err
 	}
+	// The routing policy's I/O, if any, now: the placer picks under the queue's lock.
+	s.pool.Prepare(c.Request().Context(), &cl.route)
 	ticket, err := q.Enqueue(queue.Request{
 		Tenant:       cl.principal.TenantID,
 		Class:        cl.class,
@@ -224,6 +226,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		MaxTokens:    cl.expected,
 		Deadline:     cl.deadline,
 		MaxQueued:    int(cl.tier.MaxQueued),
+		Placer:       placer{ctx: c.Request().Context(), pool: s.pool, route: &cl.route},
 	})
 	if err != nil {
 		return err
@@ -234,14 +237,14 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		default:
 			// No room for an interactive call: a standard or batch call whose answer has not
 			// begun gives it its capacity.
-			s.preemption.preemptOne(cl.model, false)
+			s.preemption.preemptOne(cl.model)
 		}
 	}
 	return s.await(c, cl, ticket)
 }
 
-// await blocks until ticket is released (cl.grant), its deadline passes, the client goes away or
-// the gateway stops admitting.
+// await blocks until ticket is released (cl.grant) on its worker (cl.lease), its deadline
+// passes, the client goes away or the gateway stops admitting.
 func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	ctx := c.Request().Context()
 	grant, err := ticket.Wait(ctx)
@@ -252,6 +255,7 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 		return err
 	}
 	cl.grant = grant
+	cl.lease = grant.Placement.(placement).Lease
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh.Set(headerClass, grant.Class.String())

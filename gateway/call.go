@@ -17,9 +17,10 @@ import (
 //	parse    (parse.go)    read the body once, decode it once into the call, build the body the
 //	                       worker gets from exactly what was decoded
 //	admit    (admit.go)    the model and the tier, the tenant's limits, the class and deadline,
-//	                       then the model's queue: wait until the request may go
-//	dispatch (dispatch.go) at release, pick the worker (late binding); a released request always
-//	                       gets a worker or waits for one, never a 503 while the model has room
+//	                       then the model's queue, the one wait: the queue releases the request
+//	                       once routing placed it on a worker (late binding, in the queue's order)
+//	dispatch (dispatch.go) the queue per model and its placement; an attempt that failed or was
+//	                       preempted goes back through the queue to be placed again
 //	proxy    (proxy.go)    the upstream I/O and the SSE relay; an attempt that fails before the
 //	                       worker answered is tried again; a long lower-class prompt may go
 //	                       first in pieces (prefill.go)
@@ -29,7 +30,8 @@ import (
 // errors.go maps every error of every stage to what the client is told.
 
 // call is one inference request on its way through the stages. The handler's goroutine owns it;
-// each stage fills in what it decides.
+// each stage fills in what it decides. While it waits in the queue, the queue's placement (see
+// placer) reads and writes route under the queue's lock, on whichever goroutine releases it.
 type call struct {
 	ep    endpoint
 	start time.Time

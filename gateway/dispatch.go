@@ -15,10 +15,13 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
-// dispatcher holds one queue per model and keeps each queue's capacity equal to what the model's
-// workers can take now: it follows the pool's Changes (health, drain, learned limits, workers
-// added or removed, other replicas' load), so there is one truth about capacity and no poll.
-// Safe for concurrent use.
+// dispatcher holds one queue per model, the one place a call waits: the queue releases a call
+// only once routing has placed it on a worker (see placer), so the queue's order is the order
+// of service. It keeps each queue's capacity equal to what the model's workers can take now and
+// has the queue place its calls again whenever room may have appeared: it follows the pool's
+// Changes (health, drain, learned limits, workers added or removed, other replicas' load) and is
+// told of each slot freed on a worker (Pool.OnRoom), so there is one truth about capacity and no
+// poll. Safe for concurrent use.
 type dispatcher struct {
 	cfg  queue.Config
 	opts queue.Options
@@ -37,7 +40,18 @@ func newDispatcher(cfg queue.Config, opts queue.Options, pool *routing.Pool) (*d
 	d := &dispatcher{cfg: cfg, opts: opts, pool: pool,
 		queues: map[string]*queue.Queue{}, caps: map[string]queue.Capacity{}}
 	d.refresh()
+	pool.OnRoom(d.room)
 	return d, nil
+}
+
+// room has the model's queue place its calls again: a slot freed on one of its workers.
+func (d *dispatcher) room(model string) {
+	d.mu.Lock()
+	q := d.queues[model]
+	d.mu.Unlock()
+	if q != nil {
+		q.Retry()
+	}
 }
 
 // queueFor returns the model's queue, creating it on first use.
@@ -91,7 +105,9 @@ func (d *dispatcher) ready() bool {
 }
 
 // refresh sets every queue's capacity from the pool's workers now, creating the queues of models
-// that appeared. Cost: one copy of the workers' status and one pass per model.
+// that appeared, and has each queue place its calls again (a change may give room on a worker
+// without changing the sum, such as a circuit closing). Cost: one copy of the workers' status
+// and one pass per model.
 func (d *dispatcher) refresh() {
 	workers := d.pool.Workers()
 	d.mu.Lock()
@@ -109,6 +125,8 @@ func (d *dispatcher) refresh() {
 		if c != d.caps[model] {
 			d.caps[model] = c
 			q.SetCapacity(c)
+		} else {
+			q.Retry()
 		}
 	}
 }
@@ -153,65 +171,91 @@ func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
 	return c
 }
 
-// dispatch is the stage after the queue released the call: pick its worker now (late binding)
-// and proxy to it, trying again while nothing reached the client and the worker did not answer
-// (proxy says when), on another worker, or on the same one when the failure was not the worker's.
+// placer is a call's Placer in its model's queue: routing picks the call's worker (late binding)
+// at the moment the queue would release the call, so the call leaves the queue with its lease.
+type placer struct {
+	ctx   context.Context // the client's
+	pool  *routing.Pool
+	route *routing.Request
+}
+
+// Place picks the call's worker. It finds no room (queue.ErrNoRoom) while every worker the call
+// may use is full, so the call waits in the queue, in its order, until one has room, its
+// deadline passes (504) or the client leaves; it fails for good when no worker it may use takes
+// requests (503) or its target worker does not exist (400).
+func (p placer) Place() (queue.Placement, error) {
+	lease, err := p.pool.Pick(p.ctx, p.route)
+	switch {
+	case err == nil:
+		return placement{lease}, nil
+	case errors.Is(err, routing.ErrNoRoom):
+		return nil, fmt.Errorf("%w: %w", queue.ErrNoRoom, err)
+	case errors.Is(err, routing.ErrUnknownWorker):
+		return nil, fmt.Errorf("%s %q: %w", headerTarget, p.route.TargetWorker, errUnknownTarget)
+	}
+	return nil, err
+}
+
+// placement is a call's lease, as the queue hands it over with the grant.
+type placement struct{ *routing.Lease }
+
+// Undo releases the lease unused: the client left as the call was released.
+func (p placement) Undo() { p.Release(routing.Outcome{}) }
+
+// dispatch is the stage after the queue released the call on its worker (cl.lease): proxy to it,
+// and while nothing reached the client and the worker did not answer (proxy says when), place
+// the call again through the queue, on another worker or on the same one when the failure was
+// not the worker's. A call preempted for an interactive one waits in the queue again too.
 func (s *Server) dispatch(c echo.Context, cl *call) error {
-	ctx := c.Request().Context()
 	var lastErr error
-	for cl.attempts < s.cfg.MaxAttempts {
-		lease, err := s.pick(ctx, cl)
-		if errors.Is(err, errPreempted) {
-			if err := s.requeue(c, cl, ""); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			if lastErr != nil && errors.Is(err, routing.ErrNoWorker) {
-				break
-			}
-			if errors.Is(err, routing.ErrUnknownWorker) {
-				return fmt.Errorf("%s %q: %w", headerTarget, cl.route.TargetWorker, errUnknownTarget)
-			}
-			return err
-		}
+	for {
 		cl.attempts++
 		if cl.attempts > 1 {
 			s.metrics.retries.WithLabelValues(cl.model).Inc()
 		}
-		cl.worker = lease.Worker.ID()
-		retry, err := s.proxy(c, cl, lease)
-		if errors.Is(err, errPreempted) {
+		cl.worker = cl.lease.Worker.ID()
+		retry, err := s.proxy(c, cl, cl.lease)
+		switch {
+		case errors.Is(err, errPreempted):
 			// Not an attempt that failed.
 			cl.attempts--
-			if err := s.requeue(c, cl, cl.worker); err != nil {
-				return err
+			err = s.requeue(c, cl, cl.worker)
+		case !retry:
+			return err
+		case cl.attempts >= s.cfg.MaxAttempts:
+			return s.attemptsFailed(cl, err)
+		default:
+			lastErr = err
+			err = s.await(c, cl, cl.grant.Requeue())
+			if err != nil {
+				cl.grant = nil
 			}
-			continue
+			if errors.Is(err, routing.ErrNoWorker) {
+				// No other worker may take it.
+				return s.attemptsFailed(cl, lastErr)
+			}
 		}
-		if !retry {
+		if err != nil {
 			return err
 		}
-		lastErr = err
 	}
-	if busy := (*workerBusyError)(nil); errors.As(lastErr, &busy) {
+}
+
+// attemptsFailed is the error of a call whose last attempt failed with err and that is not tried
+// again.
+func (s *Server) attemptsFailed(cl *call, err error) error {
+	if busy := (*workerBusyError)(nil); errors.As(err, &busy) {
 		return &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "workers_busy",
 			Message: "every worker that serves this model is busy; retry later", RetryAfter: busy.retryAfter}
 	}
-	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, lastErr)
+	return fmt.Errorf("%w after %d attempts: %v", errUpstream, cl.attempts, err)
 }
 
-// requeue puts a preempted call back in the queue, ahead of its tenant's later requests, and
-// waits for its release: it gave its capacity to a higher class, at worker (its attempt there
-// was cancelled) or before it had one ("").
+// requeue puts a call preempted at worker back in the queue, ahead of its tenant's later
+// requests, and waits for its release: it gave its capacity to a higher class.
 func (s *Server) requeue(c echo.Context, cl *call, worker string) error {
 	cl.preempts++
-	stage := "sent"
-	if worker == "" {
-		stage = "waiting"
-	}
-	s.metrics.preempted.WithLabelValues(cl.model, cl.class.String(), stage).Inc()
+	s.metrics.preempted.WithLabelValues(cl.model, cl.class.String(), "sent").Inc()
 	s.log.Info("preempted", "id", c.Response().Header().Get(echo.HeaderXRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", worker)
 	if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
@@ -219,65 +263,6 @@ func (s *Server) requeue(c echo.Context, cl *call, worker string) error {
 		return err
 	}
 	return nil
-}
-
-// pick chooses the call's worker. When the queue released the call but none of the workers it
-// may use has room this instant (its target or pinned worker is full, an earlier attempt's
-// worker is excluded and the others are full, or the room the queue counted over the whole pool
-// is split between workers none of which holds the call's tokens), it waits for a slot to free
-// or the pool to change rather than failing: until the call's deadline (then 504) or the client
-// leaves; an interactive call first has a standard or batch attempt preempted (see preemption),
-// as when it finds no room in the queue. It fails at once only when no worker it may use takes
-// requests at all.
-//
-// A standard or batch call that waits here holds capacity the queue counted for it without
-// using it yet, so it is the first a waiting interactive call preempts: it then returns
-// errPreempted, and no engine work is lost.
-func (s *Server) pick(ctx context.Context, cl *call) (*routing.Lease, error) {
-	var timeout <-chan time.Time
-	var released, changed <-chan struct{}
-	var preempted <-chan struct{}
-	for {
-		lease, err := s.pool.Pick(ctx, &cl.route)
-		if err == nil || !errors.Is(err, routing.ErrNoWorker) || !s.pool.CouldWait(&cl.route) {
-			return lease, err
-		}
-		if released == nil {
-			// Watching costs every release a broadcast, so only a call that waits watches; a
-			// slot freed between the Pick above and now is caught by the Pick after.
-			released, changed = s.pool.Released(), s.pool.Changes()
-			switch {
-			case cl.class == queue.Interactive && !s.cfg.DisablePreemption:
-				s.preemption.preemptOne(cl.model, true)
-			case cl.class != queue.Interactive && !s.cfg.DisablePreemption:
-				wait, cancel := context.WithCancelCause(ctx)
-				defer cancel(nil)
-				v := s.preemption.addWaiting(cl.model, cancel)
-				defer s.preemption.done(cl.model, v)
-				preempted = wait.Done()
-			}
-			continue
-		}
-		if timeout == nil && !cl.deadline.IsZero() {
-			t := time.NewTimer(cl.deadline.Sub(s.now()))
-			defer t.Stop()
-			timeout = t.C
-		}
-		select {
-		case <-released:
-		case <-changed:
-		case <-preempted:
-			if ctx.Err() == nil {
-				return nil, errPreempted
-			}
-			return nil, errClientGone
-		case <-timeout:
-			return nil, queue.ErrDeadlineExceeded
-		case <-ctx.Done():
-			return nil, errClientGone
-		}
-		released, changed = s.pool.Released(), s.pool.Changes()
-	}
 }
 
 // errPreempted is the cause of a lower-class call's attempt cancelled so that a waiting
@@ -293,26 +278,16 @@ type preemption struct {
 	running map[string][]*victim
 }
 
-// victim is one preemptible attempt, or a call waiting for a worker.
+// victim is one preemptible attempt.
 type victim struct {
 	cancel   context.CancelCauseFunc
 	taken    bool // chosen: its attempt is being cancelled
 	decoding bool // its engine is generating tokens: it notices a cancel at its next one
-	waiting  bool // not sent yet: it holds capacity and no engine has done any work for it
 }
 
 // add registers an attempt of model; done must be called when its answer begins or it ends.
 func (p *preemption) add(model string, cancel context.CancelCauseFunc) *victim {
-	return p.register(model, &victim{cancel: cancel})
-}
-
-// addWaiting registers a call of model that waits for a worker; done must be called when it
-// stops waiting.
-func (p *preemption) addWaiting(model string, cancel context.CancelCauseFunc) *victim {
-	return p.register(model, &victim{cancel: cancel, waiting: true})
-}
-
-func (p *preemption) register(model string, v *victim) *victim {
+	v := &victim{cancel: cancel}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.running == nil {
@@ -343,25 +318,19 @@ func (p *preemption) decoding(v *victim) {
 	p.mu.Unlock()
 }
 
-// preemptOne cancels a preemptible call of model, if there is one, for an interactive call that
-// lacks capacity in the queue (forRoom false) or room on a worker (forRoom true). The first
-// choice is the newest call waiting for a worker, which costs nothing, but holds only queue
-// capacity, so not for room. Then the newest attempt whose engine is generating tokens, which
-// stops at its next token; else the newest attempt (the one that has cost the engine the least
-// so far). An engine notices a cancel during prefill only when the prefill ends: llama.cpp takes
-// half a second for a 500-token prompt on a CPU core.
-func (p *preemption) preemptOne(model string, forRoom bool) bool {
+// preemptOne cancels a preemptible attempt of model, if there is one, for an interactive call
+// the queue could not release at once (no capacity, or no room on a worker it may use): the
+// newest attempt whose engine is generating tokens, which stops at its next token; else the
+// newest attempt (the one that has cost the engine the least so far). An engine notices a cancel
+// during prefill only when the prefill ends: llama.cpp takes half a second for a 500-token
+// prompt on a CPU core. The cancelled call gives its lease and grant back and waits in the queue
+// again, behind the interactive call.
+func (p *preemption) preemptOne(model string) bool {
 	p.mu.Lock()
 	list := p.running[model]
-	i := -1
-	if !forRoom {
-		i = newest(list, func(v *victim) bool { return v.waiting })
-	}
+	i := newest(list, func(v *victim) bool { return v.decoding })
 	if i < 0 {
-		i = newest(list, func(v *victim) bool { return v.decoding })
-	}
-	if i < 0 {
-		i = newest(list, func(v *victim) bool { return !v.waiting })
+		i = len(list) - 1
 	}
 	if i < 0 {
 		p.mu.Unlock()

@@ -137,6 +137,45 @@ func TestReleasedRequestWaitsForItsBusyTargetWorker(t *testing.T) {
 	}
 }
 
+// A request that waits for its busy target worker does so in the queue, holding nothing: a later
+// request that another worker can take is served meanwhile. (When the queue released requests by
+// the pool's capacity alone, the waiting request held the second slot, and the later one waited
+// for the first to end although b was idle.)
+func TestRequestWaitingForItsTargetDoesNotHoldBackOthers(t *testing.T) {
+	holdA, holdB := make(chan struct{}), make(chan struct{})
+	a := newFakeWorker(t, func(w *fakeWorker) { w.hold = holdA })
+	b := newFakeWorker(t, func(w *fakeWorker) { w.hold = holdB })
+	specA, specB := a.spec("a"), b.spec("b")
+	specA.MaxConcurrency, specB.MaxConcurrency = 1, 1
+	g := startTierGateway(t, []routing.WorkerSpec{specA, specB}, opsTier)
+	// Interactive, so that no reserve holds the second slot back.
+	post := func(header map[string]string) <-chan *http.Response {
+		header[headerPriority] = "interactive"
+		ch := make(chan *http.Response, 1)
+		go func() { ch <- g.post(t, "/v1/chat/completions", testKey, chatBody, header) }()
+		return ch
+	}
+	first := post(map[string]string{headerTarget: "a"})
+	waitFor(t, "a holds the first request", func() bool { return a.started.Load() == 1 })
+	second := post(map[string]string{headerTarget: "a"})
+	waitFor(t, "the second request for a waits in the queue", func() bool { return queuedCount(g.srv.dispatcher, testModel) == 1 })
+	third := post(map[string]string{})
+	waitFor(t, "b serves the third request while the second waits for a", func() bool { return b.started.Load() == 1 })
+	if n := a.started.Load(); n != 1 {
+		t.Fatalf("a started %d requests while full, want 1", n)
+	}
+	close(holdB)
+	if resp := <-third; resp.StatusCode != http.StatusOK || resp.Header.Get(headerWorker) != "b" {
+		t.Fatalf("third: %d from %q, want 200 from b", resp.StatusCode, resp.Header.Get(headerWorker))
+	}
+	close(holdA)
+	for i, ch := range []<-chan *http.Response{first, second} {
+		if resp := <-ch; resp.StatusCode != http.StatusOK || resp.Header.Get(headerWorker) != "a" {
+			t.Fatalf("request %d for a: %d from %q, want 200 from a", i+1, resp.StatusCode, resp.Header.Get(headerWorker))
+		}
+	}
+}
+
 // A target worker that takes no requests (drained) is refused at once, not waited for.
 func TestDrainedTargetWorkerIs503(t *testing.T) {
 	a := newFakeWorker(t, nil)
@@ -238,11 +277,12 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 	}
 }
 
-// A batch request that the queue released but that waits for a worker (here: interactive
-// prompts are being prefilled on the only one) holds capacity without using it; an interactive
-// request that finds no room takes that capacity first, so no engine work is lost: the waiting
-// request goes back to the queue and is sent once, after.
-func TestInteractivePreemptsABatchRequestWaitingForAWorker(t *testing.T) {
+// A batch request that no worker may take now (here: interactive prompts are being prefilled on
+// the only one) stays in the queue, holding neither capacity nor a worker; interactive requests
+// go past it without preempting anything, and it is sent once, after. (Before the queue placed
+// its requests, such a request was released, held capacity while it waited for a worker, and was
+// preempted from that wait.)
+func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	hold := make(chan struct{})
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
 	spec := w.spec("w")
@@ -258,11 +298,14 @@ func TestInteractivePreemptsABatchRequestWaitingForAWorker(t *testing.T) {
 	first := post("interactive")
 	waitFor(t, "the worker holds the first interactive request", func() bool { return w.started.Load() == 1 })
 	batch := post("batch")
-	waitFor(t, "the batch request waits for a worker", func() bool { return waitingCount(&g.srv.preemption, "m1") == 1 })
-	second := post("interactive") // in the reserve
+	waitFor(t, "the batch request waits in the queue", func() bool { return queuedCount(g.srv.dispatcher, "m1") == 1 })
+	second := post("interactive")
 	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
-	third := post("interactive") // no room left but the waiting batch request's
+	third := post("interactive")
 	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
+	if n := queuedCount(g.srv.dispatcher, "m1"); n != 1 {
+		t.Errorf("%d calls queued, want the batch request", n)
+	}
 	close(hold)
 	for _, ch := range []<-chan *http.Response{first, second, third, batch} {
 		if resp := <-ch; resp.StatusCode != http.StatusOK {
@@ -272,8 +315,8 @@ func TestInteractivePreemptsABatchRequestWaitingForAWorker(t *testing.T) {
 	if got := w.requests.Load(); got != 4 {
 		t.Errorf("the worker saw %d requests, want 4: the batch request once", got)
 	}
-	if got := metricLabelValue(t, g.reg, "usher_preempted_total", "stage", "waiting"); got != 1 {
-		t.Errorf(`usher_preempted_total{stage="waiting"} %v, want 1`, got)
+	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 0 {
+		t.Errorf("usher_preempted_total %v, want 0", got)
 	}
 }
 
@@ -317,14 +360,15 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return metricLabelValue(t, reg, name, "", "")
 }
 
-// waitingCount is the number of calls of model waiting for a worker that may be preempted.
-func waitingCount(p *preemption, model string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// queuedCount is the number of calls of model waiting in its queue.
+func queuedCount(d *dispatcher, model string) int {
+	d.mu.Lock()
+	q := d.queues[model]
+	d.mu.Unlock()
 	n := 0
-	for _, v := range p.running[model] {
-		if v.waiting {
-			n++
+	if q != nil {
+		for _, c := range q.Snapshot().Classes {
+			n += c.Queued
 		}
 	}
 	return n
@@ -453,10 +497,9 @@ func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
 	}
 }
 
-// A preemption cancels first the newest call waiting for a worker, when the interactive call
-// lacks queue capacity (a waiting call holds no room on a worker); then the newest attempt
-// whose engine is generating tokens (it stops at the next one); and only when none is, the
-// newest attempt (still in prefill, or waiting in the engine).
+// A preemption cancels first the newest attempt whose engine is generating tokens (it stops at
+// the next one); and only when none is, the newest attempt (still in prefill, or waiting in the
+// engine).
 func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	var p preemption
 	var cancelled []int
@@ -465,23 +508,15 @@ func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	}
 	add(0)
 	second := add(1)
-	p.addWaiting("m", func(error) { cancelled = append(cancelled, 9) })
 	add(2)
 	p.decoding(second)
-	if !p.preemptOne("m", true) || !slices.Equal(cancelled, []int{1}) {
-		t.Fatalf("for room on a worker: cancelled %v, want the decoding attempt 1", cancelled)
+	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1}) {
+		t.Fatalf("cancelled %v, want the decoding attempt 1", cancelled)
 	}
-	if !p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9}) {
-		t.Fatalf("for queue capacity: cancelled %v, then want the waiting call 9", cancelled)
-	}
-	if !p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9, 2}) {
+	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2}) {
 		t.Fatalf("cancelled %v, then want the newest, 2", cancelled)
 	}
-	if !p.preemptOne("m", true) || p.preemptOne("m", false) || !slices.Equal(cancelled, []int{1, 9, 2, 0}) {
+	if !p.preemptOne("m") || p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2, 0}) {
 		t.Fatalf("cancelled %v, want 0 last and then nothing", cancelled)
-	}
-	p.addWaiting("m", func(error) { cancelled = append(cancelled, 8) })
-	if p.preemptOne("m", true) {
-		t.Fatalf("for room on a worker, only a waiting call left: cancelled %v, want nothing", cancelled)
 	}
 }

@@ -12,8 +12,8 @@ type metrics struct {
 	tokens   *prometheus.CounterVec   // model, kind (prompt, completion, cached)
 	retries  *prometheus.CounterVec   // model
 	// preempted counts standard and batch calls that gave their capacity to an interactive
-	// request, by model, class and stage: "sent" (their attempt was cancelled at its worker) or
-	// "waiting" (they were waiting for a worker).
+	// request, by model, class and stage: "sent" (their attempt was cancelled at its worker; the
+	// only stage since a call waits only in the queue, where it holds nothing).
 	preempted *prometheus.CounterVec
 	// prefillPieces counts the leading pieces of standard and batch prompts sent ahead of their
 	// request (see prefill.go).
@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "usher_prefill_pieces_total", Help: "Leading pieces of standard and batch prompts sent to a worker ahead of their request while interactive requests were present, so that no engine step prefills a whole long prompt (routing.concurrency.prefill_piece_tokens)."},
 			[]string{"model"}),
 		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_preempted_total", Help: "Standard and batch requests that gave their capacity to an interactive request and were requeued: stage \"sent\" when their attempt was cancelled at its worker before their answer began (the engine's work so far is lost), \"waiting\" when they were waiting for a worker."},
+			Name: "usher_preempted_total", Help: "Standard and batch requests that gave their capacity to an interactive request and were requeued: stage \"sent\": their attempt was cancelled at its worker before their answer began (the engine's work so far is lost)."},
 			[]string{"model", "class", "stage"}),
 	}
 	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -1,7 +1,9 @@
 // Package queue admits, orders and releases the requests of one model: the token-weighted
 // priority and deadline queues at the heart of usher. It knows nothing of HTTP or workers; the
-// gateway keeps one Queue per model, feeds it the pool's Capacity, and binds each released
-// request to a worker only then (late binding).
+// gateway keeps one Queue per model, feeds it the pool's Capacity, and gives each request a
+// Placer that binds it to a worker at the moment the queue would release it (late binding): a
+// request leaves the queue with its worker, so the queue's order is the order of service, and
+// there is no other wait.
 //
 // # The way of a request
 //
@@ -46,6 +48,18 @@
 // released, except that when a Standard or Batch request is held back only by the reserve,
 // Interactive may still go (lower classes may not). This keeps priority and fair share exact and the work conserving:
 // capacity stays idle only while the request entitled to it waits for room.
+//
+// # Placement
+//
+// A request that fits is released only once its Placer places it (Request.Placer; without one,
+// Capacity alone decides). When the Placer finds no room for it (the workers it may use are
+// full, though the pool has room), it is passed over for the round and the next request in the
+// same order is tried, so a request pinned to a full worker does not hold back the ones that
+// can go elsewhere; it keeps its place and is tried first again at the next round. A round
+// passes over at most maxPassedOver requests, and at most maxRefusedPerFlow of one tenant's in a
+// class one by one: at the next refusal the rest of that tenant's requests in the class wait for
+// the next round, so one tenant's unplaceable requests never hold back another tenant's. Rounds run at each Enqueue, Done, Requeue,
+// SetCapacity and deadline, and at Retry: the gateway calls it when a worker frees a slot.
 //
 // # Deadlines
 //

@@ -6,16 +6,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// outcome labels of usher_queue_shed_total: the four Rejection reasons, then the two ways a
+// outcome labels of usher_queue_shed_total: the four Rejection reasons, then the three ways a
 // queued request leaves without being dispatched.
 const (
 	shedDeadlineExceeded = Shutdown + 1 + iota
 	shedCanceled
+	shedUnplaceable // its Placer found it can never be placed
 	numShed
 )
 
 var shedNames = [numShed]string{"", "queue_full", "deadline_unreachable", "request_too_large", "shutdown",
-	"deadline_exceeded", "canceled"}
+	"deadline_exceeded", "canceled", "unplaceable"}
 
 // metrics are the queue's Prometheus series. Children are resolved once in newMetrics so that
 // the dispatch path only touches atomics and never allocates.
@@ -48,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 	}, []string{"class"})
 	requeued := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_queue_requeued_total", ConstLabels: labels,
-		Help: "Dispatched requests put back in the queue (preempted before their answer began), by class.",
+		Help: "Dispatched requests put back in the queue (preempted before their answer began, or sent again after a failed attempt), by class.",
 	}, []string{"class"})
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_queue_shed_total", ConstLabels: labels,

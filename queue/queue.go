@@ -27,6 +27,10 @@ type Request struct {
 	// MaxQueued caps the requests the tenant may have waiting (its tier's cap); 0 or less
 	// takes Config.MaxQueuedPerTenant. The lower of the two applies.
 	MaxQueued int
+	// Placer, when not nil, places the request when it would be released (see Placer): it is
+	// released only once placed, with its placement in Grant.Placement. Nil: the pool's Capacity
+	// alone decides.
+	Placer Placer
 }
 
 // Capacity is what a model's pool can hold in flight at once: the sums over its healthy,
@@ -111,6 +115,8 @@ type flow struct {
 	headDeadline int64 // deadline of its head request (unix ns; math.MaxInt64 for none)
 	queuedTokens int64
 	inflight     int
+	refused      int // requests refused by their Placer in the current release round
+	passedItems  int // requests passed over with the whole flow in the current round; 0: not passed
 }
 
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
@@ -126,6 +132,7 @@ type classQueue struct {
 	fairShareFloor float64 // counter of the flow served last: the floor for returning flows
 	head, tail     *Ticket
 	dispatched     int64
+	passed         int // tickets passed over in the current release round (see passOverLocked)
 }
 
 // New builds a queue from cfg (validated, defaults filled in) with the given dependencies. The
@@ -212,7 +219,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 
 	t := &Ticket{q: q, flow: f, ch: make(chan struct{}), cost: cost, weight: r.Weight,
-		deadline: math.MaxInt64, enqueuedAt: now.UnixNano()}
+		deadline: math.MaxInt64, enqueuedAt: now.UnixNano(), placer: r.Placer}
 	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
 	t.grant.t = t
 	if !r.Deadline.IsZero() {
@@ -455,27 +462,40 @@ func (q *Queue) lowerFits(t *Ticket) bool {
 		(q.capacity.Tokens == 0 || q.lowerTok+t.cost <= q.tokLimit(Standard))
 }
 
-// dispatchLocked releases requests, in the order the package doc describes, for as long as the
-// next one fits.
+// dispatchLocked runs a release round: it releases requests, in the order the package doc
+// describes, for as long as the next one fits and its Placer places it. A request its Placer
+// finds no room for is passed over for the round, so the ones behind it are tried (see
+// passOverLocked; at most maxPassedOver are).
 func (q *Queue) dispatchLocked(now time.Time) {
 	nowNano := now.UnixNano()
-	for {
+	var r round
+	for !r.full() {
 		t := q.nextLocked(nowNano)
 		if t == nil {
-			return
+			break
 		}
-		q.grantLocked(t, now)
+		switch q.placeLocked(t) {
+		case placed:
+			q.grantLocked(t, now)
+		case noRoom:
+			q.passOverLocked(t, &r)
+		}
 	}
+	q.restoreLocked(&r)
 }
 
 // headLocked returns class c's next request in order, first ending those whose deadline has
-// passed or that can never fit; nil when the class is empty.
+// passed or that can never fit; nil when the class is empty or every request in it was passed
+// over in this round.
 func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 	cls := &q.classes[c]
-	for cls.queued > 0 {
+	for cls.queued > cls.passed {
 		var t *Ticket
 		if q.cfg.FIFO {
 			t = cls.head
+			for t.passed {
+				t = t.next
+			}
 		} else {
 			t = cls.flows.peek().items[0].t
 		}
@@ -604,6 +624,7 @@ func (q *Queue) requeue(t *Ticket) {
 	}
 	q.m.requeued[c].Inc()
 	t.state = stateQueued
+	t.grant.Placement = nil
 	t.ch = make(chan struct{})
 	q.pushLocked(t)
 	q.dispatchLocked(now)

@@ -27,13 +27,15 @@ type Ticket struct {
 	weight     float64       // the request's weight, defaulted
 	deadline   int64         // unix nanoseconds; math.MaxInt64 when none
 	seq        uint64
-	enqueuedAt int64 // unix nanoseconds
+	enqueuedAt int64  // unix nanoseconds
+	placer     Placer // nil: placed by Capacity alone
 	grant      Grant
 
 	// Guarded by q.mu. err is written before ch is closed and read only after.
 	state      ticketState
 	err        error
 	flowIdx    int
+	passed     bool    // passed over in the current release round (see passOverLocked)
 	prev, next *Ticket // arrival list of its class
 }
 
@@ -42,13 +44,14 @@ type Ticket struct {
 func (t *Ticket) Ready() <-chan struct{} { return t.ch }
 
 // Wait blocks until the request is dispatched and returns its Grant: capacity is then reserved
-// for it, and the caller picks a worker, sends the request and calls Grant.Done when it ends.
-// Otherwise it returns:
+// for it and, with a Placer, its placement made (Grant.Placement); the caller sends the request
+// and calls Grant.Done when it ends. Otherwise it returns:
 //   - ErrDeadlineExceeded when the deadline passed while queued;
 //   - a *Rejection with Reason Shutdown when Close ended the queue, or TooLarge when capacity
 //     shrank below what the request needs;
+//   - the Placer's error when it found the request can never be placed;
 //   - ctx.Err() when ctx ended first: the request is removed at once, and if it was dispatched
-//     in the same instant its capacity is given back, so no slot leaks.
+//     in the same instant its capacity and placement are given back, so no slot leaks.
 func (t *Ticket) Wait(ctx context.Context) (*Grant, error) {
 	select {
 	case <-t.ch:
@@ -72,6 +75,9 @@ func (t *Ticket) Wait(ctx context.Context) (*Grant, error) {
 	}
 	q.mu.Unlock()
 	if g, err := t.result(); err == nil {
+		if g.Placement != nil {
+			g.Placement.Undo()
+		}
 		g.finish(Usage{}, false)
 	}
 	return nil, ctx.Err()
@@ -92,6 +98,9 @@ type Grant struct {
 	Class Class
 	// Waited is the time spent queued, for the X-Usher-Queue-Ms header.
 	Waited time.Duration
+	// Placement is where the request's Placer placed it; nil without a Placer. The caller owns
+	// it: the queue neither undoes nor reads it once Wait returned the grant.
+	Placement Placement
 
 	t            *Ticket
 	dispatchedAt int64 // unix nanoseconds
@@ -107,7 +116,9 @@ func (g *Grant) Done(u Usage) { g.finish(u, u != Usage{}) }
 // Requeue gives the grant's capacity back and puts its request back in the queue, ahead of the
 // requests its tenant queued later in the same class, its fair-share charge refunded: for a
 // request the gateway preempted before any of its answer reached the client, so that a request
-// of a higher class can have its capacity. It returns the request's ticket: Wait on it again.
+// of a higher class can have its capacity, or one whose attempt failed and that must be placed
+// again (elsewhere). The caller has given its placement back first. It returns the request's
+// ticket: Wait on it again, for a new grant and placement.
 // The grant is then spent (Done does nothing) until the ticket is dispatched again. Call it
 // instead of Done, once.
 func (g *Grant) Requeue() *Ticket {

@@ -42,7 +42,3 @@ func (b *broadcast) notify() {
 // again after each close for the change after. The gateway's queues follow the pool's capacity
 // with it, without polling. Safe for concurrent use.
 func (p *Pool) Changes() <-chan struct{} { return p.changes.Wait() }
-
-// Released returns a channel closed at the next Lease.Release (a slot freed on some worker), for
-// a request that waits for its worker to have room. Safe for concurrent use.
-func (p *Pool) Released() <-chan struct{} { return p.released.Wait() }

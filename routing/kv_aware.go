@@ -713,14 +713,7 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 	if k.scope != CacheScopeGlobal {
 		return k.fallback.pickLearning(ctx, r, workers)
 	}
-	kws := make([]*kvWorker, len(workers))
-	anyLive := false
-	k.mu.Lock()
-	for i, w := range workers {
-		kws[i] = k.workers[w.ID()]
-		anyLive = anyLive || kws[i] != nil && kws[i].live.Load()
-	}
-	k.mu.Unlock()
+	kws, anyLive := k.kvWorkers(workers)
 	if !anyLive {
 		return k.fallback.pickLearning(ctx, r, workers)
 	}
@@ -733,6 +726,30 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 		return w, route, prediction{}
 	}
 	return k.fallback.pickLearning(ctx, r, workers)
+}
+
+// prepare implements preparer: it asks for r's token ids (see promptTokens) before r waits, so
+// that its picks do no I/O.
+func (k *KVAware) prepare(ctx context.Context, r *Request, workers []*Worker) {
+	if k.scope != CacheScopeGlobal {
+		return
+	}
+	if kws, anyLive := k.kvWorkers(workers); anyLive {
+		k.promptTokens(ctx, r, workers, kws)
+	}
+}
+
+// kvWorkers returns the event state of each of workers (nil for one without), and whether any
+// of them publishes events now.
+func (k *KVAware) kvWorkers(workers []*Worker) (kws []*kvWorker, anyLive bool) {
+	kws = make([]*kvWorker, len(workers))
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, w := range workers {
+		kws[i] = k.workers[w.ID()]
+		anyLive = anyLive || kws[i] != nil && kws[i].live.Load()
+	}
+	return kws, anyLive
 }
 
 // learn implements outcomeLearner: the fallback learns from its own picks (an event-driven pick

@@ -817,3 +817,40 @@ func TestKVIndexAgreesWithAModel(t *testing.T) {
 		t.Fatalf("insertion order holds %d entries for %d blocks", len(x.order)-x.head, x.blocks())
 	}
 }
+
+// Prepare asks for the prompt's token ids before the request waits; its picks then ask no more
+// (they run under the gateway queue's lock, where no I/O may be).
+func TestKVAwareTokenizesInPrepareNotInPick(t *testing.T) {
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
+	}))
+	t.Cleanup(srv.Close)
+	specs := testWorkers(2, "m")
+	for i := range specs {
+		specs[i].URL = srv.URL
+	}
+	p, _ := newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
+		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
+	k, ok := p.policies["m"].Policy.(*KVAware)
+	if !ok {
+		t.Fatalf("policy of m is %T, want kv_aware", p.policies["m"].Policy)
+	}
+	k.workers["w0"].live.Store(true)
+	r := &Request{Model: "m", Prompt: "p", Tokens: 10}
+	p.Prepare(context.Background(), r)
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("Prepare asked /tokenize %d times, want 1", n)
+	}
+	for range 2 {
+		l, err := p.Pick(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release(Outcome{})
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("/tokenize asked %d times in all, want once (in Prepare)", n)
+	}
+}

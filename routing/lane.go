@@ -188,9 +188,9 @@ func (l *lane) admitsLower(w *Worker) bool {
 	return !l.active || l.clear >= 2 || l.clear == 1 && l.only != w
 }
 
-// wakeAt makes the pool's Released fire at t, so that requests the lane held back look again when
-// a worker's prefill is expected to be nearly over (Released fires anyway when one ends). One
-// timer is armed at a time, for the earliest such moment asked.
+// wakeAt tells OnRoom's function of room for every model at t, so that requests the lane held
+// back are placed again when a worker's prefill is expected to be nearly over (it is told anyway
+// when one ends). One timer is armed at a time, for the earliest such moment asked.
 func (p *Pool) wakeAt(t time.Time) {
 	p.laneMu.Lock()
 	defer p.laneMu.Unlock()
@@ -201,5 +201,5 @@ func (p *Pool) wakeAt(t time.Time) {
 		p.laneTimer.Stop()
 	}
 	p.laneWake = t
-	p.laneTimer = time.AfterFunc(max(t.Sub(p.now()), 0), p.released.notify)
+	p.laneTimer = time.AfterFunc(max(t.Sub(p.now()), 0), p.roomEverywhere)
 }

@@ -76,13 +76,20 @@ func TestLaneKeepsAWorkerClearForInteractive(t *testing.T) {
 		t.Errorf("the first prompt's prefill is expected to last %v, want 60ms", rem)
 	}
 
-	released := p.Released()
+	room := make(chan string, 1)
+	p.OnRoom(func(model string) {
+		select {
+		case room <- model:
+		default:
+		}
+	})
 	now = now.Add(35 * time.Millisecond) // 25ms left: within ClearWithin (30ms)
 	select {
-	case <-released:
+	case <-room:
 	case <-time.After(5 * time.Second):
-		t.Fatal("Released did not fire when the first prefill came within ClearWithin of its end")
+		t.Fatal("OnRoom's function was not told when the first prefill came within ClearWithin of its end")
 	}
+	p.OnRoom(nil)
 	b2 := k.pick("a second batch prompt once the first is within ClearWithin of its end", batch)
 	if b2.Worker.ID() != other {
 		t.Errorf("the second batch prompt went to %s, want %s", b2.Worker.ID(), other)

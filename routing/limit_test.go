@@ -591,13 +591,18 @@ func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	inter := k.pick("an interactive request", Request{Interactive: true, PromptTokens: 100})
 	k.refused("a batch request while an interactive prompt is prefilled", batch(10))
 	k.pick("a second interactive request beside the first", Request{Interactive: true, PromptTokens: 100}).Release(Outcome{})
-	released := p.Released()
+	room := make(chan string, 1)
+	p.OnRoom(func(model string) { room <- model })
 	inter.Prefilled()
 	select {
-	case <-released:
+	case m := <-room:
+		if m != "m" {
+			t.Errorf("room told for model %q, want m", m)
+		}
 	default:
-		t.Error("the interactive prefill ended, but Released did not fire for the waiting picks")
+		t.Error("the interactive prefill ended, but OnRoom's function was not told for the requests held back")
 	}
+	p.OnRoom(nil)
 	inter.Prefilled() // twice is harmless
 	k.refused("a batch request beside 5000 prompt tokens in prefill, interactive present", batch(10))
 	before.Prefilled()

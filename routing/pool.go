@@ -23,6 +23,10 @@ var (
 	ErrUnknownModel = errors.New("no worker serves this model")
 	// ErrNoWorker: workers serve the model but none may take the request now (HTTP 503).
 	ErrNoWorker = errors.New("no eligible worker")
+	// ErrNoRoom: a worker the request may use takes requests (healthy, not draining, circuit
+	// closed, not in Request.Exclude) but none has room for it now: it may get one once room
+	// frees (see Pool.OnRoom). An error wrapping it wraps ErrNoWorker too.
+	ErrNoRoom = errors.New("no room on the workers the request may use")
 	// ErrUnknownWorker: no worker of that ID (for Pick: none of the request's model has the ID in
 	// Request.TargetWorker, HTTP 400; for the lifecycle methods, HTTP 404).
 	ErrUnknownWorker = errors.New("unknown worker")
@@ -157,7 +161,7 @@ func (l *Lease) Release(o Outcome) {
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
 	l.endPrefill()
-	defer p.released.notify()
+	defer p.roomOn(w)
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
 	}
@@ -212,12 +216,12 @@ func (l *Lease) PrefillPiece() int { return l.piece }
 // or ctx ends (its error then). A lower-class request calls it before each piece of its prompt.
 func (l *Lease) AwaitInteractive(ctx context.Context) error {
 	for {
-		released := l.pool.Released()
+		ended := l.pool.interactivePrefilled.Wait()
 		if l.Worker.interactivePrefills.Load() == 0 {
 			return nil
 		}
 		select {
-		case <-released:
+		case <-ended:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -229,7 +233,7 @@ func (l *Lease) AwaitInteractive(ctx context.Context) error {
 // Request.Interactive). Safe to call more than once, and after Release.
 func (l *Lease) Prefilled() {
 	if l.endPrefill() {
-		l.pool.released.notify()
+		l.pool.roomOn(l.Worker)
 	}
 }
 
@@ -240,6 +244,7 @@ func (l *Lease) endPrefill() bool {
 	}
 	if l.interactive {
 		l.Worker.interactivePrefills.Add(-1)
+		l.pool.interactivePrefilled.notify()
 	} else {
 		l.Worker.prefill.done(l.lowerTokens)
 	}
@@ -286,8 +291,10 @@ type Pool struct {
 	registryMu sync.Mutex
 
 	snap atomic.Pointer[snapshot]
-	// changes and released wake the waiters of Changes and Released.
-	changes, released broadcast
+	// changes wakes the waiters of Changes; interactivePrefilled those of AwaitInteractive.
+	changes, interactivePrefilled broadcast
+	// room is told of the moments room may appear for a model's requests (see OnRoom).
+	room atomic.Pointer[func(model string)]
 	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
 	lastInteractive atomic.Int64
 	// wholeMu makes takeWhole's look at the workers and its count one step.
@@ -484,7 +491,9 @@ const maxAcquireAttempts = 3
 
 // Pick chooses a worker for r with its model's policy (or the worker r.TargetWorker names) and
 // counts the request in flight there. Errors wrap ErrUnknownModel, ErrUnknownWorker or
-// ErrNoWorker. Pick takes no lock and does no I/O beyond what the model's policy documents.
+// ErrNoWorker; ErrNoRoom too when a worker r may use takes requests but is full, so r may get
+// it once room frees. Pick takes no lock and does no I/O beyond what the model's policy
+// documents.
 func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	ms := p.snap.Load().models[r.Model]
 	if ms == nil {
@@ -507,7 +516,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			}
 		}
 		p.metrics.decided(r.Model, ms.policyName, "none")
-		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, ErrNoWorker)
+		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
 	}
 	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {
@@ -529,7 +538,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		}
 		if w == nil {
 			p.metrics.decided(r.Model, ms.policyName, "none")
-			return nil, fmt.Errorf("model %q: %w", r.Model, ErrNoWorker)
+			return nil, fmt.Errorf("model %q: %w", r.Model, noWorker(r, ms.workers...))
 		}
 		if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
 			l := p.lease(r.Model, ms, w, route, r, probe)
@@ -540,11 +549,31 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		}
 		if attempt == maxAcquireAttempts {
 			p.metrics.decided(r.Model, ms.policyName, "none")
-			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, ErrNoWorker)
+			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, noWorker(r, ms.workers...))
 		}
 		retry := *r
 		retry.full = append(slices.Clip(r.full), w.spec.ID)
 		r = &retry
+	}
+}
+
+// preparer is implemented by policies that need I/O for a request before they can pick for it
+// (kv_aware's /tokenize); see Pool.Prepare.
+type preparer interface {
+	prepare(ctx context.Context, r *Request, workers []*Worker)
+}
+
+// Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
+// /tokenize for the prompt's token ids) and keeps the result on r, so that the picks for r do
+// none: the gateway calls it before r waits in its queue, whose lock its picks are made under.
+// Without it, Pick does that I/O itself. It costs what the policy documents; nothing for most.
+func (p *Pool) Prepare(ctx context.Context, r *Request) {
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return
+	}
+	if pr, ok := ms.policy.(preparer); ok {
+		pr.prepare(ctx, r, ms.workers)
 	}
 }
 
@@ -628,20 +657,48 @@ func (p *Pool) interactivePresent() bool {
 	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
 }
 
-// CouldWait reports whether a request Pick refused with ErrNoWorker may get a worker by waiting
-// for a slot: a worker it may use (its TargetWorker, else any of its model's not in Exclude)
-// takes requests (healthy, not draining, circuit closed) and is only at its limit now. Costs a
-// few atomic loads per worker of the model.
-func (p *Pool) CouldWait(r *Request) bool {
-	ms := p.snap.Load().models[r.Model]
-	if ms == nil {
-		return false
+// errNoRoom is the error of a request refused while a worker it may use is only full.
+var errNoRoom = fmt.Errorf("%w: %w", ErrNoRoom, ErrNoWorker)
+
+// noWorker is the error for r refused by workers: errNoRoom when r may get one of them by
+// waiting (see Request.mayWaitFor), else ErrNoWorker. Costs a few atomic loads per worker.
+func noWorker(r *Request, workers ...*Worker) error {
+	if slices.ContainsFunc(workers, r.mayWaitFor) {
+		return errNoRoom
 	}
-	if r.TargetWorker != "" {
-		w := ms.byID[r.TargetWorker]
-		return w != nil && r.mayWaitFor(w)
+	return ErrNoWorker
+}
+
+// OnRoom sets fn to be told, with a model's name, each time room may have appeared for the
+// requests of that model that Pick refused with ErrNoRoom, other than by a change Changes tells
+// of: a lease released on a worker of the model, a prefill ended there, the moment the clear lane
+// lets a held-back prompt go. The gateway has the model's queue place its requests again. fn runs
+// on the goroutine that released the lease (or a timer's), so it must not block; nil stops the
+// calls. Safe for concurrent use.
+func (p *Pool) OnRoom(fn func(model string)) {
+	if fn == nil {
+		p.room.Store(nil)
+		return
 	}
-	return slices.ContainsFunc(ms.workers, r.mayWaitFor)
+	p.room.Store(&fn)
+}
+
+// roomOn tells OnRoom's function of room on w, for each of w's models.
+func (p *Pool) roomOn(w *Worker) {
+	if fn := p.room.Load(); fn != nil {
+		for _, m := range w.Models() {
+			(*fn)(m)
+		}
+	}
+}
+
+// roomEverywhere tells OnRoom's function of room for every model.
+func (p *Pool) roomEverywhere() {
+	if fn := p.room.Load(); fn != nil {
+		for _, m := range p.Models() {
+			(*fn)(m)
+		}
+	}
 }
 
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {

@@ -161,10 +161,19 @@ func TestLeaseHoldsCapacity(t *testing.T) {
 	if got := a.Worker.InFlightTokens(); got != 200 {
 		t.Errorf("tokens in flight: got %d, want 200", got)
 	}
-	if _, err := p.Pick(context.Background(), r); !errors.Is(err, ErrNoWorker) {
-		t.Errorf("third pick on a worker of max 2: got %v, want ErrNoWorker", err)
+	if _, err := p.Pick(context.Background(), r); !errors.Is(err, ErrNoRoom) || !errors.Is(err, ErrNoWorker) {
+		t.Errorf("third pick on a worker of max 2: got %v, want ErrNoRoom and ErrNoWorker", err)
 	}
+	if _, err := p.Pick(context.Background(), &Request{Model: "m", Exclude: []string{"w0"}}); !errors.Is(err, ErrNoWorker) || errors.Is(err, ErrNoRoom) {
+		t.Errorf("pick with the full worker excluded: got %v, want ErrNoWorker without ErrNoRoom", err)
+	}
+	var room []string
+	p.OnRoom(func(model string) { room = append(room, model) })
 	a.Release(Outcome{})
+	p.OnRoom(nil)
+	if !slices.Equal(room, []string{"m"}) {
+		t.Errorf("a release told OnRoom's function of %v, want [m]", room)
+	}
 	c, err := p.Pick(context.Background(), r)
 	if err != nil {
 		t.Errorf("pick after a release: got %v, want a lease", err)
