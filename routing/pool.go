@@ -90,6 +90,9 @@ type Request struct {
 	// kvTokens holds the prompt's token ids once kv_aware asked the engine (nil inside when
 	// that failed), so the retries of one request ask once.
 	kvTokens *[]uint64
+	// pin is what sticky_session's or manual's Prepare found of the request's pin, so that its
+	// picks, made under the queue's lock, ask the pin store nothing; nil: not prepared.
+	pin *pinLookup
 	// prefillBudget, set by Pick on a request that is not interactive while interactive ones
 	// are present, bounds the prompt tokens of such requests a worker is prefilling (see
 	// Interactive); 0: no bound.
@@ -558,13 +561,14 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 }
 
 // preparer is implemented by policies that need I/O for a request before they can pick for it
-// (kv_aware's /tokenize); see Pool.Prepare.
+// (kv_aware's /tokenize, the pin store of sticky_session and manual); see Pool.Prepare.
 type preparer interface {
 	prepare(ctx context.Context, r *Request, workers []*Worker)
 }
 
 // Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
-// /tokenize for the prompt's token ids) and keeps the result on r, so that the picks for r do
+// /tokenize for the prompt's token ids; sticky_session and manual look the request's pin up,
+// and make or move it when it has no fit worker) and keeps the result on r, so that the picks for r do
 // none: the gateway calls it before r waits in its queue, whose lock its picks are made under.
 // Without it, Pick does that I/O itself. It costs what the policy documents; nothing for most.
 func (p *Pool) Prepare(ctx context.Context, r *Request) {

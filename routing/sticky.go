@@ -130,9 +130,66 @@ type pinRouter struct {
 // degradedLoadFactor bounds load while routing by consistent hashing without the pin store.
 const degradedLoadFactor = 1.25
 
+// pinLookup is what pinRouter.prepare found of a request's pin: the worker it is pinned to ("":
+// none could be assigned) and the route a pick there takes (the hit route, or assigned or
+// repinned when prepare made or moved the pin), or the pin store's failure.
+type pinLookup struct {
+	id    string
+	route Route
+	err   error
+}
+
+// prepare looks the key's pin up and, when it has no worker that is fit (healthy, serving,
+// not draining; full is fit), assigns one and claims the pin for it: all the pin store's round
+// trips of the request, before it waits in its queue. What it finds goes on r for pick.
+func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, key string) {
+	ring := p.ring.get(workers)
+	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	id, err := p.pins.Get(ctx, k, p.cfg.TTL)
+	if err != nil {
+		r.pin = &pinLookup{err: err}
+		return
+	}
+	if w := ring.byID[id]; id != "" && w != nil && (r.Eligible(w) || r.mayWaitFor(w)) {
+		r.pin = &pinLookup{id: id, route: p.hit}
+		return
+	}
+	route := RouteAssigned
+	if id != "" {
+		route = RouteRepinned
+	}
+	w, _ := p.assign(ctx, r, workers)
+	if w == nil {
+		r.pin = &pinLookup{route: route}
+		return
+	}
+	got, err := p.pins.Claim(ctx, k, id, w.spec.ID, p.cfg.TTL)
+	switch {
+	case err != nil:
+		p.metrics.pinErrors.WithLabelValues(p.model, "claim").Inc()
+		r.pin = &pinLookup{id: w.spec.ID, route: route}
+	case got != w.spec.ID:
+		// Another replica pinned the key first: follow it.
+		r.pin = &pinLookup{id: got, route: p.hit}
+	default:
+		if p.assigned != nil {
+			p.assigned(id, got)
+		}
+		r.pin = &pinLookup{id: got, route: route}
+	}
+}
+
+// pick routes r by its key's pin. A prepared request (r.pin) costs no I/O: it goes to its pinned
+// worker when that has room, else elsewhere with the pin kept (spill); the next request's
+// prepare moves a pin whose worker became unfit. An unprepared one looks the pin up here.
 func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key string) (*Worker, Route) {
 	if len(workers) == 0 {
 		return nil, p.hit
+	}
+	if r.pin != nil {
+		return p.pickPrepared(ctx, r, workers)
 	}
 	ring := p.ring.get(workers)
 	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
@@ -177,6 +234,21 @@ func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key
 	return w, route
 }
 
+func (p *pinRouter) pickPrepared(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+	ring := p.ring.get(workers)
+	if r.pin.err != nil {
+		return p.degraded(ring, r, "get", r.pin.err)
+	}
+	if w := ring.byID[r.pin.id]; w != nil && r.Eligible(w) {
+		return w, r.pin.route
+	}
+	w, _ := p.assign(ctx, r, workers)
+	if r.pin.id == "" {
+		return w, r.pin.route
+	}
+	return w, RouteSpill
+}
+
 func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (*Worker, Route) {
 	p.metrics.pinErrors.WithLabelValues(p.model, op).Inc()
 	if !errors.Is(err, context.Canceled) {
@@ -194,8 +266,8 @@ func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (
 // "spill"). When the store fails, requests still flow, by consistent hashing on the same key, and
 // the errors are counted. Requests without a session go to the fallback policy.
 //
-// Safe for concurrent use. A pick makes one store round trip (two for a new or moved session),
-// bounded by PinConfig.Timeout.
+// Safe for concurrent use. Its Prepare makes one store round trip (two for a new or moved
+// session), bounded by PinConfig.Timeout, and its picks then none (unprepared, a pick makes them).
 type StickySession struct {
 	fallback Policy
 	router   pinRouter
@@ -205,6 +277,8 @@ var (
 	_ Policy          = (*StickySession)(nil)
 	_ workersObserver = (*StickySession)(nil)
 	_ policyRunner    = (*StickySession)(nil)
+	_ preparer        = (*StickySession)(nil)
+	_ preparer        = (*Manual)(nil)
 )
 
 func newStickySession(env policyEnv) (Policy, error) {
@@ -239,6 +313,17 @@ func (p *StickySession) Pick(ctx context.Context, r *Request, workers []*Worker)
 		return p.fallback.Pick(ctx, r, workers)
 	}
 	return p.router.pick(ctx, r, workers, r.SessionID)
+}
+
+// prepare implements preparer: the fallback's own I/O, then the session's pin (see
+// pinRouter.prepare).
+func (p *StickySession) prepare(ctx context.Context, r *Request, workers []*Worker) {
+	if pr, ok := p.fallback.(preparer); ok {
+		pr.prepare(ctx, r, workers)
+	}
+	if r.SessionID != "" && len(workers) > 0 {
+		p.router.prepare(ctx, r, workers, r.SessionID)
+	}
 }
 
 // Manual routes by pins an operator sets (Pool.Pin) or the policy makes: the key is
@@ -297,6 +382,17 @@ func (p *Manual) Pick(ctx context.Context, r *Request, workers []*Worker) (*Work
 		return p.assign(ctx, r, workers)
 	}
 	return p.router.pick(ctx, r, workers, key)
+}
+
+// prepare implements preparer: the key's pin (see pinRouter.prepare).
+func (p *Manual) prepare(ctx context.Context, r *Request, workers []*Worker) {
+	key := r.RoutingKey
+	if key == "" {
+		key = r.SessionID
+	}
+	if key != "" && len(workers) > 0 {
+		p.router.prepare(ctx, r, workers, key)
+	}
 }
 
 // Run recounts the pins per worker every Recount for min_group; for the other strategies it

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -222,5 +224,60 @@ func TestPinRefusedWhenThePolicyIgnoresPins(t *testing.T) {
 		if pins, _ := p.Pins(ctx, PinFilter{}); follows != (len(pins) == 1) {
 			t.Errorf("pins after Pin on a model routed by %s: got %v", policy, pins)
 		}
+	}
+}
+
+// countingPins is a PinStore that counts the round trips made to it.
+type countingPins struct {
+	PinStore
+	calls atomic.Int32
+}
+
+func (c *countingPins) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
+	c.calls.Add(1)
+	return c.PinStore.Get(ctx, k, ttl)
+}
+
+func (c *countingPins) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
+	c.calls.Add(1)
+	return c.PinStore.Claim(ctx, k, expect, worker, ttl)
+}
+
+// TestPinsAreLookedUpInPrepareNotInPick: sticky_session's and manual's picks are made under the
+// model queue's lock, so a prepared request's pin store round trips (the look-up, and the claim
+// of a new pin) all happen in Prepare, and its picks ask the store nothing, retries included.
+func TestPinsAreLookedUpInPrepareNotInPick(t *testing.T) {
+	for _, policy := range []string{"sticky_session", "manual"} {
+		t.Run(policy, func(t *testing.T) {
+			pins := &countingPins{PinStore: NewMemoryPinStore(time.Now, DefaultMaxPinsPerTenant)}
+			cfg := Config{Workers: testWorkers(3, "m"), Models: map[string]ModelConfig{"m": {Policy: policy}}}
+			cfg.SetDefaults()
+			p, err := NewPool(cfg, Options{Pins: pins})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var first string
+			for i := range 3 {
+				r := &Request{Model: "m", Tenant: "acme", SessionID: "s1", Tokens: 1}
+				p.Prepare(context.Background(), r)
+				before := pins.calls.Load()
+				for range 2 {
+					l, err := p.Pick(context.Background(), r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if first == "" {
+						first = l.Worker.ID()
+					}
+					if l.Worker.ID() != first {
+						t.Errorf("request %d went to %s, want its session's worker %s", i, l.Worker.ID(), first)
+					}
+					l.Release(Outcome{})
+				}
+				if n := pins.calls.Load() - before; n != 0 {
+					t.Errorf("request %d: its picks made %d pin store round trips, want 0", i, n)
+				}
+			}
+		})
 	}
 }
