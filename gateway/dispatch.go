@@ -226,6 +226,9 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			return s.attemptsFailed(cl, err)
 		default:
 			lastErr = err
+			// Prepared again with the failed worker excluded: a pin to it moves now, before
+			// the call waits, not under the queue's lock.
+			s.pool.Prepare(c.Request().Context(), &cl.route)
 			err = s.await(c, cl, cl.grant.Requeue())
 			if err != nil {
 				cl.grant = nil
