@@ -253,7 +253,8 @@ func waitForSlotEngine(t *testing.T, g *testGateway, id string) {
 }
 
 // An engine that batches continuously (vLLM, SGLang: no /props slots) gets a standard or batch
-// request that wants a whole answer as it came, and its answer is relayed, not assembled; so
+// request that wants a whole answer as it came, and its answer is relayed, not assembled, unless
+// interactive requests are present (below); so
 // does a slot engine a completion with several prompts (one choice each, which the stream's
 // assembly could not carry): before, the assembler refused choice 1 and counted it as the
 // worker's failure, so a tenant could open every worker's breaker.
@@ -268,6 +269,17 @@ func TestWholeAnswerIsRelayedWhereNoAssemblyIsNeeded(t *testing.T) {
 		if b := kv.body(); b["stream"] != nil || b["stream_options"] != nil {
 			t.Errorf("%s reached the continuous-batching worker as %v, want it as sent", class, b)
 		}
+	}
+	// While interactive requests are present, a batch prompt holds the worker's prefill budget
+	// until its first token, which only a stream shows: then it is asked as one, and assembled.
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	resp.Body.Close()
+	resp = g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("batch beside interactive: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if b := kv.body(); b["stream"] != true {
+		t.Errorf("a batch request beside interactive ones reached the worker as %v, want a stream", b)
 	}
 
 	slots := newFakeWorker(t, func(w *fakeWorker) { w.slots = 2 })

@@ -65,11 +65,18 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
+	// A whole answer is asked as a stream where usher must see its first token: on an engine
+	// with fixed slots (a preemption must stop it within a token), or while the prompt holds
+	// its worker's prefill budget for interactive requests. Elsewhere it is relayed as it
+	// comes, and its prefill, which usher cannot see, counts as done once it is sent.
 	assembled := false
-	if !cl.stream && preemptible && !cl.ep.embed && w.SlotEngine() {
+	if !cl.stream && preemptible && !cl.ep.embed && (w.SlotEngine() || lease.YieldsPrefill()) {
 		if streamed, ok := streamedBody(body); ok {
 			body, assembled = streamed, true
 		}
+	}
+	if !cl.stream && !assembled && !lease.YieldsPrefill() {
+		lease.Prefilled()
 	}
 	// The silence bound counts from the request itself, not from its prompt's pieces. A stream
 	// re-arms it at every line; a whole answer is silent until it is done, so it may be silent

@@ -145,6 +145,9 @@ type Lease struct {
 	lowerTokens int64
 	piece       int
 	whole       bool // a long lower-class prompt sent whole: counted in its worker's wholePrefills
+	// budgeted: a lower-class request placed while interactive ones were present, whose prompt
+	// counts against its worker's prefill budget until Prefilled (see YieldsPrefill).
+	budgeted bool
 	// learner, when not nil, is the policy that picked the worker and learns from the outcome
 	// what it predicted (pred).
 	learner outcomeLearner
@@ -153,6 +156,12 @@ type Lease struct {
 	// shares the caches.
 	namespace string
 }
+
+// YieldsPrefill reports whether the lease is a standard or batch request placed while
+// interactive requests were present: its prompt holds its worker's budget for lower-class
+// prefill (ConcurrencyConfig.LowerPrefillTokens) until Prefilled is called, so whoever sends it
+// should see its first token (ask for a stream) rather than call Prefilled only at its end.
+func (l *Lease) YieldsPrefill() bool { return l.budgeted }
 
 // Release ends the lease with the request's outcome: it uncounts the in-flight request and
 // tokens and feeds health and metrics. Call it exactly once; later calls do nothing. Safe for
@@ -708,7 +717,8 @@ func (p *Pool) roomEverywhere() {
 func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
 	p.metrics.decided(model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r)}
+		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r),
+		budgeted: r.prefillBudget > 0}
 	l.prefilling.Store(true)
 	w.scopes.note(l.namespace)
 	if r.Interactive {
