@@ -47,8 +47,8 @@ var usageKey = []byte(`"usage"`)
 // always escaped), so a long answer is not decoded twice; and it reads the object's counts in one
 // pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
-	// bytes.Index is vectorised, LastIndex is not: most stream chunks carry no usage at all.
-	if bytes.Index(payload, usageKey) < 0 {
+	// bytes.Contains is vectorised, LastIndex is not: most stream chunks carry no usage at all.
+	if !bytes.Contains(payload, usageKey) {
 		return usage{}, false
 	}
 	i := bytes.LastIndex(payload, usageKey)

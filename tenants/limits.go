@@ -242,9 +242,8 @@ type Hold struct {
 	// counters names the counters the request holds.
 	counters counterKey
 	reserved int64
-	bucket   *localBucket      // set when the local buckets admitted the request
-	request  *rate.Reservation // the local request token taken, given back by cancel
-	lease    string            // the Redis lease held; "" for none
+	bucket   *localBucket // set when the local buckets admitted the request
+	lease    string       // the Redis lease held; "" for none
 	// tenant is the hold on the tenant's own counters of a request that runs at a lower tier;
 	// nil otherwise. Done and cancel end it with this one.
 	tenant *Hold
