@@ -6,17 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PROGRESS_PREFIX=test
 . test/progress.sh
-t0=$(date +%s)
-(
-  trap - EXIT
-  while sleep "$USHER_PROGRESS_EVERY"; do
-    kill -0 "$$" 2>/dev/null || exit 0
-    say "go test is still running ($(( $(date +%s) - t0 )) s)"
-  done
-) &
-ticker=$!
+start_ticker "running go test"
 "$@"
 rc=$?
-kill "$ticker" 2>/dev/null
-wait "$ticker" 2>/dev/null
+stop_ticker
 exit "$rc"

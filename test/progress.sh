@@ -14,14 +14,12 @@ USHER_PROGRESS_EVERY="${USHER_PROGRESS_EVERY:-30}"
 # say MESSAGE: one line with the time elapsed since the setup began.
 say() { echo "${PROGRESS_PREFIX:-setup} [$(( $(date +%s) - USHER_SETUP_START )) s]: $*" >&3; }
 
-# step WHAT COMMAND...: says WHAT, runs COMMAND, and while it runs says every
-# $USHER_PROGRESS_EVERY seconds that it still does, with the step's own time; returns its status.
-# The ticker is a child that ends with the step, or by itself once this shell is gone.
-step() {
-  local what=$1 t0 ticker rc=0
-  shift
+# start_ticker WHAT: in a child, says every $USHER_PROGRESS_EVERY seconds that WHAT still runs,
+# with the time since now; the child's PID is left in $ticker for stop_ticker, and it ends by
+# itself once this shell is gone.
+start_ticker() {
+  local what=$1 t0
   t0=$(date +%s)
-  say "$what"
   (
     trap - EXIT
     while sleep "$USHER_PROGRESS_EVERY"; do
@@ -30,9 +28,23 @@ step() {
     done
   ) &
   ticker=$!
-  "$@" || rc=$?
+}
+
+stop_ticker() {
   kill "$ticker" 2>/dev/null || true
   wait "$ticker" 2>/dev/null || true
+}
+
+# step WHAT COMMAND...: says WHAT, runs COMMAND, and while it runs says every
+# $USHER_PROGRESS_EVERY seconds that it still does, with the step's own time; returns its status.
+step() {
+  local what=$1 t0 ticker rc=0
+  shift
+  t0=$(date +%s)
+  say "$what"
+  start_ticker "$what"
+  "$@" || rc=$?
+  stop_ticker
   if [ "$rc" -eq 0 ]; then say "$what: done in $(( $(date +%s) - t0 )) s"; fi
   return "$rc"
 }
