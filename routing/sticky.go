@@ -130,31 +130,29 @@ type pinRouter struct {
 // degradedLoadFactor bounds load while routing by consistent hashing without the pin store.
 const degradedLoadFactor = 1.25
 
-// pinLookup is what pinRouter.prepare found of a request's pin: the worker it is pinned to ("":
+// pinLookup is what pinRouter.lookup found of a request's pin: the worker it is pinned to ("":
 // none could be assigned) and the route a pick there takes (the hit route, or assigned or
-// repinned when prepare made or moved the pin), or the pin store's failure.
+// repinned when the lookup made or moved the pin), or the pin store's failure.
 type pinLookup struct {
 	id    string
 	route Route
 	err   error
 }
 
-// prepare looks the key's pin up and, when it has no worker that is fit (healthy, serving,
-// not draining; full is fit), assigns one and claims the pin for it: all the pin store's round
-// trips of the request, before it waits in its queue. What it finds goes on r for pick.
-func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, key string) {
+// lookup looks the key's pin up and, when it has no worker that is fit (healthy, serving, not
+// draining; full is fit), assigns one and claims the pin for it: every pin store round trip a
+// request makes, at most two, bounded by PinConfig.Timeout.
+func (p *pinRouter) lookup(ctx context.Context, r *Request, workers []*Worker, key string) *pinLookup {
 	ring := p.ring.get(workers)
 	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	id, err := p.pins.Get(ctx, k, p.cfg.TTL)
 	if err != nil {
-		r.pin = &pinLookup{err: err}
-		return
+		return &pinLookup{err: err}
 	}
 	if w := ring.byID[id]; id != "" && w != nil && (r.Eligible(w) || r.mayWaitFor(w)) {
-		r.pin = &pinLookup{id: id, route: p.hit}
-		return
+		return &pinLookup{id: id, route: p.hit}
 	}
 	route := RouteAssigned
 	if id != "" {
@@ -162,89 +160,48 @@ func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, 
 	}
 	w, _ := p.assign(ctx, r, workers)
 	if w == nil {
-		r.pin = &pinLookup{route: route}
-		return
+		return &pinLookup{route: route}
 	}
 	got, err := p.pins.Claim(ctx, k, id, w.spec.ID, p.cfg.TTL)
 	switch {
 	case err != nil:
 		p.metrics.pinErrors.WithLabelValues(p.model, "claim").Inc()
-		r.pin = &pinLookup{id: w.spec.ID, route: route}
+		return &pinLookup{id: w.spec.ID, route: route}
 	case got != w.spec.ID:
 		// Another replica pinned the key first: follow it.
-		r.pin = &pinLookup{id: got, route: p.hit}
-	default:
-		if p.assigned != nil {
-			p.assigned(id, got)
-		}
-		r.pin = &pinLookup{id: got, route: route}
-	}
-}
-
-// pick routes r by its key's pin. A prepared request (r.pin) costs no I/O: it goes to its pinned
-// worker when that has room, else elsewhere with the pin kept (spill); the next request's
-// prepare moves a pin whose worker became unfit. An unprepared one looks the pin up here.
-func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key string) (*Worker, Route) {
-	if len(workers) == 0 {
-		return nil, p.hit
-	}
-	if r.pin != nil {
-		return p.pickPrepared(ctx, r, workers)
-	}
-	ring := p.ring.get(workers)
-	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	id, err := p.pins.Get(ctx, k, p.cfg.TTL)
-	if err != nil {
-		return p.degraded(ring, r, "get", err)
-	}
-	route := RouteAssigned
-	if id != "" {
-		pinned := ring.byID[id]
-		switch {
-		case pinned != nil && r.Eligible(pinned):
-			return pinned, p.hit
-		case pinned != nil && r.mayWaitFor(pinned):
-			// Busy, not broken: serve this request elsewhere and keep the pin.
-			w, _ := p.assign(ctx, r, workers)
-			return w, RouteSpill
-		}
-		route = RouteRepinned
-	}
-	w, _ := p.assign(ctx, r, workers)
-	if w == nil {
-		return nil, route
-	}
-	got, err := p.pins.Claim(ctx, k, id, w.spec.ID, p.cfg.TTL)
-	if err != nil {
-		p.metrics.pinErrors.WithLabelValues(p.model, "claim").Inc()
-		return w, route
-	}
-	if got != w.spec.ID {
-		// Another replica pinned the key first; follow it if it can take the request.
-		if other := ring.byID[got]; other != nil && r.Eligible(other) {
-			return other, p.hit
-		}
-		return w, RouteSpill
+		return &pinLookup{id: got, route: p.hit}
 	}
 	if p.assigned != nil {
 		p.assigned(id, got)
 	}
-	return w, route
+	return &pinLookup{id: got, route: route}
 }
 
-func (p *pinRouter) pickPrepared(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
-	ring := p.ring.get(workers)
-	if r.pin.err != nil {
-		return p.degraded(ring, r, "get", r.pin.err)
+// prepare does r's lookup before it waits in its queue, and keeps it on r for pick.
+func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, key string) {
+	r.pin = p.lookup(ctx, r, workers, key)
+}
+
+// pick routes r by its key's pin: to its pinned worker when that has room, else elsewhere with
+// the pin kept (spill); the next lookup moves a pin whose worker became unfit. A prepared request
+// (r.pin) costs no I/O; an unprepared one is looked up here.
+func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key string) (*Worker, Route) {
+	if len(workers) == 0 {
+		return nil, p.hit
 	}
-	if w := ring.byID[r.pin.id]; w != nil && r.Eligible(w) {
-		return w, r.pin.route
+	pin := r.pin
+	if pin == nil {
+		pin = p.lookup(ctx, r, workers, key)
+	}
+	if pin.err != nil {
+		return p.degraded(p.ring.get(workers), r, "get", pin.err)
+	}
+	if w := p.ring.get(workers).byID[pin.id]; w != nil && r.Eligible(w) {
+		return w, pin.route
 	}
 	w, _ := p.assign(ctx, r, workers)
-	if r.pin.id == "" {
-		return w, r.pin.route
+	if pin.id == "" {
+		return w, pin.route
 	}
 	return w, RouteSpill
 }
