@@ -576,10 +576,11 @@ type preparer interface {
 }
 
 // Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
-// /tokenize for the prompt's token ids; sticky_session and manual look the request's pin up,
-// and make or move it when it has no fit worker) and keeps the result on r, so that the picks for r do
-// none: the gateway calls it before r waits in its queue, whose lock its picks are made under.
-// Without it, Pick does that I/O itself. It costs what the policy documents; nothing for most.
+// /tokenize for the prompt's token ids; sticky_session and manual look the request's pin up, and
+// make or move it when it has no fit worker) and keeps the result on r, so that the picks for r
+// do none: the gateway calls it before r waits in its queue, whose lock its picks are made
+// under, and again before a retry. Without it, Pick does that I/O itself. It costs what the
+// policy documents; nothing for most.
 func (p *Pool) Prepare(ctx context.Context, r *Request) {
 	ms := p.snap.Load().models[r.Model]
 	if ms == nil {
