@@ -17,6 +17,10 @@ import (
 // when nothing was sent yet, and records the call in the metrics and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.chargePieces(cl)
+	// The ledger first: the client may hold its whole answer already, and a replica killed now
+	// must not lose it (with Redis, Record returns once the count is there); giving back the
+	// limits and the budget may take round trips of their own.
+	s.recordUsage(cl, err)
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
 	if cl.grant != nil {
 		cl.grant.Done(queue.Usage{PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens})
@@ -25,7 +29,6 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		cl.hold.Done(int64(served))
 	}
 	settleBudget(cl, int64(served), err)
-	s.recordUsage(cl, err)
 	status := c.Response().Status
 	switch {
 	case errors.Is(err, errClientGone):
