@@ -1,9 +1,82 @@
 package routing
 
-import "time"
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The cost model: one per worker, learnt online from the worker's own answers, in-process.
+//
+// Both kinds of engine run in steps. A step computes one token of every sequence decoding and a
+// chunk of the prompts being prefilled (llama-server within --batch-size, vLLM within
+// max_num_batched_tokens), and costs a fixed part (reading the weights, launching kernels,
+// sampling) plus a part per sequence and per token in it. So, for a request placed on a worker:
+//
+//	TTFT = t0 + tp·U + tb·B + tq·Q + tc·C
+//	TPOT = d0 + db·B' + dc·C
+//
+// where U is the request's uncached prompt tokens (in thousands), B the sequences already running
+// beside it when it was placed, Q its place in the engine's own queue (0 when it is admitted at
+// once; k when k-1 requests wait before it), C the prompt tokens (thousands) of the other requests
+// still in prefill there, and B' the sequences running beside it while it decodes (the mean of B
+// at placement and at its end). t0 is a step and the HTTP round trip; tp the prefill time per
+// uncached token (a long prompt's extra steps amortised in it); tb what each running sequence
+// adds to the steps that prefill the prompt (and to the half step in progress it waits for); tq
+// the wait per request ahead in the queue (about a request's service time over the engine's
+// slots); tc what other prompts in prefill share of the same steps. d0 is a decode step alone,
+// db what each sequence adds to it, dc the prefill chunks of newcomers that share the steps.
+//
+// Where the engine's queue begins: an engine that reports slots (llama-server's /props
+// total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
+// room and says how many wait on its /metrics, which counts when the reading is fresh.
+//
+// Each law is fitted by recursive least squares with exponential forgetting (costForget: the last
+// few hundred answers count), robust to outliers (a residual beyond costHuber mean residuals
+// counts only to there), with the covariance kept from winding up while some input does not vary
+// (forgetting pauses while the covariance is as large as its prior), and the per-unit
+// coefficients kept non-negative, as costs are. Memory is fixed (a few small arrays per worker);
+// an answer costs a few hundred floating-point operations under the model's mutex and allocates
+// nothing; a prediction reads the published coefficients without a lock.
+
+const (
+	ttftInputs = 5 // 1, U, B, Q, C
+	tpotInputs = 3 // 1, B', C
+	maxInputs  = ttftInputs
+
+	// costForget is the weight each answer leaves on the ones before it: about 1/(1-0.998) =
+	// 500 answers make the fit, so a worker whose engine changes is relearnt within minutes.
+	costForget = 0.998
+	// costPrior is the prior variance of each coefficient (ms², per unit of its input): large
+	// against real costs, so the first answers decide.
+	costPrior = 1e6
+	// costHuber bounds a residual to this many mean absolute residuals once the fit has
+	// costMinAnswers: one answer delayed by something the model does not see (a GC pause, a
+	// preemption) moves it only so far.
+	costHuber = 3.0
+	// costLeverage bounds the share of the fit one answer may move once the fit has
+	// costMinAnswers: an answer far outside the inputs seen so far (a prompt a thousand times
+	// longer) counts as much as one that moves the fit by about a third, so one absurd usage
+	// report cannot swing it; inputs that really moved there are learnt within a few answers.
+	costLeverage = 0.5
+	// costLost is the mean residual, over the mean time learnt, at which a fit is lost and
+	// starts again.
+	costLost = 2.0
+	// costMinAnswers is how many answers the model needs before it predicts.
+	costMinAnswers = 16
+	// maxCostTokens bounds every token count the model reads, so hostile or absurd usage
+	// cannot overflow or dominate a fit; maxCostDuration bounds the times it learns from.
+	maxCostTokens   = 1 << 20
+	maxCostDuration = time.Hour
+	// maxCostLoad bounds the sequences running and queued the model reads: far beyond any
+	// engine's batch, and small enough that one absurd report cannot swamp the fit's arithmetic.
+	maxCostLoad = 1 << 12
+)
 
 // Prediction is what a worker's cost model expects of one request: the time to its first token
-// and the time per output token after it.
+// and the time per output token after it. TPOT is 0 while the worker has not answered enough
+// requests of two or more output tokens to say.
 type Prediction struct {
 	TTFT time.Duration
 	TPOT time.Duration
@@ -11,10 +84,309 @@ type Prediction struct {
 
 // PredictIdle is what w's cost model, learnt from its answers, predicts for a request of
 // promptTokens prompt tokens, cachedTokens of which the engine holds in its cache, on w with
-// nothing else running. ok is false while the model has not learnt enough to say. It does no
-// I/O and is safe for concurrent use.
-//
-// Not learnt yet: it reports ok false until the cost model lands (issue 31).
+// nothing else running. ok is false while the model has not learnt enough to say (fewer than 16
+// streamed answers). Token counts are clamped to [0, 2^20] and cachedTokens to promptTokens. It
+// does no I/O, takes no lock, allocates nothing, and is safe for concurrent use.
 func (w *Worker) PredictIdle(promptTokens, cachedTokens int) (p Prediction, ok bool) {
-	return Prediction{}, false
+	c := w.cost.coefficients()
+	return c.predict(uncached(promptTokens, cachedTokens), placement{})
+}
+
+// Predict is what w's cost model predicts for a request of promptTokens prompt tokens,
+// cachedTokens of which the engine holds, placed on w now beside the requests in flight there
+// (this gateway's, and other clients' as the engine's last fresh load report says): they share
+// its steps and may put it in the engine's queue. ok is false while the model has not learnt
+// enough to say. Costs a dozen atomic loads and no allocation; safe for concurrent use.
+func (w *Worker) Predict(promptTokens, cachedTokens int) (p Prediction, ok bool) {
+	c := w.cost.coefficients()
+	return c.predict(uncached(promptTokens, cachedTokens), w.placementNow(w.inFlight.Load()))
+}
+
+// Predicted is what the cost model of the lease's worker predicted, when the request was placed
+// (the coefficients and the worker's load then), for the token counts of o, the outcome the
+// request came back with: the model's error alone, apart from the gateway's estimate of the
+// prompt. ok is false when the model could not say then or o carries no usage.
+func (l *Lease) Predicted(o Outcome) (p Prediction, ok bool) {
+	if o.PromptTokens <= 0 {
+		return Prediction{}, false
+	}
+	return l.coef.predict(uncached(o.PromptTokens, o.CachedTokens), l.placed)
+}
+
+// uncached is the prompt tokens the engine must compute, both counts clamped to the model's range.
+func uncached(promptTokens, cachedTokens int) float64 {
+	p := min(max(promptTokens, 0), maxCostTokens)
+	c := min(max(cachedTokens, 0), p)
+	return float64(p - c)
+}
+
+// placement is a worker's load as a request placed on it sees it (see the laws above).
+type placement struct {
+	running    float64 // B: sequences running beside it
+	queued     float64 // Q: its place in the engine's queue, 0 when admitted at once
+	prefilling float64 // C: prompt tokens of the others in prefill (estimates)
+}
+
+// placementNow is w's load for a request placed beside others of this gateway's requests.
+func (w *Worker) placementNow(others int64) placement {
+	others = min(max(others, 0), maxSlots)
+	var waiting int64
+	if at := w.load.at.Load(); at != 0 && w.cost.now().UnixNano()-at <= int64(w.cost.maxAge) {
+		others += min(max(w.load.others.Load(), 0), maxSlots)
+		waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
+	}
+	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens))}
+	if slots := w.slots.Load(); slots > 0 {
+		pl.running = float64(min(others, slots, maxCostLoad))
+		pl.queued = float64(min(max(others+1-slots, 0), maxCostLoad))
+		return pl
+	}
+	if waiting > 0 {
+		pl.queued = float64(min(waiting+1, maxCostLoad))
+	}
+	pl.running = float64(min(max(others-waiting, 0), maxCostLoad))
+	return pl
+}
+
+// bounded is pl with each count in the model's range: [0, maxCostLoad] sequences and [0,
+// maxCostTokens] tokens.
+func (pl placement) bounded() placement {
+	return placement{running: bounded(pl.running, maxCostLoad), queued: bounded(pl.queued, maxCostLoad),
+		prefilling: bounded(pl.prefilling, maxCostTokens)}
+}
+
+// bounded is v within [0, most], 0 when it is not a number.
+func bounded(v, most float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return min(v, most)
+}
+
+func (pl placement) ttftInputs(u float64) [maxInputs]float64 {
+	return [maxInputs]float64{1, u / 1000, pl.running, pl.queued, pl.prefilling / 1000}
+}
+
+func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
+	return [maxInputs]float64{1, running, pl.prefilling / 1000}
+}
+
+// costCoefficients is a snapshot of a cost model's fit.
+type costCoefficients struct {
+	ttft, tpot     [maxInputs]float64 // ms per unit of each input
+	ttftOK, tpotOK bool
+}
+
+func (c *costCoefficients) predict(u float64, pl placement) (Prediction, bool) {
+	if !c.ttftOK {
+		return Prediction{}, false
+	}
+	p := Prediction{TTFT: msDuration(dot(&c.ttft, pl.ttftInputs(u), ttftInputs))}
+	if c.tpotOK {
+		p.TPOT = msDuration(dot(&c.tpot, pl.tpotInputs(pl.running), tpotInputs))
+	}
+	return p, true
+}
+
+func dot(theta *[maxInputs]float64, x [maxInputs]float64, n int) float64 {
+	var s float64
+	for i := range n {
+		s += theta[i] * x[i]
+	}
+	return s
+}
+
+// msDuration turns a prediction in ms into a duration, at least 0 and at most maxCostDuration.
+func msDuration(ms float64) time.Duration {
+	if !(ms > 0) {
+		return 0
+	}
+	return time.Duration(min(ms*float64(time.Millisecond), float64(maxCostDuration)))
+}
+
+// costModel is one worker's cost model. observe is called from any goroutine (each Release);
+// coefficients reads the published fit without the lock.
+type costModel struct {
+	now    func() time.Time
+	maxAge time.Duration // a load report older than this is not used (ScrapeConfig.MaxAge)
+
+	mu         sync.Mutex // guards ttft and tpot
+	ttft, tpot costFit
+
+	// published is the fit as of the last answer: ttft's coefficients, then tpot's, as
+	// math.Float64bits; ttftOK and tpotOK say whether each has learnt enough.
+	published      [ttftInputs + tpotInputs]atomic.Uint64
+	ttftOK, tpotOK atomic.Bool
+}
+
+func newCostModel(now func() time.Time, maxAge time.Duration) *costModel {
+	c := &costModel{now: now, maxAge: maxAge}
+	c.ttft.reset(ttftInputs)
+	c.tpot.reset(tpotInputs)
+	return c
+}
+
+func (c *costModel) coefficients() costCoefficients {
+	var k costCoefficients
+	k.ttftOK, k.tpotOK = c.ttftOK.Load(), c.tpotOK.Load()
+	for i := range ttftInputs {
+		k.ttft[i] = math.Float64frombits(c.published[i].Load())
+	}
+	for i := range tpotInputs {
+		k.tpot[i] = math.Float64frombits(c.published[ttftInputs+i].Load())
+	}
+	return k
+}
+
+// observe learns from one answer of a request placed at pl, with running sequences beside it
+// when it ended. An answer that failed, or whose usage the gateway estimated, or that took no
+// measurable time, teaches nothing.
+func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
+	if o.Failed || o.UsageEstimated || o.PromptTokens <= 0 {
+		return
+	}
+	u := uncached(o.PromptTokens, o.CachedTokens)
+	pl = pl.bounded()
+	runningAtEnd = bounded(runningAtEnd, maxCostLoad)
+	ttft := validDuration(o.TTFT)
+	answered := validDuration(o.Answered)
+	outputs := min(max(o.CompletionTokens, 0), maxCostTokens)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ttft > 0 {
+		x := pl.ttftInputs(u)
+		c.ttft.update(&x, ms(ttft))
+	}
+	if outputs >= 2 && answered > 0 {
+		first := ms(ttft)
+		if ttft == 0 {
+			// A whole answer: its first token came when the model says it would.
+			if c.ttft.answers < costMinAnswers {
+				c.publish()
+				return
+			}
+			first = dot(&c.ttft.theta, pl.ttftInputs(u), ttftInputs)
+		}
+		if decode := ms(answered) - first; decode > 0 {
+			x := pl.tpotInputs((pl.running + runningAtEnd) / 2)
+			c.tpot.update(&x, decode/float64(outputs-1))
+		}
+	}
+	c.publish()
+}
+
+// publish makes the fit visible to coefficients; c.mu is held.
+func (c *costModel) publish() {
+	for i := range ttftInputs {
+		c.published[i].Store(math.Float64bits(c.ttft.theta[i]))
+	}
+	for i := range tpotInputs {
+		c.published[ttftInputs+i].Store(math.Float64bits(c.tpot.theta[i]))
+	}
+	c.ttftOK.Store(c.ttft.answers >= costMinAnswers)
+	c.tpotOK.Store(c.tpot.answers >= costMinAnswers)
+}
+
+func validDuration(d time.Duration) time.Duration {
+	if d <= 0 || d > maxCostDuration {
+		return 0
+	}
+	return d
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// costFit is one law's recursive least squares: theta the coefficients, p their covariance
+// (over the first n inputs), absResidual a moving mean of the absolute residual, answers the
+// answers learnt from (saturating). A fit whose residuals grow larger than the times it learns
+// explains nothing (absurd answers taught it, or the engine changed beyond recognition): it
+// starts again.
+type costFit struct {
+	n           int
+	theta       [maxInputs]float64
+	p           [maxInputs][maxInputs]float64
+	absResidual float64
+	absValue    float64 // a moving mean of the times learnt, ms
+	answers     int
+}
+
+func (f *costFit) reset(n int) {
+	*f = costFit{n: n}
+	for i := range n {
+		f.p[i][i] = costPrior
+	}
+}
+
+// update learns y (ms) at inputs x.
+func (f *costFit) update(x *[maxInputs]float64, y float64) {
+	n := f.n
+	var px [maxInputs]float64
+	var xpx, trace float64
+	for i := range n {
+		for j := range n {
+			px[i] += f.p[i][j] * x[j]
+		}
+		xpx += x[i] * px[i]
+		trace += f.p[i][i]
+	}
+	// Forgetting inflates the covariance in the directions the inputs do not move in (a worker
+	// always idle says nothing of load); past its prior it would wind up without bound.
+	forget := costForget
+	if trace >= costPrior*float64(n) {
+		forget = 1
+	}
+	e := y - dot(&f.theta, *x, n)
+	residual := math.Abs(e)
+	weight := 1.0
+	if f.answers >= costMinAnswers {
+		// The scale learns from residuals bounded too, so that a steady share of absurd
+		// answers cannot inflate it, and with it the bound, without end.
+		residual = min(residual, 2*f.absResidual)
+		if f.absResidual > 0 {
+			bound := costHuber * f.absResidual
+			e = max(-bound, min(e, bound))
+		}
+		if xpx > costLeverage {
+			weight = costLeverage / xpx
+		}
+	}
+	denom := forget/weight + xpx
+	for i := range n {
+		f.theta[i] += px[i] / denom * e
+	}
+	for i := range n {
+		for j := i; j < n; j++ {
+			// Symmetric by construction: rounding cannot make the covariance lopsided.
+			f.p[i][j] = (f.p[i][j] - px[i]*px[j]/denom) / forget
+			f.p[j][i] = f.p[i][j]
+		}
+	}
+	// Costs are not negative: a coefficient that noise pushed below 0 is held at 0.
+	for i := 1; i < n; i++ {
+		f.theta[i] = max(f.theta[i], 0)
+	}
+	if f.answers == 0 {
+		f.absResidual, f.absValue = residual, math.Abs(y)
+	} else {
+		f.absResidual += (residual - f.absResidual) / 32
+		f.absValue += (math.Abs(y) - f.absValue) / 32
+	}
+	f.answers = min(f.answers+1, math.MaxInt32)
+	if !f.finite() || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
+		f.reset(n)
+	}
+}
+
+func (f *costFit) finite() bool {
+	for i := range f.n {
+		if math.IsNaN(f.theta[i]) || math.IsInf(f.theta[i], 0) {
+			return false
+		}
+		for j := range f.n {
+			if math.IsNaN(f.p[i][j]) || math.IsInf(f.p[i][j], 0) {
+				return false
+			}
+		}
+	}
+	return !math.IsNaN(f.absResidual) && !math.IsInf(f.absResidual, 0) && !math.IsNaN(f.absValue) && !math.IsInf(f.absValue, 0)
 }

@@ -525,6 +525,7 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 			l.probeFailed()
 		} else {
 			l.setSlots(n)
+			w.slots.Store(n)
 		}
 	}
 	if w.fixed {

@@ -119,8 +119,12 @@ type Outcome struct {
 	// only then does a count of 0 mean the engine held nothing of the prompt.
 	CacheReported bool
 	// TTFT is the time from sending a streamed request to its first event; 0 when not streamed
-	// or not measured. It feeds the worker's learned concurrency limit.
+	// or not measured. It feeds the worker's learned concurrency limit and its cost model.
 	TTFT time.Duration
+	// Answered is the time from sending the request to the end of its answer; 0 when not
+	// measured. With TTFT and CompletionTokens it teaches the cost model the time per output
+	// token (of a whole answer too, less the model's own TTFT).
+	Answered time.Duration
 	// UsageEstimated: the engine reported no usage and the tokens above are the gateway's
 	// estimate; they feed the cache counters but not the learned token limit.
 	UsageEstimated bool
@@ -155,6 +159,12 @@ type Lease struct {
 	// namespace is the request's cache scope (CacheScope.namespace); "" when every request
 	// shares the caches.
 	namespace string
+	// placed is the worker's load when the request was placed on it, coef its cost model's fit
+	// then (see Predicted); prefillPrompt the prompt tokens it counts in the worker's
+	// promptsInPrefill until its first token.
+	placed        placement
+	coef          costCoefficients
+	prefillPrompt int64
 }
 
 // YieldsPrefill reports whether the lease is a standard or batch request placed while
@@ -173,6 +183,11 @@ func (l *Lease) Release(o Outcome) {
 	w, p := l.Worker, l.pool
 	w.release(l.tokens)
 	l.endPrefill()
+	if l.piece == 0 {
+		// A prompt sent in pieces waited between them for interactive prompts: its times are
+		// usher's, not the engine's.
+		w.cost.observe(l.placed, w.placementNow(w.inFlight.Load()).running, o)
+	}
 	defer p.roomOn(w)
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
@@ -254,6 +269,7 @@ func (l *Lease) endPrefill() bool {
 	if !l.prefilling.CompareAndSwap(true, false) {
 		return false
 	}
+	l.Worker.promptsInPrefill.Add(-l.prefillPrompt)
 	if l.interactive {
 		l.Worker.interactivePrefills.Add(-1)
 		l.pool.interactivePrefilled.notify()
@@ -720,6 +736,10 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
 		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r),
 		budgeted: r.prefillBudget > 0}
+	// The load it was placed at: the worker's in-flight requests but this one.
+	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()
+	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))
+	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	w.scopes.note(l.namespace)
 	if r.Interactive {

@@ -63,6 +63,14 @@ type Worker struct {
 	retiring atomic.Bool
 	breaker  breaker
 	load     loadSignal
+	// slots is the engine's own slots as it reported them (llama-server's /props total_slots),
+	// 0: none reported; beyond them the engine queues (see cost.go).
+	slots atomic.Int64
+	// promptsInPrefill sums the prompt tokens (estimates) of the leases on the worker whose first
+	// token has not come back, of every class.
+	promptsInPrefill atomic.Int64
+	// cost is the worker's cost model, learnt from its answers (see cost.go).
+	cost *costModel
 	// scopes is the cache scopes sent to the worker: whether its engine's cache holds any
 	// scope's prompts but one's (see Lease.OwnCached).
 	scopes scopeRecord
@@ -94,6 +102,7 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	w := &Worker{spec: spec, url: u}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
+	w.cost = newCostModel(now, cfg.Scrape.MaxAge)
 	if spec.MaxConcurrency > 0 {
 		w.fixed = true
 		w.limit.Store(int64(spec.MaxConcurrency))

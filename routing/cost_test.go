@@ -1,0 +1,388 @@
+package routing
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+)
+
+// costLaw is a known engine: the times a request gets from its uncached prompt tokens and the
+// load it was placed at, in the shape the model fits (see cost.go).
+type costLaw struct {
+	base, perKToken, perRunning, perQueued, perKPrefilling time.Duration // TTFT
+	step, perSeq, perKPrefillingDecode                     time.Duration // TPOT
+}
+
+// steps is a law like the simulator's defaults: a 12 ms step, 100 µs per prompt token, a running
+// sequence adding 0.5 ms to the steps of a prefill, 400 ms per request ahead in the queue.
+var steps = costLaw{
+	base: 15 * time.Millisecond, perKToken: 100 * time.Millisecond, perRunning: 500 * time.Microsecond,
+	perQueued: 400 * time.Millisecond, perKPrefilling: 60 * time.Millisecond,
+	step: 12 * time.Millisecond, perSeq: 300 * time.Microsecond, perKPrefillingDecode: 4 * time.Millisecond,
+}
+
+func (l costLaw) ttft(u float64, pl placement) time.Duration {
+	return l.base + time.Duration(u/1000*float64(l.perKToken)) + time.Duration(pl.running*float64(l.perRunning)) +
+		time.Duration(pl.queued*float64(l.perQueued)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefilling))
+}
+
+func (l costLaw) tpot(pl placement) time.Duration {
+	return l.step + time.Duration(pl.running*float64(l.perSeq)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefillingDecode))
+}
+
+// answer is the outcome of a streamed request of prompt tokens (cached of them) and outputs
+// output tokens placed at pl under law, its times scaled by 1 ± noise.
+func (l costLaw) answer(rng *rand.Rand, prompt, cached, outputs int, pl placement, noise float64) Outcome {
+	jitter := func(d time.Duration) time.Duration {
+		return time.Duration(float64(d) * (1 + noise*(2*rng.Float64()-1)))
+	}
+	ttft := jitter(l.ttft(float64(prompt-cached), pl))
+	return Outcome{PromptTokens: prompt, CachedTokens: cached, CompletionTokens: outputs, CacheReported: true,
+		TTFT: ttft, Answered: ttft + time.Duration(outputs-1)*jitter(l.tpot(pl))}
+}
+
+func randomPlacement(rng *rand.Rand) placement {
+	pl := placement{running: float64(rng.IntN(8)), prefilling: float64(rng.IntN(3) * rng.IntN(2000))}
+	if pl.running == 7 {
+		pl.queued = float64(rng.IntN(4))
+	}
+	return pl
+}
+
+// newCostWorker is a worker alone, with nothing in flight, for the cost model's tests.
+func newCostWorker(now func() time.Time) *Worker {
+	return &Worker{cost: newCostModel(now, 3*time.Second)}
+}
+
+// within reports whether got is within tol (relative) of want.
+func within(got, want time.Duration, tol float64) bool {
+	return math.Abs(float64(got-want)) <= tol*float64(want)
+}
+
+func TestCostModelRecoversTheLaw(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	w := newCostWorker(time.Now)
+	for range 2000 {
+		prompt := 16 + rng.IntN(4000)
+		cached := rng.IntN(prompt) * rng.IntN(2)
+		pl := randomPlacement(rng)
+		w.cost.observe(pl, pl.running, steps.answer(rng, prompt, cached, 2+rng.IntN(200), pl, 0.05))
+	}
+	k := w.cost.coefficients()
+	wantTTFT := [ttftInputs]time.Duration{steps.base, steps.perKToken, steps.perRunning, steps.perQueued, steps.perKPrefilling}
+	for i, want := range wantTTFT {
+		// The small coefficients are judged against the step, the others against themselves.
+		if got := msDuration(k.ttft[i]); math.Abs(float64(got-want)) > 0.1*float64(max(want, steps.base)) {
+			t.Errorf("TTFT coefficient %d: got %v, want %v", i, got, want)
+		}
+	}
+	for _, tt := range []struct {
+		name           string
+		prompt, cached int
+		pl             placement
+	}{
+		{"short prompt, idle", 50, 0, placement{}},
+		{"long prompt, idle", 3000, 0, placement{}},
+		{"long prompt mostly cached", 3000, 2900, placement{}},
+		{"beside a batch", 800, 0, placement{running: 6, prefilling: 1500}},
+		{"queued behind two", 800, 0, placement{running: 7, queued: 2}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := w.cost.coefficients()
+			got, ok := c.predict(uncached(tt.prompt, tt.cached), tt.pl)
+			if !ok {
+				t.Fatal("got no prediction after 2000 answers")
+			}
+			if want := steps.ttft(uncached(tt.prompt, tt.cached), tt.pl); !within(got.TTFT, want, 0.1) {
+				t.Errorf("TTFT: got %v, want %v within 10%%", got.TTFT, want)
+			}
+			if want := steps.tpot(tt.pl); !within(got.TPOT, want, 0.1) {
+				t.Errorf("TPOT: got %v, want %v within 10%%", got.TPOT, want)
+			}
+		})
+	}
+}
+
+func TestCostModelIdleUnaffectedByLoadedAnswers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	busy := func(pl placement) Outcome {
+		prompt := 100 + rng.IntN(3000)
+		return steps.answer(rng, prompt, 0, 50, pl, 0.05)
+	}
+	w := newCostWorker(time.Now)
+	// Nine answers in ten came from a loaded worker, far slower than an idle one: the load
+	// explains it, and the idle prediction stays the idle law's.
+	for i := range 2000 {
+		pl := placement{}
+		if i%10 != 0 {
+			pl = placement{running: float64(2 + rng.IntN(6)), queued: float64(rng.IntN(3)), prefilling: float64(rng.IntN(4000))}
+		}
+		w.cost.observe(pl, pl.running, busy(pl))
+	}
+	for _, prompt := range []int{100, 1000, 3000} {
+		got, ok := w.PredictIdle(prompt, 0)
+		if !ok {
+			t.Fatal("PredictIdle: got no prediction")
+		}
+		if want := steps.ttft(float64(prompt), placement{}); !within(got.TTFT, want, 0.1) {
+			t.Errorf("PredictIdle(%d): got TTFT %v, want %v within 10%%", prompt, got.TTFT, want)
+		}
+		if want := steps.tpot(placement{}); !within(got.TPOT, want, 0.1) {
+			t.Errorf("PredictIdle(%d): got TPOT %v, want %v within 10%%", prompt, got.TPOT, want)
+		}
+	}
+}
+
+func TestCostModelPredictsOnlyWhenItHasLearnt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	w := newCostWorker(time.Now)
+	ask := func() bool { _, ok := w.PredictIdle(500, 0); return ok }
+	taught := func(o Outcome) { w.cost.observe(placement{}, 0, o) }
+	good := func() Outcome { return steps.answer(rng, 100+rng.IntN(2000), 0, 20, placement{}, 0.05) }
+	for range 100 {
+		// None of these teaches anything: a failure, estimated usage, no usage, a whole answer
+		// (no TTFT) before the model knows TTFT, a time of zero.
+		for _, o := range []Outcome{
+			func() Outcome { o := good(); o.Failed = true; return o }(),
+			func() Outcome { o := good(); o.UsageEstimated = true; return o }(),
+			{TTFT: 100 * time.Millisecond, Answered: time.Second},
+			func() Outcome { o := good(); o.TTFT = 0; return o }(),
+			func() Outcome { o := good(); o.TTFT, o.Answered = -time.Second, 0; return o }(),
+		} {
+			taught(o)
+		}
+	}
+	if ask() {
+		t.Fatal("got a prediction from answers that teach nothing")
+	}
+	for i := range costMinAnswers {
+		if ask() {
+			t.Fatalf("got a prediction after %d answers, want none before %d", i, costMinAnswers)
+		}
+		taught(good())
+	}
+	if !ask() {
+		t.Fatalf("got no prediction after %d answers", costMinAnswers)
+	}
+	if _, ok := (&Lease{}).Predicted(Outcome{}); ok {
+		t.Error("Lease.Predicted of an outcome without usage: got a prediction, want none")
+	}
+}
+
+func TestCostModelHostileNumbers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	w := newCostWorker(time.Now)
+	hostile := []Outcome{
+		{PromptTokens: math.MaxInt, CachedTokens: math.MinInt, CompletionTokens: math.MaxInt, TTFT: time.Millisecond, Answered: math.MaxInt64},
+		{PromptTokens: math.MaxInt, CachedTokens: math.MaxInt, CompletionTokens: -5, TTFT: math.MaxInt64, Answered: math.MinInt64},
+		{PromptTokens: 1, CachedTokens: -1 << 40, CompletionTokens: 1 << 40, TTFT: 1, Answered: 2},
+		{PromptTokens: 1 << 30, CompletionTokens: 2, TTFT: time.Nanosecond, Answered: time.Nanosecond},
+		{PromptTokens: 10, CompletionTokens: 10, TTFT: 0, Answered: 0},
+	}
+	hostilePlacement := placement{running: 1e300, queued: -1e300, prefilling: math.Inf(1)}
+	good := func() {
+		pl := randomPlacement(rng)
+		w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(4000), 0, 50, pl, 0.05))
+	}
+	bad := func() {
+		w.cost.observe(placement{}, math.NaN(), hostile[rng.IntN(len(hostile))])
+		w.cost.observe(hostilePlacement, math.Inf(-1), hostile[rng.IntN(len(hostile))])
+	}
+	checkBounded := func(when string) {
+		t.Helper()
+		for _, prompt := range []int{math.MinInt, -1, 0, 1, math.MaxInt} {
+			for _, cached := range []int{math.MinInt, 0, math.MaxInt} {
+				p, ok := w.PredictIdle(prompt, cached)
+				if ok && (p.TTFT < 0 || p.TTFT > maxCostDuration || p.TPOT < 0 || p.TPOT > maxCostDuration) {
+					t.Errorf("%s: PredictIdle(%d, %d): got %+v, want a prediction within [0, %v]", when, prompt, cached, p, maxCostDuration)
+				}
+			}
+		}
+	}
+	idleWithin := func(when string, tol float64) {
+		t.Helper()
+		want := steps.ttft(1000, placement{})
+		if got, ok := w.PredictIdle(1000, 0); !ok || !within(got.TTFT, want, tol) {
+			t.Errorf("%s: PredictIdle(1000): got %v, %v; want %v within %.0f%%", when, got.TTFT, ok, want, 100*tol)
+		}
+	}
+	// From the first answer on, absurd ones among the good: the predictions stay in range.
+	for i := range 1000 {
+		if i%3 == 0 {
+			bad()
+		} else {
+			good()
+		}
+	}
+	checkBounded("hostile answers from the start")
+	// Good answers alone then relearn the law.
+	for range 2000 {
+		good()
+	}
+	idleWithin("2000 good answers after hostile ones", 0.1)
+	// Once it has learnt, a third of absurd answers moves it only a little.
+	for i := range 3000 {
+		if i%3 == 0 {
+			bad()
+		} else {
+			good()
+		}
+	}
+	checkBounded("hostile answers after learning")
+	idleWithin("hostile answers after learning", 0.35)
+}
+
+func TestCostModelPlacement(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		name    string
+		slots   int64
+		others  int64
+		report  *LoadReport
+		want    placement
+		prefill int64
+	}{
+		{name: "idle", want: placement{}},
+		{name: "slots free", slots: 4, others: 3, want: placement{running: 3}},
+		{name: "slots full: first in the queue", slots: 4, others: 4, want: placement{running: 4, queued: 1}},
+		{name: "two ahead in the queue", slots: 4, others: 6, want: placement{running: 4, queued: 3}},
+		{name: "engine reports waiting", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now}, want: placement{running: 7, queued: 4}},
+		{name: "stale report ignored", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now.Add(-time.Minute)}, want: placement{running: 10}},
+		{name: "prompts in prefill", others: 2, prefill: 1500, want: placement{running: 2, prefilling: 1500}},
+		{name: "hostile counts", slots: 4, others: math.MaxInt64, prefill: -5, want: placement{running: 4, queued: maxCostLoad}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newCostWorker(func() time.Time { return now })
+			w.slots.Store(tt.slots)
+			w.promptsInPrefill.Store(tt.prefill)
+			if tt.report != nil {
+				w.load.store(*tt.report)
+			}
+			if got := w.placementNow(tt.others); got != tt.want {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPoolLearnsCostFromReleases drives the model through Pick and Release: a lease records the
+// load it was placed at and the fit then, and its outcome teaches the worker's model.
+func TestPoolLearnsCostFromReleases(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(1, "m")})
+	w := modelWorkers(t, p, "m")[0]
+	w.slots.Store(2)
+	rng := rand.New(rand.NewPCG(9, 10))
+	pick := func(prompt int) *Lease {
+		l, err := p.Pick(context.Background(), &Request{Model: "m", PromptTokens: prompt, Tokens: prompt + 100})
+		if err != nil {
+			t.Fatalf("Pick: %v", err)
+		}
+		return l
+	}
+	if _, ok := w.PredictIdle(100, 0); ok {
+		t.Fatal("a fresh worker: got a prediction, want none")
+	}
+	var last *Lease
+	for range 300 {
+		// One request alone, or three at once: the third waits for a slot.
+		n := 1 + 2*rng.IntN(2)
+		leases := make([]*Lease, n)
+		for i := range leases {
+			leases[i] = pick(100 + rng.IntN(2000))
+		}
+		if n == 3 {
+			if got := leases[2].placed; got.running != 2 || got.queued != 1 {
+				t.Fatalf("third request on two slots: got placement %+v, want 2 running and 1st in the queue", got)
+			}
+		}
+		for _, l := range leases {
+			prompt := int(l.prefillPrompt)
+			l.Release(steps.answer(rng, prompt, 0, 20, l.placed, 0.02))
+		}
+		last = leases[0]
+	}
+	if w.promptsInPrefill.Load() != 0 || w.InFlight() != 0 {
+		t.Errorf("after every release: got %d prompt tokens in prefill and %d in flight, want 0", w.promptsInPrefill.Load(), w.InFlight())
+	}
+	got, ok := w.PredictIdle(1000, 0)
+	if want := steps.ttft(1000, placement{}); !ok || !within(got.TTFT, want, 0.1) {
+		t.Errorf("PredictIdle(1000): got %v, %v; want %v within 10%%", got.TTFT, ok, want)
+	}
+	o := steps.answer(rng, 1000, 0, 20, last.placed, 0)
+	if got, ok := last.Predicted(o); !ok || !within(got.TTFT, o.TTFT, 0.1) {
+		t.Errorf("Lease.Predicted: got %v, %v; want %v within 10%%", got.TTFT, ok, o.TTFT)
+	}
+	// Predict sees the load now: a worker with both slots taken puts the next request in queue.
+	a, b := pick(100), pick(100)
+	defer a.Release(Outcome{})
+	defer b.Release(Outcome{})
+	loaded, _ := w.Predict(1000, 0)
+	idle, _ := w.PredictIdle(1000, 0)
+	if loaded.TTFT < idle.TTFT+steps.perQueued/2 {
+		t.Errorf("Predict with both slots taken: got %v, want at least the idle %v plus half a queued request's wait %v", loaded.TTFT, idle.TTFT, steps.perQueued/2)
+	}
+}
+
+func TestCostModelConcurrentUse(t *testing.T) {
+	w := newCostWorker(time.Now)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 11))
+			for range 500 {
+				pl := randomPlacement(rng)
+				w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
+				if p, ok := w.Predict(500, 0); ok && (p.TTFT <= 0 || p.TTFT > maxCostDuration) {
+					t.Errorf("Predict: got %v", p.TTFT)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got, ok := w.PredictIdle(1000, 0); !ok || !within(got.TTFT, steps.ttft(1000, placement{}), 0.1) {
+		t.Errorf("PredictIdle(1000) after 4000 concurrent answers: got %v, %v; want %v within 10%%", got.TTFT, ok, steps.ttft(1000, placement{}))
+	}
+}
+
+// BenchmarkPredict is the price of one candidate's prediction (issue 31: at most 2 µs, no
+// allocation), on a worker that has learnt and has requests in flight.
+func BenchmarkPredict(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	w := newCostWorker(time.Now)
+	w.slots.Store(4)
+	w.inFlight.Store(3)
+	w.promptsInPrefill.Store(800)
+	for range 500 {
+		pl := randomPlacement(rng)
+		w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
+	}
+	b.ReportAllocs()
+	var sink time.Duration
+	for i := 0; b.Loop(); i++ {
+		p, _ := w.Predict(100+i&1023, i&63)
+		sink += p.TTFT
+	}
+	_ = sink
+}
+
+// BenchmarkCostObserve is the price of learning from one answer, paid in Lease.Release.
+func BenchmarkCostObserve(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	w := newCostWorker(time.Now)
+	outcomes := make([]Outcome, 256)
+	places := make([]placement, len(outcomes))
+	for i := range outcomes {
+		places[i] = randomPlacement(rng)
+		outcomes[i] = steps.answer(rng, 16+rng.IntN(3000), 0, 20, places[i], 0.05)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		w.cost.observe(places[i&255], 2, outcomes[i&255])
+	}
+}
