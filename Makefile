@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint lint-deps bench bench-engine bench-hop bench-limit bench-policies bench-queue bench-slow clean
+.PHONY: build run test test-deps lint lint-deps bench bench-engine bench-hop bench-cost bench-limit bench-policies bench-queue bench-slow clean
 
 # `usher version` of a make build; a plain `go build` reports Go's build information instead.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -57,6 +57,12 @@ bench:
 # The gateway hop against nginx on loopback (installs nginx and wrk when root); see the script.
 bench-hop:
 	./test/hopbench/run.sh
+
+# The cost model's TTFT and TPOT predictions against the engines' own times, on simulated
+# workers in slots and kv mode and on real llama-servers when built (about 8 minutes; see the
+# script for its knobs).
+bench-cost:
+	./test/costbench/run.sh
 
 # The learned concurrency limit against fixed ones on two vLLM-like simulated workers under a
 # heavy standard load (about 3 minutes; see the script for its knobs).

@@ -73,6 +73,12 @@ type call struct {
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was
 	atWorker time.Duration // time from sending to a worker to the end of its answer, all attempts
+	// measured is the answering attempt's outcome at its worker (routing.Outcome: TTFT from
+	// sending to the first event, Answered to the end), and predicted what that worker's cost
+	// model predicted for it when the attempt was placed (predictedOK: it could say).
+	measured    routing.Outcome
+	predicted   routing.Prediction
+	predictedOK bool
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.

@@ -147,7 +147,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
 	}
+	if err == nil {
+		out.Answered = s.now().Sub(sent)
+	}
 	lease.Release(out)
+	cl.measured = out
+	cl.predicted, cl.predictedOK = lease.Predicted(out)
 	if err != nil && out.Failed && !c.Response().Committed && clientCtx.Err() == nil {
 		// The worker broke off (it answered, then closed or went silent) before anything
 		// reached the client: another worker may serve the call.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -57,8 +58,39 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", s.now().Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
-		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated)
+		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated,
+		"engine_ttft_ms", msOrNil(cl.measured.TTFT), "engine_tpot_ms", msOrNil(measuredTPOT(cl.measured)),
+		"ttft_pred_ms", msOrNil(predicted(cl.predicted.TTFT, cl.predictedOK)),
+		"tpot_pred_ms", msOrNil(predicted(cl.predicted.TPOT, cl.predictedOK)))
 	return err
+}
+
+// The access log's cost-model fields set the worker's own times (engine_ttft_ms: from sending
+// the answering attempt to its first event, as the cost model learns it; engine_tpot_ms: the
+// rest of the answer per further output token) beside what the worker's cost model predicted
+// for them when the attempt was placed (ttft_pred_ms, tpot_pred_ms), null where there is none.
+
+// msOrNil is d in milliseconds (to the µs), or nil for 0.
+func msOrNil(d time.Duration) any {
+	if d <= 0 {
+		return nil
+	}
+	return float64(d.Microseconds()) / 1000
+}
+
+func predicted(d time.Duration, ok bool) time.Duration {
+	if !ok {
+		return 0
+	}
+	return d
+}
+
+// measuredTPOT is an answer's time per output token after the first; 0 when not measured.
+func measuredTPOT(o routing.Outcome) time.Duration {
+	if o.TTFT <= 0 || o.Answered <= o.TTFT || o.CompletionTokens < 2 {
+		return 0
+	}
+	return (o.Answered - o.TTFT) / time.Duration(o.CompletionTokens-1)
 }
 
 // settleBudget ends the call's budget reservation: a call served, or one that was served
