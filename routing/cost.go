@@ -35,7 +35,8 @@ import (
 // Each law is fitted by recursive least squares with exponential forgetting (costForget: the last
 // few hundred answers count), robust to outliers (a residual beyond costHuber mean residuals
 // counts only to there), with the covariance kept from winding up while some input does not vary
-// (forgetting pauses while the covariance is as large as its prior), and the per-unit
+// (no variance grows past its prior), the prior held for good (each answer also learns that one
+// coefficient is 0, with the weight of its prior), and the per-unit
 // coefficients kept non-negative, as costs are. Memory is fixed (a few small arrays per worker);
 // an answer costs a few hundred floating-point operations under the model's mutex and allocates
 // nothing; a prediction reads the published coefficients without a lock.
@@ -48,9 +49,6 @@ const (
 	// costForget is the weight each answer leaves on the ones before it: about 1/(1-0.998) =
 	// 500 answers make the fit, so a worker whose engine changes is relearnt within minutes.
 	costForget = 0.998
-	// costPrior is the prior variance of each coefficient (ms², per unit of its input): large
-	// against real costs, so the first answers decide.
-	costPrior = 1e6
 	// costHuber bounds a residual to this many mean absolute residuals once the fit has
 	// costMinAnswers: one answer delayed by something the model does not see (a GC pause, a
 	// preemption) moves it only so far.
@@ -63,8 +61,9 @@ const (
 	// costLost is the mean residual, over the mean time learnt, at which a fit is lost and
 	// starts again.
 	costLost = 2.0
-	// costMinAnswers is how many answers the model needs before it predicts.
-	costMinAnswers = 16
+	// costMinAnswers is how many answers the model needs before it predicts: several per
+	// coefficient.
+	costMinAnswers = 32
 	// maxCostTokens bounds every token count the model reads, so hostile or absurd usage
 	// cannot overflow or dominate a fit; maxCostDuration bounds the times it learns from.
 	maxCostTokens   = 1 << 20
@@ -84,7 +83,7 @@ type Prediction struct {
 
 // PredictIdle is what w's cost model, learnt from its answers, predicts for a request of
 // promptTokens prompt tokens, cachedTokens of which the engine holds in its cache, on w with
-// nothing else running. ok is false while the model has not learnt enough to say (fewer than 16
+// nothing else running. ok is false while the model has not learnt enough to say (fewer than 32
 // streamed answers). Token counts are clamped to [0, 2^20] and cachedTokens to promptTokens. It
 // does no I/O, takes no lock, allocates nothing, and is safe for concurrent use.
 func (w *Worker) PredictIdle(promptTokens, cachedTokens int) (p Prediction, ok bool) {
@@ -171,6 +170,17 @@ func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
 	return [maxInputs]float64{1, running, pl.prefilling / 1000}
 }
 
+// The prior variance of each coefficient (ms², per unit of its input), ttft's then tpot's: wide
+// against real costs (a CPU engine may take seconds per thousand prompt tokens), so the answers
+// decide; but narrower for what a running sequence adds to a step than for the step itself, so
+// that while the load does not vary (a worker always full) the fit puts the time it sees in the
+// step, not in a load it cannot tell apart, and predicts for another load what it saw rather
+// than an extrapolation.
+var (
+	ttftPrior = [maxInputs]float64{1e6, 1e8, 1e4, 1e8, 1e6}
+	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4}
+)
+
 // costCoefficients is a snapshot of a cost model's fit.
 type costCoefficients struct {
 	ttft, tpot     [maxInputs]float64 // ms per unit of each input
@@ -221,8 +231,8 @@ type costModel struct {
 
 func newCostModel(now func() time.Time, maxAge time.Duration) *costModel {
 	c := &costModel{now: now, maxAge: maxAge}
-	c.ttft.reset(ttftInputs)
-	c.tpot.reset(tpotInputs)
+	c.ttft.reset(ttftInputs, &ttftPrior)
+	c.tpot.reset(tpotInputs, &tpotPrior)
 	return c
 }
 
@@ -303,6 +313,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // starts again.
 type costFit struct {
 	n           int
+	prior       *[maxInputs]float64 // the prior variances, immutable
 	theta       [maxInputs]float64
 	p           [maxInputs][maxInputs]float64
 	absResidual float64
@@ -310,10 +321,10 @@ type costFit struct {
 	answers     int
 }
 
-func (f *costFit) reset(n int) {
-	*f = costFit{n: n}
+func (f *costFit) reset(n int, prior *[maxInputs]float64) {
+	*f = costFit{n: n, prior: prior}
 	for i := range n {
-		f.p[i][i] = costPrior
+		f.p[i][i] = prior[i]
 	}
 }
 
@@ -321,20 +332,14 @@ func (f *costFit) reset(n int) {
 func (f *costFit) update(x *[maxInputs]float64, y float64) {
 	n := f.n
 	var px [maxInputs]float64
-	var xpx, trace float64
+	var xpx float64
 	for i := range n {
 		for j := range n {
 			px[i] += f.p[i][j] * x[j]
 		}
 		xpx += x[i] * px[i]
-		trace += f.p[i][i]
 	}
-	// Forgetting inflates the covariance in the directions the inputs do not move in (a worker
-	// always idle says nothing of load); past its prior it would wind up without bound.
 	forget := costForget
-	if trace >= costPrior*float64(n) {
-		forget = 1
-	}
 	e := y - dot(&f.theta, *x, n)
 	residual := math.Abs(e)
 	weight := 1.0
@@ -361,6 +366,21 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 			f.p[j][i] = f.p[i][j]
 		}
 	}
+	// Forgetting inflates the covariance in the directions the inputs do not move in (a worker
+	// always idle says nothing of its load), which would wind up without bound: no variance
+	// grows past its prior. Scaling row and column i alike keeps the covariance positive.
+	var scale [maxInputs]float64
+	for i := range n {
+		scale[i] = 1
+		if f.p[i][i] > f.prior[i] {
+			scale[i] = math.Sqrt(f.prior[i] / f.p[i][i])
+		}
+	}
+	for i := range n {
+		for j := range n {
+			f.p[i][j] *= scale[i] * scale[j]
+		}
+	}
 	// Costs are not negative: a coefficient that noise pushed below 0 is held at 0.
 	for i := 1; i < n; i++ {
 		f.theta[i] = max(f.theta[i], 0)
@@ -372,8 +392,35 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 		f.absValue += (math.Abs(y) - f.absValue) / 32
 	}
 	f.answers = min(f.answers+1, math.MaxInt32)
+	f.regularise(f.answers % n)
 	if !f.finite() || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
-		f.reset(n)
+		f.reset(n, f.prior)
+	}
+}
+
+// regularise learns that coefficient i is 0, with the weight that, repeated every n answers
+// under forgetting, holds the prior on it for good: forgetting discounts the prior with the
+// answers, and a coefficient the inputs cannot tell apart from another (the load of a worker
+// always full, beside its step) would otherwise drift where noise takes it.
+func (f *costFit) regularise(i int) {
+	weight := float64(f.n) * (1 - costForget) / f.prior[i]
+	denom := 1/weight + f.p[i][i]
+	var pi [maxInputs]float64
+	for j := range f.n {
+		pi[j] = f.p[j][i]
+	}
+	e := -f.theta[i]
+	for j := range f.n {
+		f.theta[j] += pi[j] / denom * e
+	}
+	for j := range f.n {
+		for k := j; k < f.n; k++ {
+			f.p[j][k] -= pi[j] * pi[k] / denom
+			f.p[k][j] = f.p[j][k]
+		}
+	}
+	for j := 1; j < f.n; j++ {
+		f.theta[j] = max(f.theta[j], 0)
 	}
 }
 

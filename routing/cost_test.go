@@ -386,3 +386,30 @@ func BenchmarkCostObserve(b *testing.B) {
 		w.cost.observe(places[i&255], 2, outcomes[i&255])
 	}
 }
+
+// TestCostModelLoadItCannotTellApart: a worker always full (four running, as a slot engine under
+// a steady flood) says nothing of what one running sequence costs. The model predicts what it saw
+// for that load, and for an idle worker nothing below the idle law nor above what it saw; and
+// after thousands of such answers its uncertainty about the load it never saw has not wound up.
+func TestCostModelLoadItCannotTellApart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 13))
+	w := newCostWorker(time.Now)
+	full := placement{running: 4}
+	for range 10000 {
+		w.cost.observe(full, 4, steps.answer(rng, 16+rng.IntN(3000), 0, 30, full, 0.05))
+	}
+	k := w.cost.coefficients()
+	got, ok := k.predict(1000, full)
+	if want := steps.ttft(1000, full); !ok || !within(got.TTFT, want, 0.1) {
+		t.Errorf("at the load it saw: got %v, %v; want %v within 10%%", got.TTFT, ok, want)
+	}
+	idle, _ := w.PredictIdle(1000, 0)
+	if lo, hi := steps.ttft(1000, placement{}), steps.ttft(1000, full); idle.TTFT < lo*9/10 || idle.TTFT > hi*11/10 {
+		t.Errorf("idle: got %v, want within [%v, %v]", idle.TTFT, lo, hi)
+	}
+	for i := range ttftInputs {
+		if v := w.cost.ttft.p[i][i]; !(v <= ttftPrior[i]) {
+			t.Errorf("TTFT variance %d: got %g, want at most its prior %g", i, v, ttftPrior[i])
+		}
+	}
+}
