@@ -60,8 +60,8 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated,
 		"engine_ttft_ms", msOrNil(cl.measured.TTFT), "engine_tpot_ms", msOrNil(measuredTPOT(cl.measured)),
-		"ttft_pred_ms", msOrNil(predicted(cl.predicted.TTFT, cl.predictedOK)),
-		"tpot_pred_ms", msOrNil(predicted(cl.predicted.TPOT, cl.predictedOK)))
+		"ttft_pred_ms", predictedMs(cl.predicted.TTFT, cl.predictedOK),
+		"tpot_pred_ms", predictedMs(cl.predicted.TPOT, cl.predictedOK && cl.predicted.TPOT > 0))
 	return err
 }
 
@@ -78,11 +78,12 @@ func msOrNil(d time.Duration) any {
 	return float64(d.Microseconds()) / 1000
 }
 
-func predicted(d time.Duration, ok bool) time.Duration {
+// predictedMs is a prediction d in milliseconds (to the µs), or nil when there is none.
+func predictedMs(d time.Duration, ok bool) any {
 	if !ok {
-		return 0
+		return nil
 	}
-	return d
+	return float64(d.Microseconds()) / 1000
 }
 
 // measuredTPOT is an answer's time per output token after the first; 0 when not measured.

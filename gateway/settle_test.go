@@ -1,0 +1,80 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/usherllm/usher/routing"
+)
+
+// lockedBuffer is a bytes.Buffer written by the gateway's handlers and read by the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// requestLines are the access log's lines so far, decoded.
+func (b *lockedBuffer) requestLines(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var lines []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line %q: %v", sc.Text(), err)
+		}
+		if line["msg"] == "request" {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+// TestAccessLogSetsPredictionBesideEngineTimes: every streamed call's access line carries the
+// engine's own TTFT and TPOT; the worker's cost model's predictions for them are null until it
+// has learnt from enough answers, then set.
+func TestAccessLogSetsPredictionBesideEngineTimes(t *testing.T) {
+	w := newFakeWorker(t, func(w *fakeWorker) { w.chunks = 4 })
+	logs := &lockedBuffer{}
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) {
+		d.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	const calls = 40
+	body := `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`
+	for range calls {
+		resp := g.post(t, "/v1/chat/completions", testKey, body, nil)
+		readEvents(t, resp.Body)
+	}
+	lines := logs.requestLines(t)
+	if len(lines) != calls {
+		t.Fatalf("got %d access lines, want %d", len(lines), calls)
+	}
+	for i, line := range lines {
+		for _, field := range []string{"engine_ttft_ms", "engine_tpot_ms"} {
+			if v, ok := line[field].(float64); !ok || v <= 0 {
+				t.Errorf("call %d: %s: got %v, want a time", i+1, field, line[field])
+			}
+		}
+	}
+	if first := lines[0]; first["ttft_pred_ms"] != nil || first["tpot_pred_ms"] != nil {
+		t.Errorf("first call: got predictions %v and %v, want null before the model has learnt", first["ttft_pred_ms"], first["tpot_pred_ms"])
+	}
+	last := lines[calls-1]
+	for _, field := range []string{"ttft_pred_ms", "tpot_pred_ms"} {
+		if _, ok := last[field].(float64); !ok {
+			t.Errorf("call %d: %s: got %v, want a prediction", calls, field, last[field])
+		}
+	}
+}
