@@ -15,7 +15,7 @@ import (
 // sampling) plus a part per sequence and per token in it. So, for a request placed on a worker:
 //
 //	TTFT = t0 + tp·U + tb·B + tq·Q + tc·C
-//	TPOT = d0 + db·B' + dc·C
+//	TPOT = d0 + db·B' + dc·C + dr·R
 //
 // where U is the request's uncached prompt tokens (in thousands), B the sequences already running
 // beside it when it was placed, Q its place in the engine's own queue (0 when it is admitted at
@@ -26,7 +26,9 @@ import (
 // adds to the steps that prefill the prompt (and to the half step in progress it waits for); tq
 // the wait per request ahead in the queue (about a request's service time over the engine's
 // slots); tc what other prompts in prefill share of the same steps. d0 is a decode step alone,
-// db what each sequence adds to it, dc the prefill chunks of newcomers that share the steps.
+// db what each sequence adds to it, dc and dr the prefill chunks of newcomers that share the
+// steps: R is the prompt tokens (thousands, estimates) placed on the worker per second lately,
+// of which a share of every second goes to prefill instead of decode.
 //
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
@@ -49,8 +51,10 @@ import (
 
 const (
 	ttftInputs = 5 // 1, U, B, Q, C
-	tpotInputs = 3 // 1, B', C
-	maxInputs  = ttftInputs
+	tpotInputs = 4 // 1, B', C, R
+	// arrivalWindow is the time constant of R, the prompt tokens placed per second.
+	arrivalWindow = 10 * time.Second
+	maxInputs     = ttftInputs
 
 	// costForget is the weight each answer leaves on the ones before it: about 1/(1-0.998) =
 	// 500 answers make the fit, so a worker whose engine changes is relearnt within minutes.
@@ -101,7 +105,8 @@ func (w *Worker) PredictIdle(promptTokens, cachedTokens int) (p Prediction, ok b
 // cachedTokens of which the engine holds, placed on w now beside the requests in flight there
 // (this gateway's, and other clients' as the engine's last fresh load report says): they share
 // its steps and may put it in the engine's queue. ok is false while the model has not learnt
-// enough to say. Costs a dozen atomic loads and no allocation; safe for concurrent use.
+// enough to say. Costs a dozen atomic loads and a clock read, and no allocation; safe for
+// concurrent use.
 func (w *Worker) Predict(promptTokens, cachedTokens int) (p Prediction, ok bool) {
 	c := w.cost.coefficients()
 	return c.predict(uncached(promptTokens, cachedTokens), w.placementNow(w.inFlight.Load()))
@@ -130,6 +135,7 @@ type placement struct {
 	running    float64 // B: sequences running beside it
 	queued     float64 // Q: its place in the engine's queue, 0 when admitted at once
 	prefilling float64 // C: prompt tokens of the others in prefill (estimates)
+	arrivals   float64 // R: prompt tokens placed on the worker per second lately (estimates)
 }
 
 // placementNow is w's load for a request placed beside others of this gateway's requests.
@@ -140,7 +146,8 @@ func (w *Worker) placementNow(others int64) placement {
 		others += min(max(w.load.others.Load(), 0), maxSlots)
 		waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
 	}
-	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens))}
+	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
+		arrivals: w.cost.arrivals.perSecond(w.cost.now())}
 	if slots := w.slots.Load(); slots > 0 {
 		pl.running = float64(min(others, slots, maxCostLoad))
 		pl.queued = float64(min(max(others+1-slots, 0), maxCostLoad))
@@ -157,7 +164,7 @@ func (w *Worker) placementNow(others int64) placement {
 // maxCostTokens] tokens.
 func (pl placement) bounded() placement {
 	return placement{running: bounded(pl.running, maxCostLoad), queued: bounded(pl.queued, maxCostLoad),
-		prefilling: bounded(pl.prefilling, maxCostTokens)}
+		prefilling: bounded(pl.prefilling, maxCostTokens), arrivals: bounded(pl.arrivals, maxCostTokens)}
 }
 
 // bounded is v within [0, most], 0 when it is not a number.
@@ -173,7 +180,7 @@ func (pl placement) ttftInputs(u float64) [maxInputs]float64 {
 }
 
 func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
-	return [maxInputs]float64{1, running, pl.prefilling / 1000}
+	return [maxInputs]float64{1, running, pl.prefilling / 1000, pl.arrivals / 1000}
 }
 
 // The prior variance of each coefficient (ms², per unit of its input), ttft's then tpot's: wide
@@ -184,7 +191,7 @@ func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
 // than an extrapolation.
 var (
 	ttftPrior = [maxInputs]float64{1e6, 1e8, 1e4, 1e8, 1e6}
-	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4}
+	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4, 1e4}
 )
 
 // costCoefficients is a snapshot of a cost model's fit.
@@ -228,6 +235,8 @@ type costModel struct {
 
 	mu         sync.Mutex // guards ttft and tpot
 	ttft, tpot costFit
+	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
+	arrivals arrivalRate
 
 	// published is the fit as of the last answer: ttft's coefficients, then tpot's, as
 	// math.Float64bits; ttftOK and tpotOK say whether each has learnt enough.
@@ -442,4 +451,32 @@ func (f *costFit) finite() bool {
 		}
 	}
 	return !math.IsNaN(f.absResidual) && !math.IsInf(f.absResidual, 0) && !math.IsNaN(f.absValue) && !math.IsInf(f.absValue, 0)
+}
+
+// arrivalRate is a rate of tokens per second, each arrival weighted by exp(-age/arrivalWindow):
+// the recent rate, in fixed memory. Safe for concurrent use: mu serialises add; perSecond reads
+// without it (a reading between add's two stores is off by one arrival's decay, no more).
+type arrivalRate struct {
+	mu   sync.Mutex
+	rate atomic.Uint64 // tokens per second as of at, math.Float64bits
+	at   atomic.Int64  // unix ns; 0: no arrival yet
+}
+
+// add counts tokens arriving at now.
+func (a *arrivalRate) add(now time.Time, tokens float64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rate.Store(math.Float64bits(a.perSecond(now) + bounded(tokens, maxCostTokens)/arrivalWindow.Seconds()))
+	if t := now.UnixNano(); t > a.at.Load() {
+		a.at.Store(t)
+	}
+}
+
+// perSecond is the rate at now.
+func (a *arrivalRate) perSecond(now time.Time) float64 {
+	rate, at := math.Float64frombits(a.rate.Load()), a.at.Load()
+	if at == 0 || now.UnixNano() <= at {
+		return rate
+	}
+	return rate * math.Exp(-float64(now.UnixNano()-at)/float64(arrivalWindow))
 }

@@ -13,7 +13,7 @@ import (
 // load it was placed at, in the shape the model fits (see cost.go).
 type costLaw struct {
 	base, perKToken, perRunning, perQueued, perKPrefilling time.Duration // TTFT
-	step, perSeq, perKPrefillingDecode                     time.Duration // TPOT
+	step, perSeq, perKPrefillingDecode, perKArrivals       time.Duration // TPOT
 }
 
 // steps is a law like the simulator's defaults: a 12 ms step, 100 µs per prompt token, a running
@@ -22,6 +22,7 @@ var steps = costLaw{
 	base: 15 * time.Millisecond, perKToken: 100 * time.Millisecond, perRunning: 500 * time.Microsecond,
 	perQueued: 400 * time.Millisecond, perKPrefilling: 60 * time.Millisecond,
 	step: 12 * time.Millisecond, perSeq: 300 * time.Microsecond, perKPrefillingDecode: 4 * time.Millisecond,
+	perKArrivals: 1200 * time.Microsecond,
 }
 
 func (l costLaw) ttft(u float64, pl placement) time.Duration {
@@ -30,7 +31,8 @@ func (l costLaw) ttft(u float64, pl placement) time.Duration {
 }
 
 func (l costLaw) tpot(pl placement) time.Duration {
-	return l.step + time.Duration(pl.running*float64(l.perSeq)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefillingDecode))
+	return l.step + time.Duration(pl.running*float64(l.perSeq)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefillingDecode)) +
+		time.Duration(pl.arrivals/1000*float64(l.perKArrivals))
 }
 
 // answer is the outcome of a streamed request of prompt tokens (cached of them) and outputs
@@ -45,7 +47,7 @@ func (l costLaw) answer(rng *rand.Rand, prompt, cached, outputs int, pl placemen
 }
 
 func randomPlacement(rng *rand.Rand) placement {
-	pl := placement{running: float64(rng.IntN(8)), prefilling: float64(rng.IntN(3) * rng.IntN(2000))}
+	pl := placement{running: float64(rng.IntN(8)), prefilling: float64(rng.IntN(3) * rng.IntN(2000)), arrivals: float64(rng.IntN(8000))}
 	if pl.running == 7 {
 		pl.queued = float64(rng.IntN(4))
 	}
@@ -87,7 +89,7 @@ func TestCostModelRecoversTheLaw(t *testing.T) {
 		{"short prompt, idle", 50, 0, placement{}},
 		{"long prompt, idle", 3000, 0, placement{}},
 		{"long prompt mostly cached", 3000, 2900, placement{}},
-		{"beside a batch", 800, 0, placement{running: 6, prefilling: 1500}},
+		{"beside a batch", 800, 0, placement{running: 6, prefilling: 1500, arrivals: 5000}},
 		{"queued behind two", 800, 0, placement{running: 7, queued: 2}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -411,5 +413,32 @@ func TestCostModelLoadItCannotTellApart(t *testing.T) {
 		if v := w.cost.ttft.p[i][i]; !(v <= ttftPrior[i]) {
 			t.Errorf("TTFT variance %d: got %g, want at most its prior %g", i, v, ttftPrior[i])
 		}
+	}
+}
+
+func TestArrivalRate(t *testing.T) {
+	var a arrivalRate
+	now := time.Unix(1000, 0)
+	if got := a.perSecond(now); got != 0 {
+		t.Fatalf("no arrivals: got %v tokens/s, want 0", got)
+	}
+	// 500 tokens every 100 ms for a minute, six time constants: 5,000 tokens/s.
+	for range 600 {
+		now = now.Add(100 * time.Millisecond)
+		a.add(now, 500)
+	}
+	if got := a.perSecond(now); math.Abs(got-5000) > 0.05*5000 {
+		t.Errorf("steady arrivals: got %.0f tokens/s, want 5000 within 5%%", got)
+	}
+	// An arrival stamped before the last (a clock read out of order) still counts, and the
+	// rate never grows with time alone.
+	a.add(now.Add(-time.Second), 500)
+	before := a.perSecond(now)
+	if later := a.perSecond(now.Add(time.Minute)); later > before/100 {
+		t.Errorf("a minute without arrivals: got %.0f tokens/s, want under 1%% of %.0f", later, before)
+	}
+	a.add(now, math.Inf(1))
+	if got := a.perSecond(now); math.IsInf(got, 0) || math.IsNaN(got) {
+		t.Errorf("after an absurd arrival: got %v tokens/s, want a number", got)
 	}
 }

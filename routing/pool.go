@@ -739,6 +739,7 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 	// The load it was placed at: the worker's in-flight requests but this one.
 	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()
 	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))
+	w.cost.arrivals.add(p.now(), float64(l.prefillPrompt))
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	w.scopes.note(l.namespace)
