@@ -11,7 +11,8 @@ import (
 	"github.com/usherllm/usher/tenants"
 )
 
-// registerTenantAdmin mounts tenants, keys, tiers, the audit log, the usage ledger and budgets
+// registerTenantAdmin mounts tenants, keys, tiers, the audit log, the usage ledger, attainment
+// and budgets
 // on the admin group. The
 // admin service decides what each actor may do (a tenant sees only itself and manages its own
 // keys) and writes every change to the audit log; the handlers only translate HTTP.
@@ -30,6 +31,7 @@ func registerTenantAdmin(g *echo.Group, ta *tenants.Admin) {
 	g.GET("/tiers", h.tiers)
 	g.GET("/audit", h.audit)
 	g.GET("/usage", h.usage)
+	g.GET("/attainment", h.attainment)
 	for _, path := range []string{"/tenants/:id/budget", "/tenants/:id/keys/:key/budget"} {
 		g.GET(path, h.getBudget)
 		g.PUT(path, h.setBudget)

@@ -39,6 +39,32 @@ func (h tenantAdmin) usage(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"usage": rows, "total": total, "truncated": len(rows) == tenants.MaxUsageRows})
 }
 
+// attainment answers GET /admin/api/v1/attainment: per tenant and class, how the calls fared
+// against their tier's latency objectives over a window (from, to: RFC 3339 or a date, UTC;
+// default the last 24 hours), the worst first; filtered by tenant, tier and model. A tenant's
+// credential reads only its own.
+func (h tenantAdmin) attainment(c echo.Context) error {
+	u, err := usageQuery(c)
+	if err != nil {
+		return adminError(c, err)
+	}
+	q := tenants.AttainmentQuery{Tenant: u.Tenant, Tier: c.QueryParam("tier"), Model: u.Model, From: u.From, To: u.To}
+	if q.To.IsZero() {
+		q.To = time.Now()
+	}
+	if q.From.IsZero() {
+		q.From = q.To.Add(-24 * time.Hour)
+	}
+	rows, err := h.ta.Attainment(c.Request().Context(), actorOf(c), q)
+	if err != nil {
+		return adminError(c, err)
+	}
+	if rows == nil {
+		rows = []tenants.Attainment{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"attainment": rows, "from": q.From.UTC(), "to": q.To.UTC()})
+}
+
 // usageQuery reads the filter of a usage request.
 func usageQuery(c echo.Context) (tenants.UsageQuery, error) {
 	q := tenants.UsageQuery{Tenant: c.QueryParam("tenant"), Key: c.QueryParam("key"), Model: c.QueryParam("model"), Class: c.QueryParam("class")}
@@ -73,7 +99,8 @@ func usageQuery(c echo.Context) (tenants.UsageQuery, error) {
 }
 
 var usageCSVHeader = []string{"period", "start", "tenant", "key", "model", "class", "requests", "prompt_tokens",
-	"cached_tokens", "completion_tokens", "estimated", "refused_limit", "refused_budget", "queue_full", "deadline", "worker_errors"}
+	"cached_tokens", "completion_tokens", "estimated", "refused_limit", "refused_budget", "queue_full", "deadline", "worker_errors",
+	"ttft_met", "ttft_missed", "tpot_met", "tpot_missed", "objectives_met", "objectives_missed"}
 
 func writeUsageCSV(c echo.Context, rows []tenants.UsageRow) error {
 	h := c.Response().Header()
@@ -85,7 +112,8 @@ func writeUsageCSV(c echo.Context, rows []tenants.UsageRow) error {
 	for _, r := range rows {
 		rec := []string{r.Period, r.Start.Format(time.RFC3339), csvSafe(r.Tenant), csvSafe(r.Key), csvSafe(r.Model), r.Class}
 		for _, n := range []int64{r.Requests, r.PromptTokens, r.CachedTokens, r.CompletionTokens, r.Estimated,
-			r.RefusedLimit, r.RefusedBudget, r.QueueFull, r.Deadline, r.WorkerErrors} {
+			r.RefusedLimit, r.RefusedBudget, r.QueueFull, r.Deadline, r.WorkerErrors,
+			r.TTFTMet, r.TTFTMissed, r.TPOTMet, r.TPOTMissed, r.ObjectivesMet, r.ObjectivesMissed} {
 			rec = append(rec, strconv.FormatInt(n, 10))
 		}
 		_ = w.Write(rec)

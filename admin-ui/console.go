@@ -38,7 +38,7 @@ type console struct {
 }
 
 // consolePages are the page templates parsed with the layout.
-var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "usage", "error"}
+var consolePages = []string{"overview", "workers", "sessions", "tenants", "tenant", "queue", "audit", "signins", "usage", "attainment", "error"}
 
 const consoleSessionKey = "usher.console.session"
 
@@ -62,6 +62,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 			return float64(a) / float64(b)
 		},
 		"join":  func(s []string) string { return strings.Join(s, ", ") },
+		"deref": func(f *float64) float64 { return *f },
 		"count": count,
 		// chartLegend is the key of the Overview charts' class lines.
 		"chartLegend": historyLegend,
@@ -145,6 +146,7 @@ func (p *Plane) registerConsole(e *echo.Echo, auth Authenticator) error {
 		in.GET("/tenants/:id", con.tenantPage)
 		in.GET("/audit", con.auditPage)
 		in.GET("/usage", con.usagePage)
+		in.GET("/attainment", con.attainmentPage)
 		ch.POST("/tenants", con.act("/admin/tenants", con.createTenant))
 		ch.POST("/tenants/:id/suspend", con.act("/admin/tenants", con.suspend))
 		ch.POST("/tenants/:id/resume", con.act("/admin/tenants", con.resume))

@@ -99,6 +99,19 @@ type tierJSON struct {
 	ExpectedOutputTokens int64              `json:"expected_output_tokens"`
 	Models               []string           `json:"models"`
 	MayTargetWorker      bool               `json:"may_target_worker"`
+	// Objectives are the latency objectives by class; a 0 TTFT or TPOT is the default, relative
+	// to the worker's idle prediction.
+	Objectives map[string]objectiveJSON `json:"objectives"`
+}
+
+type objectiveJSON struct {
+	TTFTSeconds float64 `json:"ttft_seconds"`
+	TPOTSeconds float64 `json:"tpot_seconds"`
+	Percentile  float64 `json:"percentile"`
+}
+
+func objectiveOf(o tenants.Objective) objectiveJSON {
+	return objectiveJSON{TTFTSeconds: o.TTFT.Seconds(), TPOTSeconds: o.TPOT.Seconds(), Percentile: o.Percentile}
 }
 
 func tiersJSON(tiers []tenants.Tier) []tierJSON {
@@ -112,6 +125,11 @@ func tiersJSON(tiers []tenants.Tier) []tierJSON {
 				tenants.ClassInteractive: t.Deadlines.Interactive.Seconds(),
 				tenants.ClassStandard:    t.Deadlines.Standard.Seconds(),
 				tenants.ClassBatch:       t.Deadlines.Batch.Seconds(),
+			},
+			Objectives: map[string]objectiveJSON{
+				tenants.ClassInteractive: objectiveOf(t.Objectives.Interactive),
+				tenants.ClassStandard:    objectiveOf(t.Objectives.Standard),
+				tenants.ClassBatch:       objectiveOf(t.Objectives.Batch),
 			}}
 	}
 	return out

@@ -52,6 +52,9 @@ func TestAdminAPIAnswersSnakeCase(t *testing.T) {
 	if d, _ := tier["deadlines_seconds"].(map[string]any); d["interactive"] != float64(30) || d["batch"] != float64(1800) {
 		t.Errorf("tier deadlines: got %v, want interactive 30 and batch 1800 seconds", tier["deadlines_seconds"])
 	}
+	if o, _ := tier["objectives"].(map[string]any); o["interactive"] == nil || o["interactive"].(map[string]any)["percentile"] != float64(99) {
+		t.Errorf("tier objectives: got %v, want interactive's with the default percentile 99", tier["objectives"])
+	}
 	class := reads["/queue"]["queues"].([]any)[0].(map[string]any)["classes"].([]any)[0].(map[string]any)
 	if _, ok := class["oldest_wait_seconds"]; !ok {
 		t.Errorf("queue class: got %v, want oldest_wait_seconds", class)

@@ -88,6 +88,9 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := s.classAndDeadline(cl, h); err != nil {
 		return err
 	}
+	if err := cl.askedObjectives(h); err != nil {
+		return err
+	}
 	if err := s.reserveBudget(c, cl); err != nil {
 		return err
 	}

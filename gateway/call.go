@@ -62,6 +62,9 @@ type call struct {
 	spend     *tenants.Spend // the call's reservation in its tenant's budgets, ended by settle; nil: none
 	grant     *queue.Grant   // the queue's capacity held for this call
 	queued    time.Duration  // time waited in the queue, preemptions included
+	// askedTTFT and askedTPOT are the objectives the client's headers ask for (objective.go);
+	// 0: none asked.
+	askedTTFT, askedTPOT time.Duration
 
 	// dispatch and proxy
 	route    routing.Request

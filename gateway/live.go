@@ -40,7 +40,8 @@ func (s *Server) Traffic(class queue.Class) ClassTraffic {
 func (s *Server) FleetChanged() { s.dispatcher.refresh() }
 
 // ForgetTenant drops what the data plane keeps of a deleted tenant: its fair-share state and its
-// usher_queue_tokens_served_total series in every model's queue (see queue.Queue.ForgetTenant),
+// usher_queue_tokens_served_total series in every model's queue (see queue.Queue.ForgetTenant)
+// and its usher_objective_* series,
 // so that tenants coming and going do not grow memory or the metrics. serve calls it from the
 // tenant directory's reloads (tenants.DirectoryOptions.TenantRemoved). Safe for concurrent use.
 func (s *Server) ForgetTenant(id string) {
@@ -51,6 +52,7 @@ func (s *Server) ForgetTenant(id string) {
 	for _, q := range queues {
 		q.ForgetTenant(id)
 	}
+	s.metrics.attainment.forget(id)
 }
 
 // ClassTraffic is one class's requests as the data plane counted them.

@@ -21,6 +21,8 @@ type metrics struct {
 	// overhead is the time a call spent in usher itself: its whole time less its wait in the
 	// queue and its time at the workers.
 	overhead prometheus.Histogram
+	// attainment counts the calls' verdicts against their objectives (objective.go).
+	attainment *attainment
 }
 
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -53,7 +55,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name:    "usher_gateway_overhead_seconds",
 		Help:    "Time an inference request spent in usher itself: from arrival to its answer's end, less its wait in the queue and its time at the workers (from sending to the answer's last byte).",
 		Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}})
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead} {
+	m.attainment = newAttainment()
+	for _, c := range append([]prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead},
+		m.attainment.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -14,14 +14,17 @@ import (
 
 // settle is the last stage of every call, whatever happened before: it gives back what admit
 // held (the queue's capacity, the tenant's limits and its budget reservation, charged with the
-// tokens really served), counts the call in the usage ledger, answers err in OpenAI's shape
-// when nothing was sent yet, and records the call in the metrics and the access log.
+// tokens really served), judges the call against its latency objectives (objective.go), counts
+// it in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records
+// the call in the metrics and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.chargePieces(cl)
+	end := s.now()
+	judged := s.judge(cl, err, end)
 	// The ledger first: the client may hold its whole answer already, and a replica killed now
 	// must not lose it (with Redis, Record returns once the count is there); giving back the
 	// limits and the budget may take round trips of their own.
-	s.recordUsage(cl, err)
+	s.recordUsage(cl, err, judged)
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
 	if cl.grant != nil {
 		cl.grant.Done(queue.Usage{PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens})
@@ -39,11 +42,12 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		err = WriteError(c, err)
 	}
 	s.metrics.requests.WithLabelValues(cl.model, strconv.Itoa(status)).Inc()
+	s.metrics.attainment.count(cl, judged)
 	if cl.classed {
 		s.traffic.observe(cl.class, status, cl.ttft)
 	}
 	if cl.model != "" {
-		total := s.now().Sub(cl.start)
+		total := end.Sub(cl.start)
 		s.metrics.duration.WithLabelValues(cl.model).Observe(total.Seconds())
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
@@ -55,8 +59,10 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.log.Info("request",
 		"id", c.Response().Header().Get(echo.HeaderXRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
-		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", s.now().Sub(cl.start).Milliseconds(),
+		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
+		"ttft_objective_ms", judged.objective.ttft.Milliseconds(), "tpot_objective_ms", judged.objective.tpot.Milliseconds(),
+		"ttft_verdict", judged.ttft.String(), "tpot_verdict", judged.tpot.String(),
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated,
 		"engine_ttft_ms", msOrNil(cl.measured.TTFT), "engine_tpot_ms", msOrNil(measuredTPOT(cl.measured)),

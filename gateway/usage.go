@@ -24,8 +24,9 @@ type Budgets interface {
 }
 
 // recordUsage counts the call in the ledger: every call that reached a queue, with what it was
-// served (the engine's usage, or what the stream relayed when that never came) and how it ended.
-func (s *Server) recordUsage(cl *call, err error) {
+// served (the engine's usage, or what the stream relayed when that never came), how it ended and
+// its verdicts against its objectives.
+func (s *Server) recordUsage(cl *call, err error, v verdicts) {
 	u, outcome := cl.usage, outcomeOf(err)
 	if outcome == tenants.OutcomeServed && errors.Is(err, errClientGone) && u.PromptTokens+u.CompletionTokens == 0 {
 		outcome = tenants.OutcomeOther // the client left before anything was served
@@ -39,6 +40,7 @@ func (s *Server) recordUsage(cl *call, err error) {
 		PromptTokens: int64(u.PromptTokens), CachedTokens: int64(u.cachedTokens()), CompletionTokens: int64(u.CompletionTokens),
 		Estimated: u.estimated,
 		Outcome:   outcome,
+		TTFT:      v.ttft, TPOT: v.tpot,
 	})
 }
 

@@ -50,6 +50,8 @@ type Tier struct {
 	MayTargetWorker bool `yaml:"may_target_worker"`
 	// Budget caps what each tenant of the tier spends per UTC day and month.
 	Budget Budget `yaml:"budget"`
+	// Objectives are the tier's latency promises per class; see Objective.
+	Objectives ClassObjectives `yaml:"objectives"`
 }
 
 // Budget caps the tokens (prompt plus completion, as served) and requests a tenant spends per
@@ -110,6 +112,9 @@ func (t *Tier) setDefaults() {
 	if t.Budget.SoftThreshold == 0 {
 		t.Budget.SoftThreshold = 0.8
 	}
+	t.Objectives.Interactive.setDefaults()
+	t.Objectives.Standard.setDefaults()
+	t.Objectives.Batch.setDefaults()
 }
 
 func (t *Tier) validate(f string) []error {
@@ -159,6 +164,9 @@ func (t *Tier) validate(f string) []error {
 			bad("deadlines."+f.name, "must be positive")
 		}
 	}
+	errs = append(errs, t.Objectives.Interactive.validate(f+".objectives.interactive")...)
+	errs = append(errs, t.Objectives.Standard.validate(f+".objectives.standard")...)
+	errs = append(errs, t.Objectives.Batch.validate(f+".objectives.batch")...)
 	for i, m := range t.Models {
 		if m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*") {
 			bad(fmt.Sprintf("models[%d]", i), `must be a model name, "prefix*" or "*"`)
@@ -171,7 +179,8 @@ func (t *Tier) validate(f string) []error {
 // may run at t: every model t allows u allows, its highest class is not above u's, and each of
 // its rates, caps and budgets is u's or lower (0, unlimited, is within only 0), its weight and
 // expected output no larger, and it targets workers only if u does. Deadlines are not grants
-// (a client sets any deadline up to a day with X-Usher-Deadline-Ms), nor is the default class
+// (a client sets any deadline up to a day with X-Usher-Deadline-Ms), nor are objectives (what
+// attainment is judged against, not a service granted), nor is the default class
 // (never above the highest) or the soft threshold (a report, not an allowance).
 // Cost: one pass over both model lists per model of t.
 func (t *Tier) Within(u *Tier) bool {

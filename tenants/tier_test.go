@@ -30,6 +30,52 @@ func TestTierDefaults(t *testing.T) {
 	}
 }
 
+func TestTierObjectives(t *testing.T) {
+	var c Config
+	if err := yaml.Unmarshal([]byte(`
+tiers:
+  - name: pro
+    objectives:
+      interactive: {ttft: 500ms, tpot: 80ms, percentile: 99.9}
+      standard: {ttft: 2s}
+`), &c); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("got %v, want a valid config", err)
+	}
+	pro := &c.Tiers[0]
+	for _, tt := range []struct {
+		class string
+		want  Objective
+	}{
+		{ClassInteractive, Objective{TTFT: 500 * time.Millisecond, TPOT: 80 * time.Millisecond, Percentile: 99.9}},
+		{ClassStandard, Objective{TTFT: 2 * time.Second, Percentile: DefaultPercentile}},
+		{ClassBatch, Objective{Percentile: DefaultPercentile}},
+		{"", Objective{TTFT: 2 * time.Second, Percentile: DefaultPercentile}}, // the default class's
+	} {
+		if got := pro.Objective(tt.class); got != tt.want {
+			t.Errorf("objective of %q: got %+v, want %+v", tt.class, got, tt.want)
+		}
+	}
+}
+
+func TestVerdictOfBoth(t *testing.T) {
+	for _, tt := range []struct{ ttft, tpot, want Verdict }{
+		{VerdictMet, VerdictMet, VerdictMet},
+		{VerdictMet, VerdictUnjudged, VerdictMet},
+		{VerdictUnjudged, VerdictMet, VerdictMet},
+		{VerdictMet, VerdictMissed, VerdictMissed},
+		{VerdictMissed, VerdictUnjudged, VerdictMissed},
+		{VerdictUnjudged, VerdictUnjudged, VerdictUnjudged},
+	} {
+		if got := Both(tt.ttft, tt.tpot); got != tt.want {
+			t.Errorf("Both(%v, %v): got %v, want %v", tt.ttft, tt.tpot, got, tt.want)
+		}
+	}
+}
+
 func TestNoTiersDeclaresBuiltin(t *testing.T) {
 	var c Config
 	c.SetDefaults()
@@ -53,6 +99,11 @@ func TestTierValidate(t *testing.T) {
 		{"duplicate tier", Config{Tiers: []Tier{{Name: "a"}, {Name: "a"}}}, `tiers[1].name: duplicate of tiers[0].name "a"`},
 		{"unknown tenant tier", Config{Tiers: []Tier{{Name: "a"}}, Tenants: []TenantSpec{{ID: "t", Tier: "gold"}}}, `tenants[0].tier: names no tier in tiers: "gold"`},
 		{"unknown default tier", Config{Tiers: []Tier{{Name: "a"}}, DefaultTier: "b"}, `default_tier: names no tier in tiers: "b"`},
+		{"negative ttft objective", Config{Tiers: []Tier{{Name: "a", Objectives: ClassObjectives{Interactive: Objective{TTFT: -time.Millisecond}}}}}, "tiers[0].objectives.interactive.ttft: must be positive and at most 1h0m0s"},
+		{"ttft objective beyond bound", Config{Tiers: []Tier{{Name: "a", Objectives: ClassObjectives{Standard: Objective{TTFT: 2 * time.Hour}}}}}, "tiers[0].objectives.standard.ttft: must be positive and at most 1h0m0s"},
+		{"tpot objective beyond bound", Config{Tiers: []Tier{{Name: "a", Objectives: ClassObjectives{Batch: Objective{TPOT: 2 * time.Minute}}}}}, "tiers[0].objectives.batch.tpot: must be positive and at most 1m0s"},
+		{"percentile 100", Config{Tiers: []Tier{{Name: "a", Objectives: ClassObjectives{Interactive: Objective{Percentile: 100}}}}}, "tiers[0].objectives.interactive.percentile: must be above 0 and below 100"},
+		{"negative percentile", Config{Tiers: []Tier{{Name: "a", Objectives: ClassObjectives{Interactive: Objective{Percentile: -1}}}}}, "tiers[0].objectives.interactive.percentile: must be above 0 and below 100"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -210,7 +261,7 @@ func TestTierWithinComparesEveryGrant(t *testing.T) {
 // each field is a grant Within compares, or named here as no grant.
 func TestTierWithinWeighsEveryField(t *testing.T) {
 	known := map[string]bool{
-		"Name": true, "DefaultClass": true, "Deadlines": true, // no grants (see Within)
+		"Name": true, "DefaultClass": true, "Deadlines": true, "Objectives": true, // no grants (see Within)
 		"HighestClass": true, "Weight": true, "RequestsPerMinute": true, "TokensPerMinute": true,
 		"MaxConcurrent": true, "MaxQueued": true, "MaxPromptTokens": true, "ExpectedOutputTokens": true,
 		"Models": true, "MayTargetWorker": true, "Budget": true,

@@ -93,6 +93,9 @@ type UsageRecord struct {
 	// engine (the client left, the engine cut the stream or never sends usage).
 	Estimated bool
 	Outcome   Outcome
+	// TTFT and TPOT are the call's verdicts against its objectives (see Verdict); a call not
+	// judged (refused, or no objective applied) leaves them unjudged.
+	TTFT, TPOT Verdict
 }
 
 // UsageKey names one row of the ledger: a tenant's key on a model and class, in one period
@@ -119,16 +122,27 @@ type UsageCounts struct {
 	QueueFull     int64 `json:"queue_full"`
 	Deadline      int64 `json:"deadline"`
 	WorkerErrors  int64 `json:"worker_errors"`
+	// The verdicts against the latency objectives: TTFT's, TPOT's, and the request's as a whole
+	// (Both: met counts the requests that missed neither, goodput). Requests neither met nor
+	// missed were unjudged or not judged (refusals).
+	TTFTMet          int64 `json:"ttft_met"`
+	TTFTMissed       int64 `json:"ttft_missed"`
+	TPOTMet          int64 `json:"tpot_met"`
+	TPOTMissed       int64 `json:"tpot_missed"`
+	ObjectivesMet    int64 `json:"objectives_met"`
+	ObjectivesMissed int64 `json:"objectives_missed"`
 }
 
 // usageColumns are the ledger's counter columns in the order of UsageCounts.fields.
 var usageColumns = [...]string{"requests", "prompt_tokens", "cached_tokens", "completion_tokens", "estimated",
-	"refused_limit", "refused_budget", "queue_full", "deadline", "worker_errors"}
+	"refused_limit", "refused_budget", "queue_full", "deadline", "worker_errors",
+	"ttft_met", "ttft_missed", "tpot_met", "tpot_missed", "objectives_met", "objectives_missed"}
 
 // fields points at the counters in the order of usageColumns.
 func (c *UsageCounts) fields() [len(usageColumns)]*int64 {
 	return [...]*int64{&c.Requests, &c.PromptTokens, &c.CachedTokens, &c.CompletionTokens, &c.Estimated,
-		&c.RefusedLimit, &c.RefusedBudget, &c.QueueFull, &c.Deadline, &c.WorkerErrors}
+		&c.RefusedLimit, &c.RefusedBudget, &c.QueueFull, &c.Deadline, &c.WorkerErrors,
+		&c.TTFTMet, &c.TTFTMissed, &c.TPOTMet, &c.TPOTMissed, &c.ObjectivesMet, &c.ObjectivesMissed}
 }
 
 // Add adds o to c, saturating.
@@ -157,6 +171,17 @@ func countsOf(r UsageRecord) UsageCounts {
 		c.Deadline = 1
 	case OutcomeWorkerError:
 		c.WorkerErrors = 1
+	}
+	for _, v := range []struct {
+		verdict     Verdict
+		met, missed *int64
+	}{{r.TTFT, &c.TTFTMet, &c.TTFTMissed}, {r.TPOT, &c.TPOTMet, &c.TPOTMissed}, {Both(r.TTFT, r.TPOT), &c.ObjectivesMet, &c.ObjectivesMissed}} {
+		switch v.verdict {
+		case VerdictMet:
+			*v.met = 1
+		case VerdictMissed:
+			*v.missed = 1
+		}
 	}
 	return c
 }

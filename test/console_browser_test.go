@@ -63,7 +63,10 @@ func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 	}
 	wg.Go(func() { pool.Run(ctx) })
 
-	tcfg := tenants.Config{Tiers: []tenants.Tier{{Name: "pro"}, {Name: "free"}},
+	// pro promises its standard requests a first token within a minute: an absolute objective,
+	// so that they are judged before the workers' cost models can predict.
+	pro := tenants.Tier{Name: "pro", Objectives: tenants.ClassObjectives{Standard: tenants.Objective{TTFT: time.Minute}}}
+	tcfg := tenants.Config{Tiers: []tenants.Tier{pro, {Name: "free"}},
 		Admin: tenants.AdminConfig{Token: consoleAdminToken, ViewerToken: consoleViewerToken}}
 	tcfg.Database.URL = "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
 	tcfg.SetDefaults()
@@ -428,6 +431,24 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("7-day usage: bars at %d different x (%v), want at least 20 (%v)", len(xs), xs, err)
 	}
 	screenshot(t, ctx, "07-usage-week")
+
+	// The attainment page: acme's requests met pro's objective; a tenant whose requests missed
+	// half of theirs comes first.
+	if err := store.AddUsage(context.Background(), "", map[tenants.UsageKey]tenants.UsageCounts{
+		{Tenant: "zeta", Key: "k", Model: model, Class: tenants.ClassInteractive, Start: time.Now().UTC().Truncate(time.Hour)}: {Requests: 4, ObjectivesMet: 2, ObjectivesMissed: 2, TTFTMet: 2, TTFTMissed: 2},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ctx, "attainment page from the menu", chromedp.Click(chromedp.CSS(`nav a[href="/admin/attainment"]`)), chromedp.WaitVisible(chromedp.CSS("#attainment-tenants")))
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#attainment-tenants tbody tr')].map(r => r.innerText)`))
+	if err != nil || len(rows) < 2 || !strings.Contains(rows[0], "zeta") || !strings.Contains(rows[0], "50.0%") ||
+		!strings.Contains(rows[1], "acme") || !strings.Contains(rows[1], "100.0%") || !strings.Contains(rows[1], "kept") {
+		t.Errorf("attainment by tenant: got %q (%v), want zeta at 50.0%% first, then acme at 100.0%%, kept", rows, err)
+	}
+	if tiers := text(t, ctx, "#attainment-tiers"); !strings.Contains(tiers, "pro") || !strings.Contains(tiers, "standard") {
+		t.Errorf("attainment by tier: got %q, want pro's standard class", tiers)
+	}
+	screenshot(t, ctx, "08-attainment")
 
 	t.Run("viewer is refused every change", func(t *testing.T) {
 		do(t, ctx, "sign out and in as the viewer",

@@ -90,6 +90,9 @@ type Config struct {
 	// Scrape lists worker base URLs whose /metrics are read before and after the run for the
 	// fleet's prefix-cache hit rate (a URL ending in /metrics is used as it is).
 	Scrape []string
+	// Objectives are latency objectives by class name: each class that has one gets its
+	// Attainment in the report.
+	Objectives map[string]Objective
 }
 
 // Tenant is one synthetic tenant of the run.
@@ -381,6 +384,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Trace.TokenScale, "token-scale", c.Trace.TokenScale, "trace: divide token counts by this (default 1)")
 	fs.IntVar(&c.Trace.Limit, "trace-limit", c.Trace.Limit, "trace: replay only the first N rows (0: all)")
 	fs.DurationVar(&c.Window, "window", c.Window, "window of the per-tenant token series and Jain's index (default 10s)")
+	fs.Var((*objectivesFlag)(&c.Objectives), "objective", "latency objective of a class as CLASS=TTFT[/TPOT] (e.g. interactive=500ms/80ms), repeatable: the report gives the class's attainment")
 	fs.Var((*stringsFlag)(&c.Scrape), "scrape", "worker base URL whose /metrics give prefix-cache hits, repeatable")
 }
 

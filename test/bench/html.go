@@ -164,10 +164,10 @@ svg .title{font-size:13px;font-weight:600}svg .grid{stroke:#e6e6e6}svg .axis{str
 </style></head><body>
 <h1>usher bench report</h1>
 <table id="summary"><thead><tr><th>run</th><th>workload</th><th>elapsed s</th><th>sent</th><th>ok</th><th>failed</th><th>dropped</th><th>req/s</th><th>out tok/s</th>
-<th>TTFT p50</th><th>p99</th><th>E2E p50</th><th>p99</th><th>cache hit</th><th>worker max/mean</th><th>Jain</th></tr></thead><tbody>
+<th>TTFT p50</th><th>p99</th><th>E2E p50</th><th>p99</th><th>cache hit</th><th>worker max/mean</th><th>Jain</th><th>objective met</th></tr></thead><tbody>
 {{range .Runs}}{{$o := .Report.Overall}}<tr class="run"><td>{{.Name}}</td><td>{{.Report.Run.Workload}}</td><td>{{printf "%.1f" .Report.ElapsedSeconds}}</td><td>{{$o.Sent}}</td><td>{{$o.OK}}</td><td>{{$o.Failed}}</td><td>{{$o.Dropped}}</td>
 <td>{{f2 $o.RequestsPerSecond}}</td><td>{{printf "%.1f" $o.OutputTokensPerSecond}}</td><td>{{ms $o.TTFT.P50}}</td><td>{{ms $o.TTFT.P99}}</td><td>{{ms $o.E2E.P50}}</td><td>{{ms $o.E2E.P99}}</td>
-<td>{{pct $o.CacheHitRate}}</td><td>{{f2 .Report.WorkerLoadRatio}}</td><td class="nowrap" title="over {{.Report.Fairness.Windows}} windows of {{.Report.Fairness.WindowSeconds}} s">{{jain .Report.Fairness}}</td></tr>
+<td>{{pct $o.CacheHitRate}}</td><td>{{f2 .Report.WorkerLoadRatio}}</td><td class="nowrap" title="over {{.Report.Fairness.Windows}} windows of {{.Report.Fairness.WindowSeconds}} s">{{jain .Report.Fairness}}</td><td></td></tr>
 {{$run := .Name}}{{range .Report.Classes}}{{template "scope" scope $run "class" .}}{{end}}{{if gt (len .Report.Tenants) 1}}{{range .Report.Tenants}}{{template "scope" scope $run "tenant" .}}{{end}}{{end}}
 {{end}}</tbody></table>
 <p class="note">latencies in ms; indented rows are each run's classes and tenants (the overall figures mix them); {{range $i, $r := .Runs}}{{if $i}}; {{end}}{{$r.Name}}: {{$r.Report.Run.URL}} model {{$r.Report.Run.Model}}{{end}}</p>
@@ -176,7 +176,7 @@ svg .title{font-size:13px;font-weight:600}svg .grid{stroke:#e6e6e6}svg .axis{str
 {{end}}</body></html>
 {{define "scope"}}{{$s := .Stats}}<tr class="scope" data-run="{{.Run}}" data-scope="{{.Kind}}" data-name="{{$s.Name}}"><td class="nowrap">{{.Kind}} {{$s.Name}}</td><td></td><td></td><td>{{$s.Sent}}</td><td>{{$s.OK}}</td><td>{{$s.Failed}}</td><td>{{$s.Dropped}}</td>
 <td>{{f2 $s.RequestsPerSecond}}</td><td>{{printf "%.1f" $s.OutputTokensPerSecond}}</td><td class="ttft-p50">{{ms $s.TTFT.P50}}</td><td class="ttft-p99">{{ms $s.TTFT.P99}}</td><td class="e2e-p50">{{ms $s.E2E.P50}}</td><td class="e2e-p99">{{ms $s.E2E.P99}}</td>
-<td>{{pct $s.CacheHitRate}}</td><td></td><td></td></tr>
+<td>{{pct $s.CacheHitRate}}</td><td></td><td></td><td class="attainment nowrap">{{with $s.Attainment}}<span title="TTFT {{ms .TTFTObjectiveMs}} ms{{if .TPOTObjectiveMs}}, TPOT {{ms .TPOTObjectiveMs}} ms{{end}}: {{.Met}} of {{.Judged}} met; goodput {{f2 .GoodputPerSecond}} req/s">{{pct .Share}}</span>{{end}}</td></tr>
 {{end}}`))
 
 // scopeRow is one class or tenant of a run in the summary table.

@@ -94,6 +94,8 @@ type Stats struct {
 	CacheHitRate float64 `json:"cache_hit_rate"`
 	// Routes counts the X-Usher-Route reasons of sent requests.
 	Routes map[string]int `json:"routes,omitempty"`
+	// Attainment is present for a class given an objective (Config.Objectives).
+	Attainment *Attainment `json:"attainment,omitempty"`
 }
 
 // FailureCount is how many requests failed one way.
@@ -204,7 +206,12 @@ func buildReport(cfg Config, results []result, elapsed time.Duration) *Report {
 		classes[classOf(&results[i])] = true
 	}
 	for _, c := range sortedClasses(classes) {
-		rep.Classes = append(rep.Classes, stats(c, filter(results, func(r *result) bool { return classOf(r) == c }), elapsed))
+		of := filter(results, func(r *result) bool { return classOf(r) == c })
+		s := stats(c, of, elapsed)
+		if o, ok := cfg.Objectives[c]; ok {
+			s.Attainment = attain(of, o, elapsed)
+		}
+		rep.Classes = append(rep.Classes, s)
 	}
 	rep.Workers, rep.WorkerLoadRatio = workerLoads(results, len(cfg.Scrape))
 	rep.Fairness = fairness(cfg, results, elapsed)

@@ -55,6 +55,7 @@ type result struct {
 	queueMs      float64
 	hasQueueMs   bool
 	deadline     time.Duration // from send; 0 when none was sent
+	whole        bool          // the server answered in one JSON body, not a stream
 }
 
 // ttft is the time to the first content chunk; false when none came.
@@ -320,6 +321,7 @@ func (s *sender) readWhole(ctx context.Context, body io.Reader, start time.Time,
 	if c.hasContent() {
 		res.chunks = append(res.chunks, s.now().Sub(start))
 	}
+	res.whole = true
 	res.finish(c.Usage)
 }
 

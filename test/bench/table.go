@@ -39,6 +39,15 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(latencies in ms)")
+	for _, s := range r.Classes {
+		if a := s.Attainment; a != nil {
+			fmt.Fprintf(w, "attainment class %s: %.1f%% met TTFT <= %.0f ms", s.Name, 100*a.Share, a.TTFTObjectiveMs)
+			if a.TPOTObjectiveMs > 0 {
+				fmt.Fprintf(w, ", TPOT <= %.0f ms", a.TPOTObjectiveMs)
+			}
+			fmt.Fprintf(w, " (%d of %d judged; missed TTFT %d, TPOT %d), goodput %.2f req/s\n", a.Met, a.Judged, a.TTFTMissed, a.TPOTMissed, a.GoodputPerSecond)
+		}
+	}
 
 	failures := func(label string, fs []FailureCount) {
 		if len(fs) == 0 {

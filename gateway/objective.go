@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// Every call that reached a queue is judged at settle against its latency objectives: the tier's
+// for its class (tenants.Objective), tightened by the client's headers, or, where the tier states
+// none, the defaults below, relative to what the serving worker's cost model predicts for the
+// prompt on an idle worker (routing.Worker.PredictIdle). The verdicts go to the metrics, the usage
+// ledger and the access log.
+
+// Headers a client tightens its objectives with, in milliseconds: a value above the tier's
+// objective is the tier's (a client may tighten its promise, never loosen it).
+const (
+	headerTTFTObjectiveMs = "X-Usher-TTFT-Objective-Ms"
+	headerTPOTObjectiveMs = "X-Usher-TPOT-Objective-Ms"
+)
+
+// The default objectives, for a class whose tier states none.
+//
+// Interactive: 1.5x the predicted time on an idle worker, TTFT and TPOT alike. A person is
+// waiting; 1.5x leaves room for one prompt of the same size prefilled beside it, or a batch
+// share of the engine's steps, which is what a loaded but healthy worker costs, and no more: a
+// request queued behind a second one, or placed away from its cached prefix, misses.
+// Standard: 3x, room for the queue of a busy pool (a couple of requests ahead) without calling
+// that a failure. Batch: none; its promise is its deadline.
+//
+// TPOT uses the same factors as TTFT: a decode step shared with other sequences grows with the
+// batch as a prefill queued behind others grows, and the operator reads one number per class.
+//
+// The floors keep a tiny prediction (a short prompt on a fast engine, the simulator) from
+// turning noise into misses: on loopback a Go scheduler delay, a GC pause or an SSE flush on a
+// shared two-core machine costs tens of milliseconds; 50 ms before the first token and 10 ms per
+// token (100 tokens/s, faster than anyone reads) are below what a person notices, so they weaken
+// no promise anyone could check.
+const (
+	interactiveObjectiveFactor = 1.5
+	standardObjectiveFactor    = 3.0
+	minTTFTObjective           = 50 * time.Millisecond
+	minTPOTObjective           = 10 * time.Millisecond
+)
+
+// objective is what one call is judged against; a zero field: none, that part is unjudged.
+type objective struct {
+	ttft, tpot time.Duration
+}
+
+// askedObjectives reads the objective headers: each a positive number of milliseconds; a value
+// beyond the bound of objectives (or of int64) is held to the bound, and then to the tier's.
+func (cl *call) askedObjectives(h http.Header) error {
+	for _, f := range []struct {
+		name  string
+		bound time.Duration
+		to    *time.Duration
+	}{{headerTTFTObjectiveMs, tenants.MaxObjectiveTTFT, &cl.askedTTFT}, {headerTPOTObjectiveMs, tenants.MaxObjectiveTPOT, &cl.askedTPOT}} {
+		v := h.Get(f.name)
+		if v == "" {
+			continue
+		}
+		ms, err := strconv.ParseUint(v, 10, 64)
+		if errors.Is(err, strconv.ErrRange) {
+			ms, err = math.MaxUint64, nil
+		}
+		if err != nil || ms == 0 {
+			return BadRequest("", "%s must be a positive whole number of milliseconds", f.name)
+		}
+		*f.to = time.Duration(min(ms, uint64(f.bound.Milliseconds()))) * time.Millisecond
+	}
+	return nil
+}
+
+// defaultFactor is the multiple of the idle prediction a class's default objective allows; 0:
+// the class has no default objective.
+func defaultFactor(c queue.Class) float64 {
+	switch c {
+	case queue.Interactive:
+		return interactiveObjectiveFactor
+	case queue.Standard:
+		return standardObjectiveFactor
+	}
+	return 0
+}
+
+// stated reports whether the call has an objective at all, predictable or not: the tier's, a
+// default relative one, or the client's.
+func (cl *call) stated() (ttft, tpot bool) {
+	o := cl.tier.Objective(cl.class.String())
+	relative := defaultFactor(cl.class) > 0
+	return o.TTFT > 0 || relative || cl.askedTTFT > 0, o.TPOT > 0 || relative || cl.askedTPOT > 0
+}
+
+// objective resolves the call's objective: the tier's for its class, else the default relative to
+// the serving worker's idle prediction for the prompt with what the engine found cached (none
+// when the call was never placed or the model cannot predict yet), each tightened by the client's.
+func (cl *call) objective() objective {
+	return cl.objectiveGiven(cl.predictIdle())
+}
+
+// predictIdle is what the serving worker's cost model predicts for the call on an idle worker,
+// from the prompt the engine reported (else usher's estimate) and what it found cached; ok is
+// false when the call was never placed or the model cannot predict yet.
+func (cl *call) predictIdle() (routing.Prediction, bool) {
+	if cl.lease == nil {
+		return routing.Prediction{}, false
+	}
+	prompt := cl.usage.PromptTokens
+	if prompt == 0 {
+		prompt = cl.promptTokens
+	}
+	return cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
+}
+
+// objectiveGiven is the call's objective given the idle prediction p (ok false: none).
+func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
+	o := cl.tier.Objective(cl.class.String())
+	out := objective{ttft: o.TTFT, tpot: o.TPOT}
+	if f := defaultFactor(cl.class); f > 0 && ok {
+		if out.ttft == 0 {
+			out.ttft = max(scaled(p.TTFT, f, tenants.MaxObjectiveTTFT), minTTFTObjective)
+		}
+		if out.tpot == 0 {
+			out.tpot = max(scaled(p.TPOT, f, tenants.MaxObjectiveTPOT), minTPOTObjective)
+		}
+	}
+	out.ttft, out.tpot = tighter(out.ttft, cl.askedTTFT), tighter(out.tpot, cl.askedTPOT)
+	return out
+}
+
+// scaled is d times f, at most bound.
+func scaled(d time.Duration, f float64, bound time.Duration) time.Duration {
+	return time.Duration(min(max(float64(d)*f, 0), float64(bound)))
+}
+
+// tighter is the tighter of two objectives, 0 being none.
+func tighter(a, b time.Duration) time.Duration {
+	if a == 0 || b > 0 && b < a {
+		return b
+	}
+	return a
+}
+
+// verdicts is how one call fared: its objective and a verdict on each part. judged is false for
+// a call not judged at all (the client's own error, an embedding): it counts in no attainment.
+type verdicts struct {
+	judged     bool
+	objective  objective
+	ttft, tpot tenants.Verdict
+}
+
+// judge gives the call's verdicts at end, the call having ended with err.
+//
+//   - Answered, streamed: TTFT is the time from arrival to the first byte the client got (queue
+//     wait included); TPOT is (end - first byte) / (completion tokens - 1), unjudged below two
+//     tokens.
+//   - Answered whole (not streamed): the client sees no first token, so the whole answer's time
+//     is judged against TTFT objective + TPOT objective x (completion tokens - 1), and that one
+//     verdict is both the TTFT's and (from two tokens, with a TPOT objective) the TPOT's.
+//   - Failed by usher or the worker (a 5xx: no worker, the worker's error, the queue deadline
+//     passed): missed, for every objective the call has, predictable or not; no answer keeps a
+//     latency promise.
+//   - The client left: what was seen is judged (TTFT once a first byte was sent; before it, a
+//     miss only when the TTFT objective had passed already); TPOT is unjudged.
+//   - Refused for the client's own doing (a 4xx: its limits, budget, queue cap, a bad header)
+//     and embeddings: not judged.
+func (s *Server) judge(cl *call, err error, end time.Time) verdicts {
+	if cl.ep.embed || !cl.classed {
+		return verdicts{}
+	}
+	gone := errors.Is(err, errClientGone)
+	if err != nil && !gone {
+		if ErrorFor(err).Status < http.StatusInternalServerError {
+			return verdicts{}
+		}
+		v := verdicts{judged: true, objective: cl.objective()}
+		if ttft, tpot := cl.stated(); ttft || tpot {
+			v.ttft, v.tpot = missedIf(ttft), missedIf(tpot)
+		}
+		return v
+	}
+	v := verdicts{judged: true, objective: cl.objective()}
+	o, n := v.objective, cl.usage.CompletionTokens
+	switch {
+	case gone && cl.ttft == 0:
+		if o.ttft > 0 && end.Sub(cl.start) > o.ttft {
+			v.ttft = tenants.VerdictMissed
+		}
+	case cl.stream:
+		v.ttft = within(cl.ttft, o.ttft)
+		if !gone && n >= 2 && o.tpot > 0 {
+			v.tpot = within(end.Sub(cl.start.Add(cl.ttft))/time.Duration(n-1), o.tpot)
+		}
+	case gone:
+		v.ttft = within(cl.ttft, o.ttft)
+	default:
+		if o.ttft > 0 {
+			whole := cl.ttft
+			if whole == 0 {
+				whole = end.Sub(cl.start)
+			}
+			v.ttft = within(whole, o.ttft+perToken(o.tpot, n-1))
+			if n >= 2 && o.tpot > 0 {
+				v.tpot = v.ttft
+			}
+		}
+	}
+	return v
+}
+
+// perToken is d times n (n below 1: 0), saturating at a day.
+func perToken(d time.Duration, n int) time.Duration {
+	if n < 1 || d <= 0 {
+		return 0
+	}
+	if int64(n) > int64(24*time.Hour)/int64(d) {
+		return 24 * time.Hour
+	}
+	return d * time.Duration(n)
+}
+
+// within is the verdict on took against limit (0: none, unjudged).
+func within(took, limit time.Duration) tenants.Verdict {
+	switch {
+	case limit == 0:
+		return tenants.VerdictUnjudged
+	case took <= limit:
+		return tenants.VerdictMet
+	}
+	return tenants.VerdictMissed
+}
+
+func missedIf(b bool) tenants.Verdict {
+	if b {
+		return tenants.VerdictMissed
+	}
+	return tenants.VerdictUnjudged
+}
+
+// attainment are the objectives' series: each judged call counted once in each, by tier, tenant,
+// class, model and verdict. Tenants' series are deleted with the tenant (Server.ForgetTenant),
+// so their number is bounded by the tenants that exist; tiers, classes and served models are
+// the config's.
+type attainment struct {
+	ttft, tpot, requests *prometheus.CounterVec
+}
+
+func newAttainment() *attainment {
+	labels := []string{"tier", "tenant", "class", "model", "verdict"}
+	return &attainment{
+		ttft: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_objective_ttft_total",
+			Help: "Answered inference requests (and those usher or the worker failed) judged against their TTFT objective: verdict met, missed or unjudged (no objective could be stated, or nothing to measure)."},
+			labels),
+		tpot: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_objective_tpot_total",
+			Help: "The same requests judged against their time-per-output-token objective: verdict met, missed or unjudged (no objective, or fewer than two output tokens)."},
+			labels),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_objective_requests_total",
+			Help: "The same requests judged as a whole: met (missed neither objective and met one at least: rate() of it is goodput), missed (either), unjudged (neither judged)."},
+			labels),
+	}
+}
+
+func (a *attainment) collectors() []prometheus.Collector {
+	return []prometheus.Collector{a.ttft, a.tpot, a.requests}
+}
+
+// count records one judged call.
+func (a *attainment) count(cl *call, v verdicts) {
+	if !v.judged {
+		return
+	}
+	tier, tenant, class := cl.tier.Name, cl.principal.TenantID, cl.class.String()
+	a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
+	a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
+	a.requests.WithLabelValues(tier, tenant, class, cl.model, tenants.Both(v.ttft, v.tpot).String()).Inc()
+}
+
+// forget deletes a tenant's series.
+func (a *attainment) forget(tenant string) {
+	for _, c := range []*prometheus.CounterVec{a.ttft, a.tpot, a.requests} {
+		c.DeletePartialMatch(prometheus.Labels{"tenant": tenant})
+	}
+}

@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+)
+
+// testClock is a clock that moves only when told.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// slowEngine answers three output tokens after moving the gateway's clock by delay: the time
+// the engine took to its first token, as the gateway measures it. Nothing else moves the clock,
+// so the tokens after the first take no time. status, when set, is answered instead.
+type slowEngine struct {
+	clock  *testClock
+	delay  atomic.Int64
+	status atomic.Int64
+}
+
+func (e *slowEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	e.clock.advance(time.Duration(e.delay.Load()))
+	if s := e.status.Load(); s != 0 {
+		http.Error(w, `{"error":{"message":"injected"}}`, int(s))
+		return
+	}
+	usage := `{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}`
+	if !bytes.Contains(body, []byte(`"stream":true`)) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a b c"}}],"usage":%s}`, usage)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range 3 {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", i)
+	}
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", usage)
+}
+
+// syncBuffer is a log sink safe for the handler's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Each answered request is judged against its tier's objective for its class, tightened (never
+// loosened) by its headers: TTFT as the client saw it, TPOT over the tokens after the first; a
+// whole answer against TTFT + TPOT x (tokens - 1); a worker's failure is a miss. The verdicts
+// reach the ledger, the metrics and the access log.
+func TestObjectivesJudgeEveryAnswer(t *testing.T) {
+	pro := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
+		Weight: 1, Models: []string{"*"},
+		Objectives: tenants.ClassObjectives{Interactive: tenants.Objective{TTFT: 500 * time.Millisecond, TPOT: 100 * time.Millisecond, Percentile: 99}}}
+	clock := &testClock{now: time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)}
+	engine := &slowEngine{clock: clock}
+	srv := httptest.NewServer(engine)
+	t.Cleanup(srv.Close)
+	ledger, logs := &memLedger{}, &syncBuffer{}
+	g := startGatewayWith(t, []routing.WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{testModel}}}, nil, func(d *Deps) {
+		d.Auth, d.Ledger, d.Now = tierAuth{pro}, ledger, clock.Now
+		d.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	met, missed := tenants.VerdictMet, tenants.VerdictMissed
+	tests := []struct {
+		name       string
+		body       string
+		delay      time.Duration
+		status     int
+		hdr        map[string]string
+		ttft, tpot tenants.Verdict
+		ttftMs     int64 // the objective in the access log
+	}{
+		{"stream in time", streamBody, 400 * time.Millisecond, 0, nil, met, met, 500},
+		{"stream late", streamBody, 600 * time.Millisecond, 0, nil, missed, met, 500},
+		{"header tightens", streamBody, 300 * time.Millisecond, 0, map[string]string{headerTTFTObjectiveMs: "200"}, missed, met, 200},
+		{"header cannot loosen", streamBody, 600 * time.Millisecond, 0, map[string]string{headerTTFTObjectiveMs: "5000"}, missed, met, 500},
+		{"huge header is the tier's", streamBody, 400 * time.Millisecond, 0, map[string]string{headerTTFTObjectiveMs: "99999999999999999999999"}, met, met, 500},
+		{"whole within ttft + 2 tpot", chatBody, 650 * time.Millisecond, 0, nil, met, met, 500},
+		{"whole late", chatBody, 750 * time.Millisecond, 0, nil, missed, missed, 500},
+		{"whole, tpot tightened", chatBody, 650 * time.Millisecond, 0, map[string]string{headerTPOTObjectiveMs: "50"}, missed, missed, 500},
+		{"worker failed", streamBody, 0, http.StatusInternalServerError, nil, missed, missed, 500},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			engine.delay.Store(int64(tt.delay))
+			engine.status.Store(int64(tt.status))
+			resp := g.post(t, "/v1/chat/completions", testKey, tt.body, tt.hdr)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			var got []tenants.UsageRecord
+			eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == i+1 })
+			if r := got[i]; r.TTFT != tt.ttft || r.TPOT != tt.tpot {
+				t.Errorf("ledger: got ttft %v tpot %v, want %v %v", r.TTFT, r.TPOT, tt.ttft, tt.tpot)
+			}
+			eventuallyTrue(t, func() bool { return strings.Count(logs.String(), "msg=request") == i+1 })
+			lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+			want := fmt.Sprintf("ttft_objective_ms=%d tpot_objective_ms=", tt.ttftMs)
+			if last := lines[len(lines)-1]; !strings.Contains(last, want) || !strings.Contains(last, "ttft_verdict="+tt.ttft.String()+" tpot_verdict="+tt.tpot.String()) {
+				t.Errorf("access log: got %q, want %q and the verdicts %v, %v", last, want, tt.ttft, tt.tpot)
+			}
+		})
+	}
+	a := g.srv.metrics.attainment
+	for _, c := range []struct {
+		name   string
+		got    float64
+		wanted float64
+	}{
+		{"ttft met", testutil.ToFloat64(a.ttft.WithLabelValues("pro", "t1", "interactive", testModel, "met")), 3},
+		{"ttft missed", testutil.ToFloat64(a.ttft.WithLabelValues("pro", "t1", "interactive", testModel, "missed")), 6},
+		{"tpot met", testutil.ToFloat64(a.tpot.WithLabelValues("pro", "t1", "interactive", testModel, "met")), 6},
+		{"tpot missed", testutil.ToFloat64(a.tpot.WithLabelValues("pro", "t1", "interactive", testModel, "missed")), 3},
+		{"requests met (goodput)", testutil.ToFloat64(a.requests.WithLabelValues("pro", "t1", "interactive", testModel, "met")), 3},
+		{"requests missed", testutil.ToFloat64(a.requests.WithLabelValues("pro", "t1", "interactive", testModel, "missed")), 6},
+	} {
+		if c.got != c.wanted {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.wanted)
+		}
+	}
+	g.srv.ForgetTenant("t1")
+	if n := testutil.CollectAndCount(a.requests); n != 0 {
+		t.Errorf("after the tenant is forgotten: got %d series, want none", n)
+	}
+}
+
+// A bad objective header is the client's 400, in OpenAI's shape, and counts in no attainment.
+func TestBadObjectiveHeaders(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	for name, hdr := range map[string]map[string]string{
+		"ttft not a number": {headerTTFTObjectiveMs: "soon"},
+		"ttft zero":         {headerTTFTObjectiveMs: "0"},
+		"ttft negative":     {headerTTFTObjectiveMs: "-5"},
+		"ttft fraction":     {headerTTFTObjectiveMs: "1.5"},
+		"tpot not a number": {headerTPOTObjectiveMs: "fast"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp := g.post(t, "/v1/chat/completions", testKey, chatBody, hdr)
+			got := decodeAnswer(t, resp)
+			e, _ := got["error"].(map[string]any)
+			if resp.StatusCode != http.StatusBadRequest || e["type"] != "invalid_request_error" || !strings.Contains(fmt.Sprint(e["message"]), "-Objective-Ms") {
+				t.Fatalf("got %d %v, want 400 invalid_request_error naming the header", resp.StatusCode, got)
+			}
+		})
+	}
+	if n := testutil.CollectAndCount(g.srv.metrics.attainment.requests); n != 0 {
+		t.Errorf("got %d attainment series, want none: a client's error is not judged", n)
+	}
+	if w.requests.Load() != 0 {
+		t.Errorf("the worker got %d requests, want none", w.requests.Load())
+	}
+}
+
+// With no objective configured, the defaults are relative to the worker's idle prediction: until
+// the cost model can predict, a request is unjudged, unless its client stated an objective.
+func TestDefaultObjectiveWithoutPredictionIsUnjudged(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	ledger := &memLedger{}
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) { d.Ledger = ledger })
+	for _, hdr := range []map[string]string{nil, {headerTTFTObjectiveMs: "3600000"}} {
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, hdr)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var got []tenants.UsageRecord
+	eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == 2 })
+	if got[0].TTFT != tenants.VerdictUnjudged || got[0].TPOT != tenants.VerdictUnjudged {
+		t.Errorf("no objective, no prediction: got %v %v, want unjudged", got[0].TTFT, got[0].TPOT)
+	}
+	if got[1].TTFT != tenants.VerdictMet || got[1].TPOT != tenants.VerdictUnjudged {
+		t.Errorf("the client's own TTFT objective of an hour: got %v %v, want ttft met, tpot unjudged", got[1].TTFT, got[1].TPOT)
+	}
+	a := g.srv.metrics.attainment
+	if n := testutil.ToFloat64(a.requests.WithLabelValues("fallback", "t1", "standard", testModel, "unjudged")); n != 1 {
+		t.Errorf("unjudged requests: got %v, want 1", n)
+	}
+}
+
+// The defaults: 1.5x the idle prediction for interactive, 3x for standard, none for batch, never
+// below the floors; a tier's own objective wins; a client's header tightens either.
+func TestDefaultObjectives(t *testing.T) {
+	tier := &tenants.Tier{Name: "t", Objectives: tenants.ClassObjectives{Standard: tenants.Objective{TTFT: 2 * time.Second}}}
+	p := routing.Prediction{TTFT: 400 * time.Millisecond, TPOT: 40 * time.Millisecond}
+	tiny := routing.Prediction{TTFT: time.Millisecond, TPOT: 100 * time.Microsecond}
+	tests := []struct {
+		name    string
+		class   queue.Class
+		p       routing.Prediction
+		ok      bool
+		askTTFT time.Duration
+		want    objective
+	}{
+		{"interactive", queue.Interactive, p, true, 0, objective{600 * time.Millisecond, 60 * time.Millisecond}},
+		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{minTTFTObjective, minTPOTObjective}},
+		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}},
+		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 60 * time.Millisecond}},
+		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{600 * time.Millisecond, 60 * time.Millisecond}},
+		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}},
+		{"standard, no prediction: the tier's", queue.Standard, p, false, 0, objective{2 * time.Second, 0}},
+		{"batch: none", queue.Batch, p, true, 0, objective{}},
+		{"batch: the client's", queue.Batch, p, true, time.Second, objective{time.Second, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := &call{tier: tier, class: tt.class, askedTTFT: tt.askTTFT}
+			if got := cl.objectiveGiven(tt.p, tt.ok); got != tt.want {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// judge's rules for what the client saw: TPOT over the tokens after the first, a client that
+// left judged on what it saw, a client's error not judged, usher's failure missed.
+func TestJudge(t *testing.T) {
+	start := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
+	tier := &tenants.Tier{Name: "t", Objectives: tenants.ClassObjectives{Interactive: tenants.Objective{TTFT: time.Second, TPOT: 100 * time.Millisecond}}}
+	s := &Server{}
+	tests := []struct {
+		name         string
+		stream       bool
+		ttft         time.Duration
+		tokens       int
+		end          time.Duration // after start
+		err          error
+		judged       bool
+		ttftV, tpotV tenants.Verdict
+	}{
+		{"tpot within", true, 500 * time.Millisecond, 11, 1500 * time.Millisecond, nil, true, tenants.VerdictMet, tenants.VerdictMet},
+		{"tpot over", true, 500 * time.Millisecond, 11, 1600 * time.Millisecond, nil, true, tenants.VerdictMet, tenants.VerdictMissed},
+		{"one token: no tpot", true, 500 * time.Millisecond, 1, 500 * time.Millisecond, nil, true, tenants.VerdictMet, tenants.VerdictUnjudged},
+		{"left after the first byte", true, 500 * time.Millisecond, 3, time.Hour, errClientGone, true, tenants.VerdictMet, tenants.VerdictUnjudged},
+		{"left before, in time", true, 0, 0, 500 * time.Millisecond, errClientGone, true, tenants.VerdictUnjudged, tenants.VerdictUnjudged},
+		{"left before, already late", true, 0, 0, 2 * time.Second, errClientGone, true, tenants.VerdictMissed, tenants.VerdictUnjudged},
+		{"deadline passed in the queue", true, 0, 0, time.Minute, queue.ErrDeadlineExceeded, true, tenants.VerdictMissed, tenants.VerdictMissed},
+		{"no worker", false, 0, 0, time.Second, routing.ErrNoWorker, true, tenants.VerdictMissed, tenants.VerdictMissed},
+		{"rate limited: the client's", true, 0, 0, 0, &tenants.LimitError{Limit: tenants.LimitTokens}, false, tenants.VerdictUnjudged, tenants.VerdictUnjudged},
+		{"queue full: a refusal", true, 0, 0, 0, queue.ErrQueueFull, false, tenants.VerdictUnjudged, tenants.VerdictUnjudged},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := &call{start: start, tier: tier, class: queue.Interactive, classed: true, stream: tt.stream, ttft: tt.ttft,
+				usage: usage{CompletionTokens: tt.tokens}}
+			v := s.judge(cl, tt.err, start.Add(tt.end))
+			if v.judged != tt.judged || v.ttft != tt.ttftV || v.tpot != tt.tpotV {
+				t.Errorf("got judged %v ttft %v tpot %v, want %v %v %v", v.judged, v.ttft, v.tpot, tt.judged, tt.ttftV, tt.tpotV)
+			}
+		})
+	}
+}
