@@ -82,6 +82,18 @@ CLEAR_WITHIN=${CLEAR_WITHIN:-}     # scenario 4: routing.concurrency.clear_withi
                                    # empty: the default, off), e.g. 30ms
 CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency, as YAML members, e.g.
                                    # "prefill_piece_tokens: 0" (the default) for an A/B run
+# Scenario 4's A/B of the protections: each case runs its (b) run once per variant, V_ROUNDS
+# times over, the variants interleaved, against one capacity and one (a) run. A variant is the
+# default config with one mechanism off:
+#   default        nothing changed
+#   no-reserve     queue.interactive_reserve: 0
+#   no-preemption  server.disable_preemption: true
+#   no-budget      routing.concurrency.lower_prefill_tokens: 1000000000 (no prefill budget)
+#   no-pieces      routing.concurrency.prefill_piece_tokens: -1
+#   NAME=PATH      the default config served by the usher binary at PATH (a build without a
+#                  mechanism, or another commit)
+VARIANTS=${VARIANTS:-default}
+V_ROUNDS=${V_ROUNDS:-1}
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -98,7 +110,8 @@ echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPRE
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
   "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
-  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default} CONCURRENCY=\"$CONCURRENCY\"; $(nproc) cores"
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default} CONCURRENCY=\"$CONCURRENCY\"" \
+  "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
 gw_pid=
@@ -178,13 +191,25 @@ start_gateway() {
 # so the workers are in service within a second of start.
 start_default_gateway() {
   stop_gateway
+  local v=${2:-default} v_server= v_queue= v_conc= bin=$gateway_bin
+  case $v in
+    default) ;;
+    no-reserve) v_queue="interactive_reserve: 0" ;;
+    no-preemption) v_server=", disable_preemption: true" ;;
+    no-budget) v_conc="lower_prefill_tokens: 1000000000" ;;
+    no-pieces) v_conc="prefill_piece_tokens: -1" ;;
+    *=*) bin=${v#*=} ;;
+    *) echo "queuebench: unknown variant $v" >&2; exit 1 ;;
+  esac
   {
-    echo "server: {listen: \"127.0.0.1:0\"}"
+    echo "server: {listen: \"127.0.0.1:0\"$v_server}"
+    if [ -n "$v_queue" ]; then echo "queue: {$v_queue}"; fi
     echo "routing:"
     echo "  health: {interval: 1s}"
     conc=()
     if [ -n "$CLEAR_WITHIN" ]; then conc+=("clear_within: $CLEAR_WITHIN"); fi
     if [ -n "$CONCURRENCY" ]; then conc+=("$CONCURRENCY"); fi
+    if [ -n "$v_conc" ]; then conc+=("$v_conc"); fi
     if [ ${#conc[@]} -gt 0 ]; then (IFS=,; echo "  concurrency: {${conc[*]}}"); fi
     echo "  workers:"
     echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL]}"
@@ -193,11 +218,12 @@ start_default_gateway() {
     tenant_yaml
     echo "log: {level: info, format: json}"
   } >"$OUT_DIR/$1.yaml"
-  launch_gateway "$1"
+  launch_gateway "$1" "$bin"
 }
-# launch_gateway NAME: serves NAME.yaml; sets GW (host:port) once it answers a completion.
+# launch_gateway NAME [BIN]: serves NAME.yaml (with BIN, default the gateway binary); sets GW
+# (host:port) once it answers a completion.
 launch_gateway() {
-  "$gateway_bin" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  "${2:-$gateway_bin}" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pid=$!
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -425,27 +451,35 @@ if wants 4; then
       name="m4-$mode-$batch"
       start_default_gateway "$name-a"
       run_bench "$name-a" "${inter[@]}"
-      start_default_gateway "$name-b"
-      # At most 250 outstanding, under usher's per-client connection bound (256).
-      run_bench "$name-b-batch" --tenant "bulk=$(key bulk)::batch:$BR::$BATCH_ANSWER" --random-input-len "$b_in" --random-output-len "$b_out" \
-        --duration "${M_DURATION}s" --window "${WINDOW}s" --max-inflight 250 &
-      batch_pid=$!
-      engine_signals "$name-b" "$((M_DURATION / 2))" &
-      sig_pid=$!
-      run_bench "$name-b" "${inter[@]}"
-      wait "$batch_pid" || { echo "batch bench of $name failed" >&2; exit 1; }
-      wait "$sig_pid" || true
-      stop_gateway
-      a="$OUT_DIR/$name-a.json"; b="$OUT_DIR/$name-b.json"; bb="$OUT_DIR/$name-b-batch.json"
-      it=$(steady "$b" "$WINDOW" "$M_DURATION" i1 i2 i3)
-      bt=$(steady "$bb" "$WINDOW" "$M_DURATION" bulk)
-      printf "%-6s %-8s %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %8s %9.1f %9.1f %8s %8s %6s %6s %6s\n" "$mode" "$batch" "$Ri" "$Rb" \
-        "$(ip "$a" p50)" "$(ip "$a" p99)" "$(ip "$b" p50)" "$(ip "$b" p99)" "$(calc "$(ip "$b" p99) / $(ip "$a" p99)" 2)" \
-        "$it" "$bt" "$(calc "($bt / $Cb) / (1 - $it / $Ci)" 2)" \
-        "$(jget "$b" '[.tenants[] | select(.name|startswith("i")) | .failed + .dropped] | add')" \
-        "$(jget "$bb" '.tenants[0].ok')" "$(jget "$bb" '[.tenants[0].failures[]? | select(.status==429) | .count] | add // 0')" \
-        "$(jget "$bb" '.tenants[0].dropped')" >>"$m4"
-      echo "$mode/$batch: /props $props; engine signals mid-run (b), per worker: $(paste -sd';' "$OUT_DIR/$name-b.signals.txt")" >>"$OUT_DIR/modes-signals.txt"
+      a="$OUT_DIR/$name-a.json"
+      for round in $(seq "$V_ROUNDS"); do
+        for variant in $VARIANTS; do
+          vname=${variant%%=*}
+          run="$name-b"
+          if [ "$VARIANTS" != default ] || [ "$V_ROUNDS" != 1 ]; then run="$name-b-$vname-r$round"; fi
+          start_default_gateway "$run" "$variant"
+          # At most 250 outstanding, under usher's per-client connection bound (256).
+          run_bench "$run-batch" --tenant "bulk=$(key bulk)::batch:$BR::$BATCH_ANSWER" --random-input-len "$b_in" --random-output-len "$b_out" \
+            --duration "${M_DURATION}s" --window "${WINDOW}s" --max-inflight 250 &
+          batch_pid=$!
+          engine_signals "$run" "$((M_DURATION / 2))" &
+          sig_pid=$!
+          run_bench "$run" "${inter[@]}"
+          wait "$batch_pid" || { echo "batch bench of $run failed" >&2; exit 1; }
+          wait "$sig_pid" || true
+          stop_gateway
+          b="$OUT_DIR/$run.json"; bb="$OUT_DIR/$run-batch.json"
+          it=$(steady "$b" "$WINDOW" "$M_DURATION" i1 i2 i3)
+          bt=$(steady "$bb" "$WINDOW" "$M_DURATION" bulk)
+          printf "%-6s %-8s %-14s %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %8s %9.1f %9.1f %8s %8s %6s %6s %6s\n" "$mode" "$batch" "$vname/$round" "$Ri" "$Rb" \
+            "$(ip "$a" p50)" "$(ip "$a" p99)" "$(ip "$b" p50)" "$(ip "$b" p99)" "$(calc "$(ip "$b" p99) / $(ip "$a" p99)" 2)" \
+            "$it" "$bt" "$(calc "($bt / $Cb) / (1 - $it / $Ci)" 2)" \
+            "$(jget "$b" '[.tenants[] | select(.name|startswith("i")) | .failed + .dropped] | add')" \
+            "$(jget "$bb" '.tenants[0].ok')" "$(jget "$bb" '[.tenants[0].failures[]? | select(.status==429) | .count] | add // 0')" \
+            "$(jget "$bb" '.tenants[0].dropped')" >>"$m4"
+        done
+      done
+      echo "$mode/$batch: /props $props; engine signals mid-run (the last b), per worker: $(paste -sd';' "$OUT_DIR/$run.signals.txt")" >>"$OUT_DIR/modes-signals.txt"
     done
   done
   stop_sims
@@ -455,7 +489,7 @@ if wants 4; then
   echo "   interactive i1..i3 at 0.1 R_i each ($IN prompt + $OUT output tokens), batch at 3 R_b (decode: the same lengths;"
   echo "   prefill: $P_IN prompt + $P_OUT output tokens, answers: $BATCH_ANSWER), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
   echo "   t/s = tokens/s (prompt + output) over the ${WINDOW}s windows inside the arrivals but the first"
-  printf "%-6s %-8s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s\n" mode batch R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
+  printf "%-6s %-8s %-14s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s\n" mode batch variant/round R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
     "p99/(a)" "int t/s" "batch t/s" "b/unused" "int fail" "b ok" "b 429" "b drop"
   cat "$m4"
   sed 's/^/   /' "$OUT_DIR/modes-signals.txt"
