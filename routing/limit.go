@@ -98,12 +98,11 @@ type ConcurrencyConfig struct {
 	// waits for the step in progress. Default 512.
 	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
 	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
-	// and the clear lane still apply. Default 10s.
+	// still applies. Default 10s.
 	InteractivePresence time.Duration `yaml:"interactive_presence"`
-	// ClearWithin, when above zero, turns the clear lane on (see lane.go): while interactive
-	// requests are present, one worker is kept whose standard and batch prefill in progress is
-	// expected to end within it, the most an interactive prompt then waits for them. Default 0:
-	// off, since it trades batch throughput for the interactive tail (figures in lane.go).
+	// ClearWithin is the removed clear lane's knob (it traded batch throughput for the
+	// interactive tail, and was off by default; figures in docs/benchmarks.md). Kept only so
+	// that a config that sets it is told so, not a parse error about an unknown field.
 	ClearWithin time.Duration `yaml:"clear_within"`
 	// PrefillPieceTokens is the size of the pieces in which a standard or batch prompt longer
 	// than a piece and a half reaches an engine while interactive requests are present (see
@@ -173,8 +172,8 @@ func (c ConcurrencyConfig) validate() []error {
 	if c.PrefillPieceTokens < -1 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.prefill_piece_tokens: must be -1 (off), 0 (learnt) or a size in tokens, got %d", c.PrefillPieceTokens))
 	}
-	if c.ClearWithin < 0 {
-		errs = append(errs, fmt.Errorf("routing.concurrency.clear_within: must not be negative, got %v", c.ClearWithin))
+	if c.ClearWithin != 0 {
+		errs = append(errs, fmt.Errorf("routing.concurrency.clear_within: the clear lane was removed (it traded batch throughput for the interactive tail, off by default); delete the setting"))
 	}
 	if c.InteractivePresence < 0 {
 		errs = append(errs, fmt.Errorf("routing.concurrency.interactive_presence: must not be negative, got %v", c.InteractivePresence))

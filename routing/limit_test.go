@@ -538,7 +538,7 @@ func TestPoolSizesTokenLimitFromTheEnginesKVCache(t *testing.T) {
 
 func TestConcurrencyConfigValidate(t *testing.T) {
 	bad := []ConcurrencyConfig{
-		{Initial: -1}, {TTFTTolerance: 0.5}, {KVHold: 0.99, KVHigh: 0.9}, {KVHigh: 1.5}, {PropsPath: "props"}, {ClearWithin: -1},
+		{Initial: -1}, {TTFTTolerance: 0.5}, {KVHold: 0.99, KVHigh: 0.9}, {KVHigh: 1.5}, {PropsPath: "props"}, {ClearWithin: 30 * time.Millisecond},
 	}
 	for _, c := range bad {
 		c.setDefaults()

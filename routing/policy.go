@@ -140,11 +140,6 @@ func (r *Request) Eligible(w *Worker) bool {
 	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens(w) > r.prefillBudget {
 		return false
 	}
-	if r.lane.active {
-		if r.Interactive && r.lane.clear > 0 && !w.clear(r.lane.now, r.lane.within) || !r.Interactive && !r.lane.admitsLower(w) {
-			return false
-		}
-	}
 	n := w.inFlight.Load()
 	if n >= w.limit.Load() {
 		return false

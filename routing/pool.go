@@ -103,9 +103,6 @@ type Request struct {
 	// avoidWhole, set by Pick on an interactive request while prompts may go in pieces, makes
 	// it prefer a worker with no long lower-class prompt in prefill whole (see takeWhole).
 	avoidWhole bool
-	// lane, set by Pick on a request while interactive ones are present, is the state of the
-	// clear lane among the model's workers (see lane.go); inactive otherwise.
-	lane lane
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -191,9 +188,6 @@ func (l *Lease) Release(o Outcome) {
 	defer p.roomOn(w)
 	if o.TTFT > 0 && !w.fixed {
 		w.learner.observeTTFT(o.TTFT)
-	}
-	if o.TTFT > 0 && !l.interactive {
-		w.prefill.observe(l.lowerTokens, o.TTFT)
 	}
 	if !w.tokensFixed {
 		w.learner.observeUsage(l.tokens, o)
@@ -330,11 +324,6 @@ type Pool struct {
 	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
-	// laneMu guards laneTimer and laneWake: the one timer that wakes the picks the clear lane
-	// held back (see wakeAt).
-	laneMu    sync.Mutex
-	laneTimer *time.Timer
-	laneWake  time.Time
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
 	workers  []*Worker          // all workers, in the order they were added
@@ -527,8 +516,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	laneOn := p.cfg.Concurrency.ClearWithin > 0
-	if caller := r; r.Interactive && (laneOn || p.steersInteractive(ms.workers)) || !r.Interactive && p.interactivePresent() {
+	if caller := r; r.Interactive && p.steersInteractive(ms.workers) || !r.Interactive && p.interactivePresent() {
 		r = p.yieldToInteractive(r, ms.workers)
 		// The prompt's token ids, once a policy asked for them, serve the retries too.
 		defer func() { caller.kvTokens = r.kvTokens }()
@@ -556,10 +544,10 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		} else {
 			w, route = ms.policy.Pick(ctx, r, ms.workers)
 		}
-		if w == nil && r.Interactive && (r.lane.active && r.lane.clear > 0 || r.avoidWhole) {
-			// No clear worker could take it: any worker will do.
+		if w == nil && r.Interactive && r.avoidWhole {
+			// No worker clear of whole lower-class prompts could take it: any worker will do.
 			anywhere := *r
-			anywhere.lane, anywhere.avoidWhole = lane{}, false
+			anywhere.avoidWhole = false
 			r = &anywhere
 			attempt--
 			continue
@@ -608,9 +596,8 @@ func (p *Pool) Prepare(ctx context.Context, r *Request) {
 }
 
 // yieldToInteractive returns a copy of r that yields to interactive requests, which are present:
-// a standard or batch request gets the prefill budget and, with the clear lane on, keeps a worker
-// clear; an interactive one prefers a clear worker (see lane.go). A request for a named worker
-// is only budgeted.
+// a standard or batch request gets the prefill budget and its pieces; an interactive one prefers
+// a worker with no long lower-class prompt in prefill whole (see takeWhole).
 func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 	c := *r
 	if !c.Interactive {
@@ -618,13 +605,6 @@ func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
 		c.piece = p.prefillPiece(c.PromptTokens)
 	} else if c.TargetWorker == "" && p.steersInteractive(workers) {
 		c.avoidWhole = true
-	}
-	if c.TargetWorker == "" && p.cfg.Concurrency.ClearWithin > 0 {
-		now := p.now()
-		c.lane = laneOf(workers, now, p.cfg.Concurrency.ClearWithin)
-		if !c.Interactive && c.lane.active && c.lane.clear <= 1 && !c.lane.opens.IsZero() {
-			p.wakeAt(c.lane.opens)
-		}
 	}
 	return &c
 }
@@ -701,10 +681,9 @@ func noWorker(r *Request, workers ...*Worker) error {
 
 // OnRoom sets fn to be told, with a model's name, each time room may have appeared for the
 // requests of that model that Pick refused with ErrNoRoom, other than by a change Changes tells
-// of: a lease released on a worker of the model, a prefill ended there, the moment the clear lane
-// lets a held-back prompt go. The gateway has the model's queue place its requests again. fn runs
-// on the goroutine that released the lease (or a timer's), so it must not block; nil stops the
-// calls. Safe for concurrent use.
+// of: a lease released on a worker of the model, a prefill ended there. The gateway has the
+// model's queue place its requests again. fn runs on the goroutine that released the lease, so it
+// must not block; nil stops the calls. Safe for concurrent use.
 func (p *Pool) OnRoom(fn func(model string)) {
 	if fn == nil {
 		p.room.Store(nil)
@@ -717,15 +696,6 @@ func (p *Pool) OnRoom(fn func(model string)) {
 func (p *Pool) roomOn(w *Worker) {
 	if fn := p.room.Load(); fn != nil {
 		for _, m := range w.Models() {
-			(*fn)(m)
-		}
-	}
-}
-
-// roomEverywhere tells OnRoom's function of room for every model.
-func (p *Pool) roomEverywhere() {
-	if fn := p.room.Load(); fn != nil {
-		for _, m := range p.Models() {
 			(*fn)(m)
 		}
 	}
@@ -753,7 +723,7 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 			// may prefill one at full speed.
 			l.piece, l.whole, l.lowerTokens = 0, true, int64(r.PromptTokens)
 		}
-		w.prefill.start(p.now(), l.lowerTokens)
+		w.prefill.start(l.lowerTokens)
 	}
 	return l
 }
@@ -806,10 +776,5 @@ func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
 	p.stopped = true
 	p.mu.Unlock()
-	p.laneMu.Lock()
-	if p.laneTimer != nil {
-		p.laneTimer.Stop()
-	}
-	p.laneMu.Unlock()
 	p.running.Wait()
 }

@@ -45,8 +45,6 @@ PREFILL=${PREFILL:-1}              # 1: run 3
 BATCH_ANSWER=${BATCH_ANSWER:-whole} # batch asks for whole answers, as batch jobs do (usher may
                                    # preempt one until its answer is sent); "stream" streams
 SEED=${SEED:-1}
-CLEAR_WITHIN=${CLEAR_WITHIN:-}     # routing.concurrency.clear_within of every gateway (the clear
-                                   # lane; empty: the default, off), e.g. 30ms
 CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency for every gateway, as YAML members,
                                    # e.g. "prefill_piece_tokens: -1" (pieces off) for an A/B run
 RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone is always made
@@ -61,7 +59,7 @@ USHER=${USHER:-bin/usher}          # the usher binary under test
 mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
-  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CLEAR_WITHIN=${CLEAR_WITHIN:-default} CONCURRENCY=\"$CONCURRENCY\"; $(nproc) cores"
+  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"; $(nproc) cores"
 
 pids=()
 gw_pid=
@@ -102,7 +100,6 @@ start_gateway() {
     echo "server: {listen: \"127.0.0.1:0\"}"
     echo "routing:"
     local conc=()
-    if [ -n "$CLEAR_WITHIN" ]; then conc+=("clear_within: $CLEAR_WITHIN"); fi
     if [ -n "$CONCURRENCY" ]; then conc+=("$CONCURRENCY"); fi
     if [ ${#conc[@]} -gt 0 ]; then (IFS=,; echo "  concurrency: {${conc[*]}}"); fi
     echo "  workers:"

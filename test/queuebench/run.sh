@@ -78,8 +78,6 @@ BATCH_ANSWER=${BATCH_ANSWER:-whole} # scenario 4's batch tenant asks for whole a
 M_DURATION=${M_DURATION:-30}       # seconds of arrivals of each scenario-4 protection run
 M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 capacity run
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
-CLEAR_WITHIN=${CLEAR_WITHIN:-}     # scenario 4: routing.concurrency.clear_within (the clear lane;
-                                   # empty: the default, off), e.g. 30ms
 CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency, as YAML members, e.g.
                                    # "prefill_piece_tokens: 0" (the default) for an A/B run
 # Scenario 4's A/B of the protections: each case runs its (b) run once per variant, V_ROUNDS
@@ -110,7 +108,7 @@ echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPRE
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
   "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
-  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CLEAR_WITHIN=${CLEAR_WITHIN:-default} CONCURRENCY=\"$CONCURRENCY\"" \
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
@@ -207,7 +205,6 @@ start_default_gateway() {
     echo "routing:"
     echo "  health: {interval: 1s}"
     conc=()
-    if [ -n "$CLEAR_WITHIN" ]; then conc+=("clear_within: $CLEAR_WITHIN"); fi
     if [ -n "$CONCURRENCY" ]; then conc+=("$CONCURRENCY"); fi
     if [ -n "$v_conc" ]; then conc+=("$v_conc"); fi
     if [ ${#conc[@]} -gt 0 ]; then (IFS=,; echo "  concurrency: {${conc[*]}}"); fi
