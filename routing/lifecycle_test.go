@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/usherllm/usher/test/redistest"
 )
 
@@ -182,7 +184,12 @@ func TestCircuitBreaker(t *testing.T) {
 func TestRunWatchesAddedWorkers(t *testing.T) {
 	srv := newHealthServer(t)
 	srv.ok.Store(false)
-	p, _ := newTestPool(t, Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond}})
+	sent := &sentCounter{}
+	p, err := NewPool(Config{Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond}},
+		Options{Client: sent.client(), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
@@ -190,24 +197,26 @@ func TestRunWatchesAddedWorkers(t *testing.T) {
 	if err := p.Add(WorkerSpec{ID: "late", URL: srv.URL, Models: []string{"m"}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if st, _ := p.Worker("late"); st.State == StateUnhealthy {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("added worker never checked: want unhealthy within 5s")
+			t.Fatal("added worker never checked: want unhealthy within 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	if err := p.Remove("late"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(30 * time.Millisecond) // let a check already under way finish
-	hits := srv.hits.Load()
-	time.Sleep(50 * time.Millisecond)
-	if got := srv.hits.Load(); got != hits {
-		t.Errorf("checks after Remove: got %d more, want 0", got-hits)
+	// Counted where the pool sends them: a check under way when Remove returned was sent
+	// before, and one the pool starts later finds its context ended and never leaves.
+	host := strings.TrimPrefix(srv.URL, "http://")
+	before := sent.to(host)
+	time.Sleep(100 * time.Millisecond) // checks every 10 ms would send about ten
+	if got := sent.to(host); got != before {
+		t.Errorf("checks sent after Remove: got %d more, want 0", got-before)
 	}
 }
 

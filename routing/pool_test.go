@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -295,35 +296,79 @@ func TestRunChecksAndStops(t *testing.T) {
 			{ID: "up", URL: up.URL, Models: []string{"m"}},
 			{ID: "down", URL: down.URL, Models: []string{"m"}},
 		},
-		Health: HealthConfig{Interval: 10 * time.Millisecond, Timeout: 10 * time.Millisecond},
+		Health: HealthConfig{Interval: 20 * time.Millisecond, Timeout: 20 * time.Millisecond},
 	}
-	p, _ := newTestPool(t, cfg)
+	sent := &sentCounter{}
+	p, err := NewPool(cfg, Options{Client: sent.client(), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for down.hits.Load() < 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// A check of "up" that a busy machine slows past the timeout fails, and the next ones bring
+	// it back: the states are asserted once both settled, with a bound only on a hang.
 	ws := modelWorkers(t, p, "m")
-	if !ws[0].Healthy() || ws[1].Healthy() {
-		t.Errorf("after checks: got up healthy=%v, down healthy=%v; want true, false", ws[0].Healthy(), ws[1].Healthy())
+	deadline := time.Now().Add(10 * time.Second)
+	for up.hits.Load() < 3 || down.hits.Load() < 3 || !ws[0].Healthy() || ws[1].Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d and %d checks in 10s: got up healthy=%v, down healthy=%v; want true, false", up.hits.Load(), down.hits.Load(), ws[0].Healthy(), ws[1].Healthy())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
-	// A check sent just before Run returned may still reach the server a moment later (seen
-	// on a loaded machine): let those land, then no more may come, where checks every 10 ms
-	// would bring about ten.
-	time.Sleep(50 * time.Millisecond)
-	hits := down.hits.Load()
-	time.Sleep(100 * time.Millisecond)
-	if got := down.hits.Load(); got != hits {
-		t.Errorf("checks after Run returned: got %d more, want 0", got-hits)
+	// Counted where the pool starts them, not where the servers receive them: a check sent just
+	// before Run returned may reach its server any time later on a loaded machine.
+	before := sent.all()
+	time.Sleep(200 * time.Millisecond) // checks every 20 ms would start about twenty
+	if got := sent.all(); got != before {
+		t.Errorf("requests started after Run returned: got %d, want 0", got-before)
 	}
+}
+
+// sentCounter counts the requests a pool starts, and those it sends to each host with a live
+// context: a request whose context ended before it was sent is refused by the transport and
+// never leaves.
+type sentCounter struct {
+	mu      sync.Mutex // guards the fields below
+	started int
+	sent    map[string]int
+}
+
+func (c *sentCounter) client() *http.Client {
+	return &http.Client{Transport: c}
+}
+
+func (c *sentCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.started++
+	if req.Context().Err() == nil {
+		if c.sent == nil {
+			c.sent = map[string]int{}
+		}
+		c.sent[req.URL.Host]++
+	}
+	c.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+// to is the number of requests sent to host so far.
+func (c *sentCounter) to(host string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent[host]
+}
+
+// all is the number of requests started so far, sent or not.
+func (c *sentCounter) all() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started
 }
 
 func TestNewPoolErrors(t *testing.T) {

@@ -1,13 +1,18 @@
 package test
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,10 +45,11 @@ type engineStack struct {
 type engineStackOptions struct {
 	workers        int
 	slots          int
-	maxConcurrency int      // per worker; 0 leaves usher's default
-	fifo           bool     // queue.fifo
-	policy         string   // routing.policy; "" leaves usher's default
-	engineArgs     []string // more llama-server flags
+	maxConcurrency int             // per worker; 0 leaves usher's default
+	fifo           bool            // queue.fifo
+	policy         string          // routing.policy; "" leaves usher's default
+	engineArgs     []string        // more llama-server flags
+	recorder       *engineRecorder // when set, usher reaches each engine through its proxy
 }
 
 func startEngineStack(t *testing.T, o engineStackOptions) *engineStack {
@@ -57,7 +63,11 @@ func startEngineStack(t *testing.T, o engineStackOptions) *engineStack {
 	for i, e := range s.engines {
 		id := fmt.Sprintf("llama-%d", i)
 		s.ids = append(s.ids, id)
-		fmt.Fprintf(&workers, "    - {id: %s, url: %q, models: [%s]", id, e.URL, engineModel)
+		u := e.URL
+		if o.recorder != nil {
+			u = o.recorder.proxy(t, id, e.URL)
+		}
+		fmt.Fprintf(&workers, "    - {id: %s, url: %q, models: [%s]", id, u, engineModel)
 		if o.maxConcurrency > 0 {
 			fmt.Fprintf(&workers, ", max_concurrency: %d", o.maxConcurrency)
 		}
@@ -340,33 +350,46 @@ func TestEngineConnectionClosesGiveNo502(t *testing.T) {
 }
 
 // Issue 14, point 1: under a batch flood, with the default config, the waiting happens in
-// usher's queue, where classes apply, not in the engine's own FIFO queue: the engines'
-// requests_deferred stays at 0 most of the time, batch requests wait in usher's queue and
-// interactive ones pass them.
+// usher's queue, where classes apply, not in the engine's own FIFO queue. What the engines saw
+// shows it, each engine behind a recording proxy: usher never had more requests in flight on an
+// engine than the engine has slots, and an interactive request that arrives while batch requests
+// wait in usher's queue is dispatched by usher, and reaches an engine, before any of them.
+//
+// The test asserts no latency: the order of service is made deterministic by holding the
+// engines' answers at the proxies, so no capacity frees while the interactive request arrives,
+// then giving back one answer at a time.
 func TestEngineProtectsInteractiveUnderBatchFloodByDefault(t *testing.T) {
-	const (
-		slots       = 2
-		batchUsers  = 16 // closed loop; 2 engines x 2 slots: 4x what they run at once
-		interactive = 6
-	)
-	// llama-server serves HTTP on n_parallel + 4 threads, and each keep-alive connection holds
-	// one while idle, for up to 5 s: the gateway's upstream connections, its health checks and
-	// scrapes took them all now and then, and this test's own metrics reader waited seconds for
-	// a thread (0 samples). The reader is the test's instrument, so the engines get room for it.
-	s := startEngineStack(t, engineStackOptions{workers: 2, slots: slots, engineArgs: []string{"--threads-http", "16"}})
-	ctx, stopFlood := context.WithTimeout(context.Background(), 90*time.Second)
+	const workers, slots = 2, 2
+	rec := &engineRecorder{}
+	s := startEngineStack(t, engineStackOptions{workers: workers, slots: slots, recorder: rec})
+	interactiveFirst(t, s, rec, workers, slots)
+}
+
+// interactiveFirst floods the stack with batch requests and sends interactive ones one at a
+// time, each while batch requests wait in usher's queue and the engines' answers are held; it
+// fails t when an interactive request was not dispatched, and did not reach an engine, before
+// every batch request waiting, or when usher had more requests in flight on an engine than slots.
+func interactiveFirst(t *testing.T, s *engineStack, rec *engineRecorder, workers, slots int) {
+	const interactive = 5
+	batchUsers := 4 * workers * slots // closed loop: 4x what the engines run at once
+	waiting := 2 * workers * slots    // batch requests in usher's queue before a round starts
+	// Until usher has read an engine's slots (llama.cpp's /props), it sends it up to
+	// routing.concurrency.initial requests: the flood starts once it has, on every engine.
+	eventually(t, time.Minute, "usher reads every engine's slots", func() bool { return rec.slotsRead() == len(s.ids) })
+	ctx, stopFlood := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer stopFlood()
 	var (
-		mu         sync.Mutex // guards the slices below
-		batchQueue []int
-		deferred   []float64 // per sample: requests_deferred summed over the engines
-		unread     int       // samples lost to a metrics read that failed
-		failures   []string
+		mu       sync.Mutex // guards the two below
+		answered int
+		failures []string
 	)
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopFlood()
+	defer rec.open()
 	for u := range batchUsers {
 		wg.Go(func() {
-			client := &http.Client{Timeout: 60 * time.Second}
+			client := &http.Client{Timeout: 2 * time.Minute}
 			for i := 0; ctx.Err() == nil; i++ {
 				resp, err := s.post(ctx, client, bulkKey, "batch", engineChat(fmt.Sprintf("batch job %d of user %d", i, u), 48, false))
 				if err != nil {
@@ -375,91 +398,319 @@ func TestEngineProtectsInteractiveUnderBatchFloodByDefault(t *testing.T) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				mu.Lock()
+				answered++
 				if resp.StatusCode != http.StatusOK {
 					failures = append(failures, fmt.Sprintf("batch status %d", resp.StatusCode))
-				} else {
-					q, _ := strconv.Atoi(resp.Header.Get("X-Usher-Queue-Ms"))
-					batchQueue = append(batchQueue, q)
 				}
 				mu.Unlock()
 			}
 		})
 	}
-	wg.Go(func() {
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			sum := 0.0
-			for _, e := range s.engines {
-				m, err := e.Metrics(ctx)
-				if err != nil { // a busy engine can be slow to answer: no sample this time
-					mu.Lock()
-					unread++
-					mu.Unlock()
-					sum = -1
-					break
-				}
-				sum += m.RequestsDeferred
-			}
-			if sum >= 0 {
-				mu.Lock()
-				deferred = append(deferred, sum)
-				mu.Unlock()
-			}
-		}
-	})
-	var interactiveQueue []int
-	time.Sleep(2 * time.Second) // let the flood fill every slot and the queue
+	batchAnswered := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return answered
+	}
+	queue := func(name, class string) int {
+		return int(gatewayCounter(t, s.gw.url, name, `class="`+class+`"`))
+	}
 	for i := range interactive {
-		ictx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		resp, err := s.post(ictx, http.DefaultClient, chatKey, "interactive", engineChat(fmt.Sprintf("hello %d", i), 8, true))
-		if err != nil {
-			cancel()
-			t.Fatal(err)
+		// Let the flood run, then hold every answer the engines give: usher's capacity stays
+		// taken, and the batch requests pile up in its queue.
+		before := batchAnswered()
+		eventually(t, time.Minute, "the flood answers batch requests", func() bool { return batchAnswered() >= before+workers*slots })
+		rec.hold()
+		eventually(t, time.Minute, fmt.Sprintf("%d batch requests wait in usher's queue", waiting), func() bool {
+			return queue("usher_queue_depth", "batch") >= waiting
+		})
+		dispatched := queue("usher_queue_dispatched_total", "interactive")
+		name := fmt.Sprintf("interactive question %d", i)
+		result := make(chan error, 1)
+		go func() {
+			resp, err := s.post(ctx, &http.Client{Timeout: 2 * time.Minute}, chatKey, "interactive", engineChat(name, 8, true))
+			if err != nil {
+				result <- err
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			result <- err
+		}()
+		// The interactive request is in usher now: waiting in its queue, or already dispatched
+		// (to room the interactive reserve kept free, or taken from a batch request preempted
+		// before its answer began). Every batch request dispatched from then on came after it.
+		var batchDispatched int
+		eventually(t, time.Minute, name+" reaches usher's queue", func() bool {
+			if queue("usher_queue_depth", "interactive") == 0 && queue("usher_queue_dispatched_total", "interactive") == dispatched {
+				return false
+			}
+			batchDispatched = queue("usher_queue_dispatched_total", "batch")
+			return true
+		})
+		// Give back one held answer at a time: each frees one slot, which must go to the
+		// interactive request, ahead of every batch request waiting.
+		for {
+			batch := queue("usher_queue_dispatched_total", "batch")
+			if queue("usher_queue_dispatched_total", "interactive") > dispatched {
+				break
+			}
+			if batch > batchDispatched {
+				t.Fatalf("%s waits in usher's queue, and usher dispatched %d batch requests after it arrived, want 0", name, batch-batchDispatched)
+			}
+			if !rec.releaseOne() {
+				time.Sleep(10 * time.Millisecond) // the engines are still answering
+				continue
+			}
+			eventually(t, time.Minute, "usher gives the freed slot to a request", func() bool {
+				return queue("usher_queue_dispatched_total", "batch") > batchDispatched ||
+					queue("usher_queue_dispatched_total", "interactive") > dispatched
+			})
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		cancel()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("interactive request %d: status %d", i, resp.StatusCode)
+		eventually(t, time.Minute, name+" reaches an engine", func() bool { _, ok := rec.batchAhead(name); return ok })
+		if ahead, _ := rec.batchAhead(name); ahead > batchDispatched {
+			t.Fatalf("%s reached an engine after %d batch requests, but usher had dispatched only %d when it arrived: batch requests waiting in usher's queue passed it on the way to the engines",
+				name, ahead, batchDispatched)
 		}
-		q, _ := strconv.Atoi(resp.Header.Get("X-Usher-Queue-Ms"))
-		interactiveQueue = append(interactiveQueue, q)
-		time.Sleep(500 * time.Millisecond)
+		rec.open()
+		if err := <-result; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
 	}
 	stopFlood()
 	wg.Wait()
 
+	most, by := rec.maxInFlight()
+	t.Logf("the engines saw at most %v requests at once (%d slots each); %d batch requests answered", most, slots, batchAnswered())
+	for id, n := range most {
+		if n > slots {
+			t.Errorf("usher had up to %d requests in flight on %s (the last to arrive: %s), which has %d slots: the waiting happens in the engine's FIFO queue, out of usher's reach",
+				n, id, by[id], slots)
+		}
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(failures) > 0 {
 		t.Fatalf("%d batch requests failed: %v", len(failures), failures[:min(len(failures), 5)])
 	}
-	zero := 0
-	for _, d := range deferred {
-		if d == 0 {
-			zero++
+}
+
+// engineRecorder sees what usher sends to the engines, through one proxy in front of each: how
+// many inference requests each engine had at once, and the order they arrived in. It can hold
+// the engines' answers, so usher's capacity stays taken while the test arranges its queue.
+type engineRecorder struct {
+	mu       sync.Mutex        // guards the fields below
+	inFlight map[string]int    // inference requests at each engine: arrived, answer not read in full
+	most     map[string]int    // the highest inFlight of each engine
+	mostBy   map[string]string // the request whose arrival made it
+	batch    int               // non-interactive inference requests that arrived, over every engine
+	ahead    map[string]int    // per interactive request (its user message): batch when it arrived
+	holding  bool
+	held     []chan struct{} // answers read from the engines, not yet given to usher
+	// per engine: 1 once it answered /props, 2 once usher scraped it after that (its scrape loop
+	// applies the slots it read before it scrapes again)
+	props map[string]int
+}
+
+// proxy returns the URL of a proxy to the engine at target, named id.
+func (r *engineRecorder) proxy(t *testing.T, id, target string) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := httputil.NewSingleHostReverseProxy(u)
+	plain.Transport = noKeepAlive
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost || !strings.HasPrefix(req.URL.Path, "/v1/") {
+			r.mu.Lock()
+			if req.URL.Path == "/metrics" && r.props[id] == 1 {
+				r.props[id] = 2
+			}
+			r.mu.Unlock()
+			sw := &statusWriter{ResponseWriter: w}
+			plain.ServeHTTP(sw, req) // health checks, scrapes, /props
+			if req.URL.Path == "/props" && sw.status == http.StatusOK {
+				r.mu.Lock()
+				if r.props == nil {
+					r.props = map[string]int{}
+				}
+				r.props[id] = max(r.props[id], 1)
+				r.mu.Unlock()
+			}
+			return
+		}
+		r.serve(w, req, id, target)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(r.open) // a held answer must not keep srv.Close waiting
+	return srv.URL
+}
+
+// serve forwards one inference request, reads the engine's whole answer (a stream too) and
+// counts the request out before usher can read a byte of it, so that usher, which counts it out
+// only once it has read the answer, never has fewer in flight than the count.
+func (r *engineRecorder) serve(w http.ResponseWriter, req *http.Request, id, target string) {
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	r.mu.Lock()
+	if r.inFlight == nil {
+		r.inFlight, r.most, r.mostBy, r.ahead = map[string]int{}, map[string]int{}, map[string]string{}, map[string]int{}
+	}
+	r.inFlight[id]++
+	name, isInteractive := interactiveName(body)
+	if r.inFlight[id] > r.most[id] {
+		r.most[id], r.mostBy[id] = r.inFlight[id], cmp.Or(name, "a batch request")
+	}
+	if isInteractive {
+		r.ahead[name] = r.batch
+	} else {
+		r.batch++
+	}
+	r.mu.Unlock()
+	status, header, answer, err := forward(req, target, body)
+	r.mu.Lock()
+	r.inFlight[id]--
+	var release chan struct{}
+	if r.holding {
+		release = make(chan struct{})
+		r.held = append(r.held, release)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	if release != nil {
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
 		}
 	}
-	slices.Sort(batchQueue)
-	batchMedian := -1
-	if len(batchQueue) > 0 {
-		batchMedian = batchQueue[len(batchQueue)/2]
+	for _, k := range []string{"Content-Type", "Cache-Control"} {
+		if v := header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
 	}
-	t.Logf("engines' requests_deferred 0 in %d of %d samples (max %v; %d reads failed); batch: %d done, queue ms median %d; interactive queue ms %v",
-		zero, len(deferred), slices.Max(append(deferred, 0)), unread, len(batchQueue), batchMedian, interactiveQueue)
-	if len(deferred) < 40 || zero*4 < len(deferred)*3 {
-		t.Errorf("the engines deferred requests in %d of %d samples, want under a quarter: the waiting happens in the engines' FIFO queues, out of usher's reach",
-			len(deferred)-zero, len(deferred))
+	w.WriteHeader(status)
+	_, _ = w.Write(answer)
+}
+
+// noKeepAlive is the proxies' transport: llama-server serves HTTP on a few threads and holds
+// one for each idle keep-alive connection, and closes a connection after a streamed answer.
+var noKeepAlive = &http.Transport{DisableKeepAlives: true}
+
+// forward sends req, with body, to the engine at target and reads its whole answer.
+func forward(req *http.Request, target string, body []byte) (int, http.Header, []byte, error) {
+	out, err := http.NewRequestWithContext(req.Context(), req.Method, target+req.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
 	}
-	if maxI := slices.Max(interactiveQueue); batchMedian <= 0 || maxI >= batchMedian {
-		t.Errorf("queue ms: interactive max %d, batch median %d; want batch waiting in usher's queue and interactive passing it", maxI, batchMedian)
+	out.Header = req.Header.Clone()
+	resp, err := noKeepAlive.RoundTrip(out)
+	if err != nil {
+		return 0, nil, nil, err
 	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, answer, err
+}
+
+// interactiveName finds "interactive question N" in a request body.
+func interactiveName(body []byte) (string, bool) {
+	i := bytes.Index(body, []byte("interactive question "))
+	if i < 0 {
+		return "", false
+	}
+	end := i + len("interactive question ")
+	for end < len(body) && body[end] >= '0' && body[end] <= '9' {
+		end++
+	}
+	return string(body[i:end]), true
+}
+
+// hold keeps every answer read from an engine from then on until releaseOne or open.
+func (r *engineRecorder) hold() {
+	r.mu.Lock()
+	r.holding = true
+	r.mu.Unlock()
+}
+
+// releaseOne gives usher one held answer, the oldest; false when none is held.
+func (r *engineRecorder) releaseOne() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.held) == 0 {
+		return false
+	}
+	close(r.held[0])
+	r.held = r.held[1:]
+	return true
+}
+
+// open gives usher every held answer and holds no more.
+func (r *engineRecorder) open() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holding = false
+	for _, c := range r.held {
+		close(c)
+	}
+	r.held = nil
+}
+
+// batchAhead is the number of batch requests that had arrived at the engines when the
+// interactive request named name did; false when it has not arrived.
+func (r *engineRecorder) batchAhead(name string) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.ahead[name]
+	return n, ok
+}
+
+// slotsRead is the number of engines whose slots usher has read and applied.
+func (r *engineRecorder) slotsRead() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, v := range r.props {
+		if v == 2 {
+			n++
+		}
+	}
+	return n
+}
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// maxInFlight is the most inference requests each engine had at once, and the request whose
+// arrival made it.
+func (r *engineRecorder) maxInFlight() (map[string]int, map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.most), maps.Clone(r.mostBy)
 }
 
 // A real llama-server started with --api-key serves through usher with the key in usher's config

@@ -113,16 +113,18 @@ func TestSIGTERMSettlesFinishesStreamsAndExitsZero(t *testing.T) {
 		urls = append(urls, srv.URL)
 	}
 	dir := t.TempDir()
-	const settle = time.Second
+	// The settle time must hold the steps below (a few requests) on a busy machine too, and the
+	// streams (400 tokens, about 4.8 s) must outlive it, so the queued request finds no worker.
+	const settle = 3 * time.Second
 	p := startServe(t, "usher", func(listen string) string {
-		return serveConfig(listen, dir, urls, "  shutdown_settle: 1s\n  shutdown_grace: 10s\n", "", "")
+		return serveConfig(listen, dir, urls, "  shutdown_settle: 3s\n  shutdown_grace: 20s\n", "", "")
 	})
 	keepAlive := &http.Client{}
-	first := startStream(t, keepAlive, p.url, apiKey, 150)
+	first := startStream(t, keepAlive, p.url, apiKey, 400)
 
 	p.signal(syscall.SIGTERM)
 	term := time.Now()
-	eventually(t, 300*time.Millisecond, "/readyz answers 503", func() bool {
+	eventually(t, settle, "/readyz answers 503", func() bool {
 		resp, err := freshClient().Get(p.url + "/readyz")
 		if err != nil {
 			return false
@@ -138,7 +140,7 @@ func TestSIGTERMSettlesFinishesStreamsAndExitsZero(t *testing.T) {
 	}
 	// Both workers busy with a stream (max_concurrency 1): the next request waits in the queue,
 	// and is answered 503 with Retry-After when the settle time ends.
-	second := startStream(t, freshClient(), p.url, apiKey, 150)
+	second := startStream(t, freshClient(), p.url, apiKey, 400)
 	resp, body, err = post(freshClient(), p.url, apiKey)
 	waited := time.Since(term)
 	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
@@ -158,7 +160,7 @@ func TestSIGTERMSettlesFinishesStreamsAndExitsZero(t *testing.T) {
 			t.Fatalf("%s: status %d, [DONE] %v, err %v; want it run to completion", name, r.status, r.done, r.err)
 		}
 	}
-	if code := p.exitCode(10 * time.Second); code != 0 {
+	if code := p.exitCode(20 * time.Second); code != 0 {
 		t.Fatalf("exit code: got %d, want 0", code)
 	}
 	t.Logf("stopped %v after SIGTERM (settle %v)", time.Since(term).Round(time.Millisecond), settle)

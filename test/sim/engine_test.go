@@ -531,14 +531,15 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 }
 
 func TestTimeScale(t *testing.T) {
-	cfg := Config{DecodeBase: 10 * time.Millisecond, TimeScale: 0.1}
+	cfg := Config{DecodeBase: time.Second, TimeScale: 0.01}
 	_, srv := startEngine(t, cfg)
 	start := time.Now()
 	resp := post(t, t.Context(), srv, "/v1/completions", map[string]any{"prompt": "a", "max_tokens": 20})
 	resp.Body.Close()
-	// 20 steps of about 10 ms at a tenth: about 20 ms; unscaled it would be 200 ms.
-	if got := time.Since(start); got < 15*time.Millisecond || got > 150*time.Millisecond {
-		t.Errorf("20 steps of 10 ms at time scale 0.1: took %v, want about 20 ms", got)
+	// 20 steps of 1 s at a hundredth: 200 ms; unscaled they would take 20 s. The bounds tell the
+	// two apart with room for a busy machine on either side, and neither is tight.
+	if got := time.Since(start); got < 150*time.Millisecond || got > 10*time.Second {
+		t.Errorf("20 steps of 1 s at time scale 0.01: took %v, want about 200 ms, far from the unscaled 20 s", got)
 	}
 }
 
