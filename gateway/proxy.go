@@ -16,7 +16,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 )
 
@@ -44,20 +43,15 @@ const statusClientClosed = 499
 // not the worker's fault, and the next pick may choose it again. Once a worker's 2xx or 4xx
 // answer is being relayed, the call is never sent again.
 //
-// A standard or batch call is preemptible until its answer begins (see preemption): its attempt
+// A standard or batch call is preemptible until its answer begins (see preempt.go): its attempt
 // then ends with errPreempted and the lease is released as a success.
 func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
 	clientCtx := c.Request().Context()
 	ctx, cancel := context.WithCancelCause(clientCtx)
 	defer cancel(nil)
-	begin, decoding := func() bool { return true }, func() {}
-	preemptible := cl.class != queue.Interactive && !s.cfg.DisablePreemption
-	if preemptible {
-		v := s.preemption.add(cl.model, cancel)
-		begin = func() bool { return s.preemption.done(cl.model, v) }
-		decoding = func() { s.preemption.decoding(v) }
-		defer begin()
-	}
+	watched := s.watch(cl, cancel)
+	defer watched.ended()
+	preemptible := watched != nil
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
@@ -70,7 +64,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	// its worker's prefill budget for interactive requests. Elsewhere it is relayed as it
 	// comes, and its prefill, which usher cannot see, counts as done once it is sent.
 	assembled := false
-	if !cl.stream && preemptible && !cl.ep.embed && (w.SlotEngine() || lease.YieldsPrefill()) {
+	if !cl.stream && !cl.ep.embed && (preemptible && w.SlotEngine() || lease.YieldsPrefill()) {
 		if streamed, ok := streamedBody(body); ok {
 			body, assembled = streamed, true
 		}
@@ -87,12 +81,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	quiet := newSilenceBound(silence, func() { cancel(errWorkerSilent) })
 	defer quiet.stop()
-	idle := quiet.heard
+	at := &attempt{lease: lease, quiet: quiet, watched: watched}
 	sent := s.now()
 	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
 	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
 	// only with its end, so there the headers are as early as usher can know.
-	firstChunk := func() { lease.Prefilled(); decoding() }
 	if !cl.stream && !assembled {
 		lease.Prefilled()
 	}
@@ -136,11 +129,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	var out routing.Outcome
 	switch {
 	case cl.stream && resp.StatusCode == http.StatusOK:
-		out, err = s.relayStream(c, cl, resp, sent, begin, idle, firstChunk)
+		out, err = s.relayStream(c, cl, resp, sent, at)
 	case assembled && resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
-		out, err = s.relayAssembled(c, cl, resp, sent, begin, idle, firstChunk)
+		out, err = s.relayAssembled(c, cl, resp, sent, at)
 	default:
-		out, err = s.relayAnswer(c, cl, resp, begin)
+		out, err = s.relayAnswer(c, cl, resp, at)
 	}
 	resp.Body.Close()
 	if err != nil && !c.Response().Committed && preempted() {
@@ -276,15 +269,15 @@ func singleJoin(base, path string) string {
 }
 
 // relayAnswer copies a whole (non-streamed, or error) answer to the client and reads its usage.
-// begin is called once the whole answer is read, before any of it is sent.
-func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, begin func() bool) (routing.Outcome, error) {
+// The answer begins (at.answering) once it is read whole, before any of it is sent.
+func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *attempt) (routing.Outcome, error) {
 	limit := s.cfg.MaxResponseBytes
 	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), limit)+1))
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	data := buf.Bytes()
 	if err == nil {
 		// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
-		begin()
+		at.answering()
 	}
 	if err != nil {
 		if c.Request().Context().Err() != nil {
@@ -328,19 +321,19 @@ func (s *Server) firstByte(cl *call) {
 // When the stream ends without usage (the client left, the worker cut it), the answer's events
 // are counted instead (see estimatedUsage). sent is when the request went to the worker: the
 // worker's time to first event feeds its learned limit. The client's response begins with the
-// worker's first bytes (begin is called then), so until the engine has prefilled the prompt the
+// worker's first bytes (at.answering then), so until the engine has prefilled the prompt the
 // call may still be preempted.
 //
-// idle is called at every line from the worker: it re-arms the silence bound
-// (Config.UpstreamIdleTimeout); firstChunk at the first event that carries data.
-func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle, firstChunk func()) (routing.Outcome, error) {
+// The attempt hears every line from the worker (the silence bound, Config.UpstreamIdleTimeout)
+// and its first token at the first event that carries data.
+func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent time.Time, at *attempt) (routing.Outcome, error) {
 	w := c.Response()
 	started := false
 	start := func() bool {
 		if started {
 			return true
 		}
-		if !begin() {
+		if !at.answering() {
 			return false
 		}
 		started = true
@@ -367,7 +360,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 	skipBlank, done := false, false
 	for {
 		line, err := lines.next()
-		idle()
+		at.heard()
 		if len(line) > 0 {
 			payload, isData := eventData(line)
 			switch {
@@ -379,7 +372,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			case isData:
 				if out.TTFT == 0 {
 					out.TTFT = s.now().Sub(sent)
-					firstChunk()
+					at.firstToken()
 				}
 				if u, ok := parseUsage(payload); ok {
 					gotUsage = true
