@@ -478,12 +478,12 @@ func truncate(b []byte, n int) []byte {
 // assembles the answer and sends it to the client whole, as relayAnswer does. sent is when the
 // request went to the worker: the first chunk's time feeds the worker's learned limit. Until the
 // answer is whole the call may be preempted; cancelling it closes the stream, which the engine
-// notices at its next token; firstChunk is called at the first chunk, from when it does, and
-// idle at every line (the silence bound, as for a stream).
+// notices at its next token; the attempt hears every line (the silence bound, as for a stream)
+// and its first token at the first chunk.
 //
 // An answer usher cannot assemble is not the worker's failure: the engine answered, usher could
 // not read it; a stream that breaks off is.
-func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, begin func() bool, idle, firstChunk func()) (routing.Outcome, error) {
+func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, sent time.Time, at *attempt) (routing.Outcome, error) {
 	var out routing.Outcome
 	a := newAssembler(cl.ep.chat, int(s.cfg.MaxResponseBytes))
 	lines := newLineReader(resp.Body, int(s.cfg.MaxResponseBytes))
@@ -491,7 +491,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 	done := false
 	for !done {
 		line, err := lines.next()
-		idle()
+		at.heard()
 		payload, isData := eventData(line)
 		switch {
 		case !isData:
@@ -500,7 +500,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		default:
 			if out.TTFT == 0 {
 				out.TTFT = s.now().Sub(sent)
-				firstChunk()
+				at.firstToken()
 			}
 			if aerr := a.add(payload); aerr != nil {
 				return out, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, cl.worker, aerr)
@@ -515,7 +515,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		}
 	}
 	// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
-	begin()
+	at.answering()
 	data, ok := a.answer()
 	if !ok {
 		return out, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, cl.worker, errAssembly)

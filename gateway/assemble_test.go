@@ -300,3 +300,22 @@ func TestWholeAnswerIsRelayedWhereNoAssemblyIsNeeded(t *testing.T) {
 		t.Errorf("after completions with two prompts the worker is %s, want healthy", st.State)
 	}
 }
+
+// With preemption off, a batch prompt beside interactive requests still holds its worker's
+// prefill budget until its first token, so its whole answer is still asked as a stream: relayed
+// whole, the budget was held to the answer's last token and batch got a fifth of its share on
+// KV-bound engines (measured 2026-11-28).
+func TestBudgetedWholeAnswerIsStreamedWithPreemptionOff(t *testing.T) {
+	kv := newFakeWorker(t, nil)
+	g := startGatewayWith(t, []routing.WorkerSpec{kv.spec("kv")}, func(c *Config) { c.DisablePreemption = true },
+		func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	resp.Body.Close()
+	resp = g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("batch beside interactive: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if b := kv.body(); b["stream"] != true {
+		t.Errorf("with preemption off, a batch request beside interactive ones reached the worker as %v, want a stream", b)
+	}
+}
