@@ -277,43 +277,49 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 	}
 }
 
-// A batch request that no worker may take now (here: interactive prompts are being prefilled on
-// the only one) stays in the queue, holding neither capacity nor a worker; interactive requests
-// go past it without preempting anything, and it is sent once, after. (Before the queue placed
-// its requests, such a request was released, held capacity while it waited for a worker, and was
-// preempted from that wait.)
+// A batch request that no worker may take now (here: interactive requests are present and
+// another batch prompt in prefill on the only worker holds its prefill budget) stays in the
+// queue, holding neither capacity nor a worker; interactive requests go past it without
+// preempting anything, and it is sent once, after. (Before the queue placed its requests, such a
+// request was released, held capacity while it waited for a worker, and was preempted from that
+// wait.)
 func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	hold := make(chan struct{})
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
 	spec := w.spec("w")
-	spec.MaxConcurrency = 3 // of which the interactive reserve is 1
+	spec.MaxConcurrency = 4 // of which the interactive reserve is 1
 	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
-	post := func(class string) <-chan *http.Response {
+	// A prompt longer than the prefill budget (512 tokens): a second one cannot join the first
+	// in prefill. In a content part, which usher does not cut into pieces.
+	long := `{"model":"m1","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("word ", 600) + `"}]}]}`
+	post := func(class, body string) <-chan *http.Response {
 		ch := make(chan *http.Response, 1)
 		go func() {
-			ch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: class})
+			ch <- g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
 		}()
 		return ch
 	}
-	first := post("interactive")
+	first := post("interactive", streamBody)
 	waitFor(t, "the worker holds the first interactive request", func() bool { return w.started.Load() == 1 })
-	batch := post("batch")
-	waitFor(t, "the batch request waits in the queue", func() bool { return queuedCount(g.srv.dispatcher, "m1") == 1 })
-	second := post("interactive")
-	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
-	third := post("interactive")
-	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
+	inPrefill := post("batch", long)
+	waitFor(t, "the worker holds the first batch request in prefill", func() bool { return w.started.Load() == 2 })
+	batch := post("batch", long)
+	waitFor(t, "the second batch request waits in the queue", func() bool { return queuedCount(g.srv.dispatcher, "m1") == 1 })
+	second := post("interactive", streamBody)
+	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
+	third := post("interactive", streamBody)
+	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 4 })
 	if n := queuedCount(g.srv.dispatcher, "m1"); n != 1 {
-		t.Errorf("%d calls queued, want the batch request", n)
+		t.Errorf("%d calls queued, want the second batch request", n)
 	}
 	close(hold)
-	for _, ch := range []<-chan *http.Response{first, second, third, batch} {
+	for _, ch := range []<-chan *http.Response{first, inPrefill, second, third, batch} {
 		if resp := <-ch; resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	}
-	if got := w.requests.Load(); got != 4 {
-		t.Errorf("the worker saw %d requests, want 4: the batch request once", got)
+	if got := w.requests.Load(); got != 5 {
+		t.Errorf("the worker saw %d requests, want 5: the waiting batch request once", got)
 	}
 	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 0 {
 		t.Errorf("usher_preempted_total %v, want 0", got)

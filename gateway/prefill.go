@@ -54,12 +54,16 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 	}
 	pc, ok := newPieceCutter(body, cl.ep.chat)
 	if !ok {
+		lease.PrefillWhole(cl.promptTokens)
 		return
 	}
 	// The lease's piece is at least a sixteenth of cl.promptTokens, the estimate routing sized
 	// it by, so this sends 15 pieces at most.
 	for end := piece; end+piece/2 < cl.promptTokens; end += piece {
 		b, ok := pc.body(end)
+		if !ok && cl.pieces == 0 {
+			lease.PrefillWhole(cl.promptTokens)
+		}
 		if !ok || lease.AwaitInteractive(ctx) != nil {
 			return
 		}

@@ -127,14 +127,14 @@ func (r *Request) prefillTokens(w *Worker) int64 {
 
 // Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
 // r.Exclude, below its request cap, with room for r.Tokens under its token cap (an idle worker
-// takes a request of any size), and, unless r is interactive, no interactive request being
-// prefilled there and room in its prefill budget (see Request.Interactive). Every policy filters with it; it costs a few atomic
-// loads plus a scan of r.Exclude (and a clock read while the worker's circuit is open).
+// takes a request of any size), and, unless r is interactive, room in its prefill budget (see
+// Request.Interactive). Every policy filters with it; it costs a few atomic loads plus a scan of
+// r.Exclude (and a clock read while the worker's circuit is open).
 func (r *Request) Eligible(w *Worker) bool {
 	if !w.takesRequests() {
 		return false
 	}
-	if !r.Interactive && w.interactivePrefills.Load() > 0 || r.avoidWhole && w.wholePrefills.Load() > 0 {
+	if r.avoidWhole && w.wholePrefills.Load() > 0 {
 		return false
 	}
 	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens(w) > r.prefillBudget {
