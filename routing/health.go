@@ -16,13 +16,6 @@ func (p *Pool) startWorker(w *Worker) {
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
 	w.stop = cancel
-	if !w.fixed {
-		// One request at a time until the engine said whether it has slots (the first scrape,
-		// at once): see learner.startProbing.
-		w.learner.startProbing()
-		w.limit.Store(1)
-		p.changes.notify()
-	}
 	p.running.Go(func() { every(ctx, p.cfg.Health.Interval, func(ctx context.Context) { p.check(ctx, w) }) })
 	p.running.Go(func() { every(ctx, p.cfg.Scrape.Interval, func(ctx context.Context) { p.scrapeOnce(ctx, w) }) })
 }

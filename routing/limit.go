@@ -231,9 +231,6 @@ type learner struct {
 	reported   bool
 	reportedAt time.Time
 	probedAt   time.Time // last /props request
-	// probed: a /props request has ended (answered or not) since the worker started; until
-	// then a learning worker's limit is 1 (see startProbing).
-	probed     bool
 	sawWaiting bool      // the last scrape saw requests waiting inside the engine
 	cap        int64     // the running count when the engine last queued; 0: none
 	capUntil   time.Time // when cap stops holding
@@ -462,28 +459,6 @@ func (l *learner) probeDue(now time.Time) bool {
 	return true
 }
 
-// startProbing is called as the worker's scrapes start: until its first /props request has
-// ended, a learning worker takes one request at a time, since an engine with 2 slots sent
-// ConcurrencyConfig.Initial requests at once queues the rest in its own FIFO, out of the
-// queue's reach. The first scrape runs at once, so this costs a vLLM-like engine a few
-// milliseconds of one request at a time.
-func (l *learner) startProbing() {
-	l.mu.Lock()
-	l.probed = false
-	l.mu.Unlock()
-}
-
-// firstProbeEnded reports, once after startProbing, that the first /props request has ended.
-func (l *learner) firstProbeEnded() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.probed {
-		return false
-	}
-	l.probed = true
-	return true
-}
-
 // probeFailed makes the next probeDue true: the last ask got no answer.
 func (l *learner) probeFailed() {
 	l.mu.Lock()
@@ -552,7 +527,6 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 			w.slots.Store(n)
 		}
 	}
-	first := l.firstProbeEnded()
 	if w.fixed {
 		return
 	}
@@ -563,16 +537,7 @@ func (p *Pool) learnLimit(ctx context.Context, w *Worker, fresh bool) {
 		sig.inFlight += w.load.others.Load()
 	}
 	old := w.limit.Load()
-	if first {
-		// The one request at a time while the engine's slots were unknown ends: an engine
-		// that reports none starts where the law starts.
-		old = l.initial()
-	}
 	next := l.step(old, sig)
-	if first && next == old {
-		w.limit.Store(next)
-		p.changes.notify()
-	}
 	if next != old {
 		w.limit.Store(next)
 		p.logger.Info("worker concurrency limit", "worker", w.spec.ID, "from", old, "to", next, "source", l.source(),
