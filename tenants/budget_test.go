@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/usherllm/usher/test/redistest"
 )
@@ -132,7 +133,13 @@ func TestBudgetReservesAtAdmission(t *testing.T) {
 			opts := BudgetsOptions{Now: func() time.Time { return now }}
 			replicas := []*Budgets{NewBudgets(opts)}
 			if withRedis {
-				opts.Redis = newRedisClient(t, redistest.Start(t))
+				// A dial that outlasts the shared test client's 200 ms (50 requests at once on a
+				// busy machine) would count on the replica, as a Redis failure must: this test
+				// is about the shared reservation, so its client waits for its connections.
+				srv := redistest.Start(t)
+				rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 10 * time.Second})
+				t.Cleanup(func() { rdb.Close() })
+				opts.Redis = rdb
 				replicas = []*Budgets{NewBudgets(opts), NewBudgets(opts)}
 			}
 			p := budgetPrincipal(Budget{RequestsPerDay: 10, TokensPerDay: 1000})
