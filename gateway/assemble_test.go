@@ -272,15 +272,7 @@ func TestWholeAnswerIsRelayedWhereNoAssemblyIsNeeded(t *testing.T) {
 	}
 	// While interactive requests are present, a batch prompt holds the worker's prefill budget
 	// until its first token, which only a stream shows: then it is asked as one, and assembled.
-	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	resp.Body.Close()
-	resp = g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
-		t.Fatalf("batch beside interactive: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	if b := kv.body(); b["stream"] != true {
-		t.Errorf("a batch request beside interactive ones reached the worker as %v, want a stream", b)
-	}
+	batchBesideInteractiveIsStreamed(t, g, kv)
 
 	slots := newFakeWorker(t, func(w *fakeWorker) { w.slots = 2 })
 	spec := slots.spec("slots")
@@ -309,6 +301,14 @@ func TestBudgetedWholeAnswerIsStreamedWithPreemptionOff(t *testing.T) {
 	kv := newFakeWorker(t, nil)
 	g := startGatewayWith(t, []routing.WorkerSpec{kv.spec("kv")}, func(c *Config) { c.DisablePreemption = true },
 		func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	batchBesideInteractiveIsStreamed(t, g, kv)
+}
+
+// batchBesideInteractiveIsStreamed sends an interactive request and then a batch one that wants
+// a whole answer, and checks that the batch request reached kv as a stream and its client got
+// the answer whole.
+func batchBesideInteractiveIsStreamed(t *testing.T, g *testGateway, kv *fakeWorker) {
+	t.Helper()
 	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 	resp.Body.Close()
 	resp = g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
@@ -316,6 +316,6 @@ func TestBudgetedWholeAnswerIsStreamedWithPreemptionOff(t *testing.T) {
 		t.Fatalf("batch beside interactive: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	if b := kv.body(); b["stream"] != true {
-		t.Errorf("with preemption off, a batch request beside interactive ones reached the worker as %v, want a stream", b)
+		t.Errorf("a batch request beside interactive ones reached the worker as %v, want a stream", b)
 	}
 }
