@@ -46,6 +46,9 @@ type fakeWorker struct {
 	// the client goes away: a hung engine.
 	hangAfter int
 
+	// tokenGap, when non-zero, is slept between a stream's chunks: an engine's decode steps.
+	tokenGap time.Duration
+
 	// slots, when non-zero, is reported at GET /props as llama.cpp's server reports its slots.
 	slots int
 
@@ -111,6 +114,9 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		if w.hangAfter > 0 && i == w.hangAfter {
 			<-r.Context().Done()
 			return
+		}
+		if i > 0 && w.tokenGap > 0 {
+			time.Sleep(w.tokenGap)
 		}
 		fmt.Fprintf(rw, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", i)
 		flusher.Flush()

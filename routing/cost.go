@@ -204,9 +204,11 @@ func (c *costCoefficients) predict(u float64, pl placement) (Prediction, bool) {
 	if !c.ttftOK {
 		return Prediction{}, false
 	}
-	p := Prediction{TTFT: msDuration(dot(&c.ttft, pl.ttftInputs(u), ttftInputs))}
+	// A learnt law that fits at or below zero (an engine faster than the clock tells, as a test's
+	// canned answers) predicts the least time there is, not 0, which would read as "not learnt".
+	p := Prediction{TTFT: max(msDuration(dot(&c.ttft, pl.ttftInputs(u), ttftInputs)), minPrediction)}
 	if c.tpotOK {
-		p.TPOT = msDuration(dot(&c.tpot, pl.tpotInputs(pl.running), tpotInputs))
+		p.TPOT = max(msDuration(dot(&c.tpot, pl.tpotInputs(pl.running), tpotInputs)), minPrediction)
 	}
 	return p, true
 }
@@ -220,6 +222,9 @@ func dot(theta *[maxInputs]float64, x [maxInputs]float64, n int) float64 {
 }
 
 // msDuration turns a prediction in ms into a duration, at least 0 and at most maxCostDuration.
+// minPrediction is the least time a learnt law predicts.
+const minPrediction = time.Microsecond
+
 func msDuration(ms float64) time.Duration {
 	if !(ms > 0) {
 		return 0
