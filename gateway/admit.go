@@ -91,6 +91,9 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := cl.askedObjectives(h); err != nil {
 		return err
 	}
+	if err := cl.askedMissPolicy(h); err != nil {
+		return err
+	}
 	if err := s.reserveBudget(c, cl); err != nil {
 		return err
 	}
@@ -221,6 +224,9 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	}
 	// The routing policy's I/O, if any, now: the placer picks under the queue's lock.
 	s.pool.Prepare(c.Request().Context(), &cl.route)
+	if err := s.holdToObjective(cl); err != nil {
+		return err
+	}
 	ticket, err := q.Enqueue(queue.Request{
 		Tenant:       cl.principal.TenantID,
 		Class:        cl.class,
@@ -232,7 +238,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		Placer:       placer{ctx: c.Request().Context(), pool: s.pool, route: &cl.route},
 	})
 	if err != nil {
-		return err
+		return cl.objectiveMissed(err)
 	}
 	if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
 		select {
@@ -255,7 +261,7 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 		if ctx.Err() != nil {
 			return errClientGone
 		}
-		return err
+		return cl.objectiveMissed(err)
 	}
 	cl.grant = grant
 	cl.lease = grant.Placement.(placement).Lease

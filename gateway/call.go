@@ -65,6 +65,9 @@ type call struct {
 	// askedTTFT and askedTPOT are the objectives the client's headers ask for (objective.go);
 	// 0: none asked.
 	askedTTFT, askedTPOT time.Duration
+	// rejectMiss: the client asked to be refused rather than served past its TTFT objective
+	// (objective_admit.go); objectiveDeadline: the queue deadline is that objective's slack.
+	rejectMiss, objectiveDeadline bool
 
 	// dispatch and proxy
 	route    routing.Request

@@ -116,6 +116,8 @@ var errorTable = []errorRule{
 		message: "the queue for this tenant or class is full; retry later"},
 	{err: queue.ErrDeadlineUnreachable, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "deadline_unreachable",
 		message: "the request cannot be served within its deadline given the work queued ahead"},
+	{err: errObjectiveUnreachable, status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "objective_unreachable",
+		showCause: true},
 	{err: queue.ErrDeadlineExceeded, status: http.StatusGatewayTimeout, typ: "timeout_error", code: "deadline_exceeded",
 		message: "the request's deadline passed while it waited in the queue"},
 	{err: queue.ErrTooLarge, status: http.StatusBadRequest, typ: "invalid_request_error", code: "request_too_large",
@@ -185,6 +187,10 @@ func ErrorFor(err error) *APIError {
 		var spent *tenants.BudgetError
 		if errors.As(err, &spent) && spent.RetryAfter > 0 {
 			out.RetryAfter = spent.RetryAfter
+		}
+		var unreachable *objectiveRefusal
+		if errors.As(err, &unreachable) {
+			out.RetryAfter = unreachable.retryAfter
 		}
 		return out
 	}

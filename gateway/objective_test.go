@@ -293,3 +293,127 @@ func TestJudge(t *testing.T) {
 		})
 	}
 }
+
+// countingEngine counts the requests that reach an engine.
+type countingEngine struct {
+	http.Handler
+	posts atomic.Int64
+}
+
+func (e *countingEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		e.posts.Add(1)
+	}
+	e.Handler.ServeHTTP(w, r)
+}
+
+// A client that asked to be refused rather than served late (X-Usher-Objective-Miss: reject) is
+// told at once, 429 objective_unreachable with a Retry-After, when the worker's cost model
+// predicts a first token past its objective; the engine never sees the request. Without the
+// header the same request is served, late, and counted as missed; within reach, it is served.
+func TestObjectiveUnreachableRefusedWhenAsked(t *testing.T) {
+	pro := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
+		Weight: 1, Models: []string{"*"},
+		Objectives: tenants.ClassObjectives{Interactive: tenants.Objective{TTFT: time.Second, Percentile: 99}}}
+	clock := &testClock{now: time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)}
+	slow := &slowEngine{clock: clock}
+	slow.delay.Store(int64(300 * time.Millisecond))
+	engine := &countingEngine{Handler: slow}
+	srv := httptest.NewServer(engine)
+	t.Cleanup(srv.Close)
+	ledger := &memLedger{}
+	g := startGatewayWith(t, []routing.WorkerSpec{{ID: "w", URL: srv.URL, Models: []string{testModel}}}, nil, func(d *Deps) {
+		d.Auth, d.Ledger, d.Now = tierAuth{pro}, ledger, clock.Now
+	})
+	send := func(hdr map[string]string) *http.Response {
+		t.Helper()
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, hdr)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	// Until the worker's cost model has learnt, nobody can tell: a request that asked is served.
+	if resp := send(map[string]string{headerObjectiveMiss: "reject", headerTTFTObjectiveMs: "1"}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("before the model has learnt: got %d, want 200", resp.StatusCode)
+	}
+	for range 40 {
+		if resp := send(nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("teaching the model: got %d", resp.StatusCode)
+		}
+	}
+	eventuallyTrue(t, func() bool { return len(ledger.all()) == 41 })
+
+	tests := []struct {
+		name     string
+		hdr      map[string]string
+		status   int
+		verdict  tenants.Verdict // of a served request
+		answered bool            // the engine saw it
+	}{
+		{"within reach", map[string]string{headerObjectiveMiss: "reject"}, http.StatusOK, tenants.VerdictMet, true},
+		{"out of reach, asked to be told", map[string]string{headerObjectiveMiss: "REJECT", headerTTFTObjectiveMs: "200"}, http.StatusTooManyRequests, 0, false},
+		{"out of reach, served late", map[string]string{headerTTFTObjectiveMs: "200"}, http.StatusOK, tenants.VerdictMissed, true},
+		{"out of reach, serve said", map[string]string{headerObjectiveMiss: "serve", headerTTFTObjectiveMs: "200"}, http.StatusOK, tenants.VerdictMissed, true},
+		{"bad value", map[string]string{headerObjectiveMiss: "sometimes"}, http.StatusBadRequest, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			records, posts := len(ledger.all()), engine.posts.Load()
+			resp := g.post(t, "/v1/chat/completions", testKey, streamBody, tt.hdr)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Fatalf("got %d %s, want %d", resp.StatusCode, body, tt.status)
+			}
+			if got := engine.posts.Load() - posts; got != map[bool]int64{true: 1}[tt.answered] {
+				t.Errorf("the engine saw %d requests, want %v", got, tt.answered)
+			}
+			switch tt.status {
+			case http.StatusTooManyRequests:
+				if !strings.Contains(string(body), `"code":"objective_unreachable"`) || resp.Header.Get("Retry-After") == "" {
+					t.Errorf("got %s with Retry-After %q, want objective_unreachable and a Retry-After", body, resp.Header.Get("Retry-After"))
+				}
+			case http.StatusBadRequest:
+				if !strings.Contains(string(body), headerObjectiveMiss) {
+					t.Errorf("got %s, want the header named", body)
+				}
+			default:
+				var got []tenants.UsageRecord
+				eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == records+1 })
+				if v := got[records].TTFT; v != tt.verdict {
+					t.Errorf("ttft verdict: got %v, want %v", v, tt.verdict)
+				}
+			}
+		})
+	}
+}
+
+// A call whose queue deadline is its objective's slack leaves the queue refused as
+// objective_unreachable (429, Retry-After), whether the queue saw it could not make it or its
+// wait ran out; any other call's queue errors are untouched.
+func TestObjectiveMissedInTheQueue(t *testing.T) {
+	unreachable := &queue.Rejection{Reason: queue.DeadlineUnreachable, RetryAfter: 3 * time.Second}
+	tests := []struct {
+		name       string
+		held       bool
+		err        error
+		code       string
+		retry      time.Duration
+		retryLeast time.Duration
+	}{
+		{"unreachable, held to the objective", true, unreachable, "objective_unreachable", 3 * time.Second, 0},
+		{"wait ran out, held to the objective", true, queue.ErrDeadlineExceeded, "objective_unreachable", 0, minObjectiveRetry},
+		{"queue full, held to the objective", true, &queue.Rejection{Reason: queue.QueueFull, RetryAfter: time.Second}, "queue_full", time.Second, 0},
+		{"unreachable, the client's deadline", false, unreachable, "deadline_unreachable", 3 * time.Second, 0},
+		{"wait ran out, the client's deadline", false, queue.ErrDeadlineExceeded, "deadline_exceeded", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := &call{rejectMiss: tt.held, objectiveDeadline: tt.held}
+			got := ErrorFor(cl.objectiveMissed(tt.err))
+			if got.Code != tt.code || tt.retry > 0 && got.RetryAfter != tt.retry || got.RetryAfter < tt.retryLeast {
+				t.Errorf("got %s retry %v, want %s retry %v (at least %v)", got.Code, got.RetryAfter, tt.code, tt.retry, tt.retryLeast)
+			}
+		})
+	}
+}
