@@ -44,10 +44,13 @@ const (
 // shared two-core machine costs tens of milliseconds; 50 ms before the first token and 10 ms per
 // token (100 tokens/s, faster than anyone reads) are below what a person notices, so they weaken
 // no promise anyone could check.
+//
+// The interactive TTFT default is routing's, which keeps it when it admits lower-class prompts
+// into prefill.
 const (
-	interactiveObjectiveFactor = 1.5
+	interactiveObjectiveFactor = routing.InteractiveObjectiveFactor
 	standardObjectiveFactor    = 3.0
-	minTTFTObjective           = 50 * time.Millisecond
+	minTTFTObjective           = routing.MinTTFTObjective
 	minTPOTObjective           = 10 * time.Millisecond
 )
 
