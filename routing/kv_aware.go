@@ -190,8 +190,9 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // engine's own token ids. A chat request's messages are sent as they came, for the engine to
 // apply its chat template. That call costs about 0.3 ms for a 4 KB prompt on loopback
 // (BenchmarkKVAwareTokenize). When no worker publishes events, the tokenizer fails or was not
-// asked, or no worker's events show Threshold of the prompt held, the request goes to the wrapped CacheAware (whose tree then records it), so a
-// fleet of engines without events routes as cache_aware. Pick returns nil, so that the request
+// asked, or no worker's events show Threshold of the prompt held, the request goes to the
+// wrapped CacheAware (whose tree then records it), so a fleet of engines without events routes
+// as cache_aware. Pick returns nil, so that the request
 // waits in the gateway for a slot, while the worker holding at least half the prompt more than
 // any worker with room is at its limit, for at most HolderWait per prompt.
 //
@@ -726,13 +727,14 @@ func (k *KVAware) pickLearning(ctx context.Context, r choice, workers []*Worker)
 }
 
 // prepare implements preparer: it asks for r's token ids (see promptTokens) before r waits, once
-// per request (found keeps them for its retries), so that its picks do no I/O.
-func (k *KVAware) prepare(ctx context.Context, r *Request, workers []*Worker, found Prepared) Prepared {
+// per request (Prepared keeps them for its retries), so that its picks do no I/O.
+func (k *KVAware) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
+	found := r.Prepared
 	if k.scope != CacheScopeGlobal || found.tokenized {
 		return found
 	}
 	if kws, anyLive := k.kvWorkers(workers); anyLive {
-		found.tokens, found.tokenized = k.promptTokens(ctx, r, workers, kws), true
+		found.tokens, found.tokenized = k.promptTokens(ctx, r.Request, workers, kws), true
 	}
 	return found
 }

@@ -318,7 +318,7 @@ func kvFleet(t *testing.T, n int, url string) ([]*Worker, *KVAware) {
 // kvPrepared is r prepared by k as Pool.Prepare prepares it (its token ids asked, once per
 // request), as a pick sees it.
 func kvPrepared(k *KVAware, r *Request, ws []*Worker) choice {
-	r.Prepared = k.prepare(context.Background(), r, ws, r.Prepared)
+	r.Prepared = k.prepare(context.Background(), choice{Request: r, Prepared: r.Prepared}, ws)
 	return choice{Request: r, Prepared: r.Prepared}
 }
 

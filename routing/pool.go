@@ -515,7 +515,8 @@ const maxAcquireAttempts = 3
 //
 // Pick never modifies r. It takes no lock and, for a prepared request (see Prepare), does no
 // I/O: the policy works from r.Prepared. A request not prepared is prepared first, for this call
-// only, at the cost Prepare documents. Safe for concurrent use, but not with a Prepare of r.
+// only and under its protections, at the cost Prepare documents. Safe for concurrent use, but not
+// with a Prepare of r.
 func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	ms := p.snap.Load().models[r.Model]
 	if ms == nil {
@@ -537,7 +538,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
 	}
 	if !c.Prepared.done {
-		c.Prepared = p.prepare(ctx, r, ms)
+		c.Prepared = p.prepare(ctx, c, ms)
 	}
 	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {

@@ -20,10 +20,10 @@ type Prepared struct {
 }
 
 // preparer is implemented by policies that need I/O for a request before they can pick for it
-// (kv_aware's /tokenize, the pin store of sticky_session and manual). prepare returns found with
-// what it found for r added; it does not modify r.
+// (kv_aware's /tokenize, the pin store of sticky_session and manual). prepare returns r.Prepared
+// with what it found for r added; it modifies neither r nor its Request.
 type preparer interface {
-	prepare(ctx context.Context, r *Request, workers []*Worker, found Prepared) Prepared
+	prepare(ctx context.Context, r choice, workers []*Worker) Prepared
 }
 
 // Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
@@ -35,16 +35,17 @@ type preparer interface {
 // nothing for most. Do not call it during a Pick of r.
 func (p *Pool) Prepare(ctx context.Context, r *Request) {
 	if ms := p.snap.Load().models[r.Model]; ms != nil {
-		r.Prepared = p.prepare(ctx, r, ms)
+		// Before the wait, no protection of the picks to come is known: none applies.
+		r.Prepared = p.prepare(ctx, choice{Request: r, Prepared: r.Prepared}, ms)
 	}
 }
 
-// prepare is what Prepare finds for r among the workers of ms; it does not modify r.
-func (p *Pool) prepare(ctx context.Context, r *Request, ms *modelSet) Prepared {
-	found := r.Prepared
-	found.done = true
+// prepare is c.Prepared with what Prepare finds for c among the workers of ms; it does not
+// modify c's Request.
+func (p *Pool) prepare(ctx context.Context, c choice, ms *modelSet) Prepared {
+	c.Prepared.done = true
 	if pr, ok := ms.policy.(preparer); ok {
-		found = pr.prepare(ctx, r, ms.workers, found)
+		return pr.prepare(ctx, c, ms.workers)
 	}
-	return found
+	return c.Prepared
 }

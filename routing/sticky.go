@@ -177,9 +177,11 @@ func (p *pinRouter) lookup(ctx context.Context, r choice, workers []*Worker, key
 	return &pinLookup{id: got, route: route}
 }
 
-// prepare does r's lookup before it waits in its queue, and returns found with it, for pick.
-func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, key string, found Prepared) Prepared {
-	found.pin = p.lookup(ctx, choice{Request: r, Prepared: found}, workers, key)
+// prepare does r's lookup before it waits in its queue, and returns r.Prepared with it, for
+// pick.
+func (p *pinRouter) prepare(ctx context.Context, r choice, workers []*Worker, key string) Prepared {
+	found := r.Prepared
+	found.pin = p.lookup(ctx, r, workers, key)
 	return found
 }
 
@@ -283,14 +285,14 @@ func (p *StickySession) Pick(ctx context.Context, r choice, workers []*Worker) (
 
 // prepare implements preparer: the fallback's own I/O, then the session's pin (see
 // pinRouter.prepare).
-func (p *StickySession) prepare(ctx context.Context, r *Request, workers []*Worker, found Prepared) Prepared {
+func (p *StickySession) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
 	if pr, ok := p.fallback.(preparer); ok {
-		found = pr.prepare(ctx, r, workers, found)
+		r.Prepared = pr.prepare(ctx, r, workers)
 	}
 	if r.SessionID != "" && len(workers) > 0 {
-		found = p.router.prepare(ctx, r, workers, r.SessionID, found)
+		r.Prepared = p.router.prepare(ctx, r, workers, r.SessionID)
 	}
-	return found
+	return r.Prepared
 }
 
 // Manual routes by pins an operator sets (Pool.Pin) or the policy makes: the key is
@@ -352,15 +354,15 @@ func (p *Manual) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker
 }
 
 // prepare implements preparer: the key's pin (see pinRouter.prepare).
-func (p *Manual) prepare(ctx context.Context, r *Request, workers []*Worker, found Prepared) Prepared {
+func (p *Manual) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
 	key := r.RoutingKey
 	if key == "" {
 		key = r.SessionID
 	}
-	if key != "" && len(workers) > 0 {
-		found = p.router.prepare(ctx, r, workers, key, found)
+	if key == "" || len(workers) == 0 {
+		return r.Prepared
 	}
-	return found
+	return p.router.prepare(ctx, r, workers, key)
 }
 
 // Run recounts the pins per worker every Recount for min_group; for the other strategies it
