@@ -53,3 +53,42 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickBesideInteractive is BenchmarkPick with interactive traffic present: every
+// fourth request is interactive, so the others pick under the prefill budget and, when long,
+// in pieces, and the interactive ones steer off workers prefilling a whole prompt (the
+// protections of choice.go).
+func BenchmarkPickBesideInteractive(b *testing.B) {
+	const fleet = 1000
+	reqs := make([]Request, 256)
+	for i := range reqs {
+		reqs[i] = Request{
+			Model:        "m",
+			Tenant:       fmt.Sprint("t", i%8),
+			SessionID:    fmt.Sprint("s", i%64),
+			Prompt:       fmt.Sprintf("you are a helpful assistant. group %d question %d", i%16, i),
+			PromptTokens: 64 + i*97%8000,
+			Tokens:       512 + i*97%8000,
+			Interactive:  i%4 == 0,
+		}
+	}
+	for _, name := range conformancePolicies() {
+		b.Run(name, func(b *testing.B) {
+			p, _ := newTestPool(b, Config{Policy: name, Workers: testWorkers(fleet, "m")})
+			for i, w := range modelWorkers(b, p, "m") {
+				w.inFlight.Store(int64(i % 7))
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				l, err := p.Pick(ctx, &reqs[i%len(reqs)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				l.Release(Outcome{})
+				i++
+			}
+		})
+	}
+}

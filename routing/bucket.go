@@ -168,7 +168,7 @@ func (p *Bucket) cut(workers []*Worker) *bucketTable {
 }
 
 // Pick implements Policy.
-func (p *Bucket) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *Bucket) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	if len(workers) == 0 {
 		return nil, RouteBucket
 	}

@@ -278,17 +278,17 @@ func (a candidate) lighter(b candidate) bool {
 // atomic load for most of them), a descent of r.Prompt and a walk back up the matched path. A
 // prompt the chosen worker already holds allocates nothing; one that extends the tree costs a node
 // and a copy of the new bytes, plus a node and a copy of the smaller half of a split edge.
-func (c *CacheAware) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (c *CacheAware) Pick(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	w, route, _ := c.pick(r, workers)
 	return w, route
 }
 
 // pickLearning implements outcomeLearner: Pick, and what the tree expected the chosen worker to hold.
-func (c *CacheAware) pickLearning(_ context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+func (c *CacheAware) pickLearning(_ context.Context, r choice, workers []*Worker) (*Worker, Route, prediction) {
 	return c.pick(r, workers)
 }
 
-func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, prediction) {
+func (c *CacheAware) pick(r choice, workers []*Worker) (*Worker, Route, prediction) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v := c.viewOf(workers)
@@ -321,7 +321,7 @@ func (c *CacheAware) pick(r *Request, workers []*Worker) (*Worker, Route, predic
 	minLoad := least.load
 	imbalanced := c.overloaded(maxLoad, minLoad)
 
-	namespace := c.scope.namespace(r)
+	namespace := c.scope.namespace(r.Request)
 	root := c.tree.scopeRoot(namespace, len(r.Prompt) > 0)
 	d := c.tree.descend(root, r.Prompt)
 	need := int(math.Ceil(c.cfg.Threshold * float64(len(r.Prompt))))
@@ -384,7 +384,7 @@ func (c *CacheAware) overloaded(load, minLoad int64) bool {
 // dropped entries count too.
 // At the deepest level where a kind of candidate appears, ties go to the lighter worker, then to
 // the more recent access. The walk stops once both are found or the prefix gets shorter than need.
-func (c *CacheAware) warm(r *Request, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64, held bool) (best, light candidate) {
+func (c *CacheAware) warm(r choice, workers []*Worker, v *slotView, d descent, need int, imbalanced bool, minLoad int64, held bool) (best, light candidate) {
 	best, light = candidate{i: -1}, candidate{i: -1}
 	level := func(n *node, depth int) bool {
 		if depth < need {

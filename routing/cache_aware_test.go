@@ -200,7 +200,7 @@ func TestCacheAwarePick(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(ws, r)
 			}
-			w, route := c.Pick(context.Background(), r, ws)
+			w, route := c.Pick(context.Background(), choice{Request: r}, ws)
 			if w == nil {
 				t.Fatalf("got no worker, want w%d", tt.want)
 			}
@@ -225,7 +225,7 @@ func TestCacheAwareFollowsItsOwnInserts(t *testing.T) {
 	for i := range 30 {
 		clock.advance(time.Millisecond)
 		g := i % len(systems)
-		w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: fmt.Sprintf("%squestion %d", systems[g], i)}, ws)
+		w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: fmt.Sprintf("%squestion %d", systems[g], i)}}, ws)
 		if prev, ok := first[g]; !ok {
 			if route != RouteCacheMiss {
 				t.Errorf("request %d, first of group %d: got route %s, want %s", i, g, route, RouteCacheMiss)
@@ -248,7 +248,7 @@ func TestCacheAwareEvictsLeastRecentlyUsed(t *testing.T) {
 	prompts := []string{strings.Repeat("1", 40), strings.Repeat("2", 40), strings.Repeat("3", 40), strings.Repeat("4", 40)}
 	for _, p := range append(prompts, prompts[0]) {
 		clock.advance(time.Second)
-		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, ws)
+		c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, ws)
 	}
 	if got, _, _ := c.CachedBytes("w0"); got != 160 {
 		t.Fatalf("before eviction: got %d bytes, want 160", got)
@@ -276,7 +276,7 @@ func TestCacheAwareHardCap(t *testing.T) {
 	for i := range 20 {
 		clock.advance(time.Second)
 		p := fmt.Sprintf("%02d%s", i, strings.Repeat("x", 38))
-		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, ws)
+		c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, ws)
 		if got, _, _ := c.CachedBytes("w0"); got > 150 {
 			t.Fatalf("after pick %d: got %d bytes, want at most 150", i, got)
 		}
@@ -295,7 +295,7 @@ func TestCacheAwareLongPromptKeepsOnlyItsHead(t *testing.T) {
 	ws := cacheWorkers(t, 1)
 	for _, p := range []string{strings.Repeat("a", 50), strings.Repeat("b", 50), strings.Repeat("c", 500)} {
 		clock.advance(time.Second)
-		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, ws)
+		c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, ws)
 	}
 	got := treeHoldings(c.tree, strings.Repeat("c", 500))["w0"]
 	if got != 100 {
@@ -306,7 +306,7 @@ func TestCacheAwareLongPromptKeepsOnlyItsHead(t *testing.T) {
 			t.Errorf("prompt %.1s...: got %d bytes kept, want 50 (within the hard cap)", p, got)
 		}
 	}
-	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("c", 150)}, ws); w != ws[0] || route != RouteCacheHit {
+	if w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: strings.Repeat("c", 150)}}, ws); w != ws[0] || route != RouteCacheHit {
 		t.Errorf("the head of the long prompt: got %s by %s, want w0 by %s", w.ID(), route, RouteCacheHit)
 	}
 	checkTree(t, c.tree)
@@ -326,8 +326,8 @@ func TestCacheAwareRunTrimsWhenWoken(t *testing.T) {
 	treePutIn(c.tree, anonymous, "w1", strings.Repeat("y", 300), 0)
 	c.mu.Unlock()
 	ws[1].draining.Store(true)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("x", 80)}, ws)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: strings.Repeat("z", 80)}, ws)
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: strings.Repeat("x", 80)}}, ws)
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: strings.Repeat("z", 80)}}, ws)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		got, _, _ := c.CachedBytes("w1")
@@ -351,13 +351,13 @@ func TestCacheAwareWorkersChanged(t *testing.T) {
 	c, _ := newTestCacheAware(t, CacheAwareConfig{})
 	ws := cacheWorkers(t, 3)
 	prompt := strings.Repeat("shared system prompt ", 10) + "user turn"
-	w, _ := c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt}, ws)
+	w, _ := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt}}, ws)
 	if w != ws[0] {
 		t.Fatalf("first pick: got %s, want w0", w.ID())
 	}
 	ws[1].inFlight.Store(1)
 	ws[2].inFlight.Store(2)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt, Exclude: []string{"w0"}}, ws) // w1 warms too
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt, Exclude: []string{"w0"}}}, ws) // w1 warms too
 
 	without := []*Worker{ws[1], ws[2]} // the pool's new snapshot
 	c.WorkersChanged(without)
@@ -369,17 +369,17 @@ func TestCacheAwareWorkersChanged(t *testing.T) {
 		t.Errorf("holdings after removal: got %v, want only w1 with %d", got, len(prompt))
 	}
 
-	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt}, without); w != ws[1] || route != RouteCacheHit {
+	if w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt}}, without); w != ws[1] || route != RouteCacheHit {
 		t.Errorf("without w0: got %s by %s, want w1 by %s", w.ID(), route, RouteCacheHit)
 	}
 	again := cacheWorkers(t, 1)[0]
 	ws[1].inFlight.Store(1)
 	with := []*Worker{again, ws[1], ws[2]}
 	c.WorkersChanged(with)
-	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: "something new"}, with); w != again || route != RouteCacheMiss {
+	if w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: "something new"}}, with); w != again || route != RouteCacheMiss {
 		t.Errorf("new w0, cold prompt: got %s by %s, want the new w0 by %s", w.ID(), route, RouteCacheMiss)
 	}
-	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: prompt}, with); w != ws[1] || route != RouteCacheHit {
+	if w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt}}, with); w != ws[1] || route != RouteCacheHit {
 		t.Errorf("new w0, old prompt: got %s by %s, want w1 by %s (the new w0 inherits nothing)", w.ID(), route, RouteCacheHit)
 	}
 	c.WorkersChanged(nil) // the model lost its last worker
@@ -391,14 +391,14 @@ func TestCacheAwareWorkersChanged(t *testing.T) {
 func TestCacheAwareForgetsWorkersMissingFromTheSnapshot(t *testing.T) {
 	c, clock := newTestCacheAware(t, CacheAwareConfig{EvictionInterval: time.Minute})
 	ws := cacheWorkers(t, 2)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: "alpha!"}, ws)
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: "bravo!"}, ws)
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: "alpha!"}}, ws)
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: "bravo!"}}, ws)
 	c.Evict()
 	if got, _, _ := c.CachedBytes("w1"); got != 6 {
 		t.Fatalf("w1 in the snapshot: got %d bytes, want 6", got)
 	}
 	// The pool drops w1 without telling the policy.
-	c.Pick(context.Background(), &Request{Model: "m", Prompt: "alpha!"}, ws[:1])
+	c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: "alpha!"}}, ws[:1])
 	for _, step := range []struct {
 		advance time.Duration
 		want    int64
@@ -447,7 +447,7 @@ func TestCacheAwareSharedPrefixLoad(t *testing.T) {
 		jobs = kept
 		for range perTick {
 			g := min(groups-1, int(rnd.ExpFloat64()*3))
-			w, _ := c.Pick(context.Background(), &Request{Model: "m", Prompt: fmt.Sprintf("%squestion %d", systems[g], rnd.IntN(1e6))}, ws)
+			w, _ := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: fmt.Sprintf("%squestion %d", systems[g], rnd.IntN(1e6))}}, ws)
 			if servedBy[g] == nil {
 				servedBy[g] = map[*Worker]bool{}
 			}
@@ -491,7 +491,7 @@ func TestCacheAwareConcurrent(t *testing.T) {
 			for i := range 400 {
 				clock.advance(time.Millisecond)
 				r := &Request{Model: "m", Prompt: fmt.Sprintf("%sq%d", systems[rnd.IntN(len(systems))], rnd.IntN(50))}
-				w, _ := c.Pick(context.Background(), r, ws)
+				w, _ := c.Pick(context.Background(), choice{Request: r}, ws)
 				if w == nil || !r.Eligible(w) {
 					t.Errorf("goroutine %d, pick %d: got %v, want an eligible worker", g, i, w)
 					return

@@ -11,7 +11,7 @@ import (
 // reports. Pool.Pick calls pickLearning in place of Pick and hands the prediction, with the
 // request's Outcome, to learn when the lease is released. Both are safe for concurrent use.
 type outcomeLearner interface {
-	pickLearning(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction)
+	pickLearning(ctx context.Context, r choice, workers []*Worker) (*Worker, Route, prediction)
 	learn(p prediction, o Outcome)
 }
 

@@ -89,7 +89,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 			ws := cacheWorkers(t, 1)
 			for _, p := range []string{a, b, cc} {
 				clock.advance(time.Second)
-				c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, ws)
+				c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, ws)
 			}
 			if tt.limit > 0 {
 				c.tree.workers[0].limit = tt.limit
@@ -98,7 +98,7 @@ func TestCacheAwareLearnsWhatTheEngineKeeps(t *testing.T) {
 			}
 			clock.advance(time.Second)
 			held, _ := c.tree.heldBy(c.tree.descend(c.tree.scopeRoot(anonymous, false), a), 0, c.tree.workers[0].horizon)
-			_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: a}, ws)
+			_, _, pred := c.pickLearning(context.Background(), choice{Request: &Request{Model: "m", Prompt: a}}, ws)
 			if pred.worker != "w0" || pred.prompt != 1000 || pred.held != held {
 				t.Fatalf("prediction: got %+v, want w0 holding %d of 1000 bytes", pred, held)
 			}
@@ -158,7 +158,7 @@ func TestCacheAwareLearningFollowsSlotEngines(t *testing.T) {
 		for i := range requests {
 			clock.advance(time.Second)
 			prompt := fmt.Sprintf("%squestion %d?", systems[rng.IntN(groups)], rng.IntN(12))
-			w, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: prompt}, ws)
+			w, _, pred := c.pickLearning(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt}}, ws)
 			pt, ct := engines[w.ID()].serve(prompt)
 			if learn {
 				c.learn(pred, Outcome{PromptTokens: pt, CachedTokens: ct, CacheReported: true})
@@ -240,16 +240,16 @@ func TestCacheAwareDroppedPrefixGoesHome(t *testing.T) {
 	for _, p := range []string{a, b} {
 		clock.advance(time.Second)
 		// Both on w0: it is the first idle worker and holds them.
-		c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, []*Worker{ws[0]})
+		c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, []*Worker{ws[0]})
 	}
 	clock.advance(time.Second)
-	_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: b}, ws)
+	_, _, pred := c.pickLearning(context.Background(), choice{Request: &Request{Model: "m", Prompt: b}}, ws)
 	c.learn(pred, Outcome{PromptTokens: 250, CachedTokens: 249, CacheReported: true}) // right: nothing moves
 	c.tree.workers[0].limit, c.tree.limited = 1000, 1
 	c.tree.workers[0].horizon = c.tree.horizon(0, 1000)
 
 	clock.advance(time.Second)
-	w, route, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: a + "?"}, ws)
+	w, route, pred := c.pickLearning(context.Background(), choice{Request: &Request{Model: "m", Prompt: a + "?"}}, ws)
 	if w != ws[0] || route != RouteCacheAffinity {
 		t.Errorf("dropped prefix: got %s by %s, want w0 by %s", w.ID(), route, RouteCacheAffinity)
 	}
@@ -257,7 +257,7 @@ func TestCacheAwareDroppedPrefixGoesHome(t *testing.T) {
 		t.Errorf("prediction of a dropped prefix: got %d bytes held, want 0", pred.held)
 	}
 	clock.advance(time.Second)
-	if w, route := c.Pick(context.Background(), &Request{Model: "m", Prompt: "zzz"}, ws); w != ws[1] || route != RouteCacheMiss {
+	if w, route := c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: "zzz"}}, ws); w != ws[1] || route != RouteCacheMiss {
 		t.Errorf("new prefix: got %s by %s, want w1 by %s", w.ID(), route, RouteCacheMiss)
 	}
 }

@@ -308,7 +308,7 @@ func TestKVAwareEventsDecideOnlyInTheGlobalScope(t *testing.T) {
 			ws, k := kvFleet(t, 3, tok.URL)
 			k.scope, k.fallback.scope = tt.scope, tt.scope
 			kvHold(t, k, "w2", prompt, 8, bs) // what the victim's prompt left in w2's engine
-			w, route := k.Pick(context.Background(), &Request{Model: "m", Tenant: "mallory", Prompt: "the prompt"}, ws)
+			w, route := k.Pick(context.Background(), kvPrepared(k, &Request{Model: "m", Tenant: "mallory", Prompt: "the prompt"}, ws), ws)
 			if route != tt.wantRoute || (route == RouteKVHit) != (w.ID() == "w2") {
 				t.Errorf("got %s by %s, want route %s", w.ID(), route, tt.wantRoute)
 			}

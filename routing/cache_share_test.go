@@ -156,7 +156,7 @@ func TestCacheAwareLearnsAndSharesConcurrently(t *testing.T) {
 			for i := range 300 {
 				clock.advance(time.Millisecond)
 				prompt := fmt.Sprintf("%sq%d", systems[(g+i)%len(systems)], i%7)
-				_, _, pred := c.pickLearning(context.Background(), &Request{Model: "m", Prompt: prompt}, ws)
+				_, _, pred := c.pickLearning(context.Background(), choice{Request: &Request{Model: "m", Prompt: prompt}}, ws)
 				c.learn(pred, Outcome{PromptTokens: len(prompt) / 4, CachedTokens: (i % 3) * len(prompt) / 12, CacheReported: true})
 			}
 		})

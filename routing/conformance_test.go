@@ -86,7 +86,7 @@ func TestPolicyConformance(t *testing.T) {
 				p := conformancePool(t, name)
 				pol := p.snap.Load().models["m"].policy
 				for _, r := range conformanceRequests(20) {
-					if w, _ := pol.Pick(context.Background(), r, nil); w != nil {
+					if w, _ := pol.Pick(context.Background(), choice{Request: r}, nil); w != nil {
 						t.Fatalf("empty pool: got %s, want nil", w.ID())
 					}
 				}
@@ -95,7 +95,7 @@ func TestPolicyConformance(t *testing.T) {
 					markDown(w)
 				}
 				for _, r := range conformanceRequests(20) {
-					if w, _ := pol.Pick(context.Background(), r, ws); w != nil {
+					if w, _ := pol.Pick(context.Background(), choice{Request: r}, ws); w != nil {
 						t.Fatalf("all unhealthy: got %s, want nil", w.ID())
 					}
 				}

@@ -77,15 +77,15 @@ func newConsistentHash(cfg ConsistentHashConfig, rnd randSource) *ConsistentHash
 func (p *ConsistentHash) WorkersChanged(workers []*Worker) { p.ring.WorkersChanged(workers) }
 
 // Pick implements Policy.
-func (p *ConsistentHash) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
-	key, ok := requestKeyHash(r)
+func (p *ConsistentHash) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
+	key, ok := requestKeyHash(r.Request)
 	if !ok {
 		return p.keyless.Pick(ctx, r, workers)
 	}
 	return pickOnRing(p.ring.get(workers), r, key, p.loadFactor)
 }
 
-func pickOnRing(h *hashRing, r *Request, key uint64, loadFactor float64) (*Worker, Route) {
+func pickOnRing(h *hashRing, r choice, key uint64, loadFactor float64) (*Worker, Route) {
 	w, spilled := h.pick(r, key, loadFactor)
 	if spilled {
 		return w, RouteSpill

@@ -3,9 +3,11 @@
 // for each request.
 //
 // The gateway builds one Pool from Config, runs its background work with Run, and for each
-// request calls Pick, sends the request to Lease.Worker and calls Lease.Release with the outcome.
-// Policies see each model's workers as a shared immutable snapshot that the pool replaces (copy on
-// write) when membership changes, so the pick path takes no lock and copies nothing.
+// request calls Prepare (the policy's I/O, before the request waits in its queue), Pick (pure:
+// no I/O, the Request never modified), sends the request to Lease.Worker and calls
+// Lease.Release with the outcome. Policies see each model's workers as a shared immutable
+// snapshot that the pool replaces (copy on write) when membership changes, so the pick path takes
+// no lock and copies nothing.
 //
 // Files by concern:
 //
@@ -19,6 +21,12 @@
 //     workers report on /metrics (vLLM, SGLang, llama.cpp names), including the load other
 //     gateway replicas put on them.
 //   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
+//   - prepare.go: Prepare and Prepared, the I/O a policy needs done before it picks.
+//   - choice.go: one pick as a policy sees it, the request and the protections in force, whose
+//     Eligible every policy filters with. Each protection of interactive requests is a filter in
+//     its own file: prefill_budget.go (the lower classes' prefill budget), prefill_pieces.go
+//     (long lower-class prompts in pieces), prefill_whole.go (one worker keeps to pieces;
+//     interactive requests go there first).
 //   - round_robin.go, random.go, least_request.go, power_of_two.go: load-only policies.
 //   - ring.go, consistent_hash.go, prefix_hash.go: hash rings with bounded load.
 //   - bucket.go: prompt-length ranges re-cut to equal load.

@@ -184,14 +184,15 @@ func splitKVEndpoints(s string) (events, replay string, err error) {
 // run of its leading KV blocks, as that engine's own KV-cache events tell (vLLM's format, over
 // ZeroMQ), weighed against load as CacheAware weighs its tree's matches.
 //
-// Pick does I/O: one POST to a worker's /tokenize per request (bounded by TokenizeTimeout; the
-// ids are kept on the Request, so a retry does not ask again; the calls rotate over the workers
-// that publish events), so the prompt's blocks are hashed from the engine's own token ids. A
-// chat request's messages are sent as they came, for the engine to apply its chat template.
-// That call costs about 0.3 ms for a 4 KB prompt on loopback (BenchmarkKVAwareTokenize). When
-// no worker publishes events, the tokenizer fails, or no worker's events show Threshold of the
-// prompt held, the request goes to the wrapped CacheAware (whose tree then records it), so a
-// fleet of engines without events routes as cache_aware. Pick returns nil, so that the request
+// Its Prepare does I/O, its Pick none: one POST to a worker's /tokenize per request (bounded by
+// TokenizeTimeout; the ids are kept in Request.Prepared, so a retry does not ask again; the calls
+// rotate over the workers that publish events), so the prompt's blocks are hashed from the
+// engine's own token ids. A chat request's messages are sent as they came, for the engine to
+// apply its chat template. That call costs about 0.3 ms for a 4 KB prompt on loopback
+// (BenchmarkKVAwareTokenize). When no worker publishes events, the tokenizer fails or was not
+// asked, or no worker's events show Threshold of the prompt held, the request goes to the
+// wrapped CacheAware (whose tree then records it), so a fleet of engines without events routes
+// as cache_aware. Pick returns nil, so that the request
 // waits in the gateway for a slot, while the worker holding at least half the prompt more than
 // any worker with room is at its limit, for at most HolderWait per prompt.
 //
@@ -240,6 +241,7 @@ var (
 	_ outcomeLearner  = (*KVAware)(nil)
 	_ workersObserver = (*KVAware)(nil)
 	_ policyRunner    = (*KVAware)(nil)
+	_ preparer        = (*KVAware)(nil)
 )
 
 // NewKVAware returns a kv_aware policy with cfg (defaults applied to zero fields) that routes
@@ -557,24 +559,20 @@ func (k *KVAware) replay(ctx context.Context, kw *kvWorker, last, seq int64, bat
 	return last
 }
 
-// promptTokens returns r's prompt as the engines' token ids, asked once per request (the
-// answer, or nil when it failed, is kept on r for its retries) of the /tokenize endpoint of one
-// worker that publishes events, is healthy and admits requests: those below their concurrency
-// limit first, taken in turn, so the tokenizing is spread over the fleet and spares a worker
-// that is busy. nil when there is none or the call fails.
+// promptTokens returns r's prompt as the engines' token ids, asked of the /tokenize endpoint of
+// one worker that publishes events, is healthy and admits requests: those below their
+// concurrency limit first, taken in turn, so the tokenizing is spread over the fleet and spares a
+// worker that is busy. nil when there is none or the call fails.
 func (k *KVAware) promptTokens(ctx context.Context, r *Request, workers []*Worker, kws []*kvWorker) []uint64 {
-	if r.kvTokens != nil {
-		return *r.kvTokens
+	w := k.tokenizer(workers, kws)
+	if w == nil {
+		return nil
 	}
-	var ids []uint64
-	if w := k.tokenizer(workers, kws); w != nil {
-		var err error
-		if ids, err = k.tokenize(ctx, w, r); err != nil {
-			k.logger.Debug("kv_aware: tokenize failed", "worker", w.ID(), "err", err)
-			ids = nil
-		}
+	ids, err := k.tokenize(ctx, w, r)
+	if err != nil {
+		k.logger.Debug("kv_aware: tokenize failed", "worker", w.ID(), "err", err)
+		return nil
 	}
-	r.kvTokens = &ids
 	return ids
 }
 
@@ -702,14 +700,15 @@ func parseTokenIDs(raw []byte) ([]uint64, error) {
 }
 
 // Pick implements Policy; see KVAware for what it costs.
-func (k *KVAware) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (k *KVAware) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	w, route, _ := k.pickLearning(ctx, r, workers)
 	return w, route
 }
 
 // pickLearning implements outcomeLearner: the fallback's picks learn as cache_aware's do; the
-// event-driven picks predict nothing (the events already are the engine's truth).
-func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route, prediction) {
+// event-driven picks predict nothing (the events already are the engine's truth). It routes by
+// the token ids r.Prepared holds: without them, as cache_aware.
+func (k *KVAware) pickLearning(ctx context.Context, r choice, workers []*Worker) (*Worker, Route, prediction) {
 	if k.scope != CacheScopeGlobal {
 		return k.fallback.pickLearning(ctx, r, workers)
 	}
@@ -717,8 +716,7 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 	if !anyLive {
 		return k.fallback.pickLearning(ctx, r, workers)
 	}
-	tokens := k.promptTokens(ctx, r, workers, kws)
-	w, route, wait := k.pickByEvents(r, workers, kws, tokens)
+	w, route, wait := k.pickByEvents(r, workers, kws, r.Prepared.tokens)
 	switch {
 	case wait:
 		return nil, "", prediction{}
@@ -728,15 +726,17 @@ func (k *KVAware) pickLearning(ctx context.Context, r *Request, workers []*Worke
 	return k.fallback.pickLearning(ctx, r, workers)
 }
 
-// prepare implements preparer: it asks for r's token ids (see promptTokens) before r waits, so
-// that its picks do no I/O.
-func (k *KVAware) prepare(ctx context.Context, r *Request, workers []*Worker) {
-	if k.scope != CacheScopeGlobal {
-		return
+// prepare implements preparer: it asks for r's token ids (see promptTokens) before r waits, once
+// per request (Prepared keeps them for its retries), so that its picks do no I/O.
+func (k *KVAware) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
+	found := r.Prepared
+	if k.scope != CacheScopeGlobal || found.tokenized {
+		return found
 	}
 	if kws, anyLive := k.kvWorkers(workers); anyLive {
-		k.promptTokens(ctx, r, workers, kws)
+		found.tokens, found.tokenized = k.promptTokens(ctx, r.Request, workers, kws), true
 	}
+	return found
 }
 
 // kvWorkers returns the event state of each of workers (nil for one without), and whether any
@@ -761,7 +761,7 @@ func (k *KVAware) learn(p prediction, o Outcome) { k.fallback.learn(p, o) }
 // instead when a worker at its limit holds at least half the prompt more than that choice (see
 // KVAwareConfig.HolderWait): the request is better off waiting for a slot there than computing
 // that half again elsewhere.
-func (k *KVAware) pickByEvents(r *Request, workers []*Worker, kws []*kvWorker, tokens []uint64) (w *Worker, route Route, wait bool) {
+func (k *KVAware) pickByEvents(r choice, workers []*Worker, kws []*kvWorker, tokens []uint64) (w *Worker, route Route, wait bool) {
 	if len(tokens) == 0 {
 		return nil, "", false
 	}

@@ -315,6 +315,13 @@ func kvFleet(t *testing.T, n int, url string) ([]*Worker, *KVAware) {
 	return ws, kvTestPolicy(t, ws)
 }
 
+// kvPrepared is r prepared by k as Pool.Prepare prepares it (its token ids asked, once per
+// request), as a pick sees it.
+func kvPrepared(k *KVAware, r *Request, ws []*Worker) choice {
+	r.Prepared = k.prepare(context.Background(), choice{Request: r, Prepared: r.Prepared}, ws)
+	return choice{Request: r, Prepared: r.Prepared}
+}
+
 // kvHold makes worker id hold (after clearing all it held) the first blocks blocks of prompt,
 // blocks of bs tokens hashed 1, 2, ..., and marks its events live.
 func kvHold(t *testing.T, k *KVAware, id string, prompt []uint64, blocks, bs int) {
@@ -351,7 +358,7 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	hold("w0", 3)
 	hold("w1", 8)
 	hold("w2", 6)
-	if w, route := k.Pick(context.Background(), r, ws); w.ID() != "w1" || route != RouteKVHit {
+	if w, route := k.Pick(context.Background(), kvPrepared(k, r, ws), ws); w.ID() != "w1" || route != RouteKVHit {
 		t.Fatalf("got %s (%s), want w1 (kv_hit): the longest holder", w.ID(), route)
 	}
 	if asked.Load() != 1 {
@@ -360,7 +367,7 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	// w1 overloaded against the others: the lighter holder of enough takes it.
 	ws[1].inFlight.Store(40)
 	ws[2].inFlight.Store(1)
-	if w, route := k.Pick(context.Background(), r, ws); w.ID() != "w2" || route != RouteKVRebalance {
+	if w, route := k.Pick(context.Background(), kvPrepared(k, r, ws), ws); w.ID() != "w2" || route != RouteKVRebalance {
 		t.Fatalf("got %s (%s), want w2 (kv_rebalance)", w.ID(), route)
 	}
 	if asked.Load() != 1 {
@@ -372,14 +379,14 @@ func TestKVAwarePicksTheHolderWeighedAgainstLoad(t *testing.T) {
 	hold("w0", 0)
 	hold("w1", 1)
 	hold("w2", 0)
-	if w, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); w.ID() != "w1" || route != RouteKVHit {
+	if w, route := k.Pick(context.Background(), kvPrepared(k, &Request{Model: "m", Prompt: "the prompt"}, ws), ws); w.ID() != "w1" || route != RouteKVHit {
 		t.Fatalf("got %s (%s), want w1 (kv_hit): it holds a block", w.ID(), route)
 	}
 	// With a threshold of half the prompt (5 of 10 blocks), nobody holds enough: cache_aware
 	// decides.
 	k.cfg.Threshold = 0.5
 	hold("w0", 3)
-	if _, route := k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt"}, ws); strings.HasPrefix(string(route), "kv_") {
+	if _, route := k.Pick(context.Background(), kvPrepared(k, &Request{Model: "m", Prompt: "the prompt"}, ws), ws); strings.HasPrefix(string(route), "kv_") {
 		t.Fatalf("route %s, want one of cache_aware's", route)
 	}
 }
@@ -412,7 +419,7 @@ func TestKVAwareWaitsForAFullHolder(t *testing.T) {
 		w.inFlightTokens.Store(w.tokenLimit.Load())
 	}
 	pick := func() (*Worker, Route) {
-		return k.Pick(context.Background(), &Request{Model: "m", Prompt: "the prompt", Tokens: 50}, ws)
+		return k.Pick(context.Background(), kvPrepared(k, &Request{Model: "m", Prompt: "the prompt", Tokens: 50}, ws), ws)
 	}
 	hold("w0", 9)
 	hold("w1", 1)
@@ -476,7 +483,7 @@ func TestKVAwareTokenizesOnTheWorkersInTurn(t *testing.T) {
 	}
 	pick := func(n int) {
 		for range n {
-			k.Pick(context.Background(), &Request{Model: "m", Prompt: "p"}, ws)
+			k.Pick(context.Background(), kvPrepared(k, &Request{Model: "m", Prompt: "p"}, ws), ws)
 		}
 	}
 	pick(9)
@@ -500,12 +507,12 @@ func TestKVAwareWithoutEventsIsCacheAware(t *testing.T) {
 	ws := cacheWorkers(t, 3)
 	k := kvTestPolicy(t, ws)
 	r := &Request{Model: "m", Prompt: strings.Repeat("shared system prompt ", 20)}
-	first, _ := k.Pick(context.Background(), r, ws)
-	again, route := k.Pick(context.Background(), r, ws)
+	first, _ := k.Pick(context.Background(), kvPrepared(k, r, ws), ws)
+	again, route := k.Pick(context.Background(), kvPrepared(k, r, ws), ws)
 	if again != first || route != RouteCacheHit {
 		t.Fatalf("repeat went to %s (%s), want %s (cache_hit)", again.ID(), route, first.ID())
 	}
-	if r.kvTokens != nil {
+	if r.Prepared.tokenized {
 		t.Fatal("tokenized with no worker publishing events")
 	}
 }

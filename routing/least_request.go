@@ -16,7 +16,7 @@ type LeastRequest struct {
 var _ Policy = (*LeastRequest)(nil)
 
 // Pick implements Policy.
-func (p *LeastRequest) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *LeastRequest) Pick(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	n := len(workers)
 	if n == 0 {
 		return nil, RouteLeastRequest

@@ -38,7 +38,7 @@ func TestPowerOfTwo(t *testing.T) {
 			}
 			pol := &PowerOfTwo{rand: &lockedRand{src: rand.NewPCG(1, 1)}, now: clock.Now, maxAge: 6 * time.Second}
 			for range 20 {
-				w, route := pol.Pick(context.Background(), &Request{Model: "m"}, ws)
+				w, route := pol.Pick(context.Background(), choice{Request: &Request{Model: "m"}}, ws)
 				if idOf(w) != tt.want || route != RoutePowerOfTwo {
 					t.Fatalf("got %s by %q, want %s by %q", idOf(w), route, tt.want, RoutePowerOfTwo)
 				}
@@ -75,7 +75,7 @@ func TestBucketOwnsLengthRanges(t *testing.T) {
 	pol.recut()
 	owner := map[int]string{}
 	for _, n := range lengths {
-		w, route := pol.Pick(context.Background(), &Request{Model: "m", PromptTokens: n}, ws)
+		w, route := pol.Pick(context.Background(), choice{Request: &Request{Model: "m", PromptTokens: n}}, ws)
 		if route != RouteBucket {
 			t.Fatalf("length %d: got route %q, want %q", n, route, RouteBucket)
 		}
@@ -103,7 +103,7 @@ func TestBucketSharesAHeavyBin(t *testing.T) {
 	pol.recut()
 	seen := map[string]bool{}
 	for range 60 {
-		w, _ := pol.Pick(context.Background(), &Request{Model: "m", PromptTokens: 500}, ws)
+		w, _ := pol.Pick(context.Background(), choice{Request: &Request{Model: "m", PromptTokens: 500}}, ws)
 		seen[idOf(w)] = true
 	}
 	if len(seen) != 3 {
@@ -116,7 +116,7 @@ func TestBucketFallsBackWhenOwnerIsLoaded(t *testing.T) {
 	p, _ := newTestPool(t, cfg)
 	pol := p.snap.Load().models["m"].policy.(*Bucket)
 	ws := modelWorkers(t, p, "m")
-	owner, _ := pol.Pick(context.Background(), &Request{Model: "m", PromptTokens: 10}, ws)
+	owner, _ := pol.Pick(context.Background(), choice{Request: &Request{Model: "m", PromptTokens: 10}}, ws)
 	other := ws[0]
 	if other == owner {
 		other = ws[1]
@@ -135,7 +135,7 @@ func TestBucketFallsBackWhenOwnerIsLoaded(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			owner.inFlight.Store(tt.owner)
 			other.inFlight.Store(tt.other)
-			w, route := pol.Pick(context.Background(), &Request{Model: "m", PromptTokens: 10}, ws)
+			w, route := pol.Pick(context.Background(), choice{Request: &Request{Model: "m", PromptTokens: 10}}, ws)
 			if w != tt.want || route != tt.route {
 				t.Errorf("got %s by %q, want %s by %q", idOf(w), route, idOf(tt.want), tt.route)
 			}

@@ -24,13 +24,14 @@ const (
 
 // Policy picks a worker for a request among the workers that serve its model.
 //
-// workers is the model's shared, immutable snapshot: a policy must not modify it or keep it past
-// the call, and must skip every worker for which r.Eligible is false. Pick returns nil when no
-// worker is eligible, with any Route. Pick is called concurrently and must be safe for it; it
-// does no I/O unless its documentation says so, and its cost must not grow with a copy of the
-// fleet per request.
+// r is the request as this pick sees it (see choice): a policy must skip every worker for which
+// r.Eligible is false, and works from r.Prepared instead of doing I/O. workers is the model's
+// shared, immutable snapshot: a policy must not modify it or keep it past the call. Pick returns
+// nil when no worker is eligible, with any Route. Pick is called concurrently and must be safe
+// for it; it does no I/O, modifies neither r nor its Request, and its cost must not grow with a
+// copy of the fleet per request.
 type Policy interface {
-	Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+	Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route)
 }
 
 // workersObserver is implemented by policies that keep state per worker (rings, trees, ranges).
@@ -103,41 +104,13 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
-// pieceOn is the size of the pieces r's prompt goes to w in (see Lease.PrefillPiece); 0: whole.
-// A worker that schedules by priority gets it whole: usher sends such a worker more than it runs
-// at once (see WorkerSpec.PriorityHandoff), so a request sent and not answered yet may be waiting
-// in the engine's own queue, where the engine puts interactive requests first; it is not a
-// prefill to keep interactive requests from.
-func (r *Request) pieceOn(w *Worker) int {
-	if w.PriorityHandoff() {
-		return 0
-	}
-	return r.piece
-}
-
-// prefillTokens is how many prompt tokens r puts in w's prefill at once: its prompt, or one
-// piece of it; at least 1.
-func (r *Request) prefillTokens(w *Worker) int64 {
-	n := r.PromptTokens
-	if piece := r.pieceOn(w); piece > 0 {
-		n = min(n, piece)
-	}
-	return int64(max(n, 1))
-}
-
-// Eligible reports whether w may take r now: healthy, not draining, circuit not open, not in
-// r.Exclude, below its request cap, with room for r.Tokens under its token cap (an idle worker
-// takes a request of any size), and, unless r is interactive, room in its prefill budget (see
-// Request.Interactive). Every policy filters with it; it costs a few atomic loads plus a scan of
-// r.Exclude (and a clock read while the worker's circuit is open).
+// Eligible reports whether w may take r now, whatever the pick: healthy, not draining, circuit
+// not open, not in r.Exclude, below its request cap, and with room for r.Tokens under its token
+// cap (an idle worker takes a request of any size). The protections of one pick filter further
+// (see choice.Eligible, which every policy filters with). It costs a few atomic loads plus a
+// scan of r.Exclude (and a clock read while the worker's circuit is open); it modifies nothing.
 func (r *Request) Eligible(w *Worker) bool {
 	if !w.takesRequests() {
-		return false
-	}
-	if r.avoidWhole && w.wholePrefills.Load() > 0 {
-		return false
-	}
-	if lower := w.prefill.tokens.Load(); r.prefillBudget > 0 && lower > 0 && lower+r.prefillTokens(w) > r.prefillBudget {
 		return false
 	}
 	n := w.inFlight.Load()
@@ -147,5 +120,5 @@ func (r *Request) Eligible(w *Worker) bool {
 	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.tokenLimit.Load() {
 		return false
 	}
-	return !slices.Contains(r.Exclude, w.spec.ID) && !slices.Contains(r.full, w.spec.ID)
+	return !slices.Contains(r.Exclude, w.spec.ID)
 }

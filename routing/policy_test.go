@@ -28,7 +28,7 @@ func TestRoundRobin(t *testing.T) {
 			rr := &RoundRobin{}
 			r := &Request{Model: "m", Exclude: tt.exclude}
 			for i, want := range tt.want {
-				w, route := rr.Pick(context.Background(), r, ws)
+				w, route := rr.Pick(context.Background(), choice{Request: r}, ws)
 				if got := idOf(w); got != want {
 					t.Errorf("pick %d: got %q, want %q", i, got, want)
 				}
@@ -38,7 +38,7 @@ func TestRoundRobin(t *testing.T) {
 			}
 		})
 	}
-	if w, _ := (&RoundRobin{}).Pick(context.Background(), &Request{}, nil); w != nil {
+	if w, _ := (&RoundRobin{}).Pick(context.Background(), choice{Request: &Request{}}, nil); w != nil {
 		t.Errorf("empty pool: got %q, want nil", w.ID())
 	}
 }
@@ -64,7 +64,7 @@ func TestRandomIsUniformOverEligible(t *testing.T) {
 			counts := map[string]int{}
 			const picks = 4000
 			for range picks {
-				w, route := pol.Pick(context.Background(), &Request{Model: "m"}, ws)
+				w, route := pol.Pick(context.Background(), choice{Request: &Request{Model: "m"}}, ws)
 				if route != RouteRandom {
 					t.Fatalf("got route %q, want %q", route, RouteRandom)
 				}
@@ -117,7 +117,7 @@ func TestLeastRequest(t *testing.T) {
 				markDown(ws[i])
 			}
 			pol := &LeastRequest{rand: runtimeRand{}}
-			w, route := pol.Pick(context.Background(), &Request{Model: "m", Exclude: tt.exclude}, ws)
+			w, route := pol.Pick(context.Background(), choice{Request: &Request{Model: "m", Exclude: tt.exclude}}, ws)
 			if got := idOf(w); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
@@ -134,7 +134,7 @@ func TestLeastRequestSpreadsTies(t *testing.T) {
 	pol := &LeastRequest{rand: &lockedRand{src: rand.NewPCG(5, 6)}}
 	seen := map[string]bool{}
 	for range 100 {
-		w, _ := pol.Pick(context.Background(), &Request{Model: "m"}, ws)
+		w, _ := pol.Pick(context.Background(), choice{Request: &Request{Model: "m"}}, ws)
 		seen[idOf(w)] = true
 	}
 	if len(seen) != 3 {

@@ -60,7 +60,9 @@ type Options struct {
 	Announcer WorkerAnnouncer
 }
 
-// Request is what a policy knows about the request it routes. Pick does not modify it.
+// Request is what a policy knows about the request it routes. Pick never modifies it; Prepare
+// sets only Prepared. The protections a pick applies (the prefill budget, pieces, the workers an
+// interactive request avoids) are the pool's, per pick, never the Request's (see choice).
 type Request struct {
 	Model        string
 	Tenant       string
@@ -83,26 +85,9 @@ type Request struct {
 	// request until its first token: measured side by side, that rule moved neither the
 	// interactive p99 nor batch's share beyond run-to-run noise, and was removed.)
 	Interactive bool
-
-	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
-	// Exclude, but not held against them (a pin to one stays).
-	full []string
-	// kvTokens holds the prompt's token ids once kv_aware asked the engine (nil inside when
-	// that failed), so the retries of one request ask once.
-	kvTokens *[]uint64
-	// pin is what sticky_session's or manual's Prepare found of the request's pin, so that its
-	// picks, made under the queue's lock, ask the pin store nothing; nil: not prepared.
-	pin *pinLookup
-	// prefillBudget, set by Pick on a request that is not interactive while interactive ones
-	// are present, bounds the prompt tokens of such requests a worker is prefilling (see
-	// Interactive); 0: no bound.
-	prefillBudget int64
-	// piece, set by Pick with prefillBudget on a request whose prompt is longer, is the size of
-	// the pieces its prompt goes to the engine in (see Lease.PrefillPiece); 0: whole.
-	piece int
-	// avoidWhole, set by Pick on an interactive request while prompts may go in pieces, makes
-	// it prefer a worker with no long lower-class prompt in prefill whole (see takeWhole).
-	avoidWhole bool
+	// Prepared is what Pool.Prepare found for the request (its policy's I/O), which its picks
+	// use instead of doing that I/O; the zero value: not prepared. Only Prepare sets it.
+	Prepared Prepared
 }
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
@@ -526,30 +511,34 @@ const maxAcquireAttempts = 3
 // Pick chooses a worker for r with its model's policy (or the worker r.TargetWorker names) and
 // counts the request in flight there. Errors wrap ErrUnknownModel, ErrUnknownWorker or
 // ErrNoWorker; ErrNoRoom too when a worker r may use takes requests but is full, so r may get
-// it once room frees. Pick takes no lock and does no I/O beyond what the model's policy
-// documents.
+// it once room frees.
+//
+// Pick never modifies r. It takes no lock and, for a prepared request (see Prepare), does no
+// I/O: the policy works from r.Prepared. A request not prepared is prepared first, for this call
+// only and under its protections, at the cost Prepare documents. Safe for concurrent use, but not
+// with a Prepare of r.
 func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	ms := p.snap.Load().models[r.Model]
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
-	if caller := r; r.Interactive && p.steersInteractive(ms.workers) || !r.Interactive && p.interactivePresent() {
-		r = p.yieldToInteractive(r, ms.workers)
-		// The prompt's token ids, once a policy asked for them, serve the retries too.
-		defer func() { caller.kvTokens = r.kvTokens }()
-	}
+	c := choice{Request: r, Prepared: r.Prepared}
+	p.protect(&c, ms.workers)
 	if r.TargetWorker != "" {
 		w := ms.byID[r.TargetWorker]
 		if w == nil {
 			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
 		}
-		if r.Eligible(w) {
+		if c.Eligible(w) {
 			if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
-				return p.lease(r.Model, ms, w, RouteTarget, r, probe), nil
+				return p.lease(ms, w, RouteTarget, &c, probe), nil
 			}
 		}
 		p.metrics.decided(r.Model, ms.policyName, "none")
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
+	}
+	if !c.Prepared.done {
+		c.Prepared = p.prepare(ctx, c, ms)
 	}
 	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {
@@ -557,15 +546,13 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		var route Route
 		var pred prediction
 		if lp != nil {
-			w, route, pred = lp.pickLearning(ctx, r, ms.workers)
+			w, route, pred = lp.pickLearning(ctx, c, ms.workers)
 		} else {
-			w, route = ms.policy.Pick(ctx, r, ms.workers)
+			w, route = ms.policy.Pick(ctx, c, ms.workers)
 		}
-		if w == nil && r.Interactive && r.avoidWhole {
+		if w == nil && c.avoidWhole {
 			// No worker clear of whole lower-class prompts could take it: any worker will do.
-			anywhere := *r
-			anywhere.avoidWhole = false
-			r = &anywhere
+			c.avoidWhole = false
 			attempt--
 			continue
 		}
@@ -574,7 +561,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return nil, fmt.Errorf("model %q: %w", r.Model, noWorker(r, ms.workers...))
 		}
 		if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
-			l := p.lease(r.Model, ms, w, route, r, probe)
+			l := p.lease(ms, w, route, &c, probe)
 			if lp != nil {
 				l.learner, l.pred = lp, pred
 			}
@@ -584,104 +571,9 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			p.metrics.decided(r.Model, ms.policyName, "none")
 			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, noWorker(r, ms.workers...))
 		}
-		retry := *r
-		retry.full = append(slices.Clip(r.full), w.spec.ID)
-		r = &retry
+		// Lost the race for w's last slot to a concurrent Pick: ask again without it.
+		c.full = append(slices.Clip(c.full), w.spec.ID)
 	}
-}
-
-// preparer is implemented by policies that need I/O for a request before they can pick for it
-// (kv_aware's /tokenize, the pin store of sticky_session and manual); see Pool.Prepare.
-type preparer interface {
-	prepare(ctx context.Context, r *Request, workers []*Worker)
-}
-
-// Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
-// /tokenize for the prompt's token ids; sticky_session and manual look the request's pin up, and
-// make or move it when it has no fit worker) and keeps the result on r, so that the picks for r
-// do none: the gateway calls it before r waits in its queue, whose lock its picks are made
-// under, and again before a retry. Without it, Pick does that I/O itself. It costs what the
-// policy documents; nothing for most.
-func (p *Pool) Prepare(ctx context.Context, r *Request) {
-	ms := p.snap.Load().models[r.Model]
-	if ms == nil {
-		return
-	}
-	if pr, ok := ms.policy.(preparer); ok {
-		pr.prepare(ctx, r, ms.workers)
-	}
-}
-
-// yieldToInteractive returns a copy of r that yields to interactive requests, which are present:
-// a standard or batch request gets the prefill budget and its pieces; an interactive one prefers
-// a worker with no long lower-class prompt in prefill whole (see takeWhole).
-func (p *Pool) yieldToInteractive(r *Request, workers []*Worker) *Request {
-	c := *r
-	if !c.Interactive {
-		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
-		c.piece = p.prefillPiece(c.PromptTokens)
-	} else if c.TargetWorker == "" && p.steersInteractive(workers) {
-		c.avoidWhole = true
-	}
-	return &c
-}
-
-// steersInteractive reports whether interactive requests prefer, among workers, one with no
-// long lower-class prompt in prefill whole: pieces are on, on one worker only (see takeWhole),
-// and there are several.
-func (p *Pool) steersInteractive(workers []*Worker) bool {
-	c := p.cfg.Concurrency
-	return c.PrefillPieceTokens >= 0 && !c.PiecesEverywhere && len(workers) > 1
-}
-
-// Bounds of the learnt prefill piece (ConcurrencyConfig.PrefillPieceTokens 0): a piece is a
-// request of its own, so pieces of very short interactive prompts would cost the engine more in
-// requests than they save; and a prompt of any length goes in at most maxPrefillPieces, whatever
-// the size configured.
-const (
-	minPrefillPiece  = 64
-	maxPrefillPieces = 16
-)
-
-// prefillPiece is the size of the pieces a lower-class prompt of tokens goes to the engine in
-// while interactive requests are present, or 0 when it goes whole (see Lease.PrefillPiece).
-func (p *Pool) prefillPiece(tokens int) int {
-	n := p.cfg.Concurrency.PrefillPieceTokens
-	switch {
-	case n < 0:
-		return 0
-	case n == 0:
-		n = max(int(p.interactivePrompt.Load()), minPrefillPiece)
-	}
-	n = max(n, (tokens+maxPrefillPieces-1)/maxPrefillPieces)
-	if tokens <= n+n/2 {
-		// Not even one piece would go ahead: the gateway sends a piece only when at least
-		// half a piece is left for the request itself.
-		return 0
-	}
-	return n
-}
-
-// observeInteractivePrompt adds an interactive request's prompt tokens to the moving average
-// the learnt prefill piece follows (an eighth of the way to each new prompt).
-func (p *Pool) observeInteractivePrompt(tokens int) {
-	for {
-		old := p.interactivePrompt.Load()
-		avg := int64(tokens)
-		if old > 0 {
-			avg = old + (int64(tokens)-old)/8
-		}
-		if p.interactivePrompt.CompareAndSwap(old, avg) {
-			return
-		}
-	}
-}
-
-// interactivePresent reports whether an interactive request was routed within
-// ConcurrencyConfig.InteractivePresence.
-func (p *Pool) interactivePresent() bool {
-	last := p.lastInteractive.Load()
-	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
 }
 
 // errNoRoom is the error of a request refused while a worker it may use is only full.
@@ -718,11 +610,15 @@ func (p *Pool) roomOn(w *Worker) {
 	}
 }
 
-func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Request, probe bool) *Lease {
-	p.metrics.decided(model, ms.policyName, route)
+// lease places c's request on w, which tryAcquire already counted it on: it counts the request's
+// prefill (interactive, or the lower classes' budget, whole or one piece) and notes an
+// interactive one for the protections of the picks that follow.
+func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool) *Lease {
+	r := c.Request
+	p.metrics.decided(r.Model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: r.prefillTokens(w), piece: r.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r),
-		budgeted: r.prefillBudget > 0}
+		interactive: r.Interactive, lowerTokens: c.prefillTokens(w), piece: c.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r),
+		budgeted: c.prefillBudget > 0}
 	// The load it was placed at: the worker's in-flight requests but this one.
 	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()
 	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))
@@ -743,22 +639,6 @@ func (p *Pool) lease(model string, ms *modelSet, w *Worker, route Route, r *Requ
 		w.prefill.start(l.lowerTokens)
 	}
 	return l
-}
-
-// takeWhole reports whether a long lower-class prompt, picked for w while interactive requests
-// are present, may go whole, and if so counts it in w.wholePrefills: nothing else of the lower
-// classes is in prefill on w, and another of the model's workers that takes requests has no
-// whole one in prefill, so an interactive request has a worker whose steps hold only pieces.
-// With one worker it never may.
-func (p *Pool) takeWhole(workers []*Worker, w *Worker) bool {
-	p.wholeMu.Lock()
-	defer p.wholeMu.Unlock()
-	if w.prefill.tokens.Load() > 0 || w.wholePrefills.Load() > 0 ||
-		!slices.ContainsFunc(workers, func(o *Worker) bool { return o != w && o.takesRequests() && o.wholePrefills.Load() == 0 }) {
-		return false
-	}
-	w.wholePrefills.Add(1)
-	return true
 }
 
 // Run runs the pool's background work until ctx ends, and returns when all of its goroutines have

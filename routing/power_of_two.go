@@ -28,7 +28,7 @@ type PowerOfTwo struct {
 var _ Policy = (*PowerOfTwo)(nil)
 
 // Pick implements Policy.
-func (p *PowerOfTwo) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *PowerOfTwo) Pick(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	a := pickRandom(p.rand, r, workers)
 	if a == nil {
 		return nil, RoutePowerOfTwo
@@ -46,7 +46,7 @@ func (p *PowerOfTwo) Pick(_ context.Context, r *Request, workers []*Worker) (*Wo
 
 // second draws an eligible worker other than a: a few random probes, then a scan from a random
 // start (which small or mostly ineligible fleets need).
-func (p *PowerOfTwo) second(r *Request, workers []*Worker, a *Worker) *Worker {
+func (p *PowerOfTwo) second(r choice, workers []*Worker, a *Worker) *Worker {
 	n := len(workers)
 	for range randomProbes {
 		if w := workers[intN(p.rand, n)]; w != a && r.Eligible(w) {

@@ -70,12 +70,12 @@ func newPrefixHash(cfg PrefixHashConfig, rnd randSource) *PrefixHash {
 func (p *PrefixHash) WorkersChanged(workers []*Worker) { p.ring.WorkersChanged(workers) }
 
 // Pick implements Policy.
-func (p *PrefixHash) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *PrefixHash) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	if r.Prompt == "" {
 		return p.promptless.Pick(ctx, r, workers)
 	}
 	key := xxhash.Sum64String(leadingTokens(r.Prompt, p.tokens))
-	if ns := p.scope.namespace(r); ns != "" {
+	if ns := p.scope.namespace(r.Request); ns != "" {
 		key = kvMix(key, xxhash.Sum64String(ns))
 	}
 	return pickOnRing(p.ring.get(workers), r, key, p.loadFactor)

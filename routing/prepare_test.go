@@ -2,58 +2,75 @@ package routing
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"sync/atomic"
 	"testing"
 )
 
-// askOnce is a test policy that, like kv_aware, keeps what it learnt of a request (its token
-// ids) on the Request for the request's retries, and counts how often it had to learn it.
-type askOnce struct{ asked atomic.Int32 }
-
-func (a *askOnce) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
-	if r.kvTokens == nil {
-		a.asked.Add(1)
-		ids := []uint64{1, 2, 3}
-		r.kvTokens = &ids
+// Pick never writes to the caller's Request: not while interactive requests are present (the
+// prefill budget, pieces, steering away from whole prompts are the pick's own), not for a
+// prepared request, nor for one it prepares itself; every policy.
+func TestPickNeverModifiesTheRequest(t *testing.T) {
+	for _, name := range conformancePolicies() {
+		t.Run(name, func(t *testing.T) {
+			cfg := Config{Policy: name, Workers: testWorkers(3, "m")}
+			cfg.Concurrency.PrefillPieceTokens = 64
+			p, _ := newTestPool(t, cfg)
+			k := picker{t: t, p: p, model: "m"}
+			// Interactive traffic present, and a whole long prompt in prefill on one worker.
+			k.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Release(Outcome{})
+			whole := k.pick("a long batch prompt", Request{PromptTokens: 4000, TargetWorker: "w0"})
+			defer whole.Release(Outcome{})
+			for _, prepared := range []bool{false, true} {
+				for i, r := range conformanceRequests(24) {
+					r.Interactive = i%2 == 0
+					r.Exclude = []string{"w2"}
+					if prepared {
+						p.Prepare(context.Background(), r)
+					}
+					before := *r
+					before.Exclude = append([]string(nil), r.Exclude...)
+					l, err := p.Pick(context.Background(), r)
+					if err != nil {
+						t.Fatalf("request %d: %v", i, err)
+					}
+					l.Release(Outcome{})
+					if !reflect.DeepEqual(*r, before) {
+						t.Fatalf("request %d (prepared %v): Pick changed it\n got %+v\nwant %+v", i, prepared, *r, before)
+					}
+				}
+			}
+		})
 	}
-	for _, w := range workers {
-		if r.Eligible(w) {
-			return w, RouteLeastRequest
-		}
-	}
-	return nil, RouteLeastRequest
 }
 
-func init() {
-	registerPolicy("test_ask_once", func(policyEnv) (Policy, error) { return &askOnce{}, nil })
-}
-
-// While interactive requests are present Pick works on a copy of a batch request; what the
-// policy kept on it reaches the caller's, so a retry of the same request does not ask again.
-func TestPickKeepsWhatThePolicyLearntOfTheRequest(t *testing.T) {
-	p, err := NewPool(Config{Workers: testWorkers(2, "m"), Policy: "test_ask_once"}, Options{})
-	if err != nil {
-		t.Fatal(err)
+// A retry is prepared again (a pin to the failed worker moves then) but keeps the token ids the
+// first Prepare asked for: one /tokenize per request.
+func TestPrepareAgainKeepsTheTokenIDs(t *testing.T) {
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
+	}))
+	t.Cleanup(srv.Close)
+	specs := testWorkers(2, "m")
+	for i := range specs {
+		specs[i].URL = srv.URL
 	}
-	ctx := context.Background()
-	if l, err := p.Pick(ctx, &Request{Model: "m", Interactive: true, PromptTokens: 10, Tokens: 20}); err != nil {
-		t.Fatal(err)
-	} else {
-		l.Release(Outcome{})
+	p, _ := newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
+		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
+	p.policies["m"].Policy.(*KVAware).workers["w0"].live.Store(true)
+	r := &Request{Model: "m", Prompt: "p", Tokens: 10}
+	p.Prepare(context.Background(), r)
+	r.Exclude = append(r.Exclude, "w0")
+	p.Prepare(context.Background(), r)
+	if n := asked.Load(); n != 1 {
+		t.Errorf("two Prepares of one request asked /tokenize %d times, want once", n)
 	}
-	r := &Request{Model: "m", PromptTokens: 10, Tokens: 20}
-	for range 2 {
-		l, err := p.Pick(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Release(Outcome{})
-	}
-	p.mu.Lock()
-	policy := p.policies["m"].Policy.(*askOnce)
-	p.mu.Unlock()
-	if got := policy.asked.Load(); got != 2 { // the interactive request, and the batch one once
-
-		t.Errorf("the policy learnt the requests %d times, want 2: the batch request's two picks asked once", got)
+	if got := r.Prepared.tokens; len(got) != 8 {
+		t.Errorf("prepared token ids %v, want the 8 asked", got)
 	}
 }

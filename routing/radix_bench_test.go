@@ -86,7 +86,7 @@ func cacheFixture(b *testing.B) *cacheBench {
 		for q := range benchQuestions {
 			for d, doc := range f.docs {
 				p := benchQuestion(rnd, doc, q)
-				c.Pick(context.Background(), &Request{Model: "m", Prompt: p}, f.ws)
+				c.Pick(context.Background(), choice{Request: &Request{Model: "m", Prompt: p}}, f.ws)
 				if q%100 == 0 && d%10 == 0 {
 					f.hits = append(f.hits, p)
 				}
@@ -137,7 +137,7 @@ func BenchmarkCacheAwarePickHit(b *testing.B) {
 	b.ReportAllocs()
 	cpu := cpuTime(b)
 	for i := 0; b.Loop(); i++ {
-		if w, route := f.c.Pick(context.Background(), &reqs[i%len(reqs)], f.ws); w == nil || route != RouteCacheHit {
+		if w, route := f.c.Pick(context.Background(), choice{Request: &reqs[i%len(reqs)]}, f.ws); w == nil || route != RouteCacheHit {
 			b.Fatalf("got %v by %s, want a cache hit", w, route)
 		}
 	}
@@ -173,7 +173,7 @@ func BenchmarkCacheAwarePickNewQuestion(b *testing.B) {
 	cpu := cpuTime(b)
 	for b.Loop() {
 		r.Prompt = m.next()
-		if w, route := f.c.Pick(context.Background(), r, f.ws); w == nil || route != RouteCacheHit {
+		if w, route := f.c.Pick(context.Background(), choice{Request: r}, f.ws); w == nil || route != RouteCacheHit {
 			b.Fatalf("got %v by %s, want a cache hit on the document", w, route)
 		}
 	}
@@ -191,7 +191,7 @@ func BenchmarkCacheAwarePickCold(b *testing.B) {
 	cpu := cpuTime(b)
 	for b.Loop() {
 		r.Prompt = m.next()
-		if w, route := f.c.Pick(context.Background(), r, f.ws); w == nil || route != RouteCacheMiss {
+		if w, route := f.c.Pick(context.Background(), choice{Request: r}, f.ws); w == nil || route != RouteCacheMiss {
 			b.Fatalf("got %v by %s, want a cache miss", w, route)
 		}
 	}
@@ -216,7 +216,7 @@ func BenchmarkCacheAwarePick1000Workers(b *testing.B) {
 	cpu := cpuTime(b)
 	for i := 0; b.Loop(); i++ {
 		start := time.Now()
-		w, _ := f.c.Pick(context.Background(), &reqs[i%len(reqs)], ws)
+		w, _ := f.c.Pick(context.Background(), choice{Request: &reqs[i%len(reqs)]}, ws)
 		if len(lat) < cap(lat) {
 			lat = append(lat, time.Since(start))
 		}
@@ -237,7 +237,7 @@ func BenchmarkCacheAwarePickParallel(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			r := Request{Model: "m", Prompt: f.hits[i%len(f.hits)]}
-			f.c.Pick(context.Background(), &r, f.ws)
+			f.c.Pick(context.Background(), choice{Request: &r}, f.ws)
 			i++
 		}
 	})

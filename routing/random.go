@@ -18,13 +18,13 @@ type Random struct {
 var _ Policy = (*Random)(nil)
 
 // Pick implements Policy.
-func (p *Random) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *Random) Pick(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	return pickRandom(p.rand, r, workers), RouteRandom
 }
 
 // pickRandom returns a uniformly chosen eligible worker, or nil. Rejection sampling keeps the
 // common case O(1); when it misses, reservoir sampling over the eligible ones stays uniform.
-func pickRandom(rnd randSource, r *Request, workers []*Worker) *Worker {
+func pickRandom(rnd randSource, r choice, workers []*Worker) *Worker {
 	n := len(workers)
 	if n == 0 {
 		return nil

@@ -44,7 +44,7 @@ func newHashRing(workers []*Worker, vnodes int) *hashRing {
 // so an idle worker always qualifies (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing
 // with Bounded Loads"). spilled says the owner of key was passed over. Cost: a binary search,
 // plus a sum over the workers only when the owner already has work.
-func (h *hashRing) pick(r *Request, key uint64, loadFactor float64) (w *Worker, spilled bool) {
+func (h *hashRing) pick(r choice, key uint64, loadFactor float64) (w *Worker, spilled bool) {
 	n := len(h.points)
 	if n == 0 {
 		return nil, false

@@ -19,7 +19,7 @@ type RoundRobin struct {
 var _ Policy = (*RoundRobin)(nil)
 
 // Pick implements Policy.
-func (p *RoundRobin) Pick(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *RoundRobin) Pick(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	n := len(workers)
 	if n == 0 {
 		return nil, RouteRoundRobin

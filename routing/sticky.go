@@ -122,7 +122,7 @@ type pinRouter struct {
 	hit     Route // the route of a kept pin
 	ring    ringCache
 	// assign picks a worker for a key without a fit pin.
-	assign func(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+	assign func(ctx context.Context, r choice, workers []*Worker) (*Worker, Route)
 	// assigned, if set, learns of every pin this gateway moves (from "" for a new one).
 	assigned func(from, to string)
 }
@@ -142,7 +142,7 @@ type pinLookup struct {
 // lookup looks the key's pin up and, when it has no worker that is fit (healthy, serving, not
 // draining; full is fit), assigns one and claims the pin for it: every pin store round trip a
 // request makes, at most two, bounded by PinConfig.Timeout.
-func (p *pinRouter) lookup(ctx context.Context, r *Request, workers []*Worker, key string) *pinLookup {
+func (p *pinRouter) lookup(ctx context.Context, r choice, workers []*Worker, key string) *pinLookup {
 	ring := p.ring.get(workers)
 	k := PinKey{Model: p.model, Tenant: r.Tenant, Key: key}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
@@ -177,23 +177,27 @@ func (p *pinRouter) lookup(ctx context.Context, r *Request, workers []*Worker, k
 	return &pinLookup{id: got, route: route}
 }
 
-// prepare does r's lookup before it waits in its queue, and keeps it on r for pick.
-func (p *pinRouter) prepare(ctx context.Context, r *Request, workers []*Worker, key string) {
-	r.pin = p.lookup(ctx, r, workers, key)
+// prepare does r's lookup before it waits in its queue, and returns r.Prepared with it, for
+// pick.
+func (p *pinRouter) prepare(ctx context.Context, r choice, workers []*Worker, key string) Prepared {
+	found := r.Prepared
+	found.pin = p.lookup(ctx, r, workers, key)
+	return found
 }
 
-// pick routes r by its key's pin: to its pinned worker when that has room, else elsewhere with
-// the pin kept (spill); the next lookup moves a pin whose worker became unfit. A prepared request
-// (r.pin) costs no I/O; an unprepared one is looked up here.
-func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key string) (*Worker, Route) {
+// pick routes r by its key's pin, as its Prepare found it: to its pinned worker when that has
+// room, else elsewhere with the pin kept (spill); the next lookup moves a pin whose worker became
+// unfit. It asks the pin store nothing: a request not prepared (Pool.Pick prepares every one)
+// routes as when the store fails, by consistent hashing on the key, uncounted.
+func (p *pinRouter) pick(ctx context.Context, r choice, workers []*Worker, key string) (*Worker, Route) {
 	if len(workers) == 0 {
 		return nil, p.hit
 	}
-	pin := r.pin
-	if pin == nil {
-		pin = p.lookup(ctx, r, workers, key)
-	}
-	if pin.err != nil {
+	pin := r.Prepared.pin
+	switch {
+	case pin == nil:
+		return p.hashed(p.ring.get(workers), r)
+	case pin.err != nil:
 		return p.degraded(p.ring.get(workers), r, "get", pin.err)
 	}
 	if w := p.ring.get(workers).byID[pin.id]; w != nil && r.Eligible(w) {
@@ -206,12 +210,18 @@ func (p *pinRouter) pick(ctx context.Context, r *Request, workers []*Worker, key
 	return w, RouteSpill
 }
 
-func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (*Worker, Route) {
+// degraded counts the pin store's failure at op and routes r as hashed does.
+func (p *pinRouter) degraded(ring *hashRing, r choice, op string, err error) (*Worker, Route) {
 	p.metrics.pinErrors.WithLabelValues(p.model, op).Inc()
 	if !errors.Is(err, context.Canceled) {
 		p.logger.Debug("pin store failed; routing by consistent hashing", "model", p.model, "op", op, "err", err)
 	}
-	key, _ := requestKeyHash(r)
+	return p.hashed(ring, r)
+}
+
+// hashed routes r without its pin, by consistent hashing on the same key, with bounded load.
+func (p *pinRouter) hashed(ring *hashRing, r choice) (*Worker, Route) {
+	key, _ := requestKeyHash(r.Request)
 	return pickOnRing(ring, r, key, degradedLoadFactor)
 }
 
@@ -224,7 +234,8 @@ func (p *pinRouter) degraded(ring *hashRing, r *Request, op string, err error) (
 // the errors are counted. Requests without a session go to the fallback policy.
 //
 // Safe for concurrent use. Its Prepare makes one store round trip (two for a new or moved
-// session), bounded by PinConfig.Timeout, and its picks then none (unprepared, a pick makes them).
+// session), bounded by PinConfig.Timeout, and its picks none (Pool.Pick prepares a request that
+// was not).
 type StickySession struct {
 	fallback Policy
 	router   pinRouter
@@ -265,7 +276,7 @@ func (p *StickySession) Run(ctx context.Context) {
 }
 
 // Pick implements Policy.
-func (p *StickySession) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *StickySession) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	if r.SessionID == "" {
 		return p.fallback.Pick(ctx, r, workers)
 	}
@@ -274,13 +285,14 @@ func (p *StickySession) Pick(ctx context.Context, r *Request, workers []*Worker)
 
 // prepare implements preparer: the fallback's own I/O, then the session's pin (see
 // pinRouter.prepare).
-func (p *StickySession) prepare(ctx context.Context, r *Request, workers []*Worker) {
+func (p *StickySession) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
 	if pr, ok := p.fallback.(preparer); ok {
-		pr.prepare(ctx, r, workers)
+		r.Prepared = pr.prepare(ctx, r, workers)
 	}
 	if r.SessionID != "" && len(workers) > 0 {
-		p.router.prepare(ctx, r, workers, r.SessionID)
+		r.Prepared = p.router.prepare(ctx, r, workers, r.SessionID)
 	}
+	return r.Prepared
 }
 
 // Manual routes by pins an operator sets (Pool.Pin) or the policy makes: the key is
@@ -288,7 +300,7 @@ func (p *StickySession) prepare(ctx context.Context, r *Request, workers []*Work
 // and is pinned to it; failover, degradation and costs are those of StickySession. Requests
 // without a key go to the Assign strategy unpinned.
 type Manual struct {
-	assign   func(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route)
+	assign   func(ctx context.Context, r choice, workers []*Worker) (*Worker, Route)
 	router   pinRouter
 	pins     PinStore
 	model    string
@@ -330,7 +342,7 @@ func newManual(env policyEnv) (Policy, error) {
 func (p *Manual) WorkersChanged(workers []*Worker) { p.router.ring.WorkersChanged(workers) }
 
 // Pick implements Policy.
-func (p *Manual) Pick(ctx context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *Manual) Pick(ctx context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	key := r.RoutingKey
 	if key == "" {
 		key = r.SessionID
@@ -342,14 +354,15 @@ func (p *Manual) Pick(ctx context.Context, r *Request, workers []*Worker) (*Work
 }
 
 // prepare implements preparer: the key's pin (see pinRouter.prepare).
-func (p *Manual) prepare(ctx context.Context, r *Request, workers []*Worker) {
+func (p *Manual) prepare(ctx context.Context, r choice, workers []*Worker) Prepared {
 	key := r.RoutingKey
 	if key == "" {
 		key = r.SessionID
 	}
-	if key != "" && len(workers) > 0 {
-		p.router.prepare(ctx, r, workers, key)
+	if key == "" || len(workers) == 0 {
+		return r.Prepared
 	}
+	return p.router.prepare(ctx, r, workers, key)
 }
 
 // Run recounts the pins per worker every Recount for min_group; for the other strategies it
@@ -402,7 +415,7 @@ func (p *Manual) moved(from, to string) {
 }
 
 // pickMinGroup returns the eligible worker with the fewest pinned keys, ties to the first.
-func (p *Manual) pickMinGroup(_ context.Context, r *Request, workers []*Worker) (*Worker, Route) {
+func (p *Manual) pickMinGroup(_ context.Context, r choice, workers []*Worker) (*Worker, Route) {
 	counts := *p.groups.Load()
 	var best *Worker
 	var bestN int64

@@ -188,3 +188,33 @@ func TestPriorityHandoffWorkerTakesPromptsWhole(t *testing.T) {
 		l.Release(Outcome{})
 	}
 }
+
+// A request's prompt tokens in a worker's prefill at once: its prompt whole, one piece of it
+// when it goes in pieces, whole on a worker that schedules by priority; at least one.
+func TestPrefillTokensOnAWorker(t *testing.T) {
+	specs := testWorkers(2, "m")
+	specs[1].PriorityHandoff = true
+	p, _ := newTestPool(t, Config{Workers: specs})
+	ws := modelWorkers(t, p, "m")
+	for _, tt := range []struct {
+		name           string
+		prompt, piece  int
+		w              *Worker
+		wantPiece      int
+		wantPrefilling int64
+	}{
+		{"whole", 2000, 0, ws[0], 0, 2000},
+		{"in pieces", 2000, 256, ws[0], 256, 256},
+		{"shorter than a piece", 100, 256, ws[0], 256, 100},
+		{"whole on a worker that schedules by priority", 2000, 256, ws[1], 0, 2000},
+		{"an empty prompt", 0, 0, ws[0], 0, 1},
+	} {
+		c := choice{Request: &Request{Model: "m", PromptTokens: tt.prompt}, piece: tt.piece}
+		if got := c.pieceOn(tt.w); got != tt.wantPiece {
+			t.Errorf("%s: piece %d, want %d", tt.name, got, tt.wantPiece)
+		}
+		if got := c.prefillTokens(tt.w); got != tt.wantPrefilling {
+			t.Errorf("%s: %d tokens in prefill, want %d", tt.name, got, tt.wantPrefilling)
+		}
+	}
+}

@@ -1,0 +1,60 @@
+package routing
+
+import "slices"
+
+// choice is one request as Pool.Pick hands it to a policy: the request, what Prepare found for
+// it, and the protections in force for this one pick, which the pool sets and the request never
+// carries. Its Eligible and Prepared are the pick's and hide the Request's: Eligible is the
+// request's own test and every protection's filter, Prepared is the request's or, for a request
+// not prepared, what Pick prepared; so a policy cannot use the one without the other.
+//
+// Pick builds it on its stack and passes it by value: a pick allocates nothing for it. The zero
+// protections filter nothing: choice{Request: r, Prepared: r.Prepared} is r as Prepare sees it.
+type choice struct {
+	*Request
+	Prepared Prepared
+
+	// prefillBudget bounds the lower-class prompt tokens in prefill on a worker (see
+	// withinPrefillBudget); 0: no bound.
+	prefillBudget int64
+	// piece is the size of the pieces in which the prompt goes to the engine (see pieceOn); 0:
+	// whole.
+	piece int
+	// avoidWhole keeps an interactive request off a worker that prefills a whole long lower-class
+	// prompt (see clearOfWholePrefill).
+	avoidWhole bool
+	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
+	// Request.Exclude, but not held against them (a pin to one stays).
+	full []string
+}
+
+// Eligible reports whether w may take the request in this pick: the request's own test
+// (Request.Eligible: health, drain, circuit, room, Exclude) and the filter of every protection in
+// force. Every policy filters with it. It costs what Request.Eligible costs, a few atomic loads
+// more and a scan of full; it modifies nothing.
+func (c *choice) Eligible(w *Worker) bool {
+	return c.Request.Eligible(w) && c.withinPrefillBudget(w) && c.clearOfWholePrefill(w) &&
+		!slices.Contains(c.full, w.spec.ID)
+}
+
+// protect sets the protections of interactive requests that are in force for c now, among
+// workers: while interactive requests are present, a standard or batch request gets the prefill
+// budget (prefill_budget.go) and, for a long prompt, its pieces (prefill_pieces.go); while pieces
+// are on one worker only, an interactive request not sent to a target worker prefers a worker
+// with no long prompt in prefill whole (prefill_whole.go). Cost: a clock read.
+func (p *Pool) protect(c *choice, workers []*Worker) {
+	switch {
+	case !c.Interactive && p.interactivePresent():
+		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
+		c.piece = p.prefillPiece(c.PromptTokens)
+	case c.Interactive && c.TargetWorker == "" && p.steersInteractive(workers):
+		c.avoidWhole = true
+	}
+}
+
+// interactivePresent reports whether an interactive request was routed within
+// ConcurrencyConfig.InteractivePresence.
+func (p *Pool) interactivePresent() bool {
+	last := p.lastInteractive.Load()
+	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
+}

@@ -1,0 +1,51 @@
+package routing
+
+import "context"
+
+// Prepared is what Pool.Prepare found for a request: the I/O its model's policy needs before it
+// picks, done once before the request waits, so that its picks do none. kv_aware keeps the
+// prompt's token ids (asked of a worker's /tokenize once per request: a later Prepare keeps
+// them); sticky_session and manual keep the request's pin, made or moved when its worker was not
+// fit. Its fields are the policies' own: a caller keeps the value on the Request and reads
+// nothing of it. The zero value is a request not prepared.
+type Prepared struct {
+	done bool
+	// tokenized: kv_aware asked for the prompt's token ids; tokens holds them (nil: the ask
+	// failed).
+	tokenized bool
+	tokens    []uint64
+	// pin is what sticky_session's or manual's lookup found of the request's key; nil: the
+	// request has no key.
+	pin *pinLookup
+}
+
+// preparer is implemented by policies that need I/O for a request before they can pick for it
+// (kv_aware's /tokenize, the pin store of sticky_session and manual). prepare returns r.Prepared
+// with what it found for r added; it modifies neither r nor its Request.
+type preparer interface {
+	prepare(ctx context.Context, r choice, workers []*Worker) Prepared
+}
+
+// Prepare does the I/O r's model's policy needs before it picks (kv_aware asks a worker's
+// /tokenize for the prompt's token ids; sticky_session and manual look the request's pin up, and
+// make or move it when it has no fit worker) and keeps what it found in r.Prepared, the one field
+// of r it sets. The gateway calls it before r waits in its queue, whose lock r's picks are made
+// under, and again before a retry (a pin to the failed worker moves; token ids already asked are
+// kept). A request not prepared is prepared by Pick itself. It costs what the policy documents;
+// nothing for most. Do not call it during a Pick of r.
+func (p *Pool) Prepare(ctx context.Context, r *Request) {
+	if ms := p.snap.Load().models[r.Model]; ms != nil {
+		// Before the wait, no protection of the picks to come is known: none applies.
+		r.Prepared = p.prepare(ctx, choice{Request: r, Prepared: r.Prepared}, ms)
+	}
+}
+
+// prepare is c.Prepared with what Prepare finds for c among the workers of ms; it does not
+// modify c's Request.
+func (p *Pool) prepare(ctx context.Context, c choice, ms *modelSet) Prepared {
+	c.Prepared.done = true
+	if pr, ok := ms.policy.(preparer); ok {
+		return pr.prepare(ctx, c, ms.workers)
+	}
+	return c.Prepared
+}
