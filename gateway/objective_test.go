@@ -315,7 +315,9 @@ func TestObjectiveUnreachableRefusedWhenAsked(t *testing.T) {
 	pro := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
 		Weight: 1, Models: []string{"*"},
 		Objectives: tenants.ClassObjectives{Interactive: tenants.Objective{TTFT: time.Second, Percentile: 99}}}
-	clock := &testClock{now: time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)}
+	// The queue keeps the real clock, and a deadline is set by the gateway's: this one starts at
+	// the real time and only moves ahead of it, so a deadline it sets is never in the queue's past.
+	clock := &testClock{now: time.Now()}
 	slow := &slowEngine{clock: clock}
 	slow.delay.Store(int64(300 * time.Millisecond))
 	engine := &countingEngine{Handler: slow}
