@@ -44,8 +44,8 @@ import (
 // share), with a prior per coefficient held for good (each answer also learns that one
 // coefficient is 0, with the weight of its prior, so a coefficient the inputs cannot tell apart
 // stays near its prior instead of drifting), no variance grown past its prior, the per-unit
-// coefficients kept non-negative as costs are, and a fit that starts again when its residuals
-// outgrow the times it learns (costLost). Memory is fixed (a few small arrays per worker); an
+// coefficients kept non-negative as costs are (along the covariance, see nonNegative), and a fit
+// that starts again when its residuals outgrow the times it learns (costLost). Memory is fixed (a few small arrays per worker); an
 // answer costs a few hundred floating-point operations under the model's mutex (about 0.6 µs) and
 // allocates nothing; a prediction reads the published coefficients without a lock.
 
@@ -396,10 +396,7 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 			f.p[i][j] *= scale[i] * scale[j]
 		}
 	}
-	// Costs are not negative: a coefficient that noise pushed below 0 is held at 0.
-	for i := 1; i < n; i++ {
-		f.theta[i] = max(f.theta[i], 0)
-	}
+	moved := f.nonNegative(x)
 	if f.answers == 0 {
 		f.absResidual, f.absValue = residual, math.Abs(y)
 	} else {
@@ -407,8 +404,10 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 		f.absValue += (math.Abs(y) - f.absValue) / 32
 	}
 	f.answers = min(f.answers+1, math.MaxInt32)
-	f.regularise(f.answers % n)
-	if !f.finite() || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
+	moved += f.regularise(f.answers%n, x)
+	// A fit whose costs could be kept non-negative only by moving its prediction where it just
+	// learnt further than the times it learns is lost as well (absurd answers taught it).
+	if !f.finite() || moved > costLost*f.absValue || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
 		f.reset(n, f.prior)
 	}
 }
@@ -416,8 +415,9 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 // regularise learns that coefficient i is 0, with the weight that, repeated every n answers
 // under forgetting, holds the prior on it for good: forgetting discounts the prior with the
 // answers, and a coefficient the inputs cannot tell apart from another (the load of a worker
-// always full, beside its step) would otherwise drift where noise takes it.
-func (f *costFit) regularise(i int) {
+// always full, beside its step) would otherwise drift where noise takes it. It returns how far
+// keeping the costs non-negative then moved the prediction at x.
+func (f *costFit) regularise(i int, x *[maxInputs]float64) (moved float64) {
 	weight := float64(f.n) * (1 - costForget) / f.prior[i]
 	denom := 1/weight + f.p[i][i]
 	var pi [maxInputs]float64
@@ -434,9 +434,42 @@ func (f *costFit) regularise(i int) {
 			f.p[k][j] = f.p[j][k]
 		}
 	}
-	for j := 1; j < f.n; j++ {
-		f.theta[j] = max(f.theta[j], 0)
+	return f.nonNegative(x)
+}
+
+// nonNegative holds the per-unit coefficients at 0 or above, as costs are, and returns how far
+// that moved the fit's prediction at x (ms). A coefficient that noise pushed below 0 is set to 0
+// along the covariance: the others move by what they share with it, as a fit that knew it was 0
+// would have them, so the fit's predictions where it learnt stay about where they were. Set to 0
+// alone, a coefficient whose input barely varies beside another (the sequences running on a
+// slot engine, two or three, beside the step) would leave the other off by its share at every
+// answer, and the fit would chase its own correction without end (it did: a slot engine's TPOT
+// fit grew past 1e10 ms within a hundred answers). The most negative goes first; a move can push
+// another below 0, so at most n passes, then any left is held at 0.
+func (f *costFit) nonNegative(x *[maxInputs]float64) (moved float64) {
+	before := dot(&f.theta, *x, f.n)
+	for range f.n {
+		worst := 0
+		for i := 1; i < f.n; i++ {
+			if f.theta[i] < 0 && (worst == 0 || f.theta[i] < f.theta[worst]) {
+				worst = i
+			}
+		}
+		if worst == 0 {
+			break
+		}
+		if d := f.p[worst][worst]; d > 0 {
+			k := f.theta[worst] / d
+			for j := range f.n {
+				f.theta[j] -= f.p[j][worst] * k
+			}
+		}
+		f.theta[worst] = 0
 	}
+	for i := 1; i < f.n; i++ {
+		f.theta[i] = max(f.theta[i], 0)
+	}
+	return math.Abs(dot(&f.theta, *x, f.n) - before)
 }
 
 func (f *costFit) finite() bool {

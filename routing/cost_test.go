@@ -442,3 +442,56 @@ func TestArrivalRate(t *testing.T) {
 		t.Errorf("after an absurd arrival: got %v tokens/s, want a number", got)
 	}
 }
+
+// TestCostModelSlotEngineDecode is a slot engine's TPOT as a gateway sees it: one to three
+// sequences beside a request (of few slots), the prompts arriving per second rising with the
+// offered load, and noisy times. The fit once held a coefficient that noise pushed below 0 at 0
+// alone: the step and the running sequences, which such inputs hardly tell apart, then chased
+// each other's correction, and the predictions of a slot engine's TPOT grew past 1e10 ms within
+// a hundred answers. Every prediction must stay near the law, for TTFT as for TPOT.
+func TestCostModelSlotEngineDecode(t *testing.T) {
+	for seed := range uint64(5) {
+		rng := rand.New(rand.NewPCG(seed, 15))
+		law := costLaw{base: 18 * time.Millisecond, perKToken: 100 * time.Millisecond,
+			step: 13 * time.Millisecond, perSeq: 600 * time.Microsecond, perKArrivals: 300 * time.Microsecond}
+		w := newCostWorker(time.Now)
+		for i := range 300 {
+			pl := placement{running: float64(1 + rng.IntN(3)), arrivals: float64(i) * 8 * (0.9 + 0.2*rng.Float64())}
+			w.cost.observe(pl, float64(1+rng.IntN(3)), law.answer(rng, 100+rng.IntN(800), 0, 10+rng.IntN(100), pl, 0.2))
+			k := w.cost.coefficients()
+			got, ok := k.predict(500, pl)
+			if !ok {
+				continue
+			}
+			if want := law.ttft(500, pl); !within(got.TTFT, want, 0.25) {
+				t.Fatalf("seed %d, after %d answers: got TTFT %v, want %v within 25%%", seed, i+1, got.TTFT, want)
+			}
+			if want := law.tpot(pl); got.TPOT > 0 && !within(got.TPOT, want, 0.25) {
+				t.Fatalf("seed %d, after %d answers: got TPOT %v, want %v within 25%%", seed, i+1, got.TPOT, want)
+			}
+		}
+		if !w.cost.tpotOK.Load() {
+			t.Errorf("seed %d: no TPOT prediction after 300 answers", seed)
+		}
+	}
+}
+
+// TestCostFitNonNegative: a coefficient pushed below 0 is set to 0 along the covariance, so the
+// fit's prediction where it learnt stays put instead of jumping by the coefficient's share.
+func TestCostFitNonNegative(t *testing.T) {
+	var f costFit
+	f.reset(2, &[maxInputs]float64{1e4, 1e4})
+	// Two inputs that moved together: the fit cannot tell them apart, and puts a negative
+	// coefficient on the second.
+	f.theta = [maxInputs]float64{20, -2}
+	f.p[0][0], f.p[0][1], f.p[1][0], f.p[1][1] = 4, -1.6, -1.6, 1
+	x := [maxInputs]float64{1, 2.5}
+	before := dot(&f.theta, x, 2)
+	f.nonNegative(&x)
+	if f.theta[1] != 0 {
+		t.Fatalf("second coefficient: got %g, want 0", f.theta[1])
+	}
+	if got := dot(&f.theta, x, 2); math.Abs(got-before) > 0.2*before {
+		t.Errorf("prediction at the inputs it learnt: got %g, want about %g", got, before)
+	}
+}
