@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -235,8 +236,13 @@ type costModel struct {
 
 	mu         sync.Mutex // guards ttft and tpot
 	ttft, tpot costFit
+	// largestPrompt is the largest uncached prompt among the worker's answers lately (each answer
+	// discounts it by costForget), meanPrompt a moving mean of them (tokens); both guarded by mu.
+	largestPrompt, meanPrompt float64
 	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
 	arrivals arrivalRate
+	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
+	warnedAt atomic.Int64
 
 	// published is the fit as of the last answer: ttft's coefficients, then tpot's, as
 	// math.Float64bits; ttftOK and tpotOK say whether each has learnt enough.
@@ -278,6 +284,8 @@ func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
 	outputs := min(max(o.CompletionTokens, 0), maxCostTokens)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.largestPrompt = max(u, c.largestPrompt*costForget)
+	c.meanPrompt += (u - c.meanPrompt) / 32
 	if ttft > 0 {
 		x := pl.ttftInputs(u)
 		c.ttft.update(&x, ms(ttft))
@@ -512,4 +520,103 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 		return rate
 	}
 	return rate * math.Exp(-float64(now.UnixNano()-at)/float64(arrivalWindow))
+}
+
+// An engine runs in steps and does not stop one: an interactive prompt that arrives while a
+// step prefills a long lower-class prompt waits for that step, then needs its own prefill. So
+// the default interactive TTFT objective (a factor of the idle prediction, see
+// WatchInteractiveObjective) holds only while one step prefills no more than the objective
+// leaves beside the interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker and
+// an objective of f·TTFT, a step of k prompt tokens costs about tp·k, so k must stay within
+// (f-1)·TTFT/tp. A step's prompt tokens are bounded by the engine (llama-server --batch-size and
+// --ubatch-size, vLLM max_num_batched_tokens), which the gateway cannot read; the largest prompt
+// the worker prefilled lately bounds them as seen. The check runs at every scrape of the worker
+// and warns at most once per costWarnEvery.
+
+// costWarnEvery is the least time between two warnings of one worker's unreachable objective.
+const costWarnEvery = time.Hour
+
+// objectiveRule is a default TTFT objective: factor times the idle prediction, at least floor.
+type objectiveRule struct {
+	factor float64
+	floor  time.Duration
+}
+
+// objectiveReach is what a worker's cost model says of the interactive objective there.
+type objectiveReach struct {
+	prompt    int           // a typical interactive prompt, uncached tokens
+	idle      time.Duration // its predicted TTFT on an idle worker
+	objective time.Duration // its default objective
+	largest   int           // the largest prompt prefilled lately, uncached tokens
+	step      time.Duration // the prefill of largest in one step: what an interactive prompt waits for
+	perK      time.Duration // prefill time per thousand uncached prompt tokens (tp)
+	chunk     int           // the most prompt tokens a step may prefill for the objective to hold
+}
+
+// unreachable reports whether one step of the largest prompt alone takes longer than the
+// objective.
+func (r objectiveReach) unreachable() bool { return r.step > r.objective }
+
+// reach is what the model says of rule's objective for an interactive prompt of prompt tokens
+// (the worker's mean prompt when prompt is not positive). ok is false while the model cannot
+// predict or has learnt no prefill time. Takes the model's mutex; no allocation.
+func (c *costModel) reach(prompt int, rule objectiveRule) (r objectiveReach, ok bool) {
+	c.mu.Lock()
+	largest, mean := c.largestPrompt, c.meanPrompt
+	c.mu.Unlock()
+	k := c.coefficients()
+	if prompt <= 0 {
+		prompt = int(mean)
+	}
+	tp := k.ttft[1] // ms per thousand uncached tokens
+	if !k.ttftOK || prompt <= 0 || !(tp > 0) {
+		return objectiveReach{}, false
+	}
+	r = objectiveReach{prompt: min(prompt, maxCostTokens), largest: int(largest), perK: msDuration(tp)}
+	idle, _ := k.predict(float64(r.prompt), placement{})
+	r.idle = idle.TTFT
+	r.objective = max(time.Duration(float64(r.idle)*rule.factor), rule.floor)
+	r.step = msDuration(tp * largest / 1000)
+	r.chunk = int(max(ms(r.objective-r.idle), 0) / tp * 1000)
+	return r, true
+}
+
+// WatchInteractiveObjective has the pool check, at every scrape of a worker, that its default
+// interactive TTFT objective can hold there: factor times the TTFT its cost model predicts for a
+// typical interactive prompt on an idle worker, at least floor (the gateway's default). When one
+// engine step prefilling the largest prompt the worker took lately would alone take longer, the
+// pool logs a warning naming the worker, the figures and the engine setting to lower, at most
+// once an hour per worker. A factor not above 1 stops the checks. Safe for concurrent use.
+func (p *Pool) WatchInteractiveObjective(factor float64, floor time.Duration) {
+	if !(factor > 1) {
+		p.objective.Store(nil)
+		return
+	}
+	p.objective.Store(&objectiveRule{factor: factor, floor: max(floor, 0)})
+}
+
+// checkObjective warns once per costWarnEvery when w's cost model says the interactive objective
+// cannot hold there (see WatchInteractiveObjective).
+func (p *Pool) checkObjective(w *Worker) {
+	rule := p.objective.Load()
+	if rule == nil {
+		return
+	}
+	r, ok := w.cost.reach(int(p.interactivePrompt.Load()), *rule)
+	if !ok || !r.unreachable() {
+		return
+	}
+	now := p.now().UnixNano()
+	if last := w.cost.warnedAt.Load(); last != 0 && now-last < int64(costWarnEvery) || !w.cost.warnedAt.CompareAndSwap(last, now) {
+		return
+	}
+	fix := fmt.Sprintf("cap the engine's prefill step at about %d tokens: llama-server -b %d -ub %d, vLLM --max-num-batched-tokens %d "+
+		"(chunked prefill); or state the tier's interactive objective", r.chunk, r.chunk, r.chunk, r.chunk)
+	if r.chunk < minPrefillPiece {
+		fix = "no step size keeps it: the engine prefills too slowly for the default objective; state the tier's interactive objective, or serve interactive requests from a faster worker"
+	}
+	p.logger.Warn("interactive TTFT objective unreachable on worker: one engine step of a long prompt takes longer",
+		"worker", w.spec.ID, "interactive_prompt_tokens", r.prompt, "idle_ttft_ms", r.idle.Milliseconds(),
+		"ttft_objective_ms", r.objective.Milliseconds(), "largest_prompt_tokens", r.largest, "step_ms", r.step.Milliseconds(),
+		"prefill_ms_per_1k_tokens", float64(r.perK.Microseconds())/1000, "step_tokens_within_objective", r.chunk, "fix", fix)
 }

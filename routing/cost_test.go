@@ -1,9 +1,14 @@
 package routing
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -493,5 +498,93 @@ func TestCostFitNonNegative(t *testing.T) {
 	}
 	if got := dot(&f.theta, x, 2); math.Abs(got-before) > 0.2*before {
 		t.Errorf("prediction at the inputs it learnt: got %g, want about %g", got, before)
+	}
+}
+
+// TestUnreachableObjectiveWarnsOnce: at its scrapes, a worker whose engine prefills a long prompt
+// in one step slower than the default interactive objective allows is warned of once, with its
+// figures and the setting to change, and again only an hour later; a fast worker beside it never.
+func TestUnreachableObjectiveWarnsOnce(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(engine.Close)
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	var log bytes.Buffer
+	cfg := Config{Policy: "round_robin", Workers: []WorkerSpec{
+		{ID: "slow", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4},
+		{ID: "fast", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4}}}
+	cfg.SetDefaults()
+	p, err := NewPool(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&log, nil)), Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.WatchInteractiveObjective(1.5, 50*time.Millisecond)
+	p.observeInteractivePrompt(200)
+	// slow: 20 ms + 100 ms per thousand prompt tokens (a CPU engine), prompts up to 4000 tokens
+	// in one step (400 ms), against an objective of 1.5 x 40 ms for 200 tokens. fast: 10 ms per
+	// thousand, the same prompts' step is 40 ms, within its objective of 50 ms (the floor).
+	rng := rand.New(rand.NewPCG(16, 17))
+	slow := costLaw{base: 20 * time.Millisecond, perKToken: 100 * time.Millisecond, step: 12 * time.Millisecond}
+	fast := costLaw{base: 20 * time.Millisecond, perKToken: 10 * time.Millisecond, step: 12 * time.Millisecond}
+	workers := modelWorkers(t, p, "m")
+	for i := range 200 {
+		prompt := 100 + rng.IntN(3900)
+		if i == 100 {
+			prompt = 4000
+		}
+		workers[0].cost.observe(placement{}, 0, slow.answer(rng, prompt, 0, 20, placement{}, 0.02))
+		workers[1].cost.observe(placement{}, 0, fast.answer(rng, prompt, 0, 20, placement{}, 0.02))
+	}
+	warnings := func() (lines []map[string]any) {
+		for _, l := range bytes.Split(bytes.TrimSpace(log.Bytes()), []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil && m["level"] == "WARN" {
+				lines = append(lines, m)
+			}
+		}
+		return lines
+	}
+	scrapes := func(d time.Duration) { // a scrape every 20 s: fewer than the worker gets, enough
+		for end := now.Add(d); now.Before(end); now = now.Add(20 * time.Second) {
+			for _, w := range workers {
+				p.scrapeOnce(context.Background(), w)
+			}
+		}
+	}
+	scrapes(10 * time.Minute)
+	got := warnings()
+	if len(got) != 1 {
+		t.Fatalf("after 10 minutes of scrapes: got %d warnings, want 1 (the slow worker's):\n%s", len(got), log.String())
+	}
+	w := got[0]
+	if w["worker"] != "slow" {
+		t.Errorf("warning of worker %v, want slow", w["worker"])
+	}
+	// The objective is 1.5 x the idle TTFT of 200 tokens (40 ms): 60 ms, 20 ms beside the prompt's
+	// own time, which 100 ms per thousand tokens spends on 200 tokens; the step of 4000 tokens
+	// takes 400 ms.
+	for key, want := range map[string]float64{"ttft_objective_ms": 60, "step_ms": 400, "step_tokens_within_objective": 200, "largest_prompt_tokens": 4000} {
+		if v, _ := w[key].(float64); math.Abs(v-want) > 0.1*want {
+			t.Errorf("warning's %s: got %v, want about %v", key, w[key], want)
+		}
+	}
+	if fix, _ := w["fix"].(string); !bytes.Contains([]byte(fix), []byte("llama-server -b")) || !bytes.Contains([]byte(fix), []byte("--max-num-batched-tokens")) {
+		t.Errorf("warning's fix: got %q, want the llama-server and vLLM settings", fix)
+	}
+	scrapes(time.Hour)
+	if got := warnings(); len(got) != 2 || got[1]["worker"] != "slow" {
+		t.Errorf("an hour later: got %d warnings, want a second one of the slow worker:\n%s", len(got), log.String())
+	}
+	// Without an objective to watch, no warning.
+	p.WatchInteractiveObjective(0, 0)
+	scrapes(2 * time.Hour)
+	if got := warnings(); len(got) != 2 {
+		t.Errorf("with the objective unwatched: got %d warnings, want still 2", len(got))
 	}
 }
