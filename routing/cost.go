@@ -46,9 +46,10 @@ import (
 // coefficient is 0, with the weight of its prior, so a coefficient the inputs cannot tell apart
 // stays near its prior instead of drifting), no variance grown past its prior, the per-unit
 // coefficients kept non-negative as costs are (along the covariance, see nonNegative), and a fit
-// that starts again when its residuals outgrow the times it learns (costLost). Memory is fixed (a few small arrays per worker); an
-// answer costs a few hundred floating-point operations under the model's mutex (about 0.6 µs) and
-// allocates nothing; a prediction reads the published coefficients without a lock.
+// that starts again when its residuals outgrow the times it learns (costLost). Memory is fixed
+// (a few small arrays per worker); an answer costs a few hundred floating-point operations under
+// the model's mutex (under a µs) and allocates nothing; a prediction reads the published
+// coefficients without a lock.
 
 const (
 	ttftInputs = 5 // 1, U, B, Q, C
