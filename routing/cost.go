@@ -33,7 +33,8 @@ import (
 //
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
-// room and says how many wait on its /metrics, which counts when the reading is fresh.
+// room and says how many wait on its /metrics, which counts when the reading is fresh and its
+// cache nearly full (at least ConcurrencyConfig.KVHold, or its use unreported).
 //
 // The times learnt are the engine's: TTFT from sending the request to its first event
 // (Outcome.TTFT, streamed answers only), and the rest of the answer (Outcome.Answered) per further
@@ -146,7 +147,14 @@ func (w *Worker) placementNow(others int64) placement {
 	var waiting int64
 	if at := w.load.at.Load(); at != 0 && w.cost.now().UnixNano()-at <= int64(w.cost.maxAge) {
 		others += min(max(w.load.others.Load(), 0), maxSlots)
-		waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
+		// An engine that reports its KV cache (vLLM, SGLang) admits at every step while the cache
+		// has room: what waits then arrived since the last step and is admitted at the next,
+		// beside the request, not before it (the learner reads it so too, see
+		// ConcurrencyConfig). Counted as a queue, a scrape that caught one arrival put every
+		// request placed in the next seconds behind it.
+		if kv := math.Float64frombits(w.load.kvUsage.Load()); !(kv > 0) || kv >= w.cost.kvHold {
+			waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
+		}
 	}
 	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
 		arrivals: w.cost.arrivals.perSecond(w.cost.now())}
@@ -234,6 +242,9 @@ func msDuration(ms float64) time.Duration {
 type costModel struct {
 	now    func() time.Time
 	maxAge time.Duration // a load report older than this is not used (ScrapeConfig.MaxAge)
+	// kvHold is the KV-cache use (ConcurrencyConfig.KVHold) below which the requests an engine
+	// reports waiting are not a queue (see placementNow).
+	kvHold float64
 
 	mu         sync.Mutex // guards ttft and tpot
 	ttft, tpot costFit
@@ -251,8 +262,8 @@ type costModel struct {
 	ttftOK, tpotOK atomic.Bool
 }
 
-func newCostModel(now func() time.Time, maxAge time.Duration) *costModel {
-	c := &costModel{now: now, maxAge: maxAge}
+func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *costModel {
+	c := &costModel{now: now, maxAge: maxAge, kvHold: kvHold}
 	c.ttft.reset(ttftInputs, &ttftPrior)
 	c.tpot.reset(tpotInputs, &tpotPrior)
 	return c

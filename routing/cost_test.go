@@ -61,7 +61,7 @@ func randomPlacement(rng *rand.Rand) placement {
 
 // newCostWorker is a worker alone, with nothing in flight, for the cost model's tests.
 func newCostWorker(now func() time.Time) *Worker {
-	return &Worker{cost: newCostModel(now, 3*time.Second)}
+	return &Worker{cost: newCostModel(now, 3*time.Second, DefaultKVHold)}
 }
 
 // within reports whether got is within tol (relative) of want.
@@ -257,6 +257,10 @@ func TestCostModelPlacement(t *testing.T) {
 		{name: "slots full: first in the queue", slots: 4, others: 4, want: placement{running: 4, queued: 1}},
 		{name: "two ahead in the queue", slots: 4, others: 6, want: placement{running: 4, queued: 3}},
 		{name: "engine reports waiting", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now}, want: placement{running: 7, queued: 4}},
+		{name: "cache with room: the waiting are admitted at the next step", others: 10, report: &LoadReport{Running: 7, Waiting: 3, KVUsage: 0.4, At: now},
+			want: placement{running: 10}},
+		{name: "cache nearly full: the waiting are a queue", others: 10, report: &LoadReport{Running: 7, Waiting: 3, KVUsage: 0.95, At: now},
+			want: placement{running: 7, queued: 4}},
 		{name: "stale report ignored", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now.Add(-time.Minute)}, want: placement{running: 10}},
 		{name: "prompts in prefill", others: 2, prefill: 1500, want: placement{running: 2, prefilling: 1500}},
 		{name: "hostile counts", slots: 4, others: math.MaxInt64, prefill: -5, want: placement{running: 4, queued: maxCostLoad}},
