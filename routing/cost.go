@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,8 @@ import (
 //
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
-// room and says how many wait on its /metrics, which counts when the reading is fresh.
+// room and says how many wait on its /metrics, which counts when the reading is fresh and its
+// cache nearly full (at least ConcurrencyConfig.KVHold, or its use unreported).
 //
 // The times learnt are the engine's: TTFT from sending the request to its first event
 // (Outcome.TTFT, streamed answers only), and the rest of the answer (Outcome.Answered) per further
@@ -44,10 +46,11 @@ import (
 // share), with a prior per coefficient held for good (each answer also learns that one
 // coefficient is 0, with the weight of its prior, so a coefficient the inputs cannot tell apart
 // stays near its prior instead of drifting), no variance grown past its prior, the per-unit
-// coefficients kept non-negative as costs are, and a fit that starts again when its residuals
-// outgrow the times it learns (costLost). Memory is fixed (a few small arrays per worker); an
-// answer costs a few hundred floating-point operations under the model's mutex (about 0.6 µs) and
-// allocates nothing; a prediction reads the published coefficients without a lock.
+// coefficients kept non-negative as costs are (along the covariance, see nonNegative), and a fit
+// that starts again when its residuals outgrow the times it learns (costLost). Memory is fixed
+// (a few small arrays per worker); an answer costs a few hundred floating-point operations under
+// the model's mutex (under a µs) and allocates nothing; a prediction reads the published
+// coefficients without a lock.
 
 const (
 	ttftInputs = 5 // 1, U, B, Q, C
@@ -144,7 +147,14 @@ func (w *Worker) placementNow(others int64) placement {
 	var waiting int64
 	if at := w.load.at.Load(); at != 0 && w.cost.now().UnixNano()-at <= int64(w.cost.maxAge) {
 		others += min(max(w.load.others.Load(), 0), maxSlots)
-		waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
+		// An engine that reports its KV cache (vLLM, SGLang) admits at every step while the cache
+		// has room: what waits then arrived since the last step and is admitted at the next,
+		// beside the request, not before it (the learner reads it so too, see
+		// ConcurrencyConfig). Counted as a queue, a scrape that caught one arrival put every
+		// request placed in the next seconds behind it.
+		if kv := math.Float64frombits(w.load.kvUsage.Load()); !(kv > 0) || kv >= w.cost.kvHold {
+			waiting = min(max(w.load.waiting.Load(), 0), maxSlots)
+		}
 	}
 	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
 		arrivals: w.cost.arrivals.perSecond(w.cost.now())}
@@ -237,11 +247,19 @@ func msDuration(ms float64) time.Duration {
 type costModel struct {
 	now    func() time.Time
 	maxAge time.Duration // a load report older than this is not used (ScrapeConfig.MaxAge)
+	// kvHold is the KV-cache use (ConcurrencyConfig.KVHold) below which the requests an engine
+	// reports waiting are not a queue (see placementNow).
+	kvHold float64
 
 	mu         sync.Mutex // guards ttft and tpot
 	ttft, tpot costFit
+	// largestPrompt is the largest uncached prompt among the worker's answers lately (each answer
+	// discounts it by costForget), meanPrompt a moving mean of them (tokens); both guarded by mu.
+	largestPrompt, meanPrompt float64
 	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
 	arrivals arrivalRate
+	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
+	warnedAt atomic.Int64
 
 	// published is the fit as of the last answer: ttft's coefficients, then tpot's, as
 	// math.Float64bits; ttftOK and tpotOK say whether each has learnt enough.
@@ -249,8 +267,8 @@ type costModel struct {
 	ttftOK, tpotOK atomic.Bool
 }
 
-func newCostModel(now func() time.Time, maxAge time.Duration) *costModel {
-	c := &costModel{now: now, maxAge: maxAge}
+func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *costModel {
+	c := &costModel{now: now, maxAge: maxAge, kvHold: kvHold}
 	c.ttft.reset(ttftInputs, &ttftPrior)
 	c.tpot.reset(tpotInputs, &tpotPrior)
 	return c
@@ -283,6 +301,8 @@ func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
 	outputs := min(max(o.CompletionTokens, 0), maxCostTokens)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.largestPrompt = max(u, c.largestPrompt*costForget)
+	c.meanPrompt += (u - c.meanPrompt) / 32
 	if ttft > 0 {
 		x := pl.ttftInputs(u)
 		c.ttft.update(&x, ms(ttft))
@@ -401,10 +421,7 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 			f.p[i][j] *= scale[i] * scale[j]
 		}
 	}
-	// Costs are not negative: a coefficient that noise pushed below 0 is held at 0.
-	for i := 1; i < n; i++ {
-		f.theta[i] = max(f.theta[i], 0)
-	}
+	moved := f.nonNegative(x)
 	if f.answers == 0 {
 		f.absResidual, f.absValue = residual, math.Abs(y)
 	} else {
@@ -412,8 +429,10 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 		f.absValue += (math.Abs(y) - f.absValue) / 32
 	}
 	f.answers = min(f.answers+1, math.MaxInt32)
-	f.regularise(f.answers % n)
-	if !f.finite() || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
+	moved += f.regularise(f.answers%n, x)
+	// A fit whose costs could be kept non-negative only by moving its prediction where it just
+	// learnt further than the times it learns is lost as well (absurd answers taught it).
+	if !f.finite() || moved > costLost*f.absValue || f.answers >= costMinAnswers && f.absResidual > costLost*f.absValue {
 		f.reset(n, f.prior)
 	}
 }
@@ -421,8 +440,9 @@ func (f *costFit) update(x *[maxInputs]float64, y float64) {
 // regularise learns that coefficient i is 0, with the weight that, repeated every n answers
 // under forgetting, holds the prior on it for good: forgetting discounts the prior with the
 // answers, and a coefficient the inputs cannot tell apart from another (the load of a worker
-// always full, beside its step) would otherwise drift where noise takes it.
-func (f *costFit) regularise(i int) {
+// always full, beside its step) would otherwise drift where noise takes it. It returns how far
+// keeping the costs non-negative then moved the prediction at x.
+func (f *costFit) regularise(i int, x *[maxInputs]float64) (moved float64) {
 	weight := float64(f.n) * (1 - costForget) / f.prior[i]
 	denom := 1/weight + f.p[i][i]
 	var pi [maxInputs]float64
@@ -439,9 +459,42 @@ func (f *costFit) regularise(i int) {
 			f.p[k][j] = f.p[j][k]
 		}
 	}
-	for j := 1; j < f.n; j++ {
-		f.theta[j] = max(f.theta[j], 0)
+	return f.nonNegative(x)
+}
+
+// nonNegative holds the per-unit coefficients at 0 or above, as costs are, and returns how far
+// that moved the fit's prediction at x (ms). A coefficient that noise pushed below 0 is set to 0
+// along the covariance: the others move by what they share with it, as a fit that knew it was 0
+// would have them, so the fit's predictions where it learnt stay about where they were. Set to 0
+// alone, a coefficient whose input barely varies beside another (the sequences running on a
+// slot engine, two or three, beside the step) would leave the other off by its share at every
+// answer, and the fit would chase its own correction without end (it did: a slot engine's TPOT
+// fit grew past 1e10 ms within a hundred answers). The most negative goes first; a move can push
+// another below 0, so at most n passes, then any left is held at 0.
+func (f *costFit) nonNegative(x *[maxInputs]float64) (moved float64) {
+	before := dot(&f.theta, *x, f.n)
+	for range f.n {
+		worst := 0
+		for i := 1; i < f.n; i++ {
+			if f.theta[i] < 0 && (worst == 0 || f.theta[i] < f.theta[worst]) {
+				worst = i
+			}
+		}
+		if worst == 0 {
+			break
+		}
+		if d := f.p[worst][worst]; d > 0 {
+			k := f.theta[worst] / d
+			for j := range f.n {
+				f.theta[j] -= f.p[j][worst] * k
+			}
+		}
+		f.theta[worst] = 0
 	}
+	for i := 1; i < f.n; i++ {
+		f.theta[i] = max(f.theta[i], 0)
+	}
+	return math.Abs(dot(&f.theta, *x, f.n) - before)
 }
 
 func (f *costFit) finite() bool {
@@ -484,4 +537,103 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 		return rate
 	}
 	return rate * math.Exp(-float64(now.UnixNano()-at)/float64(arrivalWindow))
+}
+
+// An engine runs in steps and does not stop one: an interactive prompt that arrives while a
+// step prefills a long lower-class prompt waits for that step, then needs its own prefill. So
+// the default interactive TTFT objective (a factor of the idle prediction, see
+// WatchInteractiveObjective) holds only while one step prefills no more than the objective
+// leaves beside the interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker and
+// an objective of f·TTFT, a step of k prompt tokens costs about tp·k, so k must stay within
+// (f-1)·TTFT/tp. A step's prompt tokens are bounded by the engine (llama-server --batch-size and
+// --ubatch-size, vLLM max_num_batched_tokens), which the gateway cannot read; the largest prompt
+// the worker prefilled lately bounds them as seen. The check runs at every scrape of the worker
+// and warns at most once per costWarnEvery.
+
+// costWarnEvery is the least time between two warnings of one worker's unreachable objective.
+const costWarnEvery = time.Hour
+
+// objectiveRule is a default TTFT objective: factor times the idle prediction, at least floor.
+type objectiveRule struct {
+	factor float64
+	floor  time.Duration
+}
+
+// objectiveReach is what a worker's cost model says of the interactive objective there.
+type objectiveReach struct {
+	prompt    int           // a typical interactive prompt, uncached tokens
+	idle      time.Duration // its predicted TTFT on an idle worker
+	objective time.Duration // its default objective
+	largest   int           // the largest prompt prefilled lately, uncached tokens
+	step      time.Duration // the prefill of largest in one step: what an interactive prompt waits for
+	perK      time.Duration // prefill time per thousand uncached prompt tokens (tp)
+	chunk     int           // the most prompt tokens a step may prefill for the objective to hold
+}
+
+// unreachable reports whether one step of the largest prompt alone takes longer than the
+// objective.
+func (r objectiveReach) unreachable() bool { return r.step > r.objective }
+
+// reach is what the model says of rule's objective for an interactive prompt of prompt tokens
+// (the worker's mean prompt when prompt is not positive). ok is false while the model cannot
+// predict or has learnt no prefill time. Takes the model's mutex; no allocation.
+func (c *costModel) reach(prompt int, rule objectiveRule) (r objectiveReach, ok bool) {
+	c.mu.Lock()
+	largest, mean := c.largestPrompt, c.meanPrompt
+	c.mu.Unlock()
+	k := c.coefficients()
+	if prompt <= 0 {
+		prompt = int(mean)
+	}
+	tp := k.ttft[1] // ms per thousand uncached tokens
+	if !k.ttftOK || prompt <= 0 || !(tp > 0) {
+		return objectiveReach{}, false
+	}
+	r = objectiveReach{prompt: min(prompt, maxCostTokens), largest: int(largest), perK: msDuration(tp)}
+	idle, _ := k.predict(float64(r.prompt), placement{})
+	r.idle = idle.TTFT
+	r.objective = max(time.Duration(float64(r.idle)*rule.factor), rule.floor)
+	r.step = msDuration(tp * largest / 1000)
+	r.chunk = int(max(ms(r.objective-r.idle), 0) / tp * 1000)
+	return r, true
+}
+
+// WatchInteractiveObjective has the pool check, at every scrape of a worker, that its default
+// interactive TTFT objective can hold there: factor times the TTFT its cost model predicts for a
+// typical interactive prompt on an idle worker, at least floor (the gateway's default). When one
+// engine step prefilling the largest prompt the worker took lately would alone take longer, the
+// pool logs a warning naming the worker, the figures and the engine setting to lower, at most
+// once an hour per worker. A factor not above 1 stops the checks. Safe for concurrent use.
+func (p *Pool) WatchInteractiveObjective(factor float64, floor time.Duration) {
+	if !(factor > 1) {
+		p.objective.Store(nil)
+		return
+	}
+	p.objective.Store(&objectiveRule{factor: factor, floor: max(floor, 0)})
+}
+
+// checkObjective warns once per costWarnEvery when w's cost model says the interactive objective
+// cannot hold there (see WatchInteractiveObjective).
+func (p *Pool) checkObjective(w *Worker) {
+	rule := p.objective.Load()
+	if rule == nil {
+		return
+	}
+	r, ok := w.cost.reach(int(p.interactivePrompt.Load()), *rule)
+	if !ok || !r.unreachable() {
+		return
+	}
+	now := p.now().UnixNano()
+	if last := w.cost.warnedAt.Load(); last != 0 && now-last < int64(costWarnEvery) || !w.cost.warnedAt.CompareAndSwap(last, now) {
+		return
+	}
+	fix := fmt.Sprintf("cap the engine's prefill step at about %d tokens: llama-server -b %d -ub %d, vLLM --max-num-batched-tokens %d "+
+		"(chunked prefill); or state the tier's interactive objective", r.chunk, r.chunk, r.chunk, r.chunk)
+	if r.chunk < minPrefillPiece {
+		fix = "no step size keeps it: the engine prefills too slowly for the default objective; state the tier's interactive objective, or serve interactive requests from a faster worker"
+	}
+	p.logger.Warn("interactive TTFT objective unreachable on worker: one engine step of a long prompt takes longer",
+		"worker", w.spec.ID, "interactive_prompt_tokens", r.prompt, "idle_ttft_ms", r.idle.Milliseconds(),
+		"ttft_objective_ms", r.objective.Milliseconds(), "largest_prompt_tokens", r.largest, "step_ms", r.step.Milliseconds(),
+		"prefill_ms_per_1k_tokens", float64(r.perK.Microseconds())/1000, "step_tokens_within_objective", r.chunk, "fix", fix)
 }

@@ -1,9 +1,14 @@
 package routing
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -56,7 +61,7 @@ func randomPlacement(rng *rand.Rand) placement {
 
 // newCostWorker is a worker alone, with nothing in flight, for the cost model's tests.
 func newCostWorker(now func() time.Time) *Worker {
-	return &Worker{cost: newCostModel(now, 3*time.Second)}
+	return &Worker{cost: newCostModel(now, 3*time.Second, DefaultKVHold)}
 }
 
 // within reports whether got is within tol (relative) of want.
@@ -252,6 +257,10 @@ func TestCostModelPlacement(t *testing.T) {
 		{name: "slots full: first in the queue", slots: 4, others: 4, want: placement{running: 4, queued: 1}},
 		{name: "two ahead in the queue", slots: 4, others: 6, want: placement{running: 4, queued: 3}},
 		{name: "engine reports waiting", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now}, want: placement{running: 7, queued: 4}},
+		{name: "cache with room: the waiting are admitted at the next step", others: 10, report: &LoadReport{Running: 7, Waiting: 3, KVUsage: 0.4, At: now},
+			want: placement{running: 10}},
+		{name: "cache nearly full: the waiting are a queue", others: 10, report: &LoadReport{Running: 7, Waiting: 3, KVUsage: 0.95, At: now},
+			want: placement{running: 7, queued: 4}},
 		{name: "stale report ignored", others: 10, report: &LoadReport{Running: 7, Waiting: 3, At: now.Add(-time.Minute)}, want: placement{running: 10}},
 		{name: "prompts in prefill", others: 2, prefill: 1500, want: placement{running: 2, prefilling: 1500}},
 		{name: "hostile counts", slots: 4, others: math.MaxInt64, prefill: -5, want: placement{running: 4, queued: maxCostLoad}},
@@ -440,5 +449,146 @@ func TestArrivalRate(t *testing.T) {
 	a.add(now, math.Inf(1))
 	if got := a.perSecond(now); math.IsInf(got, 0) || math.IsNaN(got) {
 		t.Errorf("after an absurd arrival: got %v tokens/s, want a number", got)
+	}
+}
+
+// TestCostModelSlotEngineDecode is a slot engine's TPOT as a gateway sees it: one to three
+// sequences beside a request (of few slots), the prompts arriving per second rising with the
+// offered load, and noisy times. The fit once held a coefficient that noise pushed below 0 at 0
+// alone: the step and the running sequences, which such inputs hardly tell apart, then chased
+// each other's correction, and the predictions of a slot engine's TPOT grew past 1e10 ms within
+// a hundred answers. Every prediction must stay near the law, for TTFT as for TPOT.
+func TestCostModelSlotEngineDecode(t *testing.T) {
+	for seed := range uint64(5) {
+		rng := rand.New(rand.NewPCG(seed, 15))
+		law := costLaw{base: 18 * time.Millisecond, perKToken: 100 * time.Millisecond,
+			step: 13 * time.Millisecond, perSeq: 600 * time.Microsecond, perKArrivals: 300 * time.Microsecond}
+		w := newCostWorker(time.Now)
+		for i := range 300 {
+			pl := placement{running: float64(1 + rng.IntN(3)), arrivals: float64(i) * 8 * (0.9 + 0.2*rng.Float64())}
+			w.cost.observe(pl, float64(1+rng.IntN(3)), law.answer(rng, 100+rng.IntN(800), 0, 10+rng.IntN(100), pl, 0.2))
+			k := w.cost.coefficients()
+			got, ok := k.predict(500, pl)
+			if !ok {
+				continue
+			}
+			if want := law.ttft(500, pl); !within(got.TTFT, want, 0.25) {
+				t.Fatalf("seed %d, after %d answers: got TTFT %v, want %v within 25%%", seed, i+1, got.TTFT, want)
+			}
+			if want := law.tpot(pl); got.TPOT > 0 && !within(got.TPOT, want, 0.25) {
+				t.Fatalf("seed %d, after %d answers: got TPOT %v, want %v within 25%%", seed, i+1, got.TPOT, want)
+			}
+		}
+		if !w.cost.tpotOK.Load() {
+			t.Errorf("seed %d: no TPOT prediction after 300 answers", seed)
+		}
+	}
+}
+
+// TestCostFitNonNegative: a coefficient pushed below 0 is set to 0 along the covariance, so the
+// fit's prediction where it learnt stays put instead of jumping by the coefficient's share.
+func TestCostFitNonNegative(t *testing.T) {
+	var f costFit
+	f.reset(2, &[maxInputs]float64{1e4, 1e4})
+	// Two inputs that moved together: the fit cannot tell them apart, and puts a negative
+	// coefficient on the second.
+	f.theta = [maxInputs]float64{20, -2}
+	f.p[0][0], f.p[0][1], f.p[1][0], f.p[1][1] = 4, -1.6, -1.6, 1
+	x := [maxInputs]float64{1, 2.5}
+	before := dot(&f.theta, x, 2)
+	f.nonNegative(&x)
+	if f.theta[1] != 0 {
+		t.Fatalf("second coefficient: got %g, want 0", f.theta[1])
+	}
+	if got := dot(&f.theta, x, 2); math.Abs(got-before) > 0.2*before {
+		t.Errorf("prediction at the inputs it learnt: got %g, want about %g", got, before)
+	}
+}
+
+// TestUnreachableObjectiveWarnsOnce: at its scrapes, a worker whose engine prefills a long prompt
+// in one step slower than the default interactive objective allows is warned of once, with its
+// figures and the setting to change, and again only an hour later; a fast worker beside it never.
+func TestUnreachableObjectiveWarnsOnce(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(engine.Close)
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	var log bytes.Buffer
+	cfg := Config{Policy: "round_robin", Workers: []WorkerSpec{
+		{ID: "slow", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4},
+		{ID: "fast", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4}}}
+	cfg.SetDefaults()
+	p, err := NewPool(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&log, nil)), Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.WatchInteractiveObjective(1.5, 50*time.Millisecond)
+	p.observeInteractivePrompt(200)
+	// slow: 20 ms + 100 ms per thousand prompt tokens (a CPU engine), prompts up to 4000 tokens
+	// in one step (400 ms), against an objective of 1.5 x 40 ms for 200 tokens. fast: 10 ms per
+	// thousand, the same prompts' step is 40 ms, within its objective of 50 ms (the floor).
+	rng := rand.New(rand.NewPCG(16, 17))
+	slow := costLaw{base: 20 * time.Millisecond, perKToken: 100 * time.Millisecond, step: 12 * time.Millisecond}
+	fast := costLaw{base: 20 * time.Millisecond, perKToken: 10 * time.Millisecond, step: 12 * time.Millisecond}
+	workers := modelWorkers(t, p, "m")
+	for i := range 200 {
+		prompt := 100 + rng.IntN(3900)
+		if i == 100 {
+			prompt = 4000
+		}
+		workers[0].cost.observe(placement{}, 0, slow.answer(rng, prompt, 0, 20, placement{}, 0.02))
+		workers[1].cost.observe(placement{}, 0, fast.answer(rng, prompt, 0, 20, placement{}, 0.02))
+	}
+	warnings := func() (lines []map[string]any) {
+		for _, l := range bytes.Split(bytes.TrimSpace(log.Bytes()), []byte("\n")) {
+			var m map[string]any
+			if json.Unmarshal(l, &m) == nil && m["level"] == "WARN" {
+				lines = append(lines, m)
+			}
+		}
+		return lines
+	}
+	scrapes := func(d time.Duration) { // a scrape every 20 s: fewer than the worker gets, enough
+		for end := now.Add(d); now.Before(end); now = now.Add(20 * time.Second) {
+			for _, w := range workers {
+				p.scrapeOnce(context.Background(), w)
+			}
+		}
+	}
+	scrapes(10 * time.Minute)
+	got := warnings()
+	if len(got) != 1 {
+		t.Fatalf("after 10 minutes of scrapes: got %d warnings, want 1 (the slow worker's):\n%s", len(got), log.String())
+	}
+	w := got[0]
+	if w["worker"] != "slow" {
+		t.Errorf("warning of worker %v, want slow", w["worker"])
+	}
+	// The objective is 1.5 x the idle TTFT of 200 tokens (40 ms): 60 ms, 20 ms beside the prompt's
+	// own time, which 100 ms per thousand tokens spends on 200 tokens; the step of 4000 tokens
+	// takes 400 ms.
+	for key, want := range map[string]float64{"ttft_objective_ms": 60, "step_ms": 400, "step_tokens_within_objective": 200, "largest_prompt_tokens": 4000} {
+		if v, _ := w[key].(float64); math.Abs(v-want) > 0.1*want {
+			t.Errorf("warning's %s: got %v, want about %v", key, w[key], want)
+		}
+	}
+	if fix, _ := w["fix"].(string); !bytes.Contains([]byte(fix), []byte("llama-server -b")) || !bytes.Contains([]byte(fix), []byte("--max-num-batched-tokens")) {
+		t.Errorf("warning's fix: got %q, want the llama-server and vLLM settings", fix)
+	}
+	scrapes(time.Hour)
+	if got := warnings(); len(got) != 2 || got[1]["worker"] != "slow" {
+		t.Errorf("an hour later: got %d warnings, want a second one of the slow worker:\n%s", len(got), log.String())
+	}
+	// Without an objective to watch, no warning.
+	p.WatchInteractiveObjective(0, 0)
+	scrapes(2 * time.Hour)
+	if got := warnings(); len(got) != 2 {
+		t.Errorf("with the objective unwatched: got %d warnings, want still 2", len(got))
 	}
 }

@@ -241,6 +241,7 @@ func (p *Pool) scrapeOnce(ctx context.Context, w *Worker) {
 		p.logger.Debug("scrape failed", "worker", w.spec.ID, "err", err)
 	}
 	p.learnLimit(ctx, w, err == nil)
+	p.checkObjective(w)
 }
 
 // scrape reads w's /metrics once and stores the load it reports.

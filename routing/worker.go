@@ -102,7 +102,7 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	w := &Worker{spec: spec, url: u}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
-	w.cost = newCostModel(now, cfg.Scrape.MaxAge)
+	w.cost = newCostModel(now, cfg.Scrape.MaxAge, cfg.Concurrency.KVHold)
 	if spec.MaxConcurrency > 0 {
 		w.fixed = true
 		w.limit.Store(int64(spec.MaxConcurrency))

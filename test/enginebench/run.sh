@@ -3,7 +3,7 @@
 # llama-server workers (2 slots each, the random-weight "small" model of test/realengine with
 # the real Qwen2 tokenizer), driven by two usher bench processes at once, one per tenant, so each
 # class has its own request shape. All on loopback; every process started here is stopped on
-# exit. Bounded: with the defaults about 15 minutes of runs.
+# exit. Bounded: with the defaults about 15 minutes of runs per engine setting (below).
 #
 #   0. Capacity: a batch-shaped load keeps every slot busy (bench --max-inflight = the slots,
 #      max_concurrency = the slots); its requests/s over the run, drain included, is the
@@ -14,9 +14,18 @@
 #   3. Prefill-heavy (PREFILL=1): batch of ~500-token prompts and 7 output tokens at FLOOD x its
 #      own capacity, default config.
 #
+# The whole table is made once per engine setting in ENGINE_VARIANTS (issue 31, item 5), the
+# engines restarted between: by default "stock" (llama-server's own step, --batch-size 2048 and
+# --ubatch-size 512) and then "b128" (-b 128 -ub 128: a step prefills at most 128 prompt tokens,
+# so an interactive prompt that arrives behind a batch prompt waits for a short step, at some
+# cost in prefill throughput). Each variant is NAME or NAME:FLAGS (extra llama-server flags),
+# separated by ";"; its reports go to $OUT_DIR/NAME. With the defaults about 30 minutes.
+#
 #   test/enginebench/run.sh
 #   DURATION=20 PREFILL=0 test/enginebench/run.sh
 #   RUNS="alone default" test/enginebench/run.sh      # only those runs (capacity is always measured)
+#   ENGINE_VARIANTS=stock test/enginebench/run.sh     # llama-server's own settings only
+#   ENGINE_VARIANTS="b256:-b 256 -ub 256" test/enginebench/run.sh
 #   USHER=/tmp/usher-old test/enginebench/run.sh       # that binary, not one built here
 #
 # The engine is built by test/realengine/build.sh when missing (about 6 minutes, once).
@@ -48,6 +57,7 @@ SEED=${SEED:-1}
 CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency for every gateway, as YAML members,
                                    # e.g. "prefill_piece_tokens: -1" (pieces off) for an A/B run
 RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone is always made
+ENGINE_VARIANTS=${ENGINE_VARIANTS:-stock; b128:-b 128 -ub 128} # llama-server settings, see above
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
 
 for tool in jq curl awk; do
@@ -59,7 +69,8 @@ USHER=${USHER:-bin/usher}          # the usher binary under test
 mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
-  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"; $(nproc) cores"
+  "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"" \
+  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\"; $(nproc) cores"
 
 pids=()
 gw_pid=
@@ -69,18 +80,27 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# start_engines FLAGS...: WORKERS llama-servers with FLAGS beside the common ones; logs in $RUN_DIR.
 engines=()
-for i in $(seq "$WORKERS"); do
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
-    --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" >"$OUT_DIR/llama-$i.log" 2>&1 &
-  pids+=($!)
-  engines+=("127.0.0.1:$port")
-done
-for e in "${engines[@]}"; do
-  for _ in $(seq 300); do curl -fs "http://$e/health" >/dev/null 2>&1 && break; sleep 0.1; done
-  curl -fs "http://$e/health" >/dev/null || { echo "llama-server $e is not healthy" >&2; exit 1; }
-done
+start_engines() {
+  engines=()
+  for i in $(seq "$WORKERS"); do
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
+      --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
+    pids+=($!)
+    engines+=("127.0.0.1:$port")
+  done
+  for e in "${engines[@]}"; do
+    for _ in $(seq 300); do curl -fs "http://$e/health" >/dev/null 2>&1 && break; sleep 0.1; done
+    curl -fs "http://$e/health" >/dev/null || { echo "llama-server $e is not healthy (see $RUN_DIR)" >&2; exit 1; }
+  done
+}
+stop_engines() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
 
 key() { echo "sk-enginebench-$1"; }
 addr_from() { # LOG PATTERN: waits up to 10 s for the listening address in a log line
@@ -114,10 +134,10 @@ start_gateway() {
       echo "  - {id: $t, keys: [{name: $t, sha256: $(printf %s "$(key "$t")" | sha256sum | cut -d' ' -f1)}]}"
     done
     echo "log: {level: info, format: json}"
-  } >"$OUT_DIR/$1.yaml"
-  "$USHER" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
+  } >"$RUN_DIR/$1.yaml"
+  "$USHER" serve --config "$RUN_DIR/$1.yaml" >"$RUN_DIR/$1.gateway.log" 2>&1 &
   gw_pid=$!
-  GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
+  GW=$(addr_from "$RUN_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 }
 stop_gateway() {
@@ -128,8 +148,8 @@ stop_gateway() {
 bench() {
   local name=$1 in=$2 out=$3; shift 3
   "$USHER" bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
-    --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
-    { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
+    --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$RUN_DIR/$name.json" "$@" >"$RUN_DIR/$name.txt" 2>&1 ||
+    { echo "bench $name failed:" >&2; cat "$RUN_DIR/$name.txt" >&2; exit 1; }
 }
 
 # capacity NAME IN OUT: saturating batch-shaped run; prints requests/s.
@@ -139,7 +159,7 @@ capacity() {
   bench "$1" "$2" "$3" --tenant "bulk=$(key bulk)::batch" --rate 200 --max-inflight $((WORKERS * SLOTS)) \
     --duration "${CAP_DURATION}s"
   stop_gateway # capacity runs in a command substitution: its gateway is not the caller's to stop
-  jq -r '.overall.ok / .elapsed_seconds | . * 1000 | round / 1000' "$OUT_DIR/$1.json"
+  jq -r '.overall.ok / .elapsed_seconds | . * 1000 | round / 1000' "$RUN_DIR/$1.json"
 }
 
 # run NAME FIFO MAXCONC [BATCH_IN BATCH_OUT BATCH_RATE]: interactive, with a batch flood when given.
@@ -162,53 +182,73 @@ run() {
   stop_gateway
 }
 
-R=$(capacity capacity "$B_IN" "$B_OUT")
-BR=$(awk -v r="$R" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
-wanted() { [[ " $RUNS " == *" $1 "* ]]; }
-run alone false ""
-runs=(alone)
-if wanted default; then run default false "" "$B_IN" "$B_OUT" "$BR"; runs+=(default); fi
-if wanted fifo; then run fifo true "" "$B_IN" "$B_OUT" "$BR"; runs+=(fifo); fi
-if [ -n "$MAXCONC" ] && wanted maxconc; then
-  run maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"
-  runs+=(maxconc)
-fi
-if [ "$PREFILL" = 1 ] && wanted prefill; then
-  RP=$(capacity capacity-prefill "$P_IN" "$P_OUT")
-  PR=$(awk -v r="$RP" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
-  run prefill false "" "$P_IN" "$P_OUT" "$PR"
-  runs+=(prefill)
-fi
-
-echo
-echo "== interactive TTFT beside a batch flood: $WORKERS llama-server x $SLOTS slots (model $MODEL, -t $THREADS), ${DURATION}s of arrivals each"
-echo "   capacity R = $R req/s at ${B_IN}w/$B_OUT (batch at $BR req/s)${RP:+; prefill-heavy R = $RP req/s at ${P_IN}w/$P_OUT (batch at $PR req/s)}"
-a99=$(jq -r '.overall.ttft_ms.p99' "$OUT_DIR/alone.interactive.json")
-printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s"
-for r in "${runs[@]}"; do
-  i="$OUT_DIR/$r.interactive.json"
-  label=$(case $r in
-    alone) echo "(a) interactive alone" ;;
-    default) echo "(b) + batch, default config" ;;
-    fifo) echo "(c) + batch, queue.fifo: true" ;;
-    maxconc) echo "(d) + batch, max_concurrency $MAXCONC" ;;
-    prefill) echo "(e) + prefill-heavy batch, default" ;;
-  esac)
-  bok=- bfrac=- btok=-
-  if [ -f "$OUT_DIR/$r.batch.json" ]; then
-    b="$OUT_DIR/$r.batch.json"
-    cap=$R; [ "$r" = prefill ] && cap=$RP
-    bok=$(jq -r '.overall.ok / .elapsed_seconds | . * 100 | round / 100' "$b")
-    bfrac=$(awk -v x="$bok" -v c="$cap" 'BEGIN { printf "%.2f", x / c }')
-    btok=$(jq -r '(.overall.prompt_tokens + .overall.output_tokens) / .elapsed_seconds | round' "$b")
+# suite NAME FLAGS...: the whole table on engines started with FLAGS; reports in $OUT_DIR/NAME.
+suite() {
+  local variant=$1; shift
+  RUN_DIR=$OUT_DIR/$variant
+  mkdir -p "$RUN_DIR"
+  echo "=== engine setting $variant: llama-server ${*:-(its defaults)}" >&2
+  start_engines "$@"
+  local R BR RP PR runs
+  R=$(capacity capacity "$B_IN" "$B_OUT")
+  BR=$(awk -v r="$R" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
+  wanted() { [[ " $RUNS " == *" $1 "* ]]; }
+  run alone false ""
+  runs=(alone)
+  if wanted default; then run default false "" "$B_IN" "$B_OUT" "$BR"; runs+=(default); fi
+  if wanted fifo; then run fifo true "" "$B_IN" "$B_OUT" "$BR"; runs+=(fifo); fi
+  if [ -n "$MAXCONC" ] && wanted maxconc; then
+    run maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"
+    runs+=(maxconc)
   fi
-  printf "%-36s %9.0f %9.0f %9.2f %7s %8s %9.0f %10s %8s %11s\n" "$label" \
-    "$(jq -r .overall.ttft_ms.p50 "$i")" "$(jq -r .overall.ttft_ms.p99 "$i")" \
-    "$(jq -r --argjson a "$a99" '.overall.ttft_ms.p99 / $a' "$i")" \
-    "$(jq -r .overall.ok "$i")" "$(jq -r '.overall.failed + .overall.dropped' "$i")" \
-    "$(jq -r .overall.queue_ms.p99 "$i")" "$bok" "$bfrac" "$btok"
+  if [ "$PREFILL" = 1 ] && wanted prefill; then
+    RP=$(capacity capacity-prefill "$P_IN" "$P_OUT")
+    PR=$(awk -v r="$RP" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
+    run prefill false "" "$P_IN" "$P_OUT" "$PR"
+    runs+=(prefill)
+  fi
+
+  echo
+  echo "== interactive TTFT beside a batch flood: $WORKERS llama-server x $SLOTS slots (model $MODEL, -t $THREADS${*:+, $*}: setting $variant), ${DURATION}s of arrivals each"
+  echo "   capacity R = $R req/s at ${B_IN}w/$B_OUT (batch at $BR req/s)${RP:+; prefill-heavy R = $RP req/s at ${P_IN}w/$P_OUT (batch at $PR req/s)}"
+  a99=$(jq -r '.overall.ttft_ms.p99' "$RUN_DIR/alone.interactive.json")
+  printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s"
+  for r in "${runs[@]}"; do
+    i="$RUN_DIR/$r.interactive.json"
+    label=$(case $r in
+      alone) echo "(a) interactive alone" ;;
+      default) echo "(b) + batch, default config" ;;
+      fifo) echo "(c) + batch, queue.fifo: true" ;;
+      maxconc) echo "(d) + batch, max_concurrency $MAXCONC" ;;
+      prefill) echo "(e) + prefill-heavy batch, default" ;;
+    esac)
+    bok=- bfrac=- btok=-
+    if [ -f "$RUN_DIR/$r.batch.json" ]; then
+      b="$RUN_DIR/$r.batch.json"
+      cap=$R; [ "$r" = prefill ] && cap=$RP
+      bok=$(jq -r '.overall.ok / .elapsed_seconds | . * 100 | round / 100' "$b")
+      bfrac=$(awk -v x="$bok" -v c="$cap" 'BEGIN { printf "%.2f", x / c }')
+      btok=$(jq -r '(.overall.prompt_tokens + .overall.output_tokens) / .elapsed_seconds | round' "$b")
+    fi
+    printf "%-36s %9.0f %9.0f %9.2f %7s %8s %9.0f %10s %8s %11s\n" "$label" \
+      "$(jq -r .overall.ttft_ms.p50 "$i")" "$(jq -r .overall.ttft_ms.p99 "$i")" \
+      "$(jq -r --argjson a "$a99" '.overall.ttft_ms.p99 / $a' "$i")" \
+      "$(jq -r .overall.ok "$i")" "$(jq -r '.overall.failed + .overall.dropped' "$i")" \
+      "$(jq -r .overall.queue_ms.p99 "$i")" "$bok" "$bfrac" "$btok"
+  done
+  echo "   (TTFT and queue in ms, of the interactive requests served; int cut: failed or still waiting when the drain"
+  echo "    ended; batch ok/s and tokens/s (prompt + output) over the bench's elapsed time, drain included;"
+  echo "    goal (issue 14): (b) p99/alone <= 1.5 and batch/R >= 0.9 of what interactive leaves)"
+  echo "reports: $RUN_DIR"
+  stop_engines
+}
+
+IFS=';' read -ra variants <<<"$ENGINE_VARIANTS"
+for v in "${variants[@]}"; do
+  v=$(echo "$v" | sed 's/^ *//; s/ *$//')
+  [ -n "$v" ] || continue
+  name=${v%%:*}
+  flags=()
+  if [[ $v == *:* ]]; then read -ra flags <<<"${v#*:}"; fi
+  suite "$name" ${flags[@]+"${flags[@]}"}
 done
-echo "   (TTFT and queue in ms, of the interactive requests served; int cut: failed or still waiting when the drain"
-echo "    ended; batch ok/s and tokens/s (prompt + output) over the bench's elapsed time, drain included;"
-echo "    goal (issue 14): (b) p99/alone <= 1.5 and batch/R >= 0.9 of what interactive leaves)"
-echo "reports: $OUT_DIR"
