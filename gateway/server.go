@@ -107,8 +107,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The pool warns of a worker whose engine steps make this default unreachable.
-	d.Pool.WatchInteractiveObjective(interactiveObjectiveFactor, minTTFTObjective)
 	disp, err := newDispatcher(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
 	if err != nil {
 		return nil, err

@@ -541,8 +541,8 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 
 // An engine runs in steps and does not stop one: an interactive prompt that arrives while a
 // step prefills a long lower-class prompt waits for that step, then needs its own prefill. So
-// the default interactive TTFT objective (a factor of the idle prediction, see
-// WatchInteractiveObjective) holds only while one step prefills no more than the objective
+// the default interactive TTFT objective (InteractiveObjective: a factor of the idle prediction)
+// holds only while one step prefills no more than the objective
 // leaves beside the interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker and
 // an objective of f·TTFT, a step of k prompt tokens costs about tp·k, so k must stay within
 // (f-1)·TTFT/tp. A step's prompt tokens are bounded by the engine (llama-server --batch-size and
@@ -552,12 +552,6 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 
 // costWarnEvery is the least time between two warnings of one worker's unreachable objective.
 const costWarnEvery = time.Hour
-
-// objectiveRule is a default TTFT objective: factor times the idle prediction, at least floor.
-type objectiveRule struct {
-	factor float64
-	floor  time.Duration
-}
 
 // objectiveReach is what a worker's cost model says of the interactive objective there.
 type objectiveReach struct {
@@ -574,10 +568,10 @@ type objectiveReach struct {
 // objective.
 func (r objectiveReach) unreachable() bool { return r.step > r.objective }
 
-// reach is what the model says of rule's objective for an interactive prompt of prompt tokens
-// (the worker's mean prompt when prompt is not positive). ok is false while the model cannot
-// predict or has learnt no prefill time. Takes the model's mutex; no allocation.
-func (c *costModel) reach(prompt int, rule objectiveRule) (r objectiveReach, ok bool) {
+// reach is what the model says of the default interactive objective for an interactive prompt
+// of prompt tokens (the worker's mean prompt when prompt is not positive). ok is false while the
+// model cannot predict or has learnt no prefill time. Takes the model's mutex; no allocation.
+func (c *costModel) reach(prompt int) (r objectiveReach, ok bool) {
 	c.mu.Lock()
 	largest, mean := c.largestPrompt, c.meanPrompt
 	c.mu.Unlock()
@@ -592,34 +586,18 @@ func (c *costModel) reach(prompt int, rule objectiveRule) (r objectiveReach, ok 
 	r = objectiveReach{prompt: min(prompt, maxCostTokens), largest: int(largest), perK: msDuration(tp)}
 	idle, _ := k.predict(float64(r.prompt), placement{})
 	r.idle = idle.TTFT
-	r.objective = max(time.Duration(float64(r.idle)*rule.factor), rule.floor)
+	r.objective = InteractiveObjective(r.idle)
 	r.step = msDuration(tp * largest / 1000)
 	r.chunk = int(max(ms(r.objective-r.idle), 0) / tp * 1000)
 	return r, true
 }
 
-// WatchInteractiveObjective has the pool check, at every scrape of a worker, that its default
-// interactive TTFT objective can hold there: factor times the TTFT its cost model predicts for a
-// typical interactive prompt on an idle worker, at least floor (the gateway's default). When one
-// engine step prefilling the largest prompt the worker took lately would alone take longer, the
-// pool logs a warning naming the worker, the figures and the engine setting to lower, at most
-// once an hour per worker. A factor not above 1 stops the checks. Safe for concurrent use.
-func (p *Pool) WatchInteractiveObjective(factor float64, floor time.Duration) {
-	if !(factor > 1) {
-		p.objective.Store(nil)
-		return
-	}
-	p.objective.Store(&objectiveRule{factor: factor, floor: max(floor, 0)})
-}
-
-// checkObjective warns once per costWarnEvery when w's cost model says the interactive objective
-// cannot hold there (see WatchInteractiveObjective).
+// checkObjective, run at every scrape of w, warns at most once per costWarnEvery when w's cost
+// model says the default interactive TTFT objective cannot hold there: one engine step
+// prefilling the largest prompt w took lately would alone take longer. The warning names the
+// worker, the figures and the engine setting to lower.
 func (p *Pool) checkObjective(w *Worker) {
-	rule := p.objective.Load()
-	if rule == nil {
-		return
-	}
-	r, ok := w.cost.reach(int(p.interactivePrompt.Load()), *rule)
+	r, ok := w.cost.reach(int(p.interactivePrompt.Load()))
 	if !ok || !r.unreachable() {
 		return
 	}

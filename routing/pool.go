@@ -328,8 +328,6 @@ type Pool struct {
 	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
-	// objective is the interactive objective checkObjective warns of; nil: none (cost.go).
-	objective atomic.Pointer[objectiveRule]
 
 	mu       sync.Mutex         // guards everything below, and serialises writers of snap
 	workers  []*Worker          // all workers, in the order they were added
