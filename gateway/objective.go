@@ -25,6 +25,9 @@ import (
 const (
 	headerTTFTObjectiveMs = "X-Usher-TTFT-Objective-Ms"
 	headerTPOTObjectiveMs = "X-Usher-TPOT-Objective-Ms"
+	// The same as net/http stores them.
+	canonicalTTFTObjectiveMs = "X-Usher-Ttft-Objective-Ms"
+	canonicalTPOTObjectiveMs = "X-Usher-Tpot-Objective-Ms"
 )
 
 // The default objectives, for a class whose tier states none.
@@ -59,12 +62,15 @@ type objective struct {
 // askedObjectives reads the objective headers: each a positive number of milliseconds; a value
 // beyond the bound of objectives (or of int64) is held to the bound, and then to the tier's.
 func (cl *call) askedObjectives(h http.Header) error {
-	for _, f := range []struct {
-		name  string
-		bound time.Duration
-		to    *time.Duration
-	}{{headerTTFTObjectiveMs, tenants.MaxObjectiveTTFT, &cl.askedTTFT}, {headerTPOTObjectiveMs, tenants.MaxObjectiveTPOT, &cl.askedTPOT}} {
-		v := h.Get(f.name)
+	for _, f := range [...]struct {
+		name, key string
+		bound     time.Duration
+		to        *time.Duration
+	}{
+		{headerTTFTObjectiveMs, canonicalTTFTObjectiveMs, tenants.MaxObjectiveTTFT, &cl.askedTTFT},
+		{headerTPOTObjectiveMs, canonicalTPOTObjectiveMs, tenants.MaxObjectiveTPOT, &cl.askedTPOT},
+	} {
+		v := headerValue(h, f.key)
 		if v == "" {
 			continue
 		}

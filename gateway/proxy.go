@@ -25,6 +25,15 @@ const (
 	headerRoute  = "X-Usher-Route"
 )
 
+// Header values the proxy sets, shared read-only by every request and response (net/http never
+// writes into a header's values), so that setting them allocates nothing.
+var (
+	jsonContentType        = []string{"application/json"}
+	eventStreamContentType = []string{"text/event-stream"}
+	noCache                = []string{"no-cache"}
+	bufferingOff           = []string{"no"}
+)
+
 // errWorkerSilent is the cause of an attempt cut off because its worker sent nothing for
 // Config.UpstreamIdleTimeout.
 var errWorkerSilent = errors.New("the worker sent nothing for too long")
@@ -124,8 +133,8 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		return true, err
 	}
 	h := c.Response().Header()
-	h.Set(headerWorker, w.ID())
-	h.Set(headerRoute, string(lease.Route))
+	v := []string{w.ID(), string(lease.Route)}
+	h[headerWorker], h[headerRoute] = v[0:1:1], v[1:2:2]
 	var out routing.Outcome
 	switch {
 	case cl.stream && resp.StatusCode == http.StatusOK:
@@ -238,8 +247,6 @@ func retryAfterOf(h http.Header, now time.Time) time.Duration {
 // reused one turns out closed before any answer. reused reports whether the attempt went out on
 // a reused connection.
 func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (resp *http.Response, reused bool, err error) {
-	u := *w.URL()
-	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
 	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
 		bytes.NewReader(body))
@@ -248,14 +255,23 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	}
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
-	out.URL, out.Host = &u, u.Host
-	out.Header.Set("Content-Type", "application/json")
+	u := out.URL
+	*u = *w.URL()
+	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
+	out.Host = u.Host
+	// Canonical keys and values shared read-only, as in requestID.
+	h := out.Header
+	h["Content-Type"] = jsonContentType
 	// The worker's own key, never the client's credential.
-	w.Authorize(out.Header)
-	out.Header.Set(echo.HeaderXRequestID, in.Get(echo.HeaderXRequestID))
-	out.Header["Idempotency-Key"] = nil
-	if a := in.Get("Accept"); a != "" {
-		out.Header.Set("Accept", a)
+	w.Authorize(h)
+	if id := in[headerRequestID]; len(id) > 0 {
+		h[headerRequestID] = id[:1:1]
+	} else {
+		h[headerRequestID] = []string{""}
+	}
+	h["Idempotency-Key"] = nil
+	if a := headerValue(in, "Accept"); a != "" {
+		h["Accept"] = []string{a}
 	}
 	resp, err = s.transport.RoundTrip(out)
 	return resp, reused, err
@@ -338,9 +354,9 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		}
 		started = true
 		h := w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
+		h["Content-Type"] = eventStreamContentType
+		h["Cache-Control"] = noCache
+		h["X-Accel-Buffering"] = bufferingOff
 		w.WriteHeader(http.StatusOK)
 		return true
 	}

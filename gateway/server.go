@@ -203,7 +203,7 @@ const principalKey = "usher.principal"
 // authenticate resolves the bearer credential to a tenant, or answers 401.
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
+		cred, ok := tenants.BearerCredential(headerValue(c.Request().Header, echo.HeaderAuthorization))
 		if !ok {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
 			return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
@@ -226,16 +226,31 @@ func principalOf(c echo.Context) tenants.Principal {
 
 const maxRequestIDLen = 128
 
+// headerRequestID is echo.HeaderXRequestID as net/http stores it. The request path reads and
+// writes headers by such canonical keys (headerValue), without Header.Get's canonicalizing of
+// every key at every call (and its allocation for a key that is not canonical).
+const headerRequestID = "X-Request-Id"
+
+// headerValue is h.Get(key) for a key in canonical form (http.CanonicalHeaderKey).
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // requestID gives every request an id: the client's X-Request-ID when it is a sane token, a
 // fresh random one otherwise. It is echoed in the response and sent to the worker.
 func requestID(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		id := c.Request().Header.Get(echo.HeaderXRequestID)
+		in := c.Request().Header
+		id := headerValue(in, headerRequestID)
 		if !validRequestID(id) {
 			id = newRequestID()
-			c.Request().Header.Set(echo.HeaderXRequestID, id)
+			in[headerRequestID] = []string{id}
 		}
-		c.Response().Header().Set(echo.HeaderXRequestID, id)
+		// The request's value, shared read-only (net/http never writes into a header's values).
+		c.Response().Header()[headerRequestID] = in[headerRequestID][:1:1]
 		return next(c)
 	}
 }

@@ -57,7 +57,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		return err
 	}
 	s.log.Info("request",
-		"id", c.Response().Header().Get(echo.HeaderXRequestID),
+		"id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
