@@ -258,11 +258,13 @@ func missedIf(b bool) tenants.Verdict {
 // the config's.
 type attainment struct {
 	ttft, tpot, requests *prometheus.CounterVec
+	children             *children // caches the series of calls whose model is served
 }
 
-func newAttainment() *attainment {
+func newAttainment(children *children) *attainment {
 	labels := []string{"tier", "tenant", "class", "model", "verdict"}
 	return &attainment{
+		children: children,
 		ttft: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_objective_ttft_total",
 			Help: "Answered inference requests (and those usher or the worker failed) judged against their TTFT objective: verdict met, missed or unjudged (no objective could be stated, or nothing to measure)."},
@@ -288,13 +290,21 @@ func (a *attainment) count(cl *call, v verdicts) {
 		return
 	}
 	tier, tenant, class := cl.tier.Name, cl.principal.TenantID, cl.class.String()
-	a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
-	a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
-	a.requests.WithLabelValues(tier, tenant, class, cl.model, tenants.Both(v.ttft, v.tpot).String()).Inc()
+	both := tenants.Both(v.ttft, v.tpot)
+	if !cl.classed {
+		a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
+		a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
+		a.requests.WithLabelValues(tier, tenant, class, cl.model, both.String()).Inc()
+		return
+	}
+	a.children.counter(a.ttft, vecObjectiveTTFT, tier, tenant, class, cl.model, v.ttft.String()).Inc()
+	a.children.counter(a.tpot, vecObjectiveTPOT, tier, tenant, class, cl.model, v.tpot.String()).Inc()
+	a.children.counter(a.requests, vecObjectiveRequests, tier, tenant, class, cl.model, both.String()).Inc()
 }
 
 // forget deletes a tenant's series.
 func (a *attainment) forget(tenant string) {
+	a.children.forget(vecObjectiveTTFT, 1, tenant)
 	for _, c := range []*prometheus.CounterVec{a.ttft, a.tpot, a.requests} {
 		c.DeletePartialMatch(prometheus.Labels{"tenant": tenant})
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"net/http/httptrace"
 	"slices"
 	"sync"
 
@@ -149,9 +150,16 @@ func (a *watched) ended() { a.answering() }
 // to reach the client.
 type attempt struct {
 	lease   *routing.Lease
-	quiet   *silenceBound
+	quiet   silenceBound
 	watched *watched // nil: not preemptible
+	// trace learns whether the attempt went out on a reused connection (reused): a reused
+	// connection the worker had closed is not the worker's fault.
+	trace  httptrace.ClientTrace
+	reused bool
 }
+
+// gotConn is the attempt's httptrace.ClientTrace.GotConn.
+func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
 func (a *attempt) heard() { a.quiet.heard() }

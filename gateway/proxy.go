@@ -88,11 +88,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if !cl.stream && !assembled {
 		silence = wholeAnswerSilence(s.cfg, cl.expected)
 	}
-	quiet := newSilenceBound(silence, func() { cancel(errWorkerSilent) })
-	defer quiet.stop()
-	at := &attempt{lease: lease, quiet: quiet, watched: watched}
+	at := &attempt{lease: lease, watched: watched}
+	at.quiet.arm(silence, cancel)
+	defer at.quiet.stop()
 	sent := s.now()
-	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
+	resp, err := s.send(ctx, w, cl, body, c.Request().Header, at)
+	reused := at.reused
 	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
 	// only with its end, so there the headers are as early as usher can know.
 	if !cl.stream && !assembled {
@@ -165,28 +166,28 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	return false, err
 }
 
-// silenceBound calls onSilent once nothing was heard for d. Hearing costs one clock read and one
-// atomic store (a stream hears at every line); its timer is re-armed only when it fires. Safe for
-// concurrent use.
+// silenceBound cancels an attempt (with errWorkerSilent) once nothing was heard for d. Hearing
+// costs one clock read and one atomic store (a stream hears at every line); its timer is re-armed
+// only when it fires. It lives in its attempt, armed once; safe for concurrent use from then on.
 type silenceBound struct {
-	d        time.Duration
-	start    time.Time
-	last     atomic.Int64 // when something was last heard, as time since start
-	stopped  atomic.Bool
-	onSilent func()
-	t        *time.Timer
+	d       time.Duration
+	start   time.Time
+	last    atomic.Int64 // when something was last heard, as time since start
+	stopped atomic.Bool
+	cancel  context.CancelCauseFunc
+	t       *time.Timer
 }
 
-func newSilenceBound(d time.Duration, onSilent func()) *silenceBound {
-	b := &silenceBound{d: d, start: time.Now(), onSilent: onSilent}
+// arm starts the bound.
+func (b *silenceBound) arm(d time.Duration, cancel context.CancelCauseFunc) {
+	b.d, b.start, b.cancel = d, time.Now(), cancel
 	b.t = time.AfterFunc(d, b.check)
-	return b
 }
 
 // heard restarts the bound.
 func (b *silenceBound) heard() { b.last.Store(int64(time.Since(b.start))) }
 
-// stop ends the bound: past it, onSilent runs only if a check already under way calls it.
+// stop ends the bound: past it, the attempt is cancelled only by a check already under way.
 func (b *silenceBound) stop() {
 	b.stopped.Store(true)
 	b.t.Stop()
@@ -201,7 +202,7 @@ func (b *silenceBound) check() {
 		b.t.Reset(b.d - quiet)
 		return
 	}
-	b.onSilent()
+	b.cancel(errWorkerSilent)
 }
 
 // wholeAnswerTokenSilence is how long a worker computing a whole answer may stay silent for each
@@ -244,14 +245,14 @@ func retryAfterOf(h http.Header, now time.Time) time.Duration {
 // send makes one attempt at worker w. The request carries the client's context, so a client that
 // goes away cancels it at once. It is marked replayable (an Idempotency-Key header with no value,
 // which net/http does not send), so the transport itself resends it on a fresh connection when a
-// reused one turns out closed before any answer. reused reports whether the attempt went out on
-// a reused connection.
-func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (resp *http.Response, reused bool, err error) {
-	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
-	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
+// reused one turns out closed before any answer. It records in at.reused whether the attempt went
+// out on a reused connection.
+func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header, at *attempt) (*http.Response, error) {
+	at.trace.GotConn = at.gotConn
+	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "",
 		bytes.NewReader(body))
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
@@ -273,8 +274,7 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	if a := headerValue(in, "Accept"); a != "" {
 		h["Accept"] = []string{a}
 	}
-	resp, err = s.transport.RoundTrip(out)
-	return resp, reused, err
+	return s.transport.RoundTrip(out)
 }
 
 func singleJoin(base, path string) string {
@@ -329,7 +329,7 @@ func (s *Server) firstByte(cl *call) {
 		return
 	}
 	cl.ttft = s.now().Sub(cl.start)
-	s.metrics.ttft.WithLabelValues(cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
+	s.metrics.children.observer(s.metrics.ttft, vecTTFT, cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
 }
 
 // relayStream passes the worker's server-sent events to the client one by one, flushing each as
