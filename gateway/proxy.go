@@ -260,7 +260,7 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	*u = *w.URL()
 	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
 	out.Host = u.Host
-	// Canonical keys and values shared read-only, as in requestID.
+	// Canonical keys and values shared read-only, as in setRequestID.
 	h := out.Header
 	h["Content-Type"] = jsonContentType
 	// The worker's own key, never the client's credential.
