@@ -69,7 +69,6 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if !s.pool.Serves(cl.model) {
 		return fmt.Errorf("the model %q does not exist: %w", cl.model, routing.ErrUnknownModel)
 	}
-	cl.principal = principalOf(c)
 	if cl.principal.TierSpec == nil {
 		cl.principal.TierSpec = fallbackTier
 	}

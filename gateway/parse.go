@@ -384,7 +384,7 @@ func (s *Server) readBody(c echo.Context, cl *call) ([]byte, error) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	}
-	cl.body = s.bodies.hold(principalOf(c).TenantID)
+	cl.body = s.bodies.hold(cl.principal.TenantID)
 	size := int64(firstBodyBuffer)
 	if r.ContentLength >= 0 {
 		size = r.ContentLength + 1 // room to read the end of the body

@@ -142,7 +142,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{})))
 
 	// Every path under /v1 answers 401 without a valid credential, an unknown one 404 with it.
-	e.Group("/v1", s.authenticate)
+	e.Group("/v1", s.authenticateFirst)
 	e.POST("/v1/chat/completions", s.authenticate(s.inference(chatEndpoint)))
 	e.POST("/v1/completions", s.authenticate(s.inference(completionEndpoint)))
 	e.POST("/v1/embeddings", s.authenticate(s.inference(embeddingsEndpoint)))
@@ -202,10 +202,13 @@ func (s *Server) readyz(c echo.Context) error {
 	return c.String(http.StatusOK, "ok\n")
 }
 
-const principalKey = "usher.principal"
+// authenticated serves a request whose caller authenticate resolved to p.
+type authenticated func(c echo.Context, p tenants.Principal) error
 
-// authenticate resolves the bearer credential to a tenant, or answers 401.
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+// authenticate resolves the bearer credential to a tenant and serves the request with next, or
+// answers 401. The principal goes to next as an argument, not through Echo's context store (a
+// map and a boxed value every request).
+func (s *Server) authenticate(next authenticated) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		cred, ok := tenants.BearerCredential(headerValue(c.Request().Header, echo.HeaderAuthorization))
 		if !ok {
@@ -218,14 +221,14 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
 			return WriteError(c, err)
 		}
-		c.Set(principalKey, p)
-		return next(c)
+		return next(c, p)
 	}
 }
 
-func principalOf(c echo.Context) tenants.Principal {
-	p, _ := c.Get(principalKey).(tenants.Principal)
-	return p
+// authenticateFirst is authenticate as Echo middleware: a request without a valid credential is
+// answered 401 before anything else is decided.
+func (s *Server) authenticateFirst(next echo.HandlerFunc) echo.HandlerFunc {
+	return s.authenticate(func(c echo.Context, _ tenants.Principal) error { return next(c) })
 }
 
 const maxRequestIDLen = 128
