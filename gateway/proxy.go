@@ -375,12 +375,17 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 	defer lines.release()
 	skipBlank, done := false, false
 	for {
+		buffered := lines.r.Buffered()
 		line, err := lines.next()
-		at.heard()
+		if len(line) > buffered || err != nil {
+			// Bytes that were not here before: the worker was heard (a clock read).
+			at.heard()
+		}
 		if len(line) > 0 {
 			payload, isData := eventData(line)
+			blank := !isData && len(bytes.TrimSpace(line)) == 0
 			switch {
-			case skipBlank && len(bytes.TrimSpace(line)) == 0:
+			case skipBlank && blank:
 				skipBlank = false
 				continue
 			case isData && bytes.Equal(payload, []byte("[DONE]")):
@@ -416,7 +421,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			// An event ends with a blank line. It is flushed at once unless the next bytes
 			// from the worker are already here: then they go out in the same write, without
 			// waiting for anything, as a buffering-off proxy does.
-			if len(bytes.TrimSpace(line)) == 0 && lines.r.Buffered() == 0 {
+			if blank && lines.r.Buffered() == 0 {
 				w.Flush()
 				s.firstByte(cl)
 			}
@@ -464,47 +469,64 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 
 // eventData is the data of a server-sent event's line (isData: a `data:` line), trimmed.
 func eventData(line []byte) (payload []byte, isData bool) {
-	payload, isData = bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
-	return bytes.TrimSpace(payload), isData
+	payload, isData = bytes.CutPrefix(line, []byte("data:"))
+	if !isData {
+		return nil, false
+	}
+	return bytes.TrimSpace(payload), true
 }
 
-// lineReader reads lines (with their newline) of at most max bytes, reusing one buffer: a
-// line is valid until the next call.
+// lineReader reads lines (with their newline) of at most max bytes: a line is valid until the
+// next call. A line that fits its 32 KiB buffer is returned from the buffer itself; a longer
+// one is gathered in buf.
 type lineReader struct {
 	r   *bufio.Reader
 	buf []byte
 	max int
 }
 
-// lineBuffers holds the 32 KiB readers of relays that ended, for the next ones: a stream
-// relayed costs no buffer of its own.
-var lineBuffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+// lineReaders holds the readers of relays that ended, for the next ones: a stream relayed costs
+// no buffer of its own.
+var lineReaders = sync.Pool{New: func() any { return &lineReader{r: bufio.NewReaderSize(nil, 32<<10)} }}
+
+// maxPooledLine bounds the gathering buffer a lineReader keeps when it goes back to the pool.
+const maxPooledLine = 64 << 10
 
 // newLineReader reads lines of r; release must be called once the lines are no longer used.
 func newLineReader(r io.Reader, max int) *lineReader {
-	br := lineBuffers.Get().(*bufio.Reader)
-	br.Reset(r)
-	return &lineReader{r: br, max: max}
+	l := lineReaders.Get().(*lineReader)
+	l.r.Reset(r)
+	l.max = max
+	return l
 }
 
-// release gives the reader's buffer back; l must not be used after.
+// release gives the reader back; l must not be used after.
 func (l *lineReader) release() {
 	l.r.Reset(nil)
-	lineBuffers.Put(l.r)
-	l.r = nil
+	if cap(l.buf) > maxPooledLine {
+		l.buf = nil
+	}
+	lineReaders.Put(l)
 }
 
 var errLineTooLong = errors.New("event line too long")
 
 func (l *lineReader) next() ([]byte, error) {
-	l.buf = l.buf[:0]
+	frag, err := l.r.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		if len(frag) > l.max {
+			return nil, errLineTooLong
+		}
+		return frag, err
+	}
+	l.buf = append(l.buf[:0], frag...)
 	for {
 		frag, err := l.r.ReadSlice('\n')
 		l.buf = append(l.buf, frag...)
 		if len(l.buf) > l.max {
 			return nil, errLineTooLong
 		}
-		if !errors.Is(err, bufio.ErrBufferFull) {
+		if err != bufio.ErrBufferFull {
 			return l.buf, err
 		}
 	}
