@@ -265,6 +265,6 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	rh := c.Response().Header()
 	rh[headerClass] = classHeader[grant.Class]
 	rh[headerServiceTier] = serviceTierHeader[grant.Class]
-	rh.Set(headerQueueMs, strconv.FormatInt(cl.queued.Milliseconds(), 10))
+	rh[headerQueueMs] = []string{strconv.FormatInt(cl.queued.Milliseconds(), 10)}
 	return nil
 }

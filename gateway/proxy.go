@@ -304,7 +304,7 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 	if int64(len(data)) > limit {
 		return routing.Outcome{}, fmt.Errorf("%w: it exceeds %d bytes", errUpstreamAnswer, limit)
 	}
-	ct := resp.Header.Get("Content-Type")
+	ct := headerValue(resp.Header, "Content-Type") // net/http reads header keys canonical
 	if ct == "" {
 		ct = echo.MIMEApplicationJSON
 	}
