@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -288,9 +289,7 @@ func singleJoin(base, path string) string {
 // The answer begins (at.answering) once it is read whole, before any of it is sent.
 func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *attempt) (routing.Outcome, error) {
 	limit := s.cfg.MaxResponseBytes
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), limit)+1))
-	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	data := buf.Bytes()
+	data, err := readUpTo(resp.Body, min(max(resp.ContentLength, 512), limit)+1, limit)
 	if err == nil {
 		// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
 		at.answering()
@@ -304,10 +303,6 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 	if int64(len(data)) > limit {
 		return routing.Outcome{}, fmt.Errorf("%w: it exceeds %d bytes", errUpstreamAnswer, limit)
 	}
-	ct := headerValue(resp.Header, "Content-Type") // net/http reads header keys canonical
-	if ct == "" {
-		ct = echo.MIMEApplicationJSON
-	}
 	s.firstByte(cl)
 	var out routing.Outcome
 	if resp.StatusCode == http.StatusOK {
@@ -317,10 +312,42 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 		}
 		data = cl.rewriteAnswer(data)
 	}
-	if err := c.Blob(resp.StatusCode, ct, data); err != nil {
+	// What c.Blob does, with the worker's Content-Type value shared (net/http reads header keys
+	// canonical) rather than canonicalized and copied.
+	h := c.Response().Header()
+	if headerValue(h, "Content-Type") == "" {
+		if ct := resp.Header["Content-Type"]; len(ct) > 0 && ct[0] != "" {
+			h["Content-Type"] = ct[:1:1]
+		} else {
+			h["Content-Type"] = jsonContentType
+		}
+	}
+	c.Response().WriteHeader(resp.StatusCode)
+	if _, err := c.Response().Write(data); err != nil {
 		return out, errClientGone
 	}
 	return out, nil
+}
+
+// readUpTo reads r to its end, or to its first max+1 bytes when it is longer, into a buffer of
+// first bytes that grows as it needs (io.ReadAll with a limit, without a LimitReader); the end
+// of r is not an error.
+func readUpTo(r io.Reader, first, max int64) ([]byte, error) {
+	buf := make([]byte, 0, first)
+	for int64(len(buf)) <= max {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, 512)
+		}
+		n, err := r.Read(buf[len(buf):int(min(int64(cap(buf)), max+1))])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 // firstByte records the call's time to first byte, once.
