@@ -108,7 +108,14 @@ func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) 
 				return nil, fmt.Errorf("the key %q appears twice", key)
 			}
 		}
+		// Folding keeps the length of ASCII text, and the known keys are ASCII: an ASCII key of
+		// another length is no case variant of one (a non-ASCII one may be: K, the Kelvin sign,
+		// folds to k).
+		ascii := isASCII(key)
 		for _, k := range known {
+			if ascii && len(key) != len(k) {
+				continue
+			}
 			if key != k && strings.EqualFold(key, k) {
 				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
 			}
@@ -124,6 +131,16 @@ func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) 
 }
 
 var errNotObject = errors.New("not a JSON object")
+
+// isASCII reports whether s is ASCII throughout.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
 
 func skipSpace(data []byte, i int) int {
 	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
