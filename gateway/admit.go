@@ -22,8 +22,10 @@ const (
 	headerClass      = "X-Usher-Class"       // the class the request was served in
 	headerQueueMs    = "X-Usher-Queue-Ms"    // the time the request waited in usher's queue
 	headerSessionID  = "X-Session-ID"
-	headerRoutingKey = "X-Usher-Routing-Key"
-	headerTarget     = "X-Usher-Target-Worker"
+	// canonicalSessionID is headerSessionID as net/http stores it.
+	canonicalSessionID = "X-Session-Id"
+	headerRoutingKey   = "X-Usher-Routing-Key"
+	headerTarget       = "X-Usher-Target-Worker"
 )
 
 // maxRoutingKey bounds X-Session-ID and X-Usher-Routing-Key: each becomes a pin in Redis and a
@@ -67,7 +69,6 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if !s.pool.Serves(cl.model) {
 		return fmt.Errorf("the model %q does not exist: %w", cl.model, routing.ErrUnknownModel)
 	}
-	cl.principal = principalOf(c)
 	if cl.principal.TierSpec == nil {
 		cl.principal.TierSpec = fallbackTier
 	}
@@ -76,7 +77,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		return fmt.Errorf("model %q: %w", cl.model, tenants.ErrModelNotAllowed)
 	}
 	h := c.Request().Header
-	target := h.Get(headerTarget)
+	target := headerValue(h, headerTarget)
 	if target != "" && !cl.tier.MayTargetWorker {
 		return errTargetNotAllowed
 	}
@@ -100,11 +101,12 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if err := s.holdLimits(c, cl); err != nil {
 		return err
 	}
-	session, key := h.Get(headerSessionID), h.Get(headerRoutingKey)
-	for name, v := range map[string]string{headerSessionID: session, headerRoutingKey: key} {
-		if !validRoutingKey(v) {
-			return BadRequest("", "%s must be at most %d printable ASCII characters", name, maxRoutingKey)
-		}
+	session, key := headerValue(h, canonicalSessionID), headerValue(h, headerRoutingKey)
+	if !validRoutingKey(session) {
+		return BadRequest("", "%s must be at most %d printable ASCII characters", headerSessionID, maxRoutingKey)
+	}
+	if !validRoutingKey(key) {
+		return BadRequest("", "%s must be at most %d printable ASCII characters", headerRoutingKey, maxRoutingKey)
 	}
 	cl.route = routing.Request{
 		Model:        cl.model,
@@ -130,7 +132,7 @@ func (s *Server) classAndDeadline(cl *call, h http.Header) error {
 	if !ok {
 		return BadRequest("service_tier", "'service_tier' must be one of auto, default, flex, scale, priority")
 	}
-	if p := h.Get(headerPriority); p != "" {
+	if p := headerValue(h, headerPriority); p != "" {
 		if _, err := queue.ParseClass(p); err != nil {
 			return BadRequest("", "%s must be one of interactive, standard, batch", headerPriority)
 		}
@@ -143,7 +145,7 @@ func (s *Server) classAndDeadline(cl *call, h http.Header) error {
 	}
 	cl.class, cl.classed = class, true
 	budget := cl.tier.Deadline(name)
-	if v := h.Get(headerDeadlineMs); v != "" {
+	if v := headerValue(h, headerDeadlineMs); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 || ms > maxDeadline.Milliseconds() {
 			return BadRequest("", "%s must be a positive number of milliseconds up to %d", headerDeadlineMs, maxDeadline.Milliseconds())
@@ -267,8 +269,8 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	cl.lease = grant.Placement.(placement).Lease
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
-	rh.Set(headerClass, grant.Class.String())
+	rh[headerClass] = classHeader[grant.Class]
 	rh[headerServiceTier] = serviceTierHeader[grant.Class]
-	rh.Set(headerQueueMs, strconv.FormatInt(cl.queued.Milliseconds(), 10))
+	rh[headerQueueMs] = []string{strconv.FormatInt(cl.queued.Milliseconds(), 10)}
 	return nil
 }

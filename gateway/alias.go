@@ -22,7 +22,10 @@ func newModelAlias(public, engine string) *modelAlias {
 
 // jsonString is s as a JSON string, with <, > and & as they are (not \u escapes), as the
 // engines behind usher write them, so a name found in their answers is found as written.
-func jsonString(s string) []byte {
+func jsonString(s string) []byte { return appendJSONString(make([]byte, 0, len(s)+2), s) }
+
+// appendJSONString appends s as jsonString writes it to dst.
+func appendJSONString(dst []byte, s string) []byte {
 	plain := true
 	for i := 0; i < len(s) && plain; i++ {
 		c := s[i]
@@ -30,13 +33,13 @@ func jsonString(s string) []byte {
 	}
 	if plain {
 		// What the encoder would write, without it: most names and salts are plain ASCII.
-		return append(append(append(make([]byte, 0, len(s)+2), '"'), s...), '"')
+		return append(append(append(dst, '"'), s...), '"')
 	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(s)
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+	return append(dst, bytes.TrimSuffix(b.Bytes(), []byte("\n"))...)
 }
 
 var modelKey = []byte(`"model"`)

@@ -88,7 +88,7 @@ func withCacheSalt(body []byte, salt string) []byte {
 
 func appendSalt(out []byte, salt string) []byte {
 	out = append(out, `"`+saltKey+`":`...)
-	return append(out, jsonString(salt)...)
+	return appendJSONString(out, salt)
 }
 
 // ownCache is u with its cached tokens bounded by what the call's own cache scope can have put in

@@ -52,7 +52,7 @@ type call struct {
 	modelSpan        [2]int // where the model's JSON string is in upstream, to give an alias
 
 	// admit
-	principal tenants.Principal
+	principal tenants.Principal // the caller, as authenticate resolved it
 	tier      *tenants.Tier
 	expected  int // output tokens the call may cost, all prompts and choices (boundOutput)
 	class     queue.Class
@@ -101,9 +101,10 @@ func newCall(ep endpoint, start time.Time) *call {
 }
 
 // inference serves one OpenAI inference endpoint: the stages in order, then settle.
-func (s *Server) inference(ep endpoint) echo.HandlerFunc {
-	return func(c echo.Context) error {
+func (s *Server) inference(ep endpoint) authenticated {
+	return func(c echo.Context, p tenants.Principal) error {
 		cl := newCall(ep, s.now())
+		cl.principal = p
 		defer func() { cl.body.release() }() // parse sets cl.body
 		err := s.parse(c, cl)
 		if err == nil {

@@ -259,7 +259,7 @@ func (s *Server) attemptsFailed(cl *call, err error) error {
 func (s *Server) requeue(c echo.Context, cl *call, worker string) error {
 	cl.preempts++
 	s.metrics.preempted.WithLabelValues(cl.model, cl.class.String(), "sent").Inc()
-	s.log.Info("preempted", "id", c.Response().Header().Get(echo.HeaderXRequestID),
+	s.log.Info("preempted", "id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", worker)
 	if err := s.await(c, cl, cl.grant.Requeue()); err != nil {
 		cl.grant = nil

@@ -510,7 +510,9 @@ func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	var p preemption
 	var cancelled []int
 	add := func(i int) *victim {
-		return p.add("m", func(error) { cancelled = append(cancelled, i) })
+		v := &victim{cancel: func(error) { cancelled = append(cancelled, i) }}
+		p.add("m", v)
+		return v
 	}
 	add(0)
 	second := add(1)

@@ -27,8 +27,8 @@ type model struct {
 func newModel(id string) model { return model{ID: id, Object: "model", OwnedBy: "usher"} }
 
 // callerTier is the tier of the authenticated caller.
-func callerTier(c echo.Context) *tenants.Tier {
-	if t := principalOf(c).TierSpec; t != nil {
+func callerTier(p tenants.Principal) *tenants.Tier {
+	if t := p.TierSpec; t != nil {
 		return t
 	}
 	return fallbackTier
@@ -36,12 +36,12 @@ func callerTier(c echo.Context) *tenants.Tier {
 
 // listModels lists the models the pool serves and the caller's tier may use, in OpenAI's list
 // shape.
-func (s *Server) listModels(c echo.Context) error {
+func (s *Server) listModels(c echo.Context, p tenants.Principal) error {
 	list := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	tier := callerTier(c)
+	tier := callerTier(p)
 	for _, name := range s.pool.Models() {
 		if tier.AllowsModel(name) {
 			list.Data = append(list.Data, newModel(name))
@@ -52,7 +52,7 @@ func (s *Server) listModels(c echo.Context) error {
 
 // retrieveModel answers GET /v1/models/{id}. A model id may hold slashes
 // ("meta-llama/Llama-3-8B"), sent as they are or escaped (%2F).
-func (s *Server) retrieveModel(c echo.Context) error {
+func (s *Server) retrieveModel(c echo.Context, p tenants.Principal) error {
 	id := c.Param("*")
 	if c.Request().URL.RawPath != "" {
 		unescaped, err := url.PathUnescape(id)
@@ -61,7 +61,7 @@ func (s *Server) retrieveModel(c echo.Context) error {
 		}
 		id = unescaped
 	}
-	if !s.pool.Serves(id) || !callerTier(c).AllowsModel(id) {
+	if !s.pool.Serves(id) || !callerTier(p).AllowsModel(id) {
 		return WriteError(c, fmt.Errorf("the model %q does not exist or you do not have access to it: %w", id, routing.ErrUnknownModel))
 	}
 	return c.JSON(http.StatusOK, newModel(id))

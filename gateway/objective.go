@@ -25,6 +25,9 @@ import (
 const (
 	headerTTFTObjectiveMs = "X-Usher-TTFT-Objective-Ms"
 	headerTPOTObjectiveMs = "X-Usher-TPOT-Objective-Ms"
+	// The same as net/http stores them.
+	canonicalTTFTObjectiveMs = "X-Usher-Ttft-Objective-Ms"
+	canonicalTPOTObjectiveMs = "X-Usher-Tpot-Objective-Ms"
 )
 
 // The default objectives, for a class whose tier states none.
@@ -62,12 +65,15 @@ type objective struct {
 // askedObjectives reads the objective headers: each a positive number of milliseconds; a value
 // beyond the bound of objectives (or of int64) is held to the bound, and then to the tier's.
 func (cl *call) askedObjectives(h http.Header) error {
-	for _, f := range []struct {
-		name  string
-		bound time.Duration
-		to    *time.Duration
-	}{{headerTTFTObjectiveMs, tenants.MaxObjectiveTTFT, &cl.askedTTFT}, {headerTPOTObjectiveMs, tenants.MaxObjectiveTPOT, &cl.askedTPOT}} {
-		v := h.Get(f.name)
+	for _, f := range [...]struct {
+		name, key string
+		bound     time.Duration
+		to        *time.Duration
+	}{
+		{headerTTFTObjectiveMs, canonicalTTFTObjectiveMs, tenants.MaxObjectiveTTFT, &cl.askedTTFT},
+		{headerTPOTObjectiveMs, canonicalTPOTObjectiveMs, tenants.MaxObjectiveTPOT, &cl.askedTPOT},
+	} {
+		v := headerValue(h, f.key)
 		if v == "" {
 			continue
 		}
@@ -255,11 +261,13 @@ func missedIf(b bool) tenants.Verdict {
 // the config's.
 type attainment struct {
 	ttft, tpot, requests *prometheus.CounterVec
+	children             *children // caches the series of calls whose model is served
 }
 
-func newAttainment() *attainment {
+func newAttainment(children *children) *attainment {
 	labels := []string{"tier", "tenant", "class", "model", "verdict"}
 	return &attainment{
+		children: children,
 		ttft: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_objective_ttft_total",
 			Help: "Answered inference requests (and those usher or the worker failed) judged against their TTFT objective: verdict met, missed or unjudged (no objective could be stated, or nothing to measure)."},
@@ -285,13 +293,21 @@ func (a *attainment) count(cl *call, v verdicts) {
 		return
 	}
 	tier, tenant, class := cl.tier.Name, cl.principal.TenantID, cl.class.String()
-	a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
-	a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
-	a.requests.WithLabelValues(tier, tenant, class, cl.model, tenants.Both(v.ttft, v.tpot).String()).Inc()
+	both := tenants.Both(v.ttft, v.tpot)
+	if !cl.classed {
+		a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
+		a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
+		a.requests.WithLabelValues(tier, tenant, class, cl.model, both.String()).Inc()
+		return
+	}
+	a.children.counter(a.ttft, vecObjectiveTTFT, tier, tenant, class, cl.model, v.ttft.String()).Inc()
+	a.children.counter(a.tpot, vecObjectiveTPOT, tier, tenant, class, cl.model, v.tpot.String()).Inc()
+	a.children.counter(a.requests, vecObjectiveRequests, tier, tenant, class, cl.model, both.String()).Inc()
 }
 
 // forget deletes a tenant's series.
 func (a *attainment) forget(tenant string) {
+	a.children.forget(vecObjectiveTTFT, 1, tenant)
 	for _, c := range []*prometheus.CounterVec{a.ttft, a.tpot, a.requests} {
 		c.DeletePartialMatch(prometheus.Labels{"tenant": tenant})
 	}

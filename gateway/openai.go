@@ -47,8 +47,8 @@ var usageKey = []byte(`"usage"`)
 // always escaped), so a long answer is not decoded twice; and it reads the object's counts in one
 // pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
-	// bytes.Contains is vectorised, LastIndex is not: most stream chunks carry no usage at all.
-	if !bytes.Contains(payload, usageKey) {
+	// A forward search is vectorised, LastIndex is not: most stream chunks carry no usage at all.
+	if indexKey(payload, usageKey) < 0 {
 		return usage{}, false
 	}
 	i := bytes.LastIndex(payload, usageKey)
@@ -204,7 +204,28 @@ func carriesOutput(payload []byte) bool {
 			}
 		}
 	}
-	return bytes.Contains(payload, toolCallsKey)
+	return indexKey(payload, toolCallsKey) >= 0
+}
+
+// indexKey is bytes.Index(data, key) for a key written as a JSON string, quotes included
+// (`"usage"`). It searches for the key without its opening quote, whose first letter is rarer in
+// JSON than a quote (bytes.Index tries every quote of a chunk as a start), and then checks for
+// the quote. Faster for keys whose first letter is rare in chunks ("usage", "tool_calls"); not
+// for "content" (chat.completion.chunk, choices and created start alike).
+func indexKey(data, key []byte) int {
+	rest := key[1:]
+	for off := 1; off <= len(data); {
+		i := bytes.Index(data[off:], rest)
+		if i < 0 {
+			return -1
+		}
+		i += off
+		if data[i-1] == key[0] {
+			return i - 1
+		}
+		off = i + 1
+	}
+	return -1
 }
 
 var toolCallsKey = []byte(`"tool_calls"`)

@@ -65,18 +65,19 @@ type jsonField struct {
 // members in order. It refuses duplicate keys and keys that equal one of known but for case. A
 // value that is not an object gives errNotObject.
 func objectFields(data []byte, known []string) ([]jsonField, error) {
-	return splitObject(data, known, 0)
+	return splitObject(nil, data, known, 0)
 }
 
-// splitObject is objectFields; with maxDepth > 0 it also checks every byte it passes (the whole
-// object) for what an engine must reject (see checkedValueEnd), so the top-level split is the
-// one pass that both splits and checks the body.
-func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error) {
+// splitObject is objectFields, appending the members to fields[:0] (a caller's buffer, so that a
+// hot path splits without allocating); with maxDepth > 0 it also checks every byte it passes (the
+// whole object) for what an engine must reject (see checkedValueEnd), so the top-level split is
+// the one pass that both splits and checks the body.
+func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) ([]jsonField, error) {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return nil, errNotObject
 	}
-	var fields []jsonField
+	fields = fields[:0]
 	i = skipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
 		return fields, nil
@@ -98,7 +99,7 @@ func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error)
 			vend = valueEnd(data, vstart)
 		}
 		rawKey := data[i:end]
-		key, err := unquote(rawKey)
+		key, err := unquoteInterned(rawKey)
 		if err != nil {
 			return nil, err
 		}
@@ -107,7 +108,14 @@ func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error)
 				return nil, fmt.Errorf("the key %q appears twice", key)
 			}
 		}
+		// Folding keeps the length of ASCII text, and the known keys are ASCII: an ASCII key of
+		// another length is no case variant of one (a non-ASCII one may be: K, the Kelvin sign,
+		// folds to k).
+		ascii := isASCII(key)
 		for _, k := range known {
+			if ascii && len(key) != len(k) {
+				continue
+			}
 			if key != k && strings.EqualFold(key, k) {
 				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
 			}
@@ -123,6 +131,16 @@ func splitObject(data []byte, known []string, maxDepth int) ([]jsonField, error)
 }
 
 var errNotObject = errors.New("not a JSON object")
+
+// isASCII reports whether s is ASCII throughout.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
 
 func skipSpace(data []byte, i int) int {
 	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
@@ -335,6 +353,33 @@ func unquote(raw []byte) (string, error) {
 	return s, err
 }
 
+// interned are the strings usher reads in request bodies (the keys it knows, the roles of
+// messages): unquoteInterned returns these without allocating a copy of each.
+var interned = func() map[string]string {
+	m := map[string]string{}
+	for _, list := range [][]string{readKeys, messageKeys, partKeys, optionKeys, scalarKeys, outputLimitKeys,
+		{saltKey, "system", "developer", "user", "assistant", "tool", "function", "text", "image_url"}} {
+		for _, k := range list {
+			m[k] = k
+		}
+	}
+	for k := range streamableKeys {
+		m[k] = k
+	}
+	return m
+}()
+
+// unquoteInterned is unquote, returning the interned copy of a string without escapes that is
+// one of interned.
+func unquoteInterned(raw []byte) (string, error) {
+	if len(raw) >= 2 && bytes.IndexByte(raw, '\\') < 0 {
+		if s, ok := interned[string(raw[1:len(raw)-1])]; ok {
+			return s, nil
+		}
+	}
+	return unquote(raw)
+}
+
 // parse is the first stage: read the body within its bounds, decode it into cl and build the
 // upstream body.
 func (s *Server) parse(c echo.Context, cl *call) error {
@@ -356,7 +401,7 @@ func (s *Server) readBody(c echo.Context, cl *call) ([]byte, error) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, TooLarge(s.cfg.MaxBodyBytes)
 	}
-	cl.body = s.bodies.hold(principalOf(c).TenantID)
+	cl.body = s.bodies.hold(cl.principal.TenantID)
 	size := int64(firstBodyBuffer)
 	if r.ContentLength >= 0 {
 		size = r.ContentLength + 1 // room to read the end of the body
@@ -379,12 +424,14 @@ func (s *Server) readBody(c echo.Context, cl *call) ([]byte, error) {
 		}
 		n, err := body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		var mbe *http.MaxBytesError
 		switch {
 		case err == nil:
 			continue
 		case err == io.EOF:
 			return buf, nil
+		}
+		var mbe *http.MaxBytesError
+		switch {
 		case errors.As(err, &mbe):
 			return nil, TooLarge(s.cfg.MaxBodyBytes)
 		case r.Context().Err() != nil:
@@ -411,7 +458,8 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 		err := json.Unmarshal(body, &v)
 		return BadRequest("", "request body is not valid JSON: %v", err)
 	}
-	fields, err := splitObject(body, readKeys, maxDepth)
+	var buf [16]jsonField
+	fields, err := splitObject(buf[:0], body, readKeys, maxDepth)
 	switch {
 	case errors.Is(err, errNotObject):
 		return BadRequest("", "request body must be a JSON object")
@@ -438,11 +486,18 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 		rendered += renderedBytes(f, promptKey)
 		switch f.key {
 		case "model":
-			if json.Unmarshal(v, &cl.model) != nil {
+			// The body is valid UTF-8 JSON (checked above): a string needs no decoder.
+			if v[0] != '"' {
+				return BadRequest("model", "'model' must be a string")
+			}
+			if cl.model, err = unquote(v); err != nil {
 				return BadRequest("model", "'model' must be a string")
 			}
 		case "stream":
-			if json.Unmarshal(v, &cl.stream) != nil {
+			switch string(v) {
+			case "true", "false":
+				cl.stream = v[0] == 't'
+			default:
 				return BadRequest("stream", "'stream' must be a boolean")
 			}
 		case "stream_options":
@@ -517,11 +572,14 @@ func (cl *call) parseMessages(raw []byte) error {
 		return BadRequest("messages", "missing required parameter: 'messages' must be a non-empty array")
 	}
 	var b strings.Builder
+	// The text is at most the messages' bytes; a long one grows as it needs.
+	b.Grow(min(len(raw), 64<<10))
+	var buf [4]jsonField
 	rendered, media := 0, 0 // bytes of the messages counted as text, media parts
 	i := 0
 	for ; msgs.next(); i++ {
 		m := msgs.value
-		fields, err := objectFields(m, messageKeys)
+		fields, err := splitObject(buf[:0], m, messageKeys, 0)
 		if err != nil {
 			return BadRequest("messages", "messages[%d]: %v", i, err)
 		}
@@ -581,6 +639,10 @@ func appendContent(b *strings.Builder, raw []byte) (mediaBytes, mediaParts int, 
 		return 0, 0, nil
 	}
 	if raw[0] == '"' {
+		if bytes.IndexByte(raw, '\\') < 0 {
+			b.Write(raw[1 : len(raw)-1])
+			return 0, 0, nil
+		}
 		s, err := unquote(raw)
 		if err != nil {
 			return 0, 0, err
@@ -628,7 +690,7 @@ func stringValue(raw []byte) string {
 	if len(raw) == 0 || raw[0] != '"' {
 		return ""
 	}
-	s, err := unquote(raw)
+	s, err := unquoteInterned(raw)
 	if err != nil {
 		return ""
 	}

@@ -252,6 +252,10 @@ func TestParserDifferentialsAreRefused(t *testing.T) {
 		{"re-cased text in a part", chatEndpoint, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","TEXT":"b"}]}]}`},
 		{"re-cased stream_options key", chatEndpoint, `{"model":"m","stream":true,"stream_options":{"include_usage":false,"Include_Usage":true},"messages":[{"role":"user","content":"x"}]}`},
 		{"re-cased prompt", completionEndpoint, `{"model":"m","prompt":"a","PROMPT":"long"}`},
+		// The Kelvin sign (3 bytes) folds to k: a key of another length may still be re-cased.
+		{"max_tokens with a Kelvin sign", chatEndpoint, "{\"model\":\"m\",\"max_tokens\":1,\"max_to\u212aens\":100000,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"},
+		{"escaped Kelvin sign", chatEndpoint, `{"model":"m","max_tokens":1,"max_to\u212aens":100000,"messages":[{"role":"user","content":"x"}]}`},
+		{"stream with a long s", chatEndpoint, "{\"model\":\"m\",\"\u017ftream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"},
 		{"max_tokens overflowing int64", chatEndpoint, `{"model":"m","max_tokens":9223372036854775808,"messages":[{"role":"user","content":"x"}]}`},
 		{"max_tokens 2^63-1", chatEndpoint, `{"model":"m","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"x"}]}`},
 		{"max_tokens as a float", chatEndpoint, `{"model":"m","max_tokens":1e30,"messages":[{"role":"user","content":"x"}]}`},

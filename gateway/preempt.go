@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"net/http/httptrace"
 	"slices"
 	"sync"
 
@@ -41,16 +42,14 @@ type victim struct {
 	decoding bool // its engine is generating tokens: it notices a cancel at its next one
 }
 
-// add registers an attempt of model; done must be called when its answer begins or it ends.
-func (p *preemption) add(model string, cancel context.CancelCauseFunc) *victim {
-	v := &victim{cancel: cancel}
+// add registers v, an attempt of model; done must be called when its answer begins or it ends.
+func (p *preemption) add(model string, v *victim) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.running == nil {
 		p.running = map[string][]*victim{}
 	}
 	p.running[model] = append(p.running[model], v)
-	return v
 }
 
 // done takes v off the list; it reports false if v was already chosen for preemption.
@@ -117,27 +116,29 @@ func (s *Server) watch(cl *call, cancel context.CancelCauseFunc) *watched {
 	if cl.class == queue.Interactive || s.cfg.DisablePreemption {
 		return nil
 	}
-	return &watched{p: &s.preemption, model: cl.model, v: s.preemption.add(cl.model, cancel)}
+	a := &watched{p: &s.preemption, model: cl.model, v: victim{cancel: cancel}}
+	s.preemption.add(cl.model, &a.v)
+	return a
 }
 
 // watched is one attempt preemption may cancel.
 type watched struct {
 	p     *preemption
 	model string
-	v     *victim
+	v     victim
 }
 
 // decoding reports the attempt's first token: its engine is generating tokens.
 func (a *watched) decoding() {
 	if a != nil {
-		a.p.decoding(a.v)
+		a.p.decoding(&a.v)
 	}
 }
 
 // answering reports that the attempt's answer begins to reach the client: from now on it cannot
 // be preempted. False when a preemption chose it already: its answer must not begin.
 func (a *watched) answering() bool {
-	return a == nil || a.p.done(a.model, a.v)
+	return a == nil || a.p.done(a.model, &a.v)
 }
 
 // ended reports the attempt's end (safe after answering).
@@ -149,9 +150,16 @@ func (a *watched) ended() { a.answering() }
 // to reach the client.
 type attempt struct {
 	lease   *routing.Lease
-	quiet   *silenceBound
+	quiet   silenceBound
 	watched *watched // nil: not preemptible
+	// trace learns whether the attempt went out on a reused connection (reused): a reused
+	// connection the worker had closed is not the worker's fault.
+	trace  httptrace.ClientTrace
+	reused bool
 }
+
+// gotConn is the attempt's httptrace.ClientTrace.GotConn.
+func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
 func (a *attempt) heard() { a.quiet.heard() }

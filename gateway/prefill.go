@@ -140,7 +140,7 @@ func (cl *call) withOwnCache(payload []byte) []byte {
 func (s *Server) sendPiece(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (answer []byte, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.UpstreamIdleTimeout)
 	defer cancel()
-	resp, _, err := s.send(ctx, w, cl, body, in)
+	resp, err := s.send(ctx, w, cl, body, in, &attempt{})
 	if err != nil {
 		return nil, false
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,15 @@ import (
 const (
 	headerWorker = "X-Usher-Worker"
 	headerRoute  = "X-Usher-Route"
+)
+
+// Header values the proxy sets, shared read-only by every request and response (net/http never
+// writes into a header's values), so that setting them allocates nothing.
+var (
+	jsonContentType        = []string{"application/json"}
+	eventStreamContentType = []string{"text/event-stream"}
+	noCache                = []string{"no-cache"}
+	bufferingOff           = []string{"no"}
 )
 
 // errWorkerSilent is the cause of an attempt cut off because its worker sent nothing for
@@ -79,11 +89,12 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if !cl.stream && !assembled {
 		silence = wholeAnswerSilence(s.cfg, cl.expected)
 	}
-	quiet := newSilenceBound(silence, func() { cancel(errWorkerSilent) })
-	defer quiet.stop()
-	at := &attempt{lease: lease, quiet: quiet, watched: watched}
+	at := &attempt{lease: lease, watched: watched}
+	at.quiet.arm(silence, cancel)
+	defer at.quiet.stop()
 	sent := s.now()
-	resp, reused, err := s.send(ctx, w, cl, body, c.Request().Header)
+	resp, err := s.send(ctx, w, cl, body, c.Request().Header, at)
+	reused := at.reused
 	// The engine has prefilled the prompt by its first chunk; a whole answer's first bytes come
 	// only with its end, so there the headers are as early as usher can know.
 	if !cl.stream && !assembled {
@@ -124,8 +135,8 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		return true, err
 	}
 	h := c.Response().Header()
-	h.Set(headerWorker, w.ID())
-	h.Set(headerRoute, string(lease.Route))
+	v := []string{w.ID(), string(lease.Route)}
+	h[headerWorker], h[headerRoute] = v[0:1:1], v[1:2:2]
 	var out routing.Outcome
 	switch {
 	case cl.stream && resp.StatusCode == http.StatusOK:
@@ -156,28 +167,28 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	return false, err
 }
 
-// silenceBound calls onSilent once nothing was heard for d. Hearing costs one clock read and one
-// atomic store (a stream hears at every line); its timer is re-armed only when it fires. Safe for
-// concurrent use.
+// silenceBound cancels an attempt (with errWorkerSilent) once nothing was heard for d. Hearing
+// costs one clock read and one atomic store (a stream hears at every line); its timer is re-armed
+// only when it fires. It lives in its attempt, armed once; safe for concurrent use from then on.
 type silenceBound struct {
-	d        time.Duration
-	start    time.Time
-	last     atomic.Int64 // when something was last heard, as time since start
-	stopped  atomic.Bool
-	onSilent func()
-	t        *time.Timer
+	d       time.Duration
+	start   time.Time
+	last    atomic.Int64 // when something was last heard, as time since start
+	stopped atomic.Bool
+	cancel  context.CancelCauseFunc
+	t       *time.Timer
 }
 
-func newSilenceBound(d time.Duration, onSilent func()) *silenceBound {
-	b := &silenceBound{d: d, start: time.Now(), onSilent: onSilent}
+// arm starts the bound.
+func (b *silenceBound) arm(d time.Duration, cancel context.CancelCauseFunc) {
+	b.d, b.start, b.cancel = d, time.Now(), cancel
 	b.t = time.AfterFunc(d, b.check)
-	return b
 }
 
 // heard restarts the bound.
 func (b *silenceBound) heard() { b.last.Store(int64(time.Since(b.start))) }
 
-// stop ends the bound: past it, onSilent runs only if a check already under way calls it.
+// stop ends the bound: past it, the attempt is cancelled only by a check already under way.
 func (b *silenceBound) stop() {
 	b.stopped.Store(true)
 	b.t.Stop()
@@ -192,7 +203,7 @@ func (b *silenceBound) check() {
 		b.t.Reset(b.d - quiet)
 		return
 	}
-	b.onSilent()
+	b.cancel(errWorkerSilent)
 }
 
 // wholeAnswerTokenSilence is how long a worker computing a whole answer may stay silent for each
@@ -235,30 +246,36 @@ func retryAfterOf(h http.Header, now time.Time) time.Duration {
 // send makes one attempt at worker w. The request carries the client's context, so a client that
 // goes away cancels it at once. It is marked replayable (an Idempotency-Key header with no value,
 // which net/http does not send), so the transport itself resends it on a fresh connection when a
-// reused one turns out closed before any answer. reused reports whether the attempt went out on
-// a reused connection.
-func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (resp *http.Response, reused bool, err error) {
-	u := *w.URL()
-	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
-	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}
-	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, "",
+// reused one turns out closed before any answer. It records in at.reused whether the attempt went
+// out on a reused connection.
+func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header, at *attempt) (*http.Response, error) {
+	at.trace.GotConn = at.gotConn
+	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "",
 		bytes.NewReader(body))
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
-	out.URL, out.Host = &u, u.Host
-	out.Header.Set("Content-Type", "application/json")
+	u := out.URL
+	*u = *w.URL()
+	u.Path, u.RawPath = singleJoin(u.Path, cl.ep.path), ""
+	out.Host = u.Host
+	// Canonical keys and values shared read-only, as in setRequestID.
+	h := out.Header
+	h["Content-Type"] = jsonContentType
 	// The worker's own key, never the client's credential.
-	w.Authorize(out.Header)
-	out.Header.Set(echo.HeaderXRequestID, in.Get(echo.HeaderXRequestID))
-	out.Header["Idempotency-Key"] = nil
-	if a := in.Get("Accept"); a != "" {
-		out.Header.Set("Accept", a)
+	w.Authorize(h)
+	if id := in[headerRequestID]; len(id) > 0 {
+		h[headerRequestID] = id[:1:1]
+	} else {
+		h[headerRequestID] = []string{""}
 	}
-	resp, err = s.transport.RoundTrip(out)
-	return resp, reused, err
+	h["Idempotency-Key"] = nil
+	if a := headerValue(in, "Accept"); a != "" {
+		h["Accept"] = []string{a}
+	}
+	return s.transport.RoundTrip(out)
 }
 
 func singleJoin(base, path string) string {
@@ -272,9 +289,7 @@ func singleJoin(base, path string) string {
 // The answer begins (at.answering) once it is read whole, before any of it is sent.
 func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *attempt) (routing.Outcome, error) {
 	limit := s.cfg.MaxResponseBytes
-	buf := bytes.NewBuffer(make([]byte, 0, min(max(resp.ContentLength, 512), limit)+1))
-	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	data := buf.Bytes()
+	data, err := readUpTo(resp.Body, min(max(resp.ContentLength, 512), limit)+1, limit)
 	if err == nil {
 		// The answer is whole: it goes to the client even if a preemption chose it a moment ago.
 		at.answering()
@@ -288,10 +303,6 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 	if int64(len(data)) > limit {
 		return routing.Outcome{}, fmt.Errorf("%w: it exceeds %d bytes", errUpstreamAnswer, limit)
 	}
-	ct := resp.Header.Get("Content-Type")
-	if ct == "" {
-		ct = echo.MIMEApplicationJSON
-	}
 	s.firstByte(cl)
 	var out routing.Outcome
 	if resp.StatusCode == http.StatusOK {
@@ -301,10 +312,42 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 		}
 		data = cl.rewriteAnswer(data)
 	}
-	if err := c.Blob(resp.StatusCode, ct, data); err != nil {
+	// What c.Blob does, with the worker's Content-Type value shared (net/http reads header keys
+	// canonical) rather than canonicalized and copied.
+	h := c.Response().Header()
+	if headerValue(h, "Content-Type") == "" {
+		if ct := resp.Header["Content-Type"]; len(ct) > 0 && ct[0] != "" {
+			h["Content-Type"] = ct[:1:1]
+		} else {
+			h["Content-Type"] = jsonContentType
+		}
+	}
+	c.Response().WriteHeader(resp.StatusCode)
+	if _, err := c.Response().Write(data); err != nil {
 		return out, errClientGone
 	}
 	return out, nil
+}
+
+// readUpTo reads r to its end, or to its first max+1 bytes when it is longer, into a buffer of
+// first bytes that grows as it needs (io.ReadAll with a limit, without a LimitReader); the end
+// of r is not an error.
+func readUpTo(r io.Reader, first, max int64) ([]byte, error) {
+	buf := make([]byte, 0, first)
+	for int64(len(buf)) <= max {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, 512)
+		}
+		n, err := r.Read(buf[len(buf):int(min(int64(cap(buf)), max+1))])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 // firstByte records the call's time to first byte, once.
@@ -313,7 +356,7 @@ func (s *Server) firstByte(cl *call) {
 		return
 	}
 	cl.ttft = s.now().Sub(cl.start)
-	s.metrics.ttft.WithLabelValues(cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
+	s.metrics.children.observer(s.metrics.ttft, vecTTFT, cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
 }
 
 // relayStream passes the worker's server-sent events to the client one by one, flushing each as
@@ -338,9 +381,9 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 		}
 		started = true
 		h := w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
+		h["Content-Type"] = eventStreamContentType
+		h["Cache-Control"] = noCache
+		h["X-Accel-Buffering"] = bufferingOff
 		w.WriteHeader(http.StatusOK)
 		return true
 	}
@@ -359,12 +402,17 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 	defer lines.release()
 	skipBlank, done := false, false
 	for {
+		buffered := lines.r.Buffered()
 		line, err := lines.next()
-		at.heard()
+		if len(line) > buffered || err != nil {
+			// Bytes that were not here before: the worker was heard (a clock read).
+			at.heard()
+		}
 		if len(line) > 0 {
 			payload, isData := eventData(line)
+			blank := !isData && len(bytes.TrimSpace(line)) == 0
 			switch {
-			case skipBlank && len(bytes.TrimSpace(line)) == 0:
+			case skipBlank && blank:
 				skipBlank = false
 				continue
 			case isData && bytes.Equal(payload, []byte("[DONE]")):
@@ -400,7 +448,7 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			// An event ends with a blank line. It is flushed at once unless the next bytes
 			// from the worker are already here: then they go out in the same write, without
 			// waiting for anything, as a buffering-off proxy does.
-			if len(bytes.TrimSpace(line)) == 0 && lines.r.Buffered() == 0 {
+			if blank && lines.r.Buffered() == 0 {
 				w.Flush()
 				s.firstByte(cl)
 			}
@@ -448,47 +496,64 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 
 // eventData is the data of a server-sent event's line (isData: a `data:` line), trimmed.
 func eventData(line []byte) (payload []byte, isData bool) {
-	payload, isData = bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
-	return bytes.TrimSpace(payload), isData
+	payload, isData = bytes.CutPrefix(line, []byte("data:"))
+	if !isData {
+		return nil, false
+	}
+	return bytes.TrimSpace(payload), true
 }
 
-// lineReader reads lines (with their newline) of at most max bytes, reusing one buffer: a
-// line is valid until the next call.
+// lineReader reads lines (with their newline) of at most max bytes: a line is valid until the
+// next call. A line that fits its 32 KiB buffer is returned from the buffer itself; a longer
+// one is gathered in buf.
 type lineReader struct {
 	r   *bufio.Reader
 	buf []byte
 	max int
 }
 
-// lineBuffers holds the 32 KiB readers of relays that ended, for the next ones: a stream
-// relayed costs no buffer of its own.
-var lineBuffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+// lineReaders holds the readers of relays that ended, for the next ones: a stream relayed costs
+// no buffer of its own.
+var lineReaders = sync.Pool{New: func() any { return &lineReader{r: bufio.NewReaderSize(nil, 32<<10)} }}
+
+// maxPooledLine bounds the gathering buffer a lineReader keeps when it goes back to the pool.
+const maxPooledLine = 64 << 10
 
 // newLineReader reads lines of r; release must be called once the lines are no longer used.
 func newLineReader(r io.Reader, max int) *lineReader {
-	br := lineBuffers.Get().(*bufio.Reader)
-	br.Reset(r)
-	return &lineReader{r: br, max: max}
+	l := lineReaders.Get().(*lineReader)
+	l.r.Reset(r)
+	l.max = max
+	return l
 }
 
-// release gives the reader's buffer back; l must not be used after.
+// release gives the reader back; l must not be used after.
 func (l *lineReader) release() {
 	l.r.Reset(nil)
-	lineBuffers.Put(l.r)
-	l.r = nil
+	if cap(l.buf) > maxPooledLine {
+		l.buf = nil
+	}
+	lineReaders.Put(l)
 }
 
 var errLineTooLong = errors.New("event line too long")
 
 func (l *lineReader) next() ([]byte, error) {
-	l.buf = l.buf[:0]
+	frag, err := l.r.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		if len(frag) > l.max {
+			return nil, errLineTooLong
+		}
+		return frag, err
+	}
+	l.buf = append(l.buf[:0], frag...)
 	for {
 		frag, err := l.r.ReadSlice('\n')
 		l.buf = append(l.buf, frag...)
 		if len(l.buf) > l.max {
 			return nil, errLineTooLong
 		}
-		if !errors.Is(err, bufio.ErrBufferFull) {
+		if err != bufio.ErrBufferFull {
 			return l.buf, err
 		}
 	}

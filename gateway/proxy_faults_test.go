@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/usherllm/usher/routing"
@@ -156,5 +157,36 @@ func TestUnassemblableAnswerIsNotTheWorkersFailure(t *testing.T) {
 	}
 	if st := workerState(t, g, "slot"); st != routing.StateHealthy {
 		t.Errorf("the worker is %s, want healthy: an answer usher could not assemble opened its breaker", st)
+	}
+}
+
+// readUpTo reads a whole answer, or one byte more than the bound, whatever its first buffer.
+func TestReadUpTo(t *testing.T) {
+	long := strings.Repeat("x", 5000)
+	for _, tc := range []struct {
+		name        string
+		in          string
+		first, max  int64
+		want        string
+		wantFailure bool
+	}{
+		{"fits its first buffer", "hello", 512, 100, "hello", false},
+		{"grows", long, 1, 10000, long, false},
+		{"at the bound", long[:100], 16, 100, long[:100], false},
+		{"one byte over the bound", long[:101], 16, 100, long[:101], false},
+		{"far over the bound", long, 16, 100, long[:101], false},
+		{"empty", "", 1, 100, "", false},
+		{"broken off", "partial", 512, 100, "partial", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r io.Reader = iotest.OneByteReader(strings.NewReader(tc.in))
+			if tc.wantFailure {
+				r = io.MultiReader(strings.NewReader(tc.in), iotest.ErrReader(io.ErrUnexpectedEOF))
+			}
+			got, err := readUpTo(r, tc.first, tc.max)
+			if (err != nil) != tc.wantFailure || string(got) != tc.want {
+				t.Fatalf("got %d bytes, %v; want %d bytes, failure %v", len(got), err, len(tc.want), tc.wantFailure)
+			}
+		})
 	}
 }

@@ -133,18 +133,21 @@ func New(cfg Config, d Deps) (*Server, error) {
 	// A client's address is its connection's unless a trusted proxy names it: X-Forwarded-For
 	// and X-Real-IP are whatever the client wants them to be.
 	e.IPExtractor = s.ClientAddr
-	e.Use(requestID)
+	// No middleware is registered with Echo: it wraps a route's handler in its middleware anew at
+	// every request (a closure each). The request id is set in ServeHTTP, and the /v1 routes are
+	// wrapped in authenticate once, here.
 
 	e.GET("/healthz", func(c echo.Context) error { return c.String(http.StatusOK, "ok\n") })
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(d.Gatherer, promhttp.HandlerOpts{})))
 
-	v1 := e.Group("/v1", s.authenticate)
-	v1.POST("/chat/completions", s.inference(chatEndpoint))
-	v1.POST("/completions", s.inference(completionEndpoint))
-	v1.POST("/embeddings", s.inference(embeddingsEndpoint))
-	v1.GET("/models", s.listModels)
-	v1.GET("/models/*", s.retrieveModel)
+	// Every path under /v1 answers 401 without a valid credential, an unknown one 404 with it.
+	e.Group("/v1", s.authenticateFirst)
+	e.POST("/v1/chat/completions", s.authenticate(s.inference(chatEndpoint)))
+	e.POST("/v1/completions", s.authenticate(s.inference(completionEndpoint)))
+	e.POST("/v1/embeddings", s.authenticate(s.inference(embeddingsEndpoint)))
+	e.GET("/v1/models", s.authenticate(s.listModels))
+	e.GET("/v1/models/*", s.authenticate(s.retrieveModel))
 	if d.Admin != nil {
 		h, err := d.Admin(s)
 		if err != nil {
@@ -164,6 +167,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// net/http closes the connection after this response.
 		w.Header().Set("Connection", "close")
 	}
+	setRequestID(r.Header, w.Header())
 	s.echo.ServeHTTP(w, r)
 }
 
@@ -198,12 +202,15 @@ func (s *Server) readyz(c echo.Context) error {
 	return c.String(http.StatusOK, "ok\n")
 }
 
-const principalKey = "usher.principal"
+// authenticated serves a request whose caller authenticate resolved to p.
+type authenticated func(c echo.Context, p tenants.Principal) error
 
-// authenticate resolves the bearer credential to a tenant, or answers 401.
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+// authenticate resolves the bearer credential to a tenant and serves the request with next, or
+// answers 401. The principal goes to next as an argument, not through Echo's context store (a
+// map and a boxed value every request).
+func (s *Server) authenticate(next authenticated) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		cred, ok := tenants.BearerCredential(c.Request().Header.Get(echo.HeaderAuthorization))
+		cred, ok := tenants.BearerCredential(headerValue(c.Request().Header, echo.HeaderAuthorization))
 		if !ok {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
 			return WriteError(c, &APIError{Status: http.StatusUnauthorized, Type: "authentication_error",
@@ -214,30 +221,42 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			s.metrics.requests.WithLabelValues("", "401").Inc()
 			return WriteError(c, err)
 		}
-		c.Set(principalKey, p)
-		return next(c)
+		return next(c, p)
 	}
 }
 
-func principalOf(c echo.Context) tenants.Principal {
-	p, _ := c.Get(principalKey).(tenants.Principal)
-	return p
+// authenticateFirst is authenticate as Echo middleware: a request without a valid credential is
+// answered 401 before anything else is decided.
+func (s *Server) authenticateFirst(next echo.HandlerFunc) echo.HandlerFunc {
+	return s.authenticate(func(c echo.Context, _ tenants.Principal) error { return next(c) })
 }
 
 const maxRequestIDLen = 128
 
-// requestID gives every request an id: the client's X-Request-ID when it is a sane token, a
-// fresh random one otherwise. It is echoed in the response and sent to the worker.
-func requestID(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		id := c.Request().Header.Get(echo.HeaderXRequestID)
-		if !validRequestID(id) {
-			id = newRequestID()
-			c.Request().Header.Set(echo.HeaderXRequestID, id)
-		}
-		c.Response().Header().Set(echo.HeaderXRequestID, id)
-		return next(c)
+// headerRequestID is echo.HeaderXRequestID as net/http stores it. The request path reads and
+// writes headers by such canonical keys (headerValue), without Header.Get's canonicalizing of
+// every key at every call (and its allocation for a key that is not canonical).
+const headerRequestID = "X-Request-Id"
+
+// headerValue is h.Get(key) for a key in canonical form (http.CanonicalHeaderKey).
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
 	}
+	return ""
+}
+
+// setRequestID gives every request an id (in its headers in): the client's X-Request-ID when it
+// is a sane token, a fresh random one otherwise. It is echoed in the response's headers out and
+// sent to the worker.
+func setRequestID(in, out http.Header) {
+	id := headerValue(in, headerRequestID)
+	if !validRequestID(id) {
+		id = newRequestID()
+		in[headerRequestID] = []string{id}
+	}
+	// The request's value, shared read-only (net/http never writes into a header's values).
+	out[headerRequestID] = in[headerRequestID][:1:1]
 }
 
 func validRequestID(id string) bool {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/usherllm/usher/routing"
@@ -499,5 +500,23 @@ func TestReadyz(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("readyz: got %d, want 200", resp.StatusCode)
+	}
+}
+
+// The request path reads and writes headers by their canonical keys, without canonicalizing
+// (headerValue): a key that is not in canonical form would never match.
+func TestHeaderKeysAreCanonical(t *testing.T) {
+	for _, k := range []string{headerRequestID, canonicalSessionID, canonicalTTFTObjectiveMs, canonicalTPOTObjectiveMs,
+		headerTarget, headerPriority, headerDeadlineMs, headerRoutingKey, headerWorker, headerRoute, headerClass,
+		headerServiceTier, headerQueueMs, echo.HeaderAuthorization} {
+		if got := http.CanonicalHeaderKey(k); got != k {
+			t.Errorf("header key %q: canonical form %q", k, got)
+		}
+	}
+	for name, canonical := range map[string]string{echo.HeaderXRequestID: headerRequestID, headerSessionID: canonicalSessionID,
+		headerTTFTObjectiveMs: canonicalTTFTObjectiveMs, headerTPOTObjectiveMs: canonicalTPOTObjectiveMs} {
+		if got := http.CanonicalHeaderKey(name); got != canonical {
+			t.Errorf("header %q: canonical form %q, the code reads %q", name, got, canonical)
+		}
 	}
 }

@@ -46,6 +46,13 @@ var serviceTierHeader = [...][]string{
 	queue.Batch:       {serviceTierOf(queue.Batch)},
 }
 
+// classHeader holds the X-Usher-Class value of each class, shared read-only as serviceTierHeader.
+var classHeader = [...][]string{
+	queue.Interactive: {queue.Interactive.String()},
+	queue.Standard:    {queue.Standard.String()},
+	queue.Batch:       {queue.Batch.String()},
+}
+
 // serviceTierOf names the class a request ran in as OpenAI's service_tier.
 func serviceTierOf(c queue.Class) string {
 	switch c {

@@ -41,14 +41,22 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		status = ErrorFor(err).Status
 		err = WriteError(c, err)
 	}
-	s.metrics.requests.WithLabelValues(cl.model, strconv.Itoa(status)).Inc()
+	if cl.classed {
+		s.metrics.children.counter(s.metrics.requests, vecRequests, cl.model, statusLabel(status)).Inc()
+	} else {
+		s.metrics.requests.WithLabelValues(cl.model, strconv.Itoa(status)).Inc()
+	}
 	s.metrics.attainment.count(cl, judged)
 	if cl.classed {
 		s.traffic.observe(cl.class, status, cl.ttft)
 	}
 	if cl.model != "" {
 		total := end.Sub(cl.start)
-		s.metrics.duration.WithLabelValues(cl.model).Observe(total.Seconds())
+		if cl.classed {
+			s.metrics.children.observer(s.metrics.duration, vecDuration, cl.model).Observe(total.Seconds())
+		} else {
+			s.metrics.duration.WithLabelValues(cl.model).Observe(total.Seconds())
+		}
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}
@@ -57,7 +65,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		return err
 	}
 	s.log.Info("request",
-		"id", c.Response().Header().Get(echo.HeaderXRequestID),
+		"id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
@@ -123,9 +131,10 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 	}
 	u = cl.ownCache(u)
 	cl.usage = u
-	s.metrics.tokens.WithLabelValues(cl.model, "prompt").Add(float64(u.PromptTokens))
-	s.metrics.tokens.WithLabelValues(cl.model, "completion").Add(float64(u.CompletionTokens))
-	s.metrics.tokens.WithLabelValues(cl.model, "cached").Add(float64(u.cachedTokens()))
+	m := &s.metrics.children
+	m.counter(s.metrics.tokens, vecTokens, cl.model, "prompt").Add(float64(u.PromptTokens))
+	m.counter(s.metrics.tokens, vecTokens, cl.model, "completion").Add(float64(u.CompletionTokens))
+	m.counter(s.metrics.tokens, vecTokens, cl.model, "cached").Add(float64(u.cachedTokens()))
 	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CacheReported: u.PromptTokensDetails != nil,
 		CompletionTokens: u.CompletionTokens, UsageEstimated: u.estimated}
 }

@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -185,4 +187,32 @@ func FuzzScanUsageReadsAsEncodingJSON(f *testing.F) {
 			t.Fatalf("%s: scanUsage read %+v %v, encoding/json %+v %v", obj, fast, fast.PromptTokensDetails, want, want.PromptTokensDetails)
 		}
 	})
+}
+
+// indexKey finds what bytes.Index finds, on chunks built to hold near misses: the key without
+// its quote, quotes doubled, the key at either end, cut off.
+func TestIndexKeyIsBytesIndex(t *testing.T) {
+	keys := [][]byte{usageKey, toolCallsKey, []byte(`"text"`), []byte(`"content"`)}
+	for _, tc := range []string{"", `"`, `usage"`, `"usage"`, `x"usage"`, `""usage"`, `usage""usage"`, `"usag"`,
+		`{"a":"usage"}`, `{"usage"`, `"usage`, `{"tool_calls":[]}`, `"text""text"`, `reasoning_content":"x"`} {
+		for _, key := range keys {
+			if got, want := indexKey([]byte(tc), key), bytes.Index([]byte(tc), key); got != want {
+				t.Errorf("indexKey(%q, %q) = %d, want %d", tc, key, got, want)
+			}
+		}
+	}
+	// Random strings of up to 9 bytes over the letters of the keys, a quote and a stranger.
+	r := rand.New(rand.NewPCG(1, 2))
+	alphabet := []byte(`"usagetx`)
+	for range 200000 {
+		b := make([]byte, r.IntN(10))
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		for _, key := range keys[:3] {
+			if got, want := indexKey(b, key), bytes.Index(b, key); got != want {
+				t.Fatalf("indexKey(%q, %q) = %d, want %d", b, key, got, want)
+			}
+		}
+	}
 }
