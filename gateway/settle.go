@@ -41,10 +41,11 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		status = ErrorFor(err).Status
 		err = WriteError(c, err)
 	}
+	model := s.modelLabel(cl)
 	if cl.classed {
-		s.metrics.children.counter(s.metrics.requests, vecRequests, cl.model, statusLabel(status)).Inc()
+		s.metrics.children.counter(s.metrics.requests, vecRequests, model, statusLabel(status)).Inc()
 	} else {
-		s.metrics.requests.WithLabelValues(cl.model, strconv.Itoa(status)).Inc()
+		s.metrics.requests.WithLabelValues(model, strconv.Itoa(status)).Inc()
 	}
 	s.metrics.attainment.count(cl, judged)
 	if cl.classed {
@@ -55,7 +56,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		if cl.classed {
 			s.metrics.children.observer(s.metrics.duration, vecDuration, cl.model).Observe(total.Seconds())
 		} else {
-			s.metrics.duration.WithLabelValues(cl.model).Observe(total.Seconds())
+			s.metrics.duration.WithLabelValues(model).Observe(total.Seconds())
 		}
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
@@ -77,6 +78,19 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"ttft_pred_ms", predictedMs(cl.predicted.TTFT, cl.predictedOK),
 		"tpot_pred_ms", predictedMs(cl.predicted.TPOT, cl.predictedOK && cl.predicted.TPOT > 0))
 	return err
+}
+
+// unservedModel is the model label of a call whose model no worker serves: the client's string
+// would let anyone create a series per request.
+const unservedModel = "unserved"
+
+// modelLabel is the call's model as the metrics label it: the model's name when a worker serves
+// it (an admitted call's always is), else unservedModel. Cost: a map lookup.
+func (s *Server) modelLabel(cl *call) string {
+	if cl.classed || s.pool.Serves(cl.model) {
+		return cl.model
+	}
+	return unservedModel
 }
 
 // The access log's cost-model fields set the worker's own times (engine_ttft_ms: from sending

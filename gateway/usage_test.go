@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -214,5 +216,30 @@ func TestIndexKeyIsBytesIndex(t *testing.T) {
 				t.Fatalf("indexKey(%q, %q) = %d, want %d", b, key, got, want)
 			}
 		}
+	}
+}
+
+// A client that names a new model in every request creates no series: the request metrics label
+// a model no worker serves as "unserved" (a hostile client otherwise grows /metrics, and the
+// gateway's memory, without bound).
+func TestUnservedModelsShareOneSeries(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w1")}, nil)
+	for i := range 20 {
+		resp := g.post(t, "/v1/chat/completions", testKey, fmt.Sprintf(`{"model":"nope-%d","messages":[{"role":"user","content":"x"}]}`, i), nil)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("unknown model: got %d, want 404", resp.StatusCode)
+		}
+	}
+	m := g.srv.metrics
+	if got := testutil.ToFloat64(m.requests.WithLabelValues(unservedModel, "404")); got != 20 {
+		t.Errorf("requests{model=%q,status=404}: got %v, want 20", unservedModel, got)
+	}
+	if n := testutil.CollectAndCount(m.requests); n != 1 {
+		t.Errorf("request series after 20 unknown models: got %d, want 1", n)
+	}
+	if n := testutil.CollectAndCount(m.duration); n > 1 {
+		t.Errorf("duration series after 20 unknown models: got %d, want at most 1", n)
 	}
 }
