@@ -48,8 +48,8 @@ const (
 // token (100 tokens/s, faster than anyone reads) are below what a person notices, so they weaken
 // no promise anyone could check.
 //
-// The interactive TTFT default is routing's, which keeps it when it admits lower-class prompts
-// into prefill.
+// The interactive TTFT default is routing's, which warns of workers whose engine steps make it
+// unreachable.
 const (
 	interactiveObjectiveFactor = routing.InteractiveObjectiveFactor
 	standardObjectiveFactor    = 3.0

@@ -14,11 +14,9 @@ type choice struct {
 	*Request
 	Prepared Prepared
 
-	// prefillBudget bounds the lower-class prompt tokens in prefill on a worker whose cost model
-	// has not learnt yet (see withinPrefillBudget); 0: no bound at all. interactivePrompt is the
-	// recent interactive prompt (tokens), whose objective bounds them once it has.
-	prefillBudget     int64
-	interactivePrompt int
+	// prefillBudget bounds the lower-class prompt tokens in prefill on a worker (see
+	// withinPrefillBudget); 0: no bound.
+	prefillBudget int64
 	// piece is the size of the pieces in which the prompt goes to the engine (see pieceOn); 0:
 	// whole.
 	piece int
@@ -48,7 +46,6 @@ func (p *Pool) protect(c *choice, workers []*Worker) {
 	switch {
 	case !c.Interactive && p.interactivePresent():
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
-		c.interactivePrompt = int(p.interactivePrompt.Load())
 		c.piece = p.prefillPiece(c.PromptTokens)
 	case c.Interactive && c.TargetWorker == "" && p.steersInteractive(workers):
 		c.avoidWhole = true

@@ -93,10 +93,9 @@ type ConcurrencyConfig struct {
 	CapHold time.Duration `yaml:"cap_hold"`
 	// LowerPrefillTokens bounds, while interactive requests are present (one was routed in the
 	// last InteractivePresence), the prompt tokens of standard and batch requests that one
-	// worker is prefilling at once (sent, first token not yet back; at least one request), until
-	// the worker's cost model has learnt: an engine prefills the prompts it has in one step, and
-	// an interactive prompt that arrives waits for the step in progress. Once it has, the bound
-	// is the default interactive objective instead (prefill_objective.go). Default 512.
+	// worker is prefilling at once (sent, first token not yet back; at least one request): an
+	// engine prefills the prompts it has in one step, and an interactive prompt that arrives
+	// waits for the step in progress. Default 512.
 	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
 	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
 	// still applies. Default 10s.

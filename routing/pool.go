@@ -79,10 +79,8 @@ type Request struct {
 	// has the engine apply its own chat template; nil for other requests. Never modified.
 	Messages []byte
 	// Interactive marks a request of the interactive class. While interactive requests are
-	// present, a worker takes other requests only while the next interactive prompt is predicted
-	// its first token within its objective beside the prompts they prefill (the prefill budget;
-	// ConcurrencyConfig.LowerPrefillTokens until the cost model has learnt), and their long
-	// prompts may go in pieces
+	// present, a worker takes other requests only within ConcurrencyConfig.LowerPrefillTokens
+	// of prompt being prefilled (the prefill budget), and their long prompts may go in pieces
 	// (see Lease.PrefillPiece). (A worker prefilling an interactive prompt used to take no other
 	// request until its first token: measured side by side, that rule moved neither the
 	// interactive p99 nor batch's share beyond run-to-run noise, and was removed.)

@@ -4,13 +4,17 @@ import "sync/atomic"
 
 // The prefill budget protects interactive prompts from the lower classes' prefill: while
 // interactive requests are present, a worker takes a standard or batch request only while the
-// next interactive prompt is predicted its first token within the default interactive objective
-// beside the lower-class prompts it is prefilling, this request's included (see
-// Worker.admitsLowerPrefill in prefill_objective.go); until the worker's cost model has learnt,
-// while they stay within ConcurrencyConfig.LowerPrefillTokens. A worker prefilling none of them
-// takes any, so a prompt longer than the budget still goes somewhere. The pool sets the budget
-// per pick (choice.prefillBudget, see Pool.protect) and the lease counts the request's prompt in
-// its worker's lowerPrefill until its first token (see Lease.YieldsPrefill).
+// lower-class prompt tokens it is prefilling, this request's included, stay within
+// ConcurrencyConfig.LowerPrefillTokens; a worker prefilling none of them takes any, so a prompt
+// longer than the budget still goes somewhere. The pool sets the budget per pick
+// (choice.prefillBudget, see Pool.protect) and the lease counts the request's prompt in its
+// worker's lowerPrefill until its first token (see Lease.YieldsPrefill).
+//
+// A budget drawn from the interactive objective instead (a lower-class prompt admitted while the
+// worker's cost model predicted the next interactive prompt within 1.5x its idle TTFT beside it),
+// replacing the count or tightening it, was measured side by side with it on make bench-queue and
+// moved neither the interactive p99 nor batch's share beyond the rounds' spread (figures in
+// docs/benchmarks.md): the count stays.
 
 // lowerPrefill counts the prompt tokens of the standard and batch requests a worker is
 // prefilling (sent, first token not back yet; a prompt sent in pieces counts one piece), which
@@ -25,10 +29,11 @@ func (c *lowerPrefill) done(tokens int64) { c.tokens.Add(-tokens) }
 
 // withinPrefillBudget is the prefill budget's filter: whether w may start prefilling c's prompt
 // (one piece of it, when it goes in pieces) within c's budget. Without a budget it admits every
-// worker. Cost: an atomic load, and a prediction when lower-class prompts are in prefill on w.
+// worker. Cost: an atomic load.
 func (c *choice) withinPrefillBudget(w *Worker) bool {
 	if c.prefillBudget <= 0 {
 		return true
 	}
-	return w.admitsLowerPrefill(c.prefillTokens(w), c.prefillBudget, c.interactivePrompt)
+	lower := w.prefill.tokens.Load()
+	return lower <= 0 || lower+c.prefillTokens(w) <= c.prefillBudget
 }
