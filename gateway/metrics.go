@@ -26,8 +26,9 @@ type metrics struct {
 	overhead prometheus.Histogram
 	// attainment counts the calls' verdicts against their objectives (objective.go).
 	attainment *attainment
-	// children caches the series of calls that reached a queue (their model is served, so
-	// their labels come from the config, not from what a client sends).
+	// children caches the data plane's series; their labels come from the config (a model no
+	// worker serves is labelled unservedModel, see Server.modelLabel), never from what a client
+	// sends, so the cache is bounded as the series are.
 	children children
 }
 

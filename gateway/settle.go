@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -42,22 +41,14 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		err = WriteError(c, err)
 	}
 	model := s.modelLabel(cl)
-	if cl.classed {
-		s.metrics.children.counter(s.metrics.requests, vecRequests, model, statusLabel(status)).Inc()
-	} else {
-		s.metrics.requests.WithLabelValues(model, strconv.Itoa(status)).Inc()
-	}
+	s.metrics.children.counter(s.metrics.requests, vecRequests, model, statusLabel(status)).Inc()
 	s.metrics.attainment.count(cl, judged)
 	if cl.classed {
 		s.traffic.observe(cl.class, status, cl.ttft)
 	}
 	if cl.model != "" {
 		total := end.Sub(cl.start)
-		if cl.classed {
-			s.metrics.children.observer(s.metrics.duration, vecDuration, cl.model).Observe(total.Seconds())
-		} else {
-			s.metrics.duration.WithLabelValues(model).Observe(total.Seconds())
-		}
+		s.metrics.children.observer(s.metrics.duration, vecDuration, model).Observe(total.Seconds())
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}

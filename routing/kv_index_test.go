@@ -825,10 +825,11 @@ func TestKVIndexAgreesWithAModel(t *testing.T) {
 	}
 }
 
-// Prepare asks for the prompt's token ids before the request waits; its picks then ask no more
-// (they run under the gateway queue's lock, where no I/O may be).
-func TestKVAwareTokenizesInPrepareNotInPick(t *testing.T) {
-	var asked atomic.Int32
+// newTokenizingPool is a pool of two kv_aware workers of model "m", w0 live, whose engine answers
+// every /tokenize with 8 token ids; asked counts those calls.
+func newTokenizingPool(t *testing.T) (p *Pool, asked *atomic.Int32) {
+	t.Helper()
+	asked = new(atomic.Int32)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
@@ -838,13 +839,20 @@ func TestKVAwareTokenizesInPrepareNotInPick(t *testing.T) {
 	for i := range specs {
 		specs[i].URL = srv.URL
 	}
-	p, _ := newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
+	p, _ = newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
 		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
 	k, ok := p.policies["m"].Policy.(*KVAware)
 	if !ok {
 		t.Fatalf("policy of m is %T, want kv_aware", p.policies["m"].Policy)
 	}
 	k.workers["w0"].live.Store(true)
+	return p, asked
+}
+
+// Prepare asks for the prompt's token ids before the request waits; its picks then ask no more
+// (they run under the gateway queue's lock, where no I/O may be).
+func TestKVAwareTokenizesInPrepareNotInPick(t *testing.T) {
+	p, asked := newTokenizingPool(t)
 	r := &Request{Model: "m", Prompt: "p", Tokens: 10}
 	p.Prepare(context.Background(), r)
 	if n := asked.Load(); n != 1 {

@@ -2,11 +2,7 @@ package routing
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"reflect"
-	"sync/atomic"
 	"testing"
 )
 
@@ -50,19 +46,7 @@ func TestPickNeverModifiesTheRequest(t *testing.T) {
 // A retry is prepared again (a pin to the failed worker moves then) but keeps the token ids the
 // first Prepare asked for: one /tokenize per request.
 func TestPrepareAgainKeepsTheTokenIDs(t *testing.T) {
-	var asked atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		asked.Add(1)
-		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
-	}))
-	t.Cleanup(srv.Close)
-	specs := testWorkers(2, "m")
-	for i := range specs {
-		specs[i].URL = srv.URL
-	}
-	p, _ := newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
-		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
-	p.policies["m"].Policy.(*KVAware).workers["w0"].live.Store(true)
+	p, asked := newTokenizingPool(t)
 	r := &Request{Model: "m", Prompt: "p", Tokens: 10}
 	p.Prepare(context.Background(), r)
 	r.Exclude = append(r.Exclude, "w0")
