@@ -133,13 +133,16 @@ func TestBudgetReservesAtAdmission(t *testing.T) {
 			opts := BudgetsOptions{Now: func() time.Time { return now }}
 			replicas := []*Budgets{NewBudgets(opts)}
 			if withRedis {
-				// A dial that outlasts the shared test client's 200 ms (50 requests at once on a
-				// busy machine) would count on the replica, as a Redis failure must: this test
-				// is about the shared reservation, so its client waits for its connections.
+				// A dial or a round trip that outlasts the shared test client's 200 ms or the
+				// budget's 100 ms (50 requests at once under -race on a busy machine: CI saw all
+				// 50 fall back, 10 admitted by each replica) would count on the replica, as a
+				// Redis failure must: this test is about the shared reservation, so its client
+				// and its budgets wait for Redis.
 				srv := redistest.Start(t)
 				rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 10 * time.Second})
 				t.Cleanup(func() { rdb.Close() })
 				opts.Redis = rdb
+				opts.RedisTimeout = 10 * time.Second
 				replicas = []*Budgets{NewBudgets(opts), NewBudgets(opts)}
 			}
 			p := budgetPrincipal(Budget{RequestsPerDay: 10, TokensPerDay: 1000})
@@ -177,6 +180,11 @@ func TestBudgetReservesAtAdmission(t *testing.T) {
 					}
 					close(start)
 					wg.Wait()
+					for i, b := range replicas {
+						if n := testutil.ToFloat64(b.redisFallbacks); withRedis && n != 0 {
+							t.Errorf("replica %d counted %v reservations on its own: Redis failed", i, n)
+						}
+					}
 					if len(admitted) != tt.want || refused != 50-tt.want {
 						t.Fatalf("50 at once against 10 requests / 1,000 tokens, %d tokens each: %d admitted, %d refused; want %d admitted",
 							tt.estimate, len(admitted), refused, tt.want)
