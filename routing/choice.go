@@ -4,9 +4,10 @@ import "slices"
 
 // choice is one request as Pool.Pick hands it to a policy: the request, what Prepare found for
 // it, and the protections in force for this one pick, which the pool sets and the request never
-// carries. Its Eligible and Prepared are the pick's and hide the Request's: Eligible is the
-// request's own test and every protection's filter, Prepared is the request's or, for a request
-// not prepared, what Pick prepared; so a policy cannot use the one without the other.
+// carries. Its Eligible and Prepared hide the Request's: Eligible is the request's own test and
+// every protection's filter, so a policy cannot filter without the protections; Prepared is a
+// copy of the request's, which a preparer builds on (sticky_session adds its pin to what its
+// fallback found) without writing to the Request.
 //
 // Pick builds it on its stack and passes it by value: a pick allocates nothing for it. The zero
 // protections filter nothing: choice{Request: r, Prepared: r.Prepared} is r as Prepare sees it.

@@ -51,6 +51,7 @@ func TestPoliciesSkipWhatAProtectionFilters(t *testing.T) {
 			ws[2].prefill.tokens.Store(500)
 			for i, r := range conformanceRequests(40) {
 				r.PromptTokens = 100
+				p.Prepare(context.Background(), r)
 				l, err := p.Pick(context.Background(), r)
 				if err != nil {
 					t.Fatalf("request %d: %v", i, err)

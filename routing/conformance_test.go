@@ -69,6 +69,7 @@ func TestPolicyConformance(t *testing.T) {
 				ws[7].breaker.openUntil.Store(time.Now().Add(time.Hour).UnixNano())
 				for i, r := range conformanceRequests(400) {
 					r.Exclude = []string{"w4"}
+					p.Prepare(context.Background(), r)
 					l, err := p.Pick(context.Background(), r)
 					if err != nil {
 						t.Fatalf("request %d: got %v, want a lease (w0 and w5 are eligible)", i, err)
@@ -118,6 +119,7 @@ func TestPolicyConformance(t *testing.T) {
 								continue
 							}
 							r := *reqs[rnd.IntN(len(reqs))]
+							p.Prepare(context.Background(), &r)
 							l, err := p.Pick(context.Background(), &r)
 							if err != nil {
 								continue

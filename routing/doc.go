@@ -4,10 +4,10 @@
 //
 // The gateway builds one Pool from Config, runs its background work with Run, and for each
 // request calls Prepare (the policy's I/O, before the request waits in its queue), Pick (pure:
-// no I/O, the Request never modified), sends the request to Lease.Worker and calls
-// Lease.Release with the outcome. Policies see each model's workers as a shared immutable
-// snapshot that the pool replaces (copy on write) when membership changes, so the pick path takes
-// no lock and copies nothing.
+// no I/O, only what Prepare found, the Request never modified), sends the request to
+// Lease.Worker and calls Lease.Release with the outcome. Policies see each model's workers as a
+// shared immutable snapshot that the pool replaces (copy on write) when membership changes, so
+// the pick path takes no lock and copies nothing.
 //
 // Files by concern:
 //

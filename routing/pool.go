@@ -86,7 +86,8 @@ type Request struct {
 	// interactive p99 nor batch's share beyond run-to-run noise, and was removed.)
 	Interactive bool
 	// Prepared is what Pool.Prepare found for the request (its policy's I/O), which its picks
-	// use instead of doing that I/O; the zero value: not prepared. Only Prepare sets it.
+	// use instead of doing that I/O; the zero value: not prepared, which a pick routes as
+	// though that I/O had failed. Only Prepare sets it.
 	Prepared Prepared
 }
 
@@ -513,10 +514,13 @@ const maxAcquireAttempts = 3
 // ErrNoWorker; ErrNoRoom too when a worker r may use takes requests but is full, so r may get
 // it once room frees.
 //
-// Pick never modifies r. It takes no lock and, for a prepared request (see Prepare), does no
-// I/O: the policy works from r.Prepared. A request not prepared is prepared first, for this call
-// only and under its protections, at the cost Prepare documents. Safe for concurrent use, but not
-// with a Prepare of r.
+// Pick never modifies r, takes no lock and does no I/O: the policy works only from what Prepare
+// found (r.Prepared). A request not prepared is routed as though its policy's I/O had failed:
+// sticky_session and manual hash its key onto the workers, as when the pin store is down (no
+// pin is read, made or moved), and kv_aware routes it as cache_aware, as when /tokenize fails.
+// It is not refused: a missed Prepare costs the route its quality (the pin, the engine's
+// cache), never the request, and a caller whose policy does no I/O (most) needs no Prepare at
+// all. Safe for concurrent use, but not with a Prepare of r.
 func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	ms := p.snap.Load().models[r.Model]
 	if ms == nil {
@@ -536,9 +540,6 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		}
 		p.metrics.decided(r.Model, ms.policyName, "none")
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
-	}
-	if !c.Prepared.done {
-		c.Prepared = p.prepare(ctx, c, ms)
 	}
 	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {

@@ -25,11 +25,18 @@ func testWorkers(n int, model string) []WorkerSpec {
 // with its whole ceiling (routing.max_concurrency) as its limit instead of learning it.
 func newTestPool(t testing.TB, cfg Config) (*Pool, *prometheus.Registry) {
 	t.Helper()
+	return newTestPoolWith(t, cfg, Options{})
+}
+
+// newTestPoolWith is newTestPool with opts, whose Registerer and Rand it sets.
+func newTestPoolWith(t testing.TB, cfg Config, opts Options) (*Pool, *prometheus.Registry) {
+	t.Helper()
 	if cfg.Concurrency.Initial == 0 {
 		cfg.Concurrency.Initial = max(cfg.MaxConcurrency, DefaultMaxConcurrency)
 	}
 	reg := prometheus.NewRegistry()
-	p, err := NewPool(cfg, Options{Registerer: reg, Rand: rand.NewPCG(1, 2)})
+	opts.Registerer, opts.Rand = reg, rand.NewPCG(1, 2)
+	p, err := NewPool(cfg, opts)
 	if err != nil {
 		t.Fatalf("NewPool: %v", err)
 	}
@@ -55,10 +62,11 @@ type picker struct {
 	model string
 }
 
-// pick is a lease for r, which must be picked.
+// pick is a lease for r, prepared and then picked, which must be picked.
 func (k picker) pick(what string, r Request) *Lease {
 	k.t.Helper()
 	r.Model = k.model
+	k.p.Prepare(context.Background(), &r)
 	l, err := k.p.Pick(context.Background(), &r)
 	if err != nil {
 		k.t.Fatalf("%s: %v", what, err)
@@ -66,10 +74,11 @@ func (k picker) pick(what string, r Request) *Lease {
 	return l
 }
 
-// refused checks that r is not picked (and releases what was).
+// refused checks that r, prepared, is not picked (and releases what was).
 func (k picker) refused(what string, r Request) {
 	k.t.Helper()
 	r.Model = k.model
+	k.p.Prepare(context.Background(), &r)
 	if l, err := k.p.Pick(context.Background(), &r); err == nil {
 		l.Release(Outcome{})
 		k.t.Errorf("%s: picked %s, want refused", what, l.Worker.ID())

@@ -7,9 +7,9 @@ import "context"
 // prompt's token ids (asked of a worker's /tokenize once per request: a later Prepare keeps
 // them); sticky_session and manual keep the request's pin, made or moved when its worker was not
 // fit. Its fields are the policies' own: a caller keeps the value on the Request and reads
-// nothing of it. The zero value is a request not prepared.
+// nothing of it. The zero value is a request not prepared: a pick routes it as though the
+// policy's I/O had failed (see Pool.Pick).
 type Prepared struct {
-	done bool
 	// tokenized: kv_aware asked for the prompt's token ids; tokens holds them (nil: the ask
 	// failed).
 	tokenized bool
@@ -31,21 +31,16 @@ type preparer interface {
 // make or move it when it has no fit worker) and keeps what it found in r.Prepared, the one field
 // of r it sets. The gateway calls it before r waits in its queue, whose lock r's picks are made
 // under, and again before a retry (a pin to the failed worker moves; token ids already asked are
-// kept). A request not prepared is prepared by Pick itself. It costs what the policy documents;
-// nothing for most. Do not call it during a Pick of r.
+// kept). Pick itself does none of this I/O: a request it gets unprepared routes as though the
+// I/O had failed (see Pick), so a caller prepares every request whose model's policy may need it.
+// It costs what the policy documents; nothing for most. Do not call it during a Pick of r.
 func (p *Pool) Prepare(ctx context.Context, r *Request) {
-	if ms := p.snap.Load().models[r.Model]; ms != nil {
-		// Before the wait, no protection of the picks to come is known: none applies.
-		r.Prepared = p.prepare(ctx, choice{Request: r, Prepared: r.Prepared}, ms)
+	ms := p.snap.Load().models[r.Model]
+	if ms == nil {
+		return
 	}
-}
-
-// prepare is c.Prepared with what Prepare finds for c among the workers of ms; it does not
-// modify c's Request.
-func (p *Pool) prepare(ctx context.Context, c choice, ms *modelSet) Prepared {
-	c.Prepared.done = true
 	if pr, ok := ms.policy.(preparer); ok {
-		return pr.prepare(ctx, c, ms.workers)
+		// Before the wait, no protection of the picks to come is known: none applies.
+		r.Prepared = pr.prepare(ctx, choice{Request: r, Prepared: r.Prepared}, ms.workers)
 	}
-	return c.Prepared
 }

@@ -2,13 +2,20 @@ package routing
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Pick never writes to the caller's Request: not while interactive requests are present (the
 // prefill budget, pieces, steering away from whole prompts are the pick's own), not for a
-// prepared request, nor for one it prepares itself; every policy.
+// prepared request, nor for one not prepared; every policy.
 func TestPickNeverModifiesTheRequest(t *testing.T) {
 	for _, name := range conformancePolicies() {
 		t.Run(name, func(t *testing.T) {
@@ -56,5 +63,122 @@ func TestPrepareAgainKeepsTheTokenIDs(t *testing.T) {
 	}
 	if got := r.Prepared.tokens; len(got) != 8 {
 		t.Errorf("prepared token ids %v, want the 8 asked", got)
+	}
+}
+
+// countingPinStore is a MemoryPinStore that counts the calls made of it.
+type countingPinStore struct {
+	*MemoryPinStore
+	gets, claims, others atomic.Int32
+}
+
+func (s *countingPinStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
+	s.gets.Add(1)
+	return s.MemoryPinStore.Get(ctx, k, ttl)
+}
+
+func (s *countingPinStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
+	s.claims.Add(1)
+	return s.MemoryPinStore.Claim(ctx, k, expect, worker, ttl)
+}
+
+func (s *countingPinStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
+	s.others.Add(1)
+	return s.MemoryPinStore.Set(ctx, k, worker, ttl)
+}
+
+func (s *countingPinStore) Delete(ctx context.Context, k PinKey) error {
+	s.others.Add(1)
+	return s.MemoryPinStore.Delete(ctx, k)
+}
+
+func (s *countingPinStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
+	s.others.Add(1)
+	return s.MemoryPinStore.List(ctx, f)
+}
+
+// ioCounts is every I/O a pool's policies made: pin store calls and /tokenize requests.
+type ioCounts struct{ gets, claims, others, tokenize int32 }
+
+// TestPickDoesNoIO: Pick runs under the gateway queue's lock, where no I/O may be. For every
+// policy, and sticky_session over kv_aware, Prepare asks what the policy needs once (a new pin:
+// one Get and one Claim; kv_aware: one /tokenize) and Pick asks nothing, of the pin store or of a
+// worker, whether the request was prepared or not. A request not prepared is routed as though
+// that I/O had failed: hashed on its key (sticky_session, manual), as cache_aware (kv_aware).
+func TestPickDoesNoIO(t *testing.T) {
+	type tc struct{ name, policy, fallback string }
+	var cases []tc
+	for _, name := range conformancePolicies() {
+		cases = append(cases, tc{name, name, ""})
+	}
+	cases = append(cases, tc{"sticky_session over kv_aware", "sticky_session", "kv_aware"})
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			var tokenize atomic.Int32
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				tokenize.Add(1)
+				_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
+			}))
+			t.Cleanup(srv.Close)
+			specs := testWorkers(3, "m")
+			for i := range specs {
+				specs[i].URL = srv.URL
+			}
+			pins := &countingPinStore{MemoryPinStore: NewMemoryPinStore(nil, 0)}
+			p, _ := newTestPoolWith(t, Config{Workers: specs, CacheScope: CacheScopeGlobal, Models: map[string]ModelConfig{
+				"m": {Policy: tt.policy, StickySession: StickySessionConfig{Fallback: tt.fallback}}}}, Options{Pins: pins})
+			kv, _ := p.policies["m"].Policy.(*KVAware)
+			if s, ok := p.policies["m"].Policy.(*StickySession); ok {
+				kv, _ = s.fallback.(*KVAware)
+			}
+			if kv != nil {
+				kv.workers["w0"].live.Store(true) // w0 publishes events: kv_aware tokenizes
+			}
+			io := func() ioCounts {
+				return ioCounts{pins.gets.Load(), pins.claims.Load(), pins.others.Load(), tokenize.Load()}
+			}
+			pinning := tt.policy == "sticky_session" || tt.policy == "manual"
+			pickNoIO := func(what string, r *Request) Route {
+				t.Helper()
+				before := io()
+				l, err := p.Pick(context.Background(), r)
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				l.Release(Outcome{})
+				if got := io(); got != before {
+					t.Fatalf("%s: Pick did I/O: got %+v after, %+v before", what, got, before)
+				}
+				return l.Route
+			}
+
+			unprepared := &Request{Model: "m", Tenant: "t", SessionID: "s", RoutingKey: "k", Prompt: "the prompt", Tokens: 10}
+			route := pickNoIO("a request not prepared", unprepared)
+			if pinning && route != RouteHash && route != RouteSpill {
+				t.Errorf("a request not prepared: route %q, want %q or %q (hashed on its key, as without the pin store)", route, RouteHash, RouteSpill)
+			}
+			if strings.HasPrefix(string(route), "kv_") {
+				t.Errorf("a request not prepared: route %q, want cache_aware's (no token ids)", route)
+			}
+
+			r := &Request{Model: "m", Tenant: "t", SessionID: "s", RoutingKey: "k", Prompt: "the prompt", Tokens: 10}
+			p.Prepare(context.Background(), r)
+			var want ioCounts
+			if pinning {
+				want.gets, want.claims = 1, 1
+			}
+			if kv != nil {
+				want.tokenize = 1
+			}
+			if got := io(); got != want {
+				t.Fatalf("Prepare of a new key: got I/O %+v, want %+v", got, want)
+			}
+			for i := range 3 {
+				route := pickNoIO(fmt.Sprintf("prepared request, pick %d", i), r)
+				if pinning && route != RouteAssigned {
+					t.Errorf("prepared request, pick %d: route %q, want %q (the pin Prepare made)", i, route, RouteAssigned)
+				}
+			}
+		})
 	}
 }

@@ -187,8 +187,8 @@ func (p *pinRouter) prepare(ctx context.Context, r choice, workers []*Worker, ke
 
 // pick routes r by its key's pin, as its Prepare found it: to its pinned worker when that has
 // room, else elsewhere with the pin kept (spill); the next lookup moves a pin whose worker became
-// unfit. It asks the pin store nothing: a request not prepared (Pool.Pick prepares every one)
-// routes as when the store fails, by consistent hashing on the key, uncounted.
+// unfit. It asks the pin store nothing: a request not prepared routes as when the store fails,
+// by consistent hashing on the key, uncounted (see Pool.Pick).
 func (p *pinRouter) pick(ctx context.Context, r choice, workers []*Worker, key string) (*Worker, Route) {
 	if len(workers) == 0 {
 		return nil, p.hit
@@ -234,8 +234,8 @@ func (p *pinRouter) hashed(ring *hashRing, r choice) (*Worker, Route) {
 // the errors are counted. Requests without a session go to the fallback policy.
 //
 // Safe for concurrent use. Its Prepare makes one store round trip (two for a new or moved
-// session), bounded by PinConfig.Timeout, and its picks none (Pool.Pick prepares a request that
-// was not).
+// session), bounded by PinConfig.Timeout, and its picks none (see Pool.Pick for a request not
+// prepared).
 type StickySession struct {
 	fallback Policy
 	router   pinRouter

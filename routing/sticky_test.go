@@ -14,8 +14,10 @@ import (
 	"github.com/usherllm/usher/test/redistest"
 )
 
+// pick prepares r and picks its worker, as the gateway does; it returns the worker and route.
 func pick(t *testing.T, p *Pool, r Request) (string, Route) {
 	t.Helper()
+	p.Prepare(context.Background(), &r)
 	l, err := p.Pick(context.Background(), &r)
 	if err != nil {
 		t.Fatalf("Pick(%+v): %v", r, err)
