@@ -1,0 +1,240 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
+	"github.com/usherllm/usher/test/redistest"
+)
+
+// fleetQueue is one replica's queue of model m1, its fair share kept in the Redis at addr.
+func fleetQueue(t *testing.T, addr string) *queue.Queue {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	fs, err := tenants.NewFairShareCounters(tenants.FairShareOptions{Redis: rdb, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.New(queue.Config{}, queue.Options{Model: testModel, Registerer: prometheus.NewRegistry(),
+		FairShare: fleetFairShare{fs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(q.Close)
+	q.SetCapacity(queue.Capacity{Requests: 1})
+	return q
+}
+
+func mustGrant(t *testing.T, tk *queue.Ticket, err error) *queue.Grant {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tk.Ready():
+	default:
+		t.Fatal("request not dispatched, want dispatched")
+	}
+	g, err := tk.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func stdReq(tenant string) queue.Request {
+	return queue.Request{Tenant: tenant, Class: queue.Standard, PromptTokens: 100}
+}
+
+// serveInOrder serves every ticket of named on a one-slot queue whose slot first holds, and
+// returns the tenants in the order they were dispatched.
+func serveInOrder(t *testing.T, first *queue.Grant, named map[*queue.Ticket]string) []string {
+	t.Helper()
+	var order []string
+	g := first
+	for {
+		g.Done(queue.Usage{PromptTokens: 100})
+		if len(named) == 0 {
+			return order
+		}
+		g = nil
+		for tk, name := range named {
+			select {
+			case <-tk.Ready():
+				g = mustGrant(t, tk, nil)
+				order = append(order, name)
+				delete(named, tk)
+			default:
+			}
+		}
+		if g == nil {
+			t.Fatalf("nothing dispatched after a Done; served so far %v", order)
+		}
+	}
+}
+
+func syncOK(t *testing.T, q *queue.Queue) {
+	t.Helper()
+	if err := q.SyncFairShare(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFleetOrderOverRedis: two replicas' queues sharing one Redis. The heavy tenant is served on
+// A; on B, where it arrived first, the light tenant goes before it, by the fleet's counters.
+// With Redis cut, both go on by their own counters and lose no request; restored, the charges
+// made meanwhile reach the fleet, and B's order follows them again.
+func TestFleetOrderOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	a, b := fleetQueue(t, proxy.Addr()), fleetQueue(t, proxy.Addr())
+
+	for range 5 {
+		tk, err := a.Enqueue(stdReq("heavy"))
+		mustGrant(t, tk, err).Done(queue.Usage{PromptTokens: 100})
+	}
+	syncOK(t, a)
+	busy, err := b.Enqueue(stdReq("other"))
+	first := mustGrant(t, busy, err)
+	named := map[*queue.Ticket]string{}
+	for range 3 {
+		for _, who := range []string{"heavy", "light"} {
+			tk, err := b.Enqueue(stdReq(who))
+			if err != nil {
+				t.Fatal(err)
+			}
+			named[tk] = who
+		}
+	}
+	syncOK(t, b)
+	if got, want := serveInOrder(t, first, named), []string{"light", "light", "light", "heavy", "heavy", "heavy"}; !slicesEqual(got, want) {
+		t.Errorf("B served %v, want %v (heavy has 500 from A)", got, want)
+	}
+	syncOK(t, b)
+
+	// Cut: A serves light 6 times on its own counters; nothing is refused or lost.
+	proxy.Cut()
+	for range 6 {
+		tk, err := a.Enqueue(stdReq("light"))
+		mustGrant(t, tk, err).Done(queue.Usage{PromptTokens: 100})
+	}
+	start := time.Now()
+	if err := a.SyncFairShare(context.Background()); err == nil {
+		t.Fatal("SyncFairShare with Redis cut: got nil, want an error")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("SyncFairShare with Redis cut took %v, want it bounded by the store's timeout", d)
+	}
+	proxy.Restore()
+	deadline := time.Now().Add(5 * time.Second)
+	for a.SyncFairShare(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("SyncFairShare does not succeed after Restore")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The fleet: heavy 800 (5 on A, 3 on B), light 900 (3 on B, 6 on A during the cut). B, told
+	// of the cut's charges, now serves heavy first.
+	busy, err = b.Enqueue(stdReq("other"))
+	first = mustGrant(t, busy, err)
+	named = map[*queue.Ticket]string{}
+	for _, who := range []string{"light", "heavy"} {
+		tk, err := b.Enqueue(stdReq(who))
+		if err != nil {
+			t.Fatal(err)
+		}
+		named[tk] = who
+	}
+	syncOK(t, b)
+	if got, want := serveInOrder(t, first, named), []string{"heavy", "light"}; !slicesEqual(got, want) {
+		t.Errorf("B served %v after the cut, want %v (light's charges during the cut counted)", got, want)
+	}
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGatewaySharesFairShare: with Deps.FairShare, a served request's charge reaches the fleet's
+// counters while the Server runs; with Redis cut, requests are still served, and their charges
+// reach the fleet once it is back.
+func TestGatewaySharesFairShare(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	fs, err := tenants.NewFairShareCounters(tenants.FairShareOptions{Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newFakeWorker(t, nil)
+	g := startGatewayWith(t, []routing.WorkerSpec{w.spec("w1")}, nil, func(d *Deps) { d.FairShare = fs })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); g.srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// counter reads t1's fleet counter (in the default tier's default class) through a client
+	// of its own, straight to Redis.
+	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { direct.Close() })
+	reader, err := tenants.NewFairShareCounters(tenants.FairShareOptions{Redis: direct})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := func() float64 {
+		counters, _, err := reader.Exchange(context.Background(), testModel, nil,
+			[]tenants.FairShareCharge{{Tenant: "t1", Class: int(queue.Standard)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return counters[0]
+	}
+	waitCounter := func(what string, ok func(float64) bool) float64 {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			c := counter()
+			if ok(c) {
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("tenant t1's fleet counter %s, want %s", strconv.FormatFloat(c, 'g', -1, 64), what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	one := waitCounter("> 0 after a served request", func(c float64) bool { return c > 0 })
+
+	proxy.Cut()
+	for range 2 {
+		if resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d with Redis cut, want 200", resp.StatusCode)
+		}
+	}
+	time.Sleep(3 * fairShareEvery) // exchanges fail meanwhile
+	proxy.Restore()
+	waitCounter("3 requests' charge once Redis is back", func(c float64) bool { return c == 3*one })
+}
