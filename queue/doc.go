@@ -69,9 +69,10 @@
 // by the gateway every few tens of milliseconds off the admission path, sends the unsent
 // charges (and the lifts of returning flows) in one batch and takes the fleet's counters and
 // floors back; the counters then are the fleet's plus what was charged here since. A flow that
-// comes back from idle starts at the class's floor, the highest counter the fleet served last
-// (lowered to the least counter backlogged here, when that is lower), so a tenant new to one
-// replica has no surplus over the tenants the others serve. When an exchange fails the queue
+// comes back from idle starts at the least counter backlogged in the fleet (each replica sends
+// its own least with each exchange; the least backlogged here, when lower; without either, the
+// counter served last here), so a tenant new to one replica has no surplus over the tenants the
+// others serve. When an exchange fails the queue
 // keeps its counters, which carry what it last read of the fleet, and sends the charges with the
 // next exchange: the fleet's order degrades to each replica's own, never to a halt.
 //

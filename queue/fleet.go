@@ -12,9 +12,10 @@ import (
 type FairShareStore interface {
 	// Exchange publishes one replica's batch and reads the fleet's counters back, in one round
 	// trip: for each flow of ex, in order, the fleet's counter is first raised to at least Lift
-	// (when Lifted), then Charge is added; each class's fleet floor is raised to at least this
-	// replica's. It returns the fleet's counter of each flow of ex, in the same order, and the
-	// fleet's floors. On an error nothing is to be taken as applied; the queue sends the charges
+	// (when Lifted), then Charge is added; this replica's floors replace the ones it sent
+	// before. It returns the fleet's counter of each flow of ex, in the same order, and the
+	// fleet's floors: by class, the least of the floors the replicas sent within the last second
+	// or so, +Inf when none has a backlog. On an error nothing is to be taken as applied; the queue sends the charges
 	// again with its next batch (a batch applied whose answer was lost is then counted twice,
 	// an error of at most one batch). Safe for concurrent use.
 	Exchange(ctx context.Context, ex FairShareExchange) (FairShareCounts, error)
@@ -23,8 +24,8 @@ type FairShareStore interface {
 // FairShareExchange is one replica's batch for one model's counters.
 type FairShareExchange struct {
 	Model string
-	// Floors are this replica's floors for returning tenants, by Class: the counter of the flow
-	// it served last in each class.
+	// Floors are this replica's least backlogged counters, by Class; +Inf for a class with
+	// nothing queued here.
 	Floors [numClasses]float64
 	// Flows are the flows charged, lifted or backlogged here since the last exchange; at most
 	// MaxFleetFlows.
@@ -49,7 +50,8 @@ type FlowCharge struct {
 type FairShareCounts struct {
 	// Counters are the fleet's counters of the exchange's flows, in its order.
 	Counters []float64
-	// Floors are the fleet's floors by Class: the highest counter any replica served last.
+	// Floors are the fleet's least backlogged counters by Class; +Inf when no replica has a
+	// backlog in the class (or none said so lately).
 	Floors [numClasses]float64
 }
 
@@ -60,8 +62,8 @@ const MaxFleetFlows = 1024
 
 // SyncFairShare exchanges this queue's fair-share charges with the fleet (Options.FairShare) and
 // takes the fleet's counters back, so requests are then ordered by the fleet's service of each
-// tenant, not this replica's alone, and a tenant that comes back from idle starts at the fleet's
-// floor. The gateway calls it every few tens of milliseconds, off the admission path: the
+// tenant, not this replica's alone, and a tenant that comes back from idle starts at the least
+// counter backlogged anywhere in the fleet. The gateway calls it every few tens of milliseconds, off the admission path: the
 // queue's lock is never held across the round trip, and charges made meanwhile are kept on top
 // of the fleet's answer. When the exchange fails (Redis cut or slow), the charges are kept to be
 // sent with the next one and the queue goes on with its own counters, which carry what it last
@@ -83,7 +85,10 @@ func (q *Queue) SyncFairShare(ctx context.Context) error {
 	ex := FairShareExchange{Model: q.model, Flows: q.syncCharges[:0]}
 	flows := q.syncFlows[:0]
 	for c := range q.classes {
-		ex.Floors[c] = q.classes[c].fairShareFloor
+		ex.Floors[c] = math.Inf(1)
+		if q.classes[c].flows.len() > 0 {
+			ex.Floors[c] = q.classes[c].flows.peek().fairShare
+		}
 	}
 	for _, ten := range q.tenants {
 		for _, f := range ten.flows {
@@ -120,6 +125,9 @@ func (q *Queue) SyncFairShare(ctx context.Context) error {
 		for i, f := range flows {
 			f.unsend(ex.Flows[i])
 		}
+		for c := range q.classes {
+			q.classes[c].fleetFloor = math.Inf(1)
+		}
 	} else {
 		for i, f := range flows {
 			v := got.Counters[i]
@@ -132,8 +140,9 @@ func (q *Queue) SyncFairShare(ctx context.Context) error {
 			}
 		}
 		for c := range q.classes {
-			if fl := got.Floors[c]; !math.IsNaN(fl) && !math.IsInf(fl, 0) {
-				q.classes[c].fairShareFloor = max(q.classes[c].fairShareFloor, fl)
+			q.classes[c].fleetFloor = got.Floors[c]
+			if math.IsNaN(got.Floors[c]) || math.IsInf(got.Floors[c], -1) {
+				q.classes[c].fleetFloor = math.Inf(1)
 			}
 		}
 	}

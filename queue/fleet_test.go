@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 
@@ -11,33 +12,48 @@ import (
 	"github.com/usherllm/usher/queue"
 )
 
-// memFleet is an in-memory FairShareStore with the contract the Redis one keeps: lift, then
-// charge; floors only rise. fail makes every exchange fail before applying anything.
+// memFleet is an in-memory fleet store with the contract the Redis one keeps: lift, then
+// charge; the fleet's floor is the least of the replicas' (no ageing). fail makes every exchange
+// fail before applying anything. Each replica exchanges through its own memReplica.
 type memFleet struct {
 	mu       sync.Mutex // guards every field
 	counters map[memKey]float64
-	floors   [3]float64
+	floors   map[string][3]float64 // by replica
 	fail     bool
 }
+
+// memReplica is one replica's FairShareStore over a memFleet.
+type memReplica struct {
+	*memFleet
+	id string
+}
+
+func (m *memFleet) replica(id string) memReplica { return memReplica{m, id} }
 
 type memKey struct {
 	tenant string
 	class  queue.Class
 }
 
-func newMemFleet() *memFleet { return &memFleet{counters: map[memKey]float64{}} }
+func newMemFleet() *memFleet {
+	return &memFleet{counters: map[memKey]float64{}, floors: map[string][3]float64{}}
+}
 
-func (m *memFleet) Exchange(_ context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
+func (r memReplica) Exchange(_ context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
+	m := r.memFleet
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail {
 		return queue.FairShareCounts{}, errors.New("fleet unreachable")
 	}
 	var got queue.FairShareCounts
-	for c := range m.floors {
-		m.floors[c] = max(m.floors[c], ex.Floors[c])
+	m.floors[r.id] = ex.Floors
+	got.Floors = [3]float64{math.Inf(1), math.Inf(1), math.Inf(1)}
+	for _, fl := range m.floors {
+		for c := range fl {
+			got.Floors[c] = min(got.Floors[c], fl[c])
+		}
 	}
-	got.Floors = m.floors
 	for _, f := range ex.Flows {
 		k := memKey{f.Tenant, f.Class}
 		v := m.counters[k]
@@ -137,7 +153,7 @@ func TestFleetOrderFollowsFleetCounters(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newMemFleet()
-			var sa, sb queue.FairShareStore = store, store
+			var sa, sb queue.FairShareStore = store.replica("a"), store.replica("b")
 			if !tc.fleet {
 				sa, sb = nil, nil
 			}
@@ -180,19 +196,27 @@ func equal(a, b []string) bool {
 }
 
 // TestFleetReturningTenantStartsAtFleetFloor: a tenant new to a replica where nothing else
-// waits starts at the fleet's floor (the counter served last anywhere), not at 0, so it has no
-// start-up surplus over the tenants the rest of the fleet serves.
+// waits starts at the least counter backlogged anywhere in the fleet, not at 0 (a start-up
+// surplus over the tenants the others serve) nor at the counter of a heavy tenant another
+// replica serves alone.
 func TestFleetReturningTenantStartsAtFleetFloor(t *testing.T) {
 	store := newMemFleet()
-	a := newFleetQueue(t, store, queue.Capacity{Requests: 1})
-	b := newFleetQueue(t, store, queue.Capacity{Requests: 1})
-	runHeavy(t, a, "x", 5) // served last at 400
+	a := newFleetQueue(t, store.replica("a"), queue.Capacity{Requests: 1})
+	b := newFleetQueue(t, store.replica("b"), queue.Capacity{Requests: 1})
+	c := newFleetQueue(t, store.replica("c"), queue.Capacity{Requests: 1})
+	runHeavy(t, a, "x", 5)
+	granted(t, enqueue(t, a, std("x")))
+	enqueue(t, a, std("x")) // x backlogged on A at 600
+	runHeavy(t, c, "h", 20)
+	granted(t, enqueue(t, c, std("h")))
+	enqueue(t, c, std("h")) // h backlogged on C alone, at 2100
 	sync1(t, a)
-	sync1(t, b) // B learns the fleet's floor
+	sync1(t, c)
+	sync1(t, b) // B, with nothing queued, learns the fleet's floor: 600
 	granted(t, enqueue(t, b, std("z"))).Done(queue.Usage{PromptTokens: 100})
 	sync1(t, b)
-	if got, want := store.counter("z", queue.Standard), 500.0; got != want {
-		t.Errorf("fleet counter of z after one request on B: %v, want the floor 400 + 100 = %v", got, want)
+	if got, want := store.counter("z", queue.Standard), 700.0; got != want {
+		t.Errorf("fleet counter of z after one request on B: %v, want the fleet's least backlogged 600 + 100 = %v", got, want)
 	}
 }
 
@@ -200,7 +224,7 @@ func TestFleetReturningTenantStartsAtFleetFloor(t *testing.T) {
 // its own counters and loses no charge; the first exchange that succeeds sends them all, once.
 func TestFleetCutFallsBackAndRejoins(t *testing.T) {
 	store := newMemFleet()
-	a := newFleetQueue(t, store, queue.Capacity{Requests: 1})
+	a := newFleetQueue(t, store.replica("a"), queue.Capacity{Requests: 1})
 	runHeavy(t, a, "h", 2)
 	sync1(t, a)
 	store.setFail(true)
@@ -208,11 +232,12 @@ func TestFleetCutFallsBackAndRejoins(t *testing.T) {
 	if err := a.SyncFairShare(context.Background()); err == nil {
 		t.Fatal("SyncFairShare with the fleet cut: got nil, want an error")
 	}
-	// Served by local counters meanwhile: l, new, is lifted to the floor and goes round robin.
+	// Served by local counters meanwhile, as without a fleet: l, new, is lifted to h's counter,
+	// and equal counters go in turn, h first.
 	busy := granted(t, enqueue(t, a, std("h")))
 	named := map[*queue.Ticket]string{enqueue(t, a, std("h")): "h", enqueue(t, a, std("l")): "l"}
-	if got := serveAll(t, busy, named); !equal(got, []string{"l", "h"}) {
-		t.Errorf("served %v with the fleet cut, want [l h]", got)
+	if got := serveAll(t, busy, named); !equal(got, []string{"h", "l"}) {
+		t.Errorf("served %v with the fleet cut, want [h l]", got)
 	}
 	if err := a.SyncFairShare(context.Background()); err == nil {
 		t.Fatal("SyncFairShare with the fleet cut: got nil, want an error")
@@ -239,14 +264,14 @@ func TestSyncFairShareWithoutFleet(t *testing.T) {
 
 // hookFleet runs during inside the first Exchange, before the fleet answers (or fails).
 type hookFleet struct {
-	*memFleet
+	memReplica
 	once   sync.Once
 	during func()
 }
 
 func (h *hookFleet) Exchange(ctx context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
 	h.once.Do(h.during)
-	return h.memFleet.Exchange(ctx, ex)
+	return h.memReplica.Exchange(ctx, ex)
 }
 
 // TestFleetChargesDuringExchangeAreKept: requests served and tenants lifted while an exchange is
@@ -255,7 +280,7 @@ func (h *hookFleet) Exchange(ctx context.Context, ex queue.FairShareExchange) (q
 func TestFleetChargesDuringExchangeAreKept(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(map[bool]string{false: "answered", true: "failed"}[fail], func(t *testing.T) {
-			store := &hookFleet{memFleet: newMemFleet()}
+			store := &hookFleet{memReplica: newMemFleet().replica("a")}
 			a := newFleetQueue(t, store, queue.Capacity{Requests: 1})
 			runHeavy(t, a, "h", 3)
 			store.during = func() {

@@ -145,6 +145,9 @@ type classQueue struct {
 	share          float64 // starvation guard: minimum share of dispatches while backlogged
 	credit         float64 // dispatches owed by the guard; reset when the class drains
 	fairShareFloor float64 // counter of the flow served last: the floor for returning flows
+	// fleetFloor is, with a fleet, the least counter backlogged in the fleet at the last
+	// exchange; +Inf when none is or the exchange failed (see SyncFairShare).
+	fleetFloor float64
 	head, tail     *Ticket
 	dispatched     int64
 	passed         int // tickets passed over in the current release round (see passOverLocked)
@@ -180,6 +183,9 @@ func New(cfg Config, opts Options) (*Queue, error) {
 			less:     func(a, b *flow) bool { return a.headDeadline < b.headDeadline },
 			setIndex: func(f *flow, i int) { f.deadlineIdx = i },
 		},
+	}
+	for c := range q.classes {
+		q.classes[c].fleetFloor = math.Inf(1)
 	}
 	q.classes[Standard].share = *cfg.StandardMinShare
 	q.classes[Batch].share = *cfg.BatchMinShare
@@ -360,14 +366,17 @@ func (q *Queue) pushLocked(t *Ticket) {
 	f, cls := t.flow, &q.classes[t.flow.class]
 	if f.idx < 0 {
 		floor := cls.fairShareFloor
-		switch {
-		case cls.flows.len() > 0 && q.fleet == nil:
+		if cls.flows.len() > 0 {
 			floor = cls.flows.peek().fairShare
-		case cls.flows.len() > 0:
-			// With a fleet, the floor is the fleet's (the counters served last anywhere); the
-			// least counter backlogged here lowers it, but a heavy tenant backlogged here alone
-			// must not lift a tenant the rest of the fleet is serving.
-			floor = min(floor, cls.flows.peek().fairShare)
+		}
+		if q.fleet != nil && !math.IsInf(cls.fleetFloor, 1) {
+			// The least counter backlogged in the fleet: a heavy tenant backlogged here alone
+			// must not lift a tenant the rest of the fleet serves ahead of it.
+			if cls.flows.len() > 0 {
+				floor = min(floor, cls.fleetFloor)
+			} else {
+				floor = cls.fleetFloor
+			}
 		}
 		f.lift(floor, q.fleet != nil)
 		f.stamp = q.seq

@@ -16,22 +16,23 @@ func newFairShare(t *testing.T, addr string, ttl time.Duration) (*FairShareCount
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
-	fs, err := NewFairShareCounters(FairShareOptions{Redis: rdb, TTL: ttl, Timeout: 2 * time.Second})
+	fs, err := NewFairShareCounters(FairShareOptions{Redis: rdb, TTL: ttl, Timeout: 2 * time.Second, FloorAge: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return fs, rdb
 }
 
-// TestFairShareExchange: counters are lifted then charged, floors only rise, and two replicas
-// see each other's charges.
+// TestFairShareExchange: counters are lifted then charged, two replicas see each other's
+// charges, and the fleet's floor is the least a replica sent lately.
 func TestFairShareExchange(t *testing.T) {
 	srv := redistest.Start(t)
 	a, _ := newFairShare(t, srv.Addr(), time.Minute)
 	b, _ := newFairShare(t, srv.Addr(), time.Minute)
 	ctx := context.Background()
 
-	got, floors, err := a.Exchange(ctx, "m", []float64{0, 300, 0}, []FairShareCharge{
+	none := math.Inf(1)
+	got, floors, err := a.Exchange(ctx, "m", []float64{none, 300, none}, []FairShareCharge{
 		{Tenant: "heavy", Class: 1, Charge: 500},
 		{Tenant: "light", Class: 1, Charge: 100, Lifted: true, Lift: 250.5},
 	})
@@ -41,11 +42,11 @@ func TestFairShareExchange(t *testing.T) {
 	if want := []float64{500, 350.5}; !floatsEqual(got, want) {
 		t.Errorf("counters %v, want %v", got, want)
 	}
-	if want := []float64{0, 300, 0}; !floatsEqual(floors, want) {
+	if want := []float64{none, 300, none}; !floatsEqual(floors, want) {
 		t.Errorf("floors %v, want %v", floors, want)
 	}
 
-	got, floors, err = b.Exchange(ctx, "m", []float64{0, 100, 7}, []FairShareCharge{
+	got, floors, err = b.Exchange(ctx, "m", []float64{none, 100, 7}, []FairShareCharge{
 		{Tenant: "heavy", Class: 1, Charge: -20, Lifted: true, Lift: 100}, // a lift below: no effect
 		{Tenant: "heavy", Class: 2, Charge: 1},                            // another class: another counter
 		{Tenant: "light", Class: 1},
@@ -56,8 +57,15 @@ func TestFairShareExchange(t *testing.T) {
 	if want := []float64{480, 1, 350.5}; !floatsEqual(got, want) {
 		t.Errorf("B's counters %v, want %v", got, want)
 	}
-	if want := []float64{0, 300, 7}; !floatsEqual(floors, want) {
-		t.Errorf("B's floors %v, want %v (floors only rise)", floors, want)
+	if want := []float64{none, 100, 7}; !floatsEqual(floors, want) {
+		t.Errorf("B's floors %v, want %v (the least of A's and B's)", floors, want)
+	}
+	if _, floors, _ = a.Exchange(ctx, "m", []float64{400, none, none}, nil); !floatsEqual(floors, []float64{400, 100, 7}) {
+		t.Errorf("A's floors with B's still fresh: %v, want [400 100 7]", floors)
+	}
+	time.Sleep(400 * time.Millisecond) // past FloorAge: B's floors no longer count, nor A's
+	if _, floors, _ = a.Exchange(ctx, "m", []float64{none, 50, none}, nil); !floatsEqual(floors, []float64{none, 50, none}) {
+		t.Errorf("A's floors once B's are old: %v, want [+Inf 50 +Inf]", floors)
 	}
 	if got, _, _ := a.Exchange(ctx, "other", nil, []FairShareCharge{{Tenant: "heavy", Class: 1}}); !floatsEqual(got, []float64{0}) {
 		t.Errorf("another model's counter of heavy: %v, want 0", got)
@@ -79,7 +87,7 @@ func TestFairShareKeysAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(keys) != 2 {
-		t.Fatalf("keys %q, want a floor and a counter", keys)
+		t.Fatalf("keys %q, want the floors and a counter", keys)
 	}
 	for _, k := range keys {
 		if len(k) > 80 || strings.ContainsAny(k, "\x00\xff\n*") {
@@ -97,7 +105,7 @@ func TestFairShareKeysAreBounded(t *testing.T) {
 		{"too many flows", nil, make([]FairShareCharge, MaxFairShareFlows+1)},
 		{"class out of range", nil, []FairShareCharge{{Tenant: "t", Class: maxFairShareClasses}}},
 		{"NaN charge", nil, []FairShareCharge{{Tenant: "t", Charge: math.NaN()}}},
-		{"infinite floor", []float64{math.Inf(1)}, nil},
+		{"-Inf floor", []float64{math.Inf(-1)}, nil},
 	} {
 		if _, _, err := fs.Exchange(ctx, "m", tc.floors, tc.charges); err == nil {
 			t.Errorf("%s: got no error, want a refusal", tc.name)
