@@ -90,13 +90,14 @@ func (q *Queue) SyncFairShare(ctx context.Context) error {
 			ex.Floors[c] = q.classes[c].flows.peek().fairShare
 		}
 	}
+collect:
 	for _, ten := range q.tenants {
 		for _, f := range ten.flows {
 			if f == nil || f.unsent == 0 && !f.lifted && f.idx < 0 {
 				continue
 			}
 			if len(flows) == MaxFleetFlows {
-				break
+				break collect
 			}
 			ex.Flows = append(ex.Flows, FlowCharge{Tenant: ten.name, Class: f.class, Charge: f.unsent,
 				Lifted: f.lifted, Lift: f.liftBase})
@@ -163,14 +164,13 @@ func (f *flow) charge(d float64) {
 
 // lift raises a returning flow's counter to floor and, with a fleet, notes the lift for the next
 // exchange, expressed before the charges not yet sent: the fleet's counter becomes
-// max(counter, liftBase) + unsent.
+// max(counter, liftBase) + unsent. The lift is noted even when the counter was above the floor:
+// the fleet's counter may have expired while the flow was idle, and must not restart below what
+// this replica knew of it.
 func (f *flow) lift(floor float64, fleet bool) {
-	if floor <= f.fairShare {
-		return
-	}
-	f.fairShare = floor
+	f.fairShare = max(f.fairShare, floor)
 	if fleet {
-		base := floor - f.unsent
+		base := f.fairShare - f.unsent
 		if !f.lifted || base > f.liftBase {
 			f.liftBase = base
 		}

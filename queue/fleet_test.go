@@ -303,3 +303,20 @@ func TestFleetChargesDuringExchangeAreKept(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetCounterExpiredWhileIdle: a tenant whose fleet counter expired while it was idle does
+// not restart at 0 when it comes back: the replica's own counter of it holds the fleet's up.
+func TestFleetCounterExpiredWhileIdle(t *testing.T) {
+	store := newMemFleet()
+	a := newFleetQueue(t, store.replica("a"), queue.Capacity{Requests: 1})
+	runHeavy(t, a, "x", 5)
+	sync1(t, a)
+	store.mu.Lock()
+	delete(store.counters, memKey{"x", queue.Standard}) // expired
+	store.mu.Unlock()
+	runHeavy(t, a, "x", 1)
+	sync1(t, a)
+	if got := store.counter("x", queue.Standard); got != 600 {
+		t.Errorf("fleet counter of x back after its key expired: %v, want 500 known here + 100 = 600", got)
+	}
+}

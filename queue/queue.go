@@ -145,12 +145,12 @@ type classQueue struct {
 	share          float64 // starvation guard: minimum share of dispatches while backlogged
 	credit         float64 // dispatches owed by the guard; reset when the class drains
 	fairShareFloor float64 // counter of the flow served last: the floor for returning flows
-	// fleetFloor is, with a fleet, the least counter backlogged in the fleet at the last
-	// exchange; +Inf when none is or the exchange failed (see SyncFairShare).
-	fleetFloor float64
 	head, tail     *Ticket
 	dispatched     int64
 	passed         int // tickets passed over in the current release round (see passOverLocked)
+	// fleetFloor is, with a fleet, the least counter backlogged in the fleet at the last
+	// exchange; +Inf when none is or the exchange failed (see SyncFairShare).
+	fleetFloor float64
 }
 
 // New builds a queue from cfg (validated, defaults filled in) with the given dependencies. The
