@@ -11,8 +11,9 @@ import (
 // FairShare keeps the fair-share counters of a fleet of replicas; *tenants.FairShareCounters
 // implements it over Redis.
 type FairShare interface {
-	// Exchange adds charges to the fleet's counters of model, raises its floors (by class) and
-	// returns the fleet's counters (in the order of charges) and floors, in one round trip.
+	// Exchange adds charges to the fleet's counters of model, sets this replica's floors (its
+	// least backlogged counter by class, +Inf for none) and returns the fleet's counters (in the
+	// order of charges) and floors (the least of the replicas', +Inf for none), in one round trip.
 	Exchange(ctx context.Context, model string, floors []float64, charges []tenants.FairShareCharge) (counters, fleetFloors []float64, err error)
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -117,7 +118,7 @@ func TestFleetOrderOverRedis(t *testing.T) {
 		}
 	}
 	syncOK(t, b)
-	if got, want := serveInOrder(t, first, named), []string{"light", "light", "light", "heavy", "heavy", "heavy"}; !slicesEqual(got, want) {
+	if got, want := serveInOrder(t, first, named), []string{"light", "light", "light", "heavy", "heavy", "heavy"}; !slices.Equal(got, want) {
 		t.Errorf("B served %v, want %v (heavy has 500 from A)", got, want)
 	}
 	syncOK(t, b)
@@ -156,21 +157,9 @@ func TestFleetOrderOverRedis(t *testing.T) {
 		named[tk] = who
 	}
 	syncOK(t, b)
-	if got, want := serveInOrder(t, first, named), []string{"heavy", "light"}; !slicesEqual(got, want) {
+	if got, want := serveInOrder(t, first, named), []string{"heavy", "light"}; !slices.Equal(got, want) {
 		t.Errorf("B served %v after the cut, want %v (light's charges during the cut counted)", got, want)
 	}
-}
-
-func slicesEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestGatewaySharesFairShare: with Deps.FairShare, a served request's charge reaches the fleet's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 
@@ -170,7 +171,7 @@ func TestFleetOrderFollowsFleetCounters(t *testing.T) {
 			}
 			sync1(t, b)
 			got := serveAll(t, busy, named)
-			if !equal(got, tc.want) {
+			if !slices.Equal(got, tc.want) {
 				t.Errorf("B served %v, want %v", got, tc.want)
 			}
 			if tc.fleet {
@@ -181,18 +182,6 @@ func TestFleetOrderFollowsFleetCounters(t *testing.T) {
 			}
 		})
 	}
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestFleetReturningTenantStartsAtFleetFloor: a tenant new to a replica where nothing else
@@ -236,7 +225,7 @@ func TestFleetCutFallsBackAndRejoins(t *testing.T) {
 	// and equal counters go in turn, h first.
 	busy := granted(t, enqueue(t, a, std("h")))
 	named := map[*queue.Ticket]string{enqueue(t, a, std("h")): "h", enqueue(t, a, std("l")): "l"}
-	if got := serveAll(t, busy, named); !equal(got, []string{"h", "l"}) {
+	if got := serveAll(t, busy, named); !slices.Equal(got, []string{"h", "l"}) {
 		t.Errorf("served %v with the fleet cut, want [h l]", got)
 	}
 	if err := a.SyncFairShare(context.Background()); err == nil {

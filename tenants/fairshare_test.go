@@ -3,6 +3,7 @@ package tenants
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,10 +40,10 @@ func TestFairShareExchange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []float64{500, 350.5}; !floatsEqual(got, want) {
+	if want := []float64{500, 350.5}; !slices.Equal(got, want) {
 		t.Errorf("counters %v, want %v", got, want)
 	}
-	if want := []float64{none, 300, none}; !floatsEqual(floors, want) {
+	if want := []float64{none, 300, none}; !slices.Equal(floors, want) {
 		t.Errorf("floors %v, want %v", floors, want)
 	}
 
@@ -54,20 +55,20 @@ func TestFairShareExchange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []float64{480, 1, 350.5}; !floatsEqual(got, want) {
+	if want := []float64{480, 1, 350.5}; !slices.Equal(got, want) {
 		t.Errorf("B's counters %v, want %v", got, want)
 	}
-	if want := []float64{none, 100, 7}; !floatsEqual(floors, want) {
+	if want := []float64{none, 100, 7}; !slices.Equal(floors, want) {
 		t.Errorf("B's floors %v, want %v (the least of A's and B's)", floors, want)
 	}
-	if _, floors, _ = a.Exchange(ctx, "m", []float64{400, none, none}, nil); !floatsEqual(floors, []float64{400, 100, 7}) {
+	if _, floors, _ = a.Exchange(ctx, "m", []float64{400, none, none}, nil); !slices.Equal(floors, []float64{400, 100, 7}) {
 		t.Errorf("A's floors with B's still fresh: %v, want [400 100 7]", floors)
 	}
 	time.Sleep(400 * time.Millisecond) // past FloorAge: B's floors no longer count, nor A's
-	if _, floors, _ = a.Exchange(ctx, "m", []float64{none, 50, none}, nil); !floatsEqual(floors, []float64{none, 50, none}) {
+	if _, floors, _ = a.Exchange(ctx, "m", []float64{none, 50, none}, nil); !slices.Equal(floors, []float64{none, 50, none}) {
 		t.Errorf("A's floors once B's are old: %v, want [+Inf 50 +Inf]", floors)
 	}
-	if got, _, _ := a.Exchange(ctx, "other", nil, []FairShareCharge{{Tenant: "heavy", Class: 1}}); !floatsEqual(got, []float64{0}) {
+	if got, _, _ := a.Exchange(ctx, "other", nil, []FairShareCharge{{Tenant: "heavy", Class: 1}}); !slices.Equal(got, []float64{0}) {
 		t.Errorf("another model's counter of heavy: %v, want 0", got)
 	}
 }
@@ -142,7 +143,7 @@ func TestFairShareCutFailsFast(t *testing.T) {
 	for {
 		got, _, err := fs.Exchange(ctx, "m", nil, []FairShareCharge{{Tenant: "t", Class: 1}})
 		if err == nil {
-			if !floatsEqual(got, []float64{10}) {
+			if !slices.Equal(got, []float64{10}) {
 				t.Errorf("counter after the cut: %v, want 10 (the failed exchange applied nothing)", got)
 			}
 			break
@@ -152,16 +153,4 @@ func TestFairShareCutFailsFast(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func floatsEqual(a, b []float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
