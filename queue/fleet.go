@@ -151,8 +151,10 @@ collect:
 	clear(flows)
 	q.syncCharges, q.syncFlows = ex.Flows, flows
 	if err != nil {
+		q.m.exchanges[1].Inc()
 		return fmt.Errorf("queue: fair share of %s: %w", q.model, err)
 	}
+	q.m.exchanges[0].Inc()
 	return nil
 }
 

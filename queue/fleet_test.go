@@ -83,14 +83,21 @@ func (m *memFleet) setFail(fail bool) {
 // newFleetQueue is newQueue with a fleet store: one replica of a fleet.
 func newFleetQueue(t *testing.T, store queue.FairShareStore, c queue.Capacity) *queue.Queue {
 	t.Helper()
+	q, _ := newFleetQueueReg(t, store, c)
+	return q
+}
+
+func newFleetQueueReg(t *testing.T, store queue.FairShareStore, c queue.Capacity) (*queue.Queue, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
 	q, err := queue.New(queue.Config{}, queue.Options{Model: "m", Clock: newFakeClock(),
-		Registerer: prometheus.NewRegistry(), FairShare: store})
+		Registerer: reg, FairShare: store})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(q.Close)
 	q.SetCapacity(c)
-	return q
+	return q, reg
 }
 
 func sync1(t *testing.T, q *queue.Queue) {
@@ -213,7 +220,7 @@ func TestFleetReturningTenantStartsAtFleetFloor(t *testing.T) {
 // its own counters and loses no charge; the first exchange that succeeds sends them all, once.
 func TestFleetCutFallsBackAndRejoins(t *testing.T) {
 	store := newMemFleet()
-	a := newFleetQueue(t, store.replica("a"), queue.Capacity{Requests: 1})
+	a, reg := newFleetQueueReg(t, store.replica("a"), queue.Capacity{Requests: 1})
 	runHeavy(t, a, "h", 2)
 	sync1(t, a)
 	store.setFail(true)
@@ -239,6 +246,11 @@ func TestFleetCutFallsBackAndRejoins(t *testing.T) {
 	sync1(t, a)
 	if got := store.counter("h", queue.Standard); got != 700 {
 		t.Errorf("fleet counter of h after a second exchange: %v, want 700 (nothing sent twice)", got)
+	}
+	for result, want := range map[string]float64{"ok": 3, "failed": 2} {
+		if got := value(t, reg, "usher_queue_fair_share_exchanges_total", map[string]string{"result": result}); got != want {
+			t.Errorf("usher_queue_fair_share_exchanges_total{result=%q} = %v, want %v", result, got, want)
+		}
 	}
 }
 
