@@ -46,7 +46,7 @@ func TestServeSharesFairShareInRedis(t *testing.T) {
 			if strings.Contains(k, "load") || strings.Contains(k, model) {
 				t.Fatalf("key %q names the tenant or the model in clear", k)
 			}
-			if strings.HasSuffix(k, ":floor") {
+			if strings.HasSuffix(k, ":floors") {
 				continue
 			}
 			v, err := strconv.ParseFloat(rdb.Get(ctx, k).Val(), 64)
