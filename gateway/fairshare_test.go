@@ -227,3 +227,111 @@ func TestGatewaySharesFairShare(t *testing.T) {
 	proxy.Restore()
 	waitCounter("3 requests' charge once Redis is back", func(c float64) bool { return c == 3*one })
 }
+
+// replicaLoad keeps each of its tenants backlogged on one replica's one-slot queue and serves
+// one request at a time.
+type replicaLoad struct {
+	q       *queue.Queue
+	waiting map[*queue.Ticket]string
+	current *queue.Grant
+}
+
+func newReplicaLoad(t *testing.T, q *queue.Queue, tenants ...string) *replicaLoad {
+	t.Helper()
+	r := &replicaLoad{q: q, waiting: map[*queue.Ticket]string{}}
+	for _, who := range tenants {
+		for range 2 {
+			r.add(t, who)
+		}
+	}
+	r.take(t)
+	return r
+}
+
+func (r *replicaLoad) add(t *testing.T, who string) {
+	t.Helper()
+	tk, err := r.q.Enqueue(stdReq(who))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.waiting[tk] = who
+}
+
+// take finds the one request dispatched, sends another of its tenant and returns the tenant.
+func (r *replicaLoad) take(t *testing.T) string {
+	t.Helper()
+	for tk, who := range r.waiting {
+		select {
+		case <-tk.Ready():
+			r.current = mustGrant(t, tk, nil)
+			delete(r.waiting, tk)
+			r.add(t, who)
+			return who
+		default:
+		}
+	}
+	t.Fatal("nothing dispatched")
+	return ""
+}
+
+// step ends the request in service and returns the tenant served next.
+func (r *replicaLoad) step(t *testing.T) string {
+	t.Helper()
+	r.current.Done(queue.Usage{PromptTokens: 100})
+	return r.take(t)
+}
+
+// TestFleetSharesCapacityMaxMin: replica A has a heavy tenant and light1 backlogged, replica B
+// light1 and light2, each replica one request at a time. Ordered by the fleet's counters, A
+// serves heavy more, since light1 is also served on B: each tenant gets about a third of the
+// fleet's service (max-min fair). Each replica alone splits its own half evenly: light1 gets
+// half of everything, heavy and light2 a quarter each.
+func TestFleetSharesCapacityMaxMin(t *testing.T) {
+	const steps = 300
+	for _, tc := range []struct {
+		name  string
+		fleet bool
+	}{{"fleet", true}, {"alone", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			var a, b *queue.Queue
+			if tc.fleet {
+				a, b = fleetQueue(t, srv.Addr()), fleetQueue(t, srv.Addr())
+			} else {
+				a, b = aloneQueue(t), aloneQueue(t)
+			}
+			ra := newReplicaLoad(t, a, "heavy", "light1")
+			rb := newReplicaLoad(t, b, "light1", "light2")
+			served := map[string]int{}
+			for i := range steps {
+				served[ra.step(t)]++
+				served[rb.step(t)]++
+				if i%3 == 2 { // a batch every three dispatches, as every 50 ms under load
+					syncOK(t, a)
+					syncOK(t, b)
+				}
+			}
+			want := map[string][2]int{"heavy": {195, 205}, "light1": {195, 205}, "light2": {195, 205}}
+			if !tc.fleet {
+				want = map[string][2]int{"heavy": {148, 152}, "light1": {298, 302}, "light2": {148, 152}}
+			}
+			for who, w := range want {
+				if n := served[who]; n < w[0] || n > w[1] {
+					t.Errorf("%s served %d of %d, want %d..%d (all: %v)", who, n, 2*steps, w[0], w[1], served)
+				}
+			}
+		})
+	}
+}
+
+// aloneQueue is one replica's queue of model m1 without a fleet.
+func aloneQueue(t *testing.T) *queue.Queue {
+	t.Helper()
+	q, err := queue.New(queue.Config{}, queue.Options{Model: testModel, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(q.Close)
+	q.SetCapacity(queue.Capacity{Requests: 1})
+	return q
+}
