@@ -14,10 +14,10 @@ type FairShareStore interface {
 	// trip: for each flow of ex, in order, the fleet's counter is first raised to at least Lift
 	// (when Lifted), then Charge is added; this replica's floors replace the ones it sent
 	// before. It returns the fleet's counter of each flow of ex, in the same order, and the
-	// fleet's floors: by class, the least of the floors the replicas sent within the last second
-	// or so, +Inf when none has a backlog. On an error nothing is to be taken as applied; the queue sends the charges
-	// again with its next batch (a batch applied whose answer was lost is then counted twice,
-	// an error of at most one batch). Safe for concurrent use.
+	// fleet's floors: by class, the least of the floors the replicas sent within the last
+	// second or so, +Inf when none has a backlog. On an error nothing is to be taken as applied:
+	// the queue sends the charges again with its next batch (a batch applied whose answer was
+	// lost is then counted twice, an error of at most one batch). Safe for concurrent use.
 	Exchange(ctx context.Context, ex FairShareExchange) (FairShareCounts, error)
 }
 
@@ -40,8 +40,9 @@ type FlowCharge struct {
 	Class  Class
 	// Charge is the weighted tokens charged, less the refunds and corrections (may be negative).
 	Charge float64
-	// Lifted says the flow came back from idle here and was lifted to the floor: the fleet's
-	// counter is first raised to at least Lift (the floor less the charges made before it here).
+	// Lifted says the flow came back from idle here: the fleet's counter is first raised to at
+	// least Lift, what this replica then held the flow's counter at (at least the floor), less
+	// the charges of this batch made before it.
 	Lifted bool
 	Lift   float64
 }
@@ -63,9 +64,9 @@ const MaxFleetFlows = 1024
 // SyncFairShare exchanges this queue's fair-share charges with the fleet (Options.FairShare) and
 // takes the fleet's counters back, so requests are then ordered by the fleet's service of each
 // tenant, not this replica's alone, and a tenant that comes back from idle starts at the least
-// counter backlogged anywhere in the fleet. The gateway calls it every few tens of milliseconds, off the admission path: the
-// queue's lock is never held across the round trip, and charges made meanwhile are kept on top
-// of the fleet's answer. When the exchange fails (Redis cut or slow), the charges are kept to be
+// counter backlogged anywhere in the fleet. The gateway calls it every few tens of
+// milliseconds, off the admission path: the queue's lock is never held across the round trip,
+// and charges made meanwhile are kept on top of the fleet's answer. When the exchange fails (Redis cut or slow), the charges are kept to be
 // sent with the next one and the queue goes on with its own counters, which carry what it last
 // read of the fleet; the first exchange that succeeds again rejoins the fleet. Without a store,
 // or once the queue is closed, it does nothing and returns nil. Calls are serialized. Cost: one
