@@ -400,6 +400,12 @@ if wants 2; then
     | [.fairness.tokens.f1 // [] | .[0:$n] | add] | .[0] // 0 | . / ($all | add) * 1000 | round / 10' "$rep")% (a fair share: 25%)"
   echo "   bench's own: $(grep '^fairness' "$OUT_DIR/$fair_name.txt")"
   echo "   per tenant: $(jq -r '[.tenants[] | "\(.name) ok \(.ok) 429 \([.failures[]? | select(.status==429) | .count] | add // 0) out tok/s \(.output_tokens_per_second | . * 10 | round / 10)"] | join("; ")' "$rep")"
+  if [ "$REPLICAS" -gt 1 ]; then
+    for r in $(seq "$REPLICAS"); do
+      echo "   replica $r answered (200, by tenant): $(jq -rs '[.[] | select(.msg == "request" and .status == 200 and (.tenant | test("^f[1-4]$")))]
+        | group_by(.tenant) | map("\(.[0].tenant) \(length)") | join(", ")' "$OUT_DIR/$fair_name-r$r.gateway.log")"
+    done
+  fi
   echo "   (goal: Jain >= 0.95)"
 fi
 
