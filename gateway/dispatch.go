@@ -131,8 +131,14 @@ func (d *dispatcher) refresh() {
 	}
 }
 
-// run follows the pool's changes until ctx ends. Its goroutine is the Server's (Run).
+// run follows the pool's changes and, with a fleet, shares the queues' fair share (shareFairness,
+// whose goroutine it starts and waits for) until ctx ends. Its goroutine is the Server's (Run).
 func (d *dispatcher) run(ctx context.Context) {
+	if d.opts.FairShare != nil {
+		var sharing sync.WaitGroup
+		sharing.Go(func() { d.shareFairness(ctx) })
+		defer sharing.Wait()
+	}
 	for {
 		changed := d.pool.Changes()
 		d.refresh()

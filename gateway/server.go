@@ -48,6 +48,10 @@ type Deps struct {
 	// Queue configures the per-model admission queues; the zero value takes the queue's
 	// defaults.
 	Queue queue.Config
+	// FairShare, when set, shares the queues' fair-share counters with the other replicas (see
+	// queue.Queue.SyncFairShare), so the fleet serves its tenants in one order; nil: each
+	// replica orders by its own counters.
+	FairShare FairShare
 	// Now is the clock for latencies and deadlines. Default time.Now.
 	Now func() time.Time
 }
@@ -107,7 +111,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	disp, err := newDispatcher(d.Queue, queue.Options{Registerer: d.Registerer, Logger: d.Logger}, d.Pool)
+	qopts := queue.Options{Registerer: d.Registerer, Logger: d.Logger}
+	if d.FairShare != nil {
+		qopts.FairShare = fleetFairShare{d.FairShare}
+	}
+	disp, err := newDispatcher(d.Queue, qopts, d.Pool)
 	if err != nil {
 		return nil, err
 	}

@@ -61,6 +61,21 @@
 // the next round, so one tenant's unplaceable requests never hold back another tenant's. Rounds run at each Enqueue, Done, Requeue,
 // SetCapacity and deadline, and at Retry: the gateway calls it when a worker frees a slot.
 //
+// # Fleet
+//
+// Replicas of a gateway behind one load balancer each keep a queue per model; with
+// Options.FairShare they order their tenants by one fleet-wide counter per tenant and class.
+// Each charge is made to the local counter at once and noted as unsent; SyncFairShare, called
+// by the gateway every few tens of milliseconds off the admission path, sends the unsent
+// charges (and the lifts of returning flows) in one batch and takes the fleet's counters and
+// floors back; the counters then are the fleet's plus what was charged here since. A flow that
+// comes back from idle starts at the least counter backlogged in the fleet (each replica sends
+// its own least with each exchange; the least backlogged here, when lower; without either, the
+// counter served last here), so a tenant new to one replica has no surplus over the tenants the
+// others serve. When an exchange fails the queue
+// keeps its counters, which carry what it last read of the fleet, and sends the charges with the
+// next exchange: the fleet's order degrades to each replica's own, never to a halt.
+//
 // # Deadlines
 //
 // One timer, on the injected Clock, is set for the earliest queued deadline; expired requests

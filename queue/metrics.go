@@ -30,6 +30,8 @@ type metrics struct {
 	requeued   [numClasses]prometheus.Counter
 	shed       [numClasses][numShed]prometheus.Counter
 	served     *prometheus.CounterVec
+	// exchanges counts SyncFairShare's exchanges with the fleet: [0] answered, [1] failed.
+	exchanges [2]prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
@@ -60,8 +62,14 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 		Help: "Tokens (prompt + completion) served, by tenant, as reported at the end of each request.",
 	}, []string{"tenant"})
 
+	exchanges := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "usher_queue_fair_share_exchanges_total", ConstLabels: labels,
+		Help: "Exchanges of the fair-share counters with the fleet (Redis), by result: ok, or failed (the queue ordered by its own counters until the next ok).",
+	}, []string{"result"})
 	m := &metrics{reg: reg, served: served,
-		collectors: []prometheus.Collector{depth, wait, dispatched, requeued, shed, served}}
+		collectors: []prometheus.Collector{depth, wait, dispatched, requeued, shed, served, exchanges}}
+	m.exchanges[0] = exchanges.WithLabelValues("ok")
+	m.exchanges[1] = exchanges.WithLabelValues("failed")
 	for _, c := range allClasses {
 		m.depth[c] = depth.WithLabelValues(c.String())
 		m.wait[c] = wait.WithLabelValues(c.String())

@@ -55,6 +55,9 @@ type Options struct {
 	Clock      Clock
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// FairShare, when set, shares the fair-share counters with the other replicas of a fleet
+	// (see SyncFairShare); nil: this queue's counters alone order its tenants.
+	FairShare FairShareStore
 }
 
 // Queue admits and orders the requests of one model and releases each one when the pool can
@@ -66,6 +69,13 @@ type Queue struct {
 	clock Clock
 	log   *slog.Logger
 	m     *metrics
+	model string
+	fleet FairShareStore // nil: no fleet
+
+	// syncMu serializes SyncFairShare and guards its reused buffers.
+	syncMu      sync.Mutex
+	syncCharges []FlowCharge
+	syncFlows   []*flow
 
 	// mu guards every field below, every tenant, flow and classQueue, and the state, err and
 	// list links of every Ticket.
@@ -117,6 +127,11 @@ type flow struct {
 	inflight     int
 	refused      int // requests refused by their Placer in the current release round
 	passedItems  int // requests passed over with the whole flow in the current round; 0: not passed
+	// With a fleet (Queue.fleet): the charges and the lift the fleet has not been told of yet
+	// (see SyncFairShare and flow.lift).
+	unsent   float64
+	lifted   bool
+	liftBase float64
 }
 
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival
@@ -133,6 +148,9 @@ type classQueue struct {
 	head, tail     *Ticket
 	dispatched     int64
 	passed         int // tickets passed over in the current release round (see passOverLocked)
+	// fleetFloor is, with a fleet, the least counter backlogged in the fleet at the last
+	// exchange; +Inf when none is or the exchange failed (see SyncFairShare).
+	fleetFloor float64
 }
 
 // New builds a queue from cfg (validated, defaults filled in) with the given dependencies. The
@@ -158,11 +176,16 @@ func New(cfg Config, opts Options) (*Queue, error) {
 		clock:   opts.Clock,
 		log:     opts.Logger.With("model", opts.Model),
 		m:       m,
+		model:   opts.Model,
+		fleet:   opts.FairShare,
 		tenants: make(map[string]*tenant),
 		deadlines: heap[*flow]{
 			less:     func(a, b *flow) bool { return a.headDeadline < b.headDeadline },
 			setIndex: func(f *flow, i int) { f.deadlineIdx = i },
 		},
+	}
+	for c := range q.classes {
+		q.classes[c].fleetFloor = math.Inf(1)
 	}
 	q.classes[Standard].share = *cfg.StandardMinShare
 	q.classes[Batch].share = *cfg.BatchMinShare
@@ -346,7 +369,16 @@ func (q *Queue) pushLocked(t *Ticket) {
 		if cls.flows.len() > 0 {
 			floor = cls.flows.peek().fairShare
 		}
-		f.fairShare = max(f.fairShare, floor)
+		if q.fleet != nil && !math.IsInf(cls.fleetFloor, 1) {
+			// The least counter backlogged in the fleet: a heavy tenant backlogged here alone
+			// must not lift a tenant the rest of the fleet serves ahead of it.
+			if cls.flows.len() > 0 {
+				floor = min(floor, cls.fleetFloor)
+			} else {
+				floor = cls.fleetFloor
+			}
+		}
+		f.lift(floor, q.fleet != nil)
 		f.stamp = q.seq
 		cls.flows.push(f)
 	}
@@ -577,7 +609,7 @@ func (q *Queue) grantLocked(t *Ticket, now time.Time) {
 		}
 		cls.credit = max(cls.credit-1, 0)
 		cls.fairShareFloor = max(cls.fairShareFloor, f.fairShare)
-		f.fairShare += t.charge
+		f.charge(t.charge)
 		q.seq++
 		f.stamp = q.seq
 	}
@@ -617,7 +649,7 @@ func (q *Queue) requeue(t *Ticket) {
 	cls := &q.classes[c]
 	q.uncountLocked(t)
 	if !q.cfg.FIFO {
-		f.fairShare -= t.charge
+		f.charge(-t.charge)
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}
@@ -657,7 +689,7 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 	cls := &q.classes[f.class]
 	q.uncountLocked(t)
 	if !q.cfg.FIFO {
-		f.fairShare += float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge
+		f.charge(float64(u.PromptTokens+2*u.CompletionTokens)/t.weight - t.charge)
 		if f.idx >= 0 {
 			cls.flows.fix(f.idx)
 		}

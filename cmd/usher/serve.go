@@ -160,10 +160,16 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	defer ln.Close()
 	var plane *adminui.Plane
 	budgets := tenants.NewBudgets(tenants.BudgetsOptions{Redis: lopts.Redis, Store: store, Logger: logger, Registerer: reg})
+	var fairShare gateway.FairShare
+	if rdb != nil {
+		if fairShare, err = tenants.NewFairShareCounters(tenants.FairShareOptions{Redis: rdb}); err != nil {
+			return err
+		}
+	}
 	ledger := tenants.NewLedger(cfg.Tenants.Usage, store, tenants.LedgerOptions{Redis: lopts.Redis, Logger: logger, Registerer: reg})
 	gw, err = gateway.New(cfg.Server, gateway.Deps{
 		Pool: pool, Auth: directory, Limits: tenants.NewLimiter(cfg.Tenants.Limits, lopts), Ledger: ledger, Budgets: budgets,
-		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue,
+		Logger: logger, Registerer: reg, Gatherer: reg, Queue: cfg.Queue, FairShare: fairShare,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			deps := adminui.Deps{Fleet: pool, Live: live, Admins: admin, Tenants: admin, Sessions: store,
 				Replica: replicaName(ln.Addr()), Logger: logger, ClientAddr: live.ClientAddr}

@@ -11,7 +11,10 @@
 #   1. Protection: 3 interactive tenants at 0.1 R each, one batch tenant at 3 R; (a) no batch,
 #      (b) with batch (priority queue), (c) with batch and queue.fifo: true.
 #   2. Fairness: four standard tenants, f1 sending 10x the others, all above their fair share;
-#      tokens served per tenant per window and Jain's index.
+#      tokens served per tenant per window and Jain's index. With REPLICAS=N (N > 1), N gateway
+#      replicas in front of the same two workers, sharing one redis-server started here, and the
+#      bench sends its requests round robin over them (bench --replica-url), as an even
+#      round-robin load balancer would: the fairness of the fleet, not of one replica.
 #   3. Deadlines: a burst of 2 R from four standard tenants with different X-Usher-Deadline-Ms,
 #      after a short warm-up so the queue has measured the service time; refusal latencies from
 #      the gateway's access log (the bench report keeps no latency of failed requests) and from
@@ -33,6 +36,7 @@
 #
 #   test/queuebench/run.sh                     # scenarios 1-3, defaults below
 #   SCENARIOS="1" DURATION=30 test/queuebench/run.sh
+#   SCENARIOS="2" REPLICAS=3 test/queuebench/run.sh   # fairness across three replicas
 #   SCENARIOS="4" MODES=slots BATCHES=prefill test/queuebench/run.sh
 #
 # Reports (bench JSON and tables, gateway logs) go to $OUT_DIR.
@@ -62,6 +66,7 @@ PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl 
 DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
+REPLICAS=${REPLICAS:-1}            # scenario 2: gateway replicas sharing one redis-server
 # Scenario 4 (engine modes); its runs are M_CAP_DURATION + 2 x M_DURATION seconds of arrivals a
 # case, one more M_CAP_DURATION for a prefill batch: about 12 minutes for the 4 cases.
 MODES=${MODES:-"slots kv"}         # sim --mode of the scenario-4 cases
@@ -107,15 +112,15 @@ mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
-  "SCENARIOS=\"$SCENARIOS\" MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
   "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
-gw_pid=
+gw_pids=()
 sim_pids=()
 cleanup() {
-  for p in "${pids[@]}" "${sim_pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${sim_pids[@]}" "${gw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$tmp"
 }
@@ -165,6 +170,52 @@ tenant_yaml() {
 # start_gateway NAME FIFO: a fresh gateway with an empty queue; sets GW (host:port).
 start_gateway() {
   stop_gateway
+  gateway_config "$@" >"$OUT_DIR/$1.yaml"
+  launch_gateway "$1"
+}
+# start_fleet NAME FIFO: REPLICAS fresh gateways NAME-r1.. in front of the same workers, sharing a
+# fresh redis-server, each with its own database; sets GW (the first) and GWS (all, host:port).
+start_fleet() {
+  stop_gateway
+  start_redis
+  local all=() r
+  for r in $(seq "$REPLICAS"); do
+    {
+      gateway_config "$@"
+      echo "redis: {url: \"$redis_url\"}"
+      echo "database: {url: \"sqlite:$tmp/$1-r$r.db\"}"
+    } >"$OUT_DIR/$1-r$r.yaml"
+    launch_gateway "$1-r$r"
+    all+=("$GW")
+  done
+  GWS=("${all[@]}")
+  GW=${GWS[0]}
+}
+# start_redis: a fresh redis-server on a free loopback port, without persistence; sets redis_url.
+redis_pid=
+start_redis() {
+  command -v redis-server >/dev/null || { echo "queuebench: REPLICAS needs redis-server" >&2; exit 1; }
+  stop_redis
+  local port
+  for _ in 1 2 3; do
+    port=$((30000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$tmp/redis.log" 2>&1 &
+    redis_pid=$!
+    pids+=("$redis_pid")
+    for _ in $(seq 50); do
+      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then redis_url="redis://127.0.0.1:$port/0"; return 0; fi
+      sleep 0.1
+    done
+    stop_redis
+  done
+  echo "queuebench: redis-server does not start:" >&2; cat "$tmp/redis.log" >&2; exit 1
+}
+stop_redis() {
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; redis_pid=; fi
+}
+# gateway_config NAME FIFO: the configuration of a gateway with an empty queue, on stdout.
+gateway_config() {
   {
     echo "server: {listen: \"127.0.0.1:0\"}"
     echo "routing:"
@@ -181,8 +232,7 @@ start_gateway() {
     echo "tenants:"
     tenant_yaml
     echo "log: {level: info, format: json}"
-  } >"$OUT_DIR/$1.yaml"
-  launch_gateway "$1"
+  }
 }
 # start_default_gateway NAME: a fresh gateway with the default config: workers with no
 # max_concurrency and no priority_handoff, no queue section. Only the health interval is set,
@@ -218,25 +268,32 @@ start_default_gateway() {
   launch_gateway "$1" "$bin"
 }
 # launch_gateway NAME [BIN]: serves NAME.yaml (with BIN, default the gateway binary); sets GW
-# (host:port) once it answers a completion.
+# (host:port) and GWS (GW alone) once it answers a completion.
 launch_gateway() {
   "${2:-$gateway_bin}" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
-  gw_pid=$!
+  gw_pids+=($!)
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
   curl -fs -o /dev/null "http://$GW/v1/chat/completions" -H "Authorization: Bearer $(key warm)" \
     -d "{\"model\":\"$MODEL\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"ready\"}]}" ||
     { echo "gateway $1 does not serve" >&2; cat "$OUT_DIR/$1.gateway.log" >&2; exit 1; }
+  GWS=("$GW")
 }
+# stop_gateway: stops every gateway (replica) started, and the fleet's redis-server.
 stop_gateway() {
-  if [ -n "$gw_pid" ]; then kill "$gw_pid" 2>/dev/null || true; wait "$gw_pid" 2>/dev/null || true; gw_pid=; fi
+  local p
+  for p in "${gw_pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  gw_pids=()
+  stop_redis
 }
 
-# run_bench NAME ARGS...: one bench run against the current gateway; report in NAME.json.
+# run_bench NAME ARGS...: one bench run against the current gateway (round robin over the
+# replicas, when there are several); report in NAME.json.
 run_bench() {
-  local name=$1; shift
+  local name=$1 g replicas=(); shift
+  for g in "${GWS[@]:1}"; do replicas+=(--replica-url "http://$g/v1"); done
   echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  bin/usher bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
+  bin/usher bench --url "http://$GW/v1" "${replicas[@]}" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
     --random-spread "$SPREAD" --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
 }
@@ -315,16 +372,23 @@ fi
 if wants 2; then
   SR=$(calc "$R * 0.4" 3)
   HR=$(calc "$R * 4" 3)
-  start_gateway fairness false
-  run_bench fairness --tenant "f1=$(key f1)::standard:$HR" --tenant "f2=$(key f2)::standard:$SR" \
+  fair_name=fairness
+  if [ "$REPLICAS" -gt 1 ]; then
+    fair_name=fairness-r$REPLICAS
+    start_fleet "$fair_name" false
+  else
+    start_gateway "$fair_name" false
+  fi
+  run_bench "$fair_name" --tenant "f1=$(key f1)::standard:$HR" --tenant "f2=$(key f2)::standard:$SR" \
     --tenant "f3=$(key f3)::standard:$SR" --tenant "f4=$(key f4)::standard:$SR" \
     --duration "${FAIR_DURATION}s" --window "${FAIR_WINDOW}s"
   stop_gateway
-  rep="$OUT_DIR/fairness.json"
+  rep="$OUT_DIR/$fair_name.json"
   n=$((FAIR_DURATION / FAIR_WINDOW))
   echo
   echo "== 2. fairness: four standard tenants of one tier (weight 1), f1 at $HR req/s (4 R), f2..f4 at $SR req/s (0.4 R)"
-  echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window"
+  echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window;"
+  echo "   $REPLICAS gateway replica(s)$([ "$REPLICAS" -gt 1 ] && echo " sharing one Redis, the requests round robin over them")"
   jq -r --argjson n "$n" '
     (["window"] + [range(0; $n) | "\(. * '"$FAIR_WINDOW"')s"]) as $head
     | ($head | @tsv),
@@ -332,8 +396,16 @@ if wants 2; then
       (["Jain"] + [.fairness.jain[0:$n][] | . * 1000 | round / 1000 | tostring] | @tsv)
   ' "$rep" | column -t
   echo "   Jain over the windows inside the arrivals: mean $(jq -r --argjson n "$n" '.fairness.jain[0:$n] | add / length | . * 1000 | round / 1000' "$rep"), min $(jq -r --argjson n "$n" '.fairness.jain[0:$n] | min | . * 1000 | round / 1000' "$rep")"
-  echo "   bench's own: $(grep '^fairness' "$OUT_DIR/fairness.txt")"
+  echo "   f1's share of the tokens over those windows: $(jq -r --argjson n "$n" '[.fairness.tokens[] | .[0:$n] | add] as $all
+    | [.fairness.tokens.f1 // [] | .[0:$n] | add] | .[0] // 0 | . / ($all | add) * 1000 | round / 10' "$rep")% (a fair share: 25%)"
+  echo "   bench's own: $(grep '^fairness' "$OUT_DIR/$fair_name.txt")"
   echo "   per tenant: $(jq -r '[.tenants[] | "\(.name) ok \(.ok) 429 \([.failures[]? | select(.status==429) | .count] | add // 0) out tok/s \(.output_tokens_per_second | . * 10 | round / 10)"] | join("; ")' "$rep")"
+  if [ "$REPLICAS" -gt 1 ]; then
+    for r in $(seq "$REPLICAS"); do
+      echo "   replica $r answered (200, by tenant): $(jq -rs '[.[] | select(.msg == "request" and .status == 200 and (.tenant | test("^f[1-4]$")))]
+        | group_by(.tenant) | map("\(.[0].tenant) \(length)") | join(", ")' "$OUT_DIR/$fair_name-r$r.gateway.log")"
+    done
+  fi
   echo "   (goal: Jain >= 0.95)"
 fi
 
