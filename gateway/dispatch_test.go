@@ -278,11 +278,13 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 }
 
 // A batch request that no worker may take now (here: interactive requests are present and
-// another batch prompt in prefill on the only worker holds its prefill budget) stays in the
-// queue, holding neither capacity nor a worker; interactive requests go past it without
-// preempting anything, and it is sent once, after. (Before the queue placed its requests, such a
-// request was released, held capacity while it waited for a worker, and was preempted from that
-// wait.)
+// another batch prompt placed on the only worker holds its prefill budget) stays in the queue,
+// holding neither capacity nor a worker; interactive requests go past it without preempting
+// anything, and it is sent once, after. (Before the queue placed its requests, such a request
+// was released, held capacity while it waited for a worker, and was preempted from that wait.)
+// The batch request placed is not sent while an interactive prompt is in prefill there (see
+// TestBatchRequestYieldsToAnInteractivePrefill): every request reaches the worker once all the
+// same.
 func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	hold := make(chan struct{})
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
@@ -302,13 +304,13 @@ func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	first := post("interactive", streamBody)
 	waitFor(t, "the worker holds the first interactive request", func() bool { return w.started.Load() == 1 })
 	inPrefill := post("batch", long)
-	waitFor(t, "the worker holds the first batch request in prefill", func() bool { return w.started.Load() == 2 })
+	waitFor(t, "the first batch request placed on the worker", func() bool { return inFlightCount(g.srv.dispatcher, "m1") == 2 })
 	batch := post("batch", long)
 	waitFor(t, "the second batch request waits in the queue", func() bool { return queuedCount(g.srv.dispatcher, "m1") == 1 })
 	second := post("interactive", streamBody)
-	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
+	waitFor(t, "the second interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
 	third := post("interactive", streamBody)
-	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 4 })
+	waitFor(t, "the third interactive request reaches the worker", func() bool { return w.started.Load() == 3 })
 	if n := queuedCount(g.srv.dispatcher, "m1"); n != 1 {
 		t.Errorf("%d calls queued, want the second batch request", n)
 	}
@@ -375,6 +377,20 @@ func queuedCount(d *dispatcher, model string) int {
 	if q != nil {
 		for _, c := range q.Snapshot().Classes {
 			n += c.Queued
+		}
+	}
+	return n
+}
+
+// inFlightCount is the number of calls of model released by its queue and not done.
+func inFlightCount(d *dispatcher, model string) int {
+	d.mu.Lock()
+	q := d.queues[model]
+	d.mu.Unlock()
+	n := 0
+	if q != nil {
+		for _, c := range q.Snapshot().Classes {
+			n += c.InFlight
 		}
 	}
 	return n

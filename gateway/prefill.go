@@ -19,8 +19,9 @@ import (
 // one output token, whose KV the engine keeps in its prefix cache (vLLM's and SGLang's automatic
 // prefix caching; llama.cpp's slot that the next piece, sharing most of its tokens, takes
 // again); then the request itself goes, and the engine prefills only its last piece. Before each
-// piece the call waits while an interactive prompt is being prefilled on the worker, so
-// interactive prompts go between the pieces of a batch prompt instead of behind all of it.
+// piece, and before the request itself, the call waits while an interactive prompt is being
+// prefilled on the worker, so interactive prompts go between the pieces of a batch prompt
+// instead of behind all of it, and share their step with none of it.
 //
 // A piece is the request's body with the prompt cut at a word boundary near the piece's end:
 // for a chat, the messages up to the cut, the one the cut falls in shortened when its content is

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -305,4 +306,74 @@ func FuzzPieceBodyIsAPrefix(f *testing.F) {
 			t.Fatalf("the piece's prompt %q is not a shorter prefix of %q", prompt, cl.prompt)
 		}
 	})
+}
+
+// A batch request placed while an interactive prompt is in prefill on its worker is not sent
+// until that prompt's first token is back, also when its own prompt goes whole: an engine would
+// otherwise prefill both in one step, and the interactive prompt would wait for the batch one.
+func TestBatchRequestYieldsToAnInteractivePrefill(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var arrived []string // the class of each request, in the order the worker got them
+	worker := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return // health checks and scrapes
+		}
+		data, _ := io.ReadAll(r.Body)
+		class := "batch"
+		if strings.Contains(string(data), "interactive question") {
+			class = "interactive"
+		}
+		mu.Lock()
+		arrived = append(arrived, class)
+		mu.Unlock()
+		if class == "interactive" {
+			<-release // its prefill goes on until the test says
+		}
+		rw.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(rw, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(worker.Close)
+	got := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(arrived)
+	}
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{{ID: "w", URL: worker.URL, Models: []string{testModel}}}}
+	rcfg.Concurrency.PrefillPieceTokens = -1 // the batch prompt goes whole
+	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	t.Cleanup(func() { // before the gateway's shutdown, which waits for the held request
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+
+	answered := make(chan int, 2)
+	ask := func(content, class string) {
+		body := `{"model":"m1","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"` + content + `"}]}`
+		resp := g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}
+	go ask("an interactive question", "interactive")
+	waitFor(t, "the interactive request at the worker", func() bool { return len(got()) == 1 })
+	go ask("a batch job", "batch")
+	// The batch request is admitted and placed on w at once (nothing holds it in the queue);
+	// it must not reach the worker while the interactive prompt is in prefill there.
+	time.Sleep(300 * time.Millisecond)
+	if a := got(); len(a) != 1 {
+		t.Fatalf("the worker got %v while the interactive prompt was in prefill; want only it", a)
+	}
+	close(release)
+	for range 2 {
+		if code := <-answered; code != http.StatusOK {
+			t.Errorf("answer %d, want 200", code)
+		}
+	}
+	if a := got(); !slices.Equal(a, []string{"interactive", "batch"}) {
+		t.Errorf("the worker got %v, want the interactive request, then the batch one", a)
+	}
 }

@@ -69,6 +69,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
+	if lease.YieldsPrefill() {
+		// Its prompt (or last piece) goes into no engine step an interactive prompt is in.
+		// When ctx ends the send below fails at once.
+		_ = lease.AwaitInteractive(ctx)
+	}
 	// A whole answer is asked as a stream where usher must see its first token: on an engine
 	// with fixed slots (a preemption must stop it within a token), or while the prompt holds
 	// its worker's prefill budget for interactive requests. Elsewhere it is relayed as it

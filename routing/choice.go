@@ -18,12 +18,12 @@ type choice struct {
 	// prefillBudget bounds the lower-class prompt tokens in prefill on a worker (see
 	// withinPrefillBudget); 0: no bound.
 	prefillBudget int64
-	// piece is the size of the pieces in which the prompt goes to the engine (see pieceOn); 0:
-	// whole.
+	// piece is the size of the pieces in which the prompt goes to the engine (see
+	// Lease.PrefillPiece); 0: whole.
 	piece int
-	// avoidWhole keeps an interactive request off a worker that prefills a whole long lower-class
-	// prompt (see clearOfWholePrefill).
-	avoidWhole bool
+	// spread keeps an interactive request off a worker with another interactive prompt in
+	// prefill (see clearOfInteractivePrefill).
+	spread bool
 	// full lists workers an earlier attempt of the same Pick found at capacity: skipped like
 	// Request.Exclude, but not held against them (a pin to one stays).
 	full []string
@@ -34,22 +34,22 @@ type choice struct {
 // force. Every policy filters with it. It costs what Request.Eligible costs, a few atomic loads
 // more and a scan of full; it modifies nothing.
 func (c *choice) Eligible(w *Worker) bool {
-	return c.Request.Eligible(w) && c.withinPrefillBudget(w) && c.clearOfWholePrefill(w) &&
+	return c.Request.Eligible(w) && c.withinPrefillBudget(w) && c.clearOfInteractivePrefill(w) &&
 		!slices.Contains(c.full, w.spec.ID)
 }
 
 // protect sets the protections of interactive requests that are in force for c now, among
 // workers: while interactive requests are present, a standard or batch request gets the prefill
-// budget (prefill_budget.go) and, for a long prompt, its pieces (prefill_pieces.go); while pieces
-// are on one worker only, an interactive request not sent to a target worker prefers a worker
-// with no long prompt in prefill whole (prefill_whole.go). Cost: a clock read.
+// budget (prefill_budget.go) and, for a long prompt, its pieces (prefill_pieces.go); an
+// interactive request not sent to a target worker nor pinned prefers, of several workers, one
+// with no interactive prompt in prefill (interactive_spread.go). Cost: a clock read.
 func (p *Pool) protect(c *choice, workers []*Worker) {
 	switch {
 	case !c.Interactive && p.interactivePresent():
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
 		c.piece = p.prefillPiece(c.PromptTokens)
-	case c.Interactive && c.TargetWorker == "" && p.steersInteractive(workers):
-		c.avoidWhole = true
+	case c.Interactive && c.TargetWorker == "" && c.Prepared.pin == nil && len(workers) > 1:
+		c.spread = true
 	}
 }
 

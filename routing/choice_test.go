@@ -10,7 +10,7 @@ import (
 func TestChoiceEligible(t *testing.T) {
 	p, _ := newTestPool(t, Config{Workers: testWorkers(4, "m")})
 	ws := modelWorkers(t, p, "m")
-	ws[1].wholePrefills.Store(1)
+	ws[1].interactivePrefills.Store(1)
 	ws[2].prefill.tokens.Store(500)
 	r := &Request{Model: "m", PromptTokens: 100, Tokens: 200, Exclude: []string{"w0"}}
 	for _, tt := range []struct {
@@ -21,7 +21,7 @@ func TestChoiceEligible(t *testing.T) {
 		{"no protection: the request's test", choice{Request: r}, []bool{false, true, true, true}},
 		{"retry-skip list", choice{Request: r, full: []string{"w3"}}, []bool{false, true, true, false}},
 		{"prefill budget", choice{Request: r, prefillBudget: 512}, []bool{false, true, false, true}},
-		{"steered off whole prompts", choice{Request: r, avoidWhole: true}, []bool{false, false, true, true}},
+		{"spread off interactive prompts", choice{Request: r, spread: true}, []bool{false, false, true, true}},
 	} {
 		for i, w := range ws {
 			if got := tt.c.Eligible(w); got != tt.want[i] {

@@ -25,8 +25,8 @@
 //   - choice.go: one pick as a policy sees it, the request and the protections in force, whose
 //     Eligible every policy filters with. Each protection of interactive requests is a filter in
 //     its own file: prefill_budget.go (the lower classes' prefill budget), prefill_pieces.go
-//     (long lower-class prompts in pieces), prefill_whole.go (one worker keeps to pieces;
-//     interactive requests go there first).
+//     (long lower-class prompts in pieces, each yielding to interactive prompts),
+//     interactive_spread.go (interactive prompts spread over the workers).
 //   - round_robin.go, random.go, least_request.go, power_of_two.go: load-only policies.
 //   - ring.go, consistent_hash.go, prefix_hash.go: hash rings with bounded load.
 //   - bucket.go: prompt-length ranges re-cut to equal load.

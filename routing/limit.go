@@ -108,17 +108,15 @@ type ConcurrencyConfig struct {
 	// than a piece and a half reaches an engine while interactive requests are present (see
 	// Lease.PrefillPiece): the gateway has the engine prefill the prompt's leading pieces, one
 	// request each, then sends the request, whose prompt the engine finds cached but for its
-	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average
-	// interactive prompt (an engine step then holds no more lower-class prompt than an
-	// interactive prompt brings), at least 64 tokens; either way at least a sixteenth of the
-	// prompt. -1: off, prompts go whole.
+	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, half the average
+	// interactive prompt (the default interactive objective's slack, InteractiveObjectiveFactor
+	// - 1: an interactive prompt then waits for no more lower-class prefill than that), at least
+	// 64 tokens; either way at least a sixteenth of the prompt. -1: off, prompts go whole.
 	PrefillPieceTokens int `yaml:"prefill_piece_tokens"`
-	// PiecesEverywhere sends long standard and batch prompts in pieces to every worker while
-	// interactive requests are present. By default (false) one worker of a model with several
-	// keeps its steps to pieces and the others take such prompts whole, one at a time: pieces
-	// cost an engine throughput (a step of few tokens is less efficient than one of many), so
-	// everywhere buys the interactive tail at a higher price in batch throughput (figures in the
-	// README).
+	// PiecesEverywhere is the knob of a removed choice: pieces went to one worker of several
+	// while the others took long prompts whole. Pieces now go to every worker (the demo's
+	// interactive p99 went from 2.0-2.7x to 1.4x its p99 alone; docs/benchmarks.md). Kept, and
+	// ignored, so that a config that sets it still loads.
 	PiecesEverywhere bool `yaml:"pieces_everywhere"`
 }
 

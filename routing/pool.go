@@ -131,7 +131,6 @@ type Lease struct {
 	interactive bool
 	lowerTokens int64
 	piece       int
-	whole       bool // a long lower-class prompt sent whole: counted in its worker's wholePrefills
 	// budgeted: a lower-class request placed while interactive ones were present, whose prompt
 	// counts against its worker's prefill budget until Prefilled (see YieldsPrefill).
 	budgeted bool
@@ -153,7 +152,8 @@ type Lease struct {
 // YieldsPrefill reports whether the lease is a standard or batch request placed while
 // interactive requests were present: its prompt holds its worker's budget for lower-class
 // prefill (ConcurrencyConfig.LowerPrefillTokens) until Prefilled is called, so whoever sends it
-// should see its first token (ask for a stream) rather than call Prefilled only at its end.
+// should see its first token (ask for a stream) rather than call Prefilled only at its end; and
+// it yields to interactive prompts in prefill on its worker (see AwaitInteractive).
 func (l *Lease) YieldsPrefill() bool { return l.budgeted }
 
 // Release ends the lease with the request's outcome: it uncounts the in-flight request and
@@ -213,10 +213,8 @@ func (l *Lease) Release(o Outcome) {
 //
 // So it is above zero for a standard or batch request picked while interactive requests are
 // present, whose prompt is longer than a piece and a half (ConcurrencyConfig.PrefillPieceTokens,
-// or the learnt size), unless the prompt may go whole: one worker of a model with several keeps its steps to
-// pieces while the others prefill whole prompts (see takeWhole), and interactive requests go to
-// such a worker first. The lease counts one piece against the worker's lower-class prefill
-// budget, or the whole prompt when it goes whole.
+// or the learnt size), on every worker. The lease counts one piece against the worker's
+// lower-class prefill budget.
 func (l *Lease) PrefillPiece() int { return l.piece }
 
 // PrefillWhole tells the pool that the request's prompt, of promptTokens, goes to the engine
@@ -237,7 +235,9 @@ func (l *Lease) PrefillWhole(promptTokens int) {
 }
 
 // AwaitInteractive waits until no interactive prompt is being prefilled on the lease's worker,
-// or ctx ends (its error then). A lower-class request calls it before each piece of its prompt.
+// or ctx ends (its error then). A lower-class request placed while interactive requests were
+// present (YieldsPrefill) calls it before each piece of its prompt and before the request
+// itself, so an interactive prompt shares its engine step with no lower-class prefill.
 func (l *Lease) AwaitInteractive(ctx context.Context) error {
 	for {
 		ended := l.pool.interactivePrefilled.Wait()
@@ -272,9 +272,6 @@ func (l *Lease) endPrefill() bool {
 		l.pool.interactivePrefilled.notify()
 	} else {
 		l.Worker.prefill.done(l.lowerTokens)
-	}
-	if l.whole {
-		l.Worker.wholePrefills.Add(-1)
 	}
 	return true
 }
@@ -322,8 +319,6 @@ type Pool struct {
 	room atomic.Pointer[func(model string)]
 	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
 	lastInteractive atomic.Int64
-	// wholeMu makes takeWhole's look at the workers and its count one step.
-	wholeMu sync.Mutex
 	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
@@ -551,9 +546,9 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 		} else {
 			w, route = ms.policy.Pick(ctx, c, ms.workers)
 		}
-		if w == nil && c.avoidWhole {
-			// No worker clear of whole lower-class prompts could take it: any worker will do.
-			c.avoidWhole = false
+		if w == nil && c.spread {
+			// Every worker that could take it has an interactive prompt in prefill: any will do.
+			c.spread = false
 			attempt--
 			continue
 		}
@@ -618,7 +613,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 	r := c.Request
 	p.metrics.decided(r.Model, ms.policyName, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: c.prefillTokens(w), piece: c.pieceOn(w), namespace: p.cfg.CacheScope.namespace(r),
+		interactive: r.Interactive, lowerTokens: c.prefillTokens(), piece: c.piece, namespace: p.cfg.CacheScope.namespace(r),
 		budgeted: c.prefillBudget > 0}
 	// The load it was placed at: the worker's in-flight requests but this one.
 	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()
@@ -632,11 +627,6 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 	} else {
-		if l.piece > 0 && !p.cfg.Concurrency.PiecesEverywhere && p.takeWhole(ms.workers, w) {
-			// Another worker stays free of whole long prompts for interactive requests: this one
-			// may prefill one at full speed.
-			l.piece, l.whole, l.lowerTokens = 0, true, int64(r.PromptTokens)
-		}
 		w.prefill.start(l.lowerTokens)
 	}
 	return l

@@ -35,5 +35,5 @@ func (c *choice) withinPrefillBudget(w *Worker) bool {
 		return true
 	}
 	lower := w.prefill.tokens.Load()
-	return lower <= 0 || lower+c.prefillTokens(w) <= c.prefillBudget
+	return lower <= 0 || lower+c.prefillTokens() <= c.prefillBudget
 }

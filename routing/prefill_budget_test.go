@@ -4,7 +4,7 @@ import "testing"
 
 // The prefill budget's filter: without a budget every worker; a worker prefilling no lower-class
 // prompt takes any; else the tokens in prefill, the request's included (one piece of a prompt in
-// pieces, the whole prompt on a worker that schedules by priority), must stay within it.
+// pieces, on a worker that schedules by priority too), must stay within it.
 func TestWithinPrefillBudget(t *testing.T) {
 	specs := testWorkers(2, "m")
 	specs[1].PriorityHandoff = true
@@ -26,7 +26,7 @@ func TestWithinPrefillBudget(t *testing.T) {
 		{"over", 512, 313, 200, 0, false, false},
 		{"one piece counts", 512, 400, 2000, 100, false, true},
 		{"a piece over", 512, 450, 2000, 100, false, false},
-		{"whole on a worker that schedules by priority", 512, 400, 2000, 100, true, false},
+		{"one piece on a worker that schedules by priority", 512, 400, 2000, 100, true, true},
 		{"an empty prompt counts one token", 512, 512, 0, 0, false, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 
 // The size of a lower-class prompt's pieces: none without interactive traffic, for interactive
 // requests, for prompts no longer than a piece and a half, or when off; else the configured size or,
-// learnt, the average interactive prompt, at least 64 tokens; and at least a sixteenth of the
-// prompt either way.
+// learnt, half the average interactive prompt (the default objective's slack), at least 64
+// tokens; and at least a sixteenth of the prompt either way.
 func TestPrefillPieceSize(t *testing.T) {
 	for _, tt := range []struct {
 		name        string
@@ -26,8 +26,8 @@ func TestPrefillPieceSize(t *testing.T) {
 		{"a piece ahead and half a piece after", 100, []int{10}, false, 151, 100},
 		{"off", -1, []int{10}, false, 1000, 0},
 		{"an interactive request goes whole", 100, []int{10}, true, 1000, 0},
-		{"learnt: the interactive prompt", 0, []int{300}, false, 1000, 300},
-		{"learnt: a moving average", 0, []int{300, 1100}, false, 5000, 400},
+		{"learnt: half the interactive prompt", 0, []int{300}, false, 1000, 150},
+		{"learnt: half a moving average", 0, []int{300, 1100}, false, 3000, 200},
 		{"learnt: at least 64 tokens", 0, []int{10}, false, 1000, 64},
 		{"learnt: at most 16 pieces", 0, []int{10}, false, 16000, 1000},
 		{"configured: at most 16 pieces too", 100, []int{10}, false, 16001, 1001},
@@ -99,121 +99,78 @@ func TestAwaitInteractive(t *testing.T) {
 	}
 }
 
-// With several workers, long lower-class prompts go whole to all but one: a worker with a whole
-// prompt in prefill takes the next in pieces, and so does the last worker without one; an
-// interactive request goes first to a worker without one. Once the whole prompt is prefilled its
-// worker may take another whole.
-func TestOneWorkerKeepsItsStepsToPieces(t *testing.T) {
-	cfg := Config{Workers: testWorkers(2, "m")}
+// Every worker takes long lower-class prompts in pieces beside interactive traffic, those that
+// schedule by priority too (an engine's priority orders its waiting queue, not the step it is
+// in); each prompt holds one piece of its worker's prefill budget.
+func TestEveryWorkerTakesPieces(t *testing.T) {
+	cfg := Config{Workers: testWorkers(3, "m")}
+	cfg.Workers[2].PriorityHandoff = true
 	cfg.Concurrency.PrefillPieceTokens = 256
-	p, _ := newTestPool(t, cfg)
-	k := picker{t: t, p: p, model: "m"}
-	k.pick("interactive", Request{Interactive: true, PromptTokens: 10, TargetWorker: "w1"}).Release(Outcome{})
-	long := func(worker string) Request { return Request{PromptTokens: 2000, TargetWorker: worker} }
-
-	whole := k.pick("a long prompt on w0", long("w0"))
-	if got := whole.PrefillPiece(); got != 0 {
-		t.Fatalf("the first long prompt goes in pieces of %d, want whole", got)
-	}
-	pieced := k.pick("a long prompt on w1", long("w1"))
-	if got := pieced.PrefillPiece(); got != 256 {
-		t.Fatalf("the long prompt on the last worker without a whole one: pieces of %d, want 256", got)
-	}
-	for range 5 {
-		inter := k.pick("interactive", Request{Interactive: true, PromptTokens: 10})
-		if inter.Worker.ID() != "w1" {
-			t.Errorf("an interactive request went to %s, which prefills a whole prompt; want w1", inter.Worker.ID())
-		}
-		inter.Release(Outcome{})
-	}
-	pieced.Prefilled()
-	whole.Prefilled()
-	again := k.pick("a long prompt on w0 once the first is prefilled", long("w0"))
-	if got := again.PrefillPiece(); got != 0 {
-		t.Errorf("after the whole prompt was prefilled: pieces of %d, want whole", got)
-	}
-	w0, _ := p.find("w0")
-	again.Release(Outcome{})
-	pieced.Release(Outcome{})
-	whole.Release(Outcome{})
-	if n := w0.wholePrefills.Load(); n != 0 {
-		t.Errorf("after every lease ended, w0 counts %d whole prompts in prefill", n)
-	}
-}
-
-// With pieces everywhere, no long prompt goes whole beside interactive traffic, on any worker.
-func TestPiecesEverywhere(t *testing.T) {
-	cfg := Config{Workers: testWorkers(2, "m")}
-	cfg.Concurrency.PrefillPieceTokens = 256
-	cfg.Concurrency.PiecesEverywhere = true
-	p, _ := newTestPool(t, cfg)
-	k := picker{t: t, p: p, model: "m"}
-	k.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Release(Outcome{})
-	for _, id := range []string{"w0", "w1"} {
-		l := k.pick("a long prompt on "+id, Request{PromptTokens: 2000, TargetWorker: id})
-		if got := l.PrefillPiece(); got != 256 {
-			t.Errorf("%s: pieces of %d, want 256", id, got)
-		}
-		l.Release(Outcome{})
-	}
-}
-
-// A worker that schedules by priority gets long prompts whole: usher sends it more than it runs
-// at once, so a request not answered yet may be waiting in its queue, where the engine puts
-// interactive requests first; such prompts neither count as whole ones nor steer interactive
-// requests away.
-func TestPriorityHandoffWorkerTakesPromptsWhole(t *testing.T) {
-	cfg := Config{Workers: testWorkers(2, "m")}
-	for i := range cfg.Workers {
-		cfg.Workers[i].PriorityHandoff = true
-	}
-	cfg.Concurrency.PrefillPieceTokens = 256
+	cfg.Concurrency.PiecesEverywhere = true // the removed knob still loads, and changes nothing
 	p, _ := newTestPool(t, cfg)
 	k := picker{t: t, p: p, model: "m"}
 	k.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Release(Outcome{})
 	var leases []*Lease
-	for _, id := range []string{"w0", "w1"} {
+	for _, id := range []string{"w0", "w1", "w2"} {
 		l := k.pick("a long prompt on "+id, Request{PromptTokens: 2000, TargetWorker: id})
-		if got := l.PrefillPiece(); got != 0 {
-			t.Errorf("%s: pieces of %d, want whole", id, got)
+		if got := l.PrefillPiece(); got != 256 {
+			t.Errorf("%s: pieces of %d, want 256", id, got)
+		}
+		if w, _ := p.find(id); w.prefill.tokens.Load() != 256 {
+			t.Errorf("%s: %d tokens in prefill, want one piece", id, w.prefill.tokens.Load())
 		}
 		leases = append(leases, l)
-	}
-	for _, id := range []string{"w0", "w1"} {
-		if w, _ := p.find(id); w.wholePrefills.Load() != 0 || w.prefill.tokens.Load() != 2000 {
-			t.Errorf("%s: %d whole prompts, %d tokens in prefill; want 0 and 2000", id, w.wholePrefills.Load(), w.prefill.tokens.Load())
-		}
 	}
 	for _, l := range leases {
 		l.Release(Outcome{})
 	}
 }
 
-// A request's prompt tokens in a worker's prefill at once: its prompt whole, one piece of it
-// when it goes in pieces, whole on a worker that schedules by priority; at least one.
+// Interactive requests spread: one not pinned nor sent to a target worker goes to a worker with
+// no interactive prompt in prefill while one has room, and to any once none has; a request
+// with a target worker goes there whatever it prefills.
+func TestInteractiveRequestsSpread(t *testing.T) {
+	p, _ := newTestPool(t, Config{Workers: testWorkers(3, "m")})
+	k := picker{t: t, p: p, model: "m"}
+	var leases []*Lease
+	seen := map[string]bool{}
+	for i := range 3 {
+		l := k.pick("interactive", Request{Interactive: true, PromptTokens: 100})
+		if seen[l.Worker.ID()] {
+			t.Errorf("interactive request %d went to %s, which prefills another; want a worker with none", i, l.Worker.ID())
+		}
+		seen[l.Worker.ID()] = true
+		leases = append(leases, l)
+	}
+	leases = append(leases, k.pick("a fourth, every worker prefilling one", Request{Interactive: true, PromptTokens: 100}))
+	leases[0].Prefilled()
+	if l := k.pick("once one is prefilled", Request{Interactive: true, PromptTokens: 100}); l.Worker != leases[0].Worker {
+		t.Errorf("went to %s, want %s: the one worker with no interactive prompt in prefill", l.Worker.ID(), leases[0].Worker.ID())
+	} else {
+		l.Release(Outcome{})
+	}
+	target := leases[1].Worker.ID()
+	k.pick("a target worker", Request{Interactive: true, PromptTokens: 100, TargetWorker: target}).Release(Outcome{})
+	for _, l := range leases {
+		l.Release(Outcome{})
+	}
+}
+
+// A request's prompt tokens in a worker's prefill at once: its prompt whole, or one piece of it
+// when it goes in pieces; at least one.
 func TestPrefillTokensOnAWorker(t *testing.T) {
-	specs := testWorkers(2, "m")
-	specs[1].PriorityHandoff = true
-	p, _ := newTestPool(t, Config{Workers: specs})
-	ws := modelWorkers(t, p, "m")
 	for _, tt := range []struct {
 		name           string
 		prompt, piece  int
-		w              *Worker
-		wantPiece      int
 		wantPrefilling int64
 	}{
-		{"whole", 2000, 0, ws[0], 0, 2000},
-		{"in pieces", 2000, 256, ws[0], 256, 256},
-		{"shorter than a piece", 100, 256, ws[0], 256, 100},
-		{"whole on a worker that schedules by priority", 2000, 256, ws[1], 0, 2000},
-		{"an empty prompt", 0, 0, ws[0], 0, 1},
+		{"whole", 2000, 0, 2000},
+		{"in pieces", 2000, 256, 256},
+		{"shorter than a piece", 100, 256, 100},
+		{"an empty prompt", 0, 0, 1},
 	} {
 		c := choice{Request: &Request{Model: "m", PromptTokens: tt.prompt}, piece: tt.piece}
-		if got := c.pieceOn(tt.w); got != tt.wantPiece {
-			t.Errorf("%s: piece %d, want %d", tt.name, got, tt.wantPiece)
-		}
-		if got := c.prefillTokens(tt.w); got != tt.wantPrefilling {
+		if got := c.prefillTokens(); got != tt.wantPrefilling {
 			t.Errorf("%s: %d tokens in prefill, want %d", tt.name, got, tt.wantPrefilling)
 		}
 	}

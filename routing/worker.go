@@ -51,13 +51,9 @@ type Worker struct {
 	// not come back (see Request.Interactive); prefill counts the prompt tokens the other classes
 	// have in prefill there (see prefill_budget.go).
 	interactivePrefills atomic.Int64
-	// wholePrefills counts the standard and batch requests in prefill on the worker whose prompt
-	// went whole although interactive requests were present and it was long enough for pieces
-	// (see Lease.PrefillPiece): at most all but one of a model's workers have one.
-	wholePrefills atomic.Int64
-	prefill       lowerPrefill
-	health        atomic.Int32 // a healthState
-	draining      atomic.Bool
+	prefill             lowerPrefill
+	health              atomic.Int32 // a healthState
+	draining            atomic.Bool
 	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the
 	// shared drain state says; the pool removes it once nothing is in flight.
 	retiring atomic.Bool
