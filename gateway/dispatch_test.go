@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/tenants"
 )
@@ -370,27 +371,23 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 // queuedCount is the number of calls of model waiting in its queue.
 func queuedCount(d *dispatcher, model string) int {
-	d.mu.Lock()
-	q := d.queues[model]
-	d.mu.Unlock()
-	n := 0
-	if q != nil {
-		for _, c := range q.Snapshot().Classes {
-			n += c.Queued
-		}
-	}
-	return n
+	return classSum(d, model, func(c queue.ClassSnapshot) int { return c.Queued })
 }
 
 // inFlightCount is the number of calls of model released by its queue and not done.
 func inFlightCount(d *dispatcher, model string) int {
+	return classSum(d, model, func(c queue.ClassSnapshot) int { return c.InFlight })
+}
+
+// classSum sums count over the classes of model's queue (0 without one).
+func classSum(d *dispatcher, model string, count func(queue.ClassSnapshot) int) int {
 	d.mu.Lock()
 	q := d.queues[model]
 	d.mu.Unlock()
 	n := 0
 	if q != nil {
 		for _, c := range q.Snapshot().Classes {
-			n += c.InFlight
+			n += count(c)
 		}
 	}
 	return n

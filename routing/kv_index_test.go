@@ -825,9 +825,9 @@ func TestKVIndexAgreesWithAModel(t *testing.T) {
 	}
 }
 
-// newTokenizingPool is a pool of two kv_aware workers of model "m", w0 live, whose engine answers
-// every /tokenize with 8 token ids; asked counts those calls.
-func newTokenizingPool(t *testing.T) (p *Pool, asked *atomic.Int32) {
+// tokenizingWorkers are n workers of model "m" whose engine answers every /tokenize with 8 token
+// ids; asked counts those calls.
+func tokenizingWorkers(t *testing.T, n int) (specs []WorkerSpec, asked *atomic.Int32) {
 	t.Helper()
 	asked = new(atomic.Int32)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -835,10 +835,18 @@ func newTokenizingPool(t *testing.T) (p *Pool, asked *atomic.Int32) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
 	}))
 	t.Cleanup(srv.Close)
-	specs := testWorkers(2, "m")
+	specs = testWorkers(n, "m")
 	for i := range specs {
 		specs[i].URL = srv.URL
 	}
+	return specs, asked
+}
+
+// newTokenizingPool is a pool of two kv_aware workers of model "m", w0 live, whose engine answers
+// every /tokenize with 8 token ids; asked counts those calls.
+func newTokenizingPool(t *testing.T) (p *Pool, asked *atomic.Int32) {
+	t.Helper()
+	specs, asked := tokenizingWorkers(t, 2)
 	p, _ = newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
 		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
 	k, ok := p.policies["m"].Policy.(*KVAware)

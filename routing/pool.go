@@ -239,6 +239,11 @@ func (l *Lease) PrefillWhole(promptTokens int) {
 // present (YieldsPrefill) calls it before each piece of its prompt and before the request
 // itself, so an interactive prompt shares its engine step with no lower-class prefill.
 func (l *Lease) AwaitInteractive(ctx context.Context) error {
+	if l.Worker.interactivePrefills.Load() == 0 {
+		// The common case, for every lower-class request: no lock, and no waiter left on
+		// the broadcast for the next interactive first token to wake.
+		return nil
+	}
 	for {
 		ended := l.pool.interactivePrefilled.Wait()
 		if l.Worker.interactivePrefills.Load() == 0 {

@@ -2,19 +2,14 @@ package routing
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // Pick never writes to the caller's Request: not while interactive requests are present (the
-// prefill budget, pieces, steering away from whole prompts are the pick's own), not for a
+// prefill budget, pieces, the spreading of interactive prompts are the pick's own), not for a
 // prepared request, nor for one not prepared; every policy.
 func TestPickNeverModifiesTheRequest(t *testing.T) {
 	for _, name := range conformancePolicies() {
@@ -66,37 +61,6 @@ func TestPrepareAgainKeepsTheTokenIDs(t *testing.T) {
 	}
 }
 
-// countingPinStore is a MemoryPinStore that counts the calls made of it.
-type countingPinStore struct {
-	*MemoryPinStore
-	gets, claims, others atomic.Int32
-}
-
-func (s *countingPinStore) Get(ctx context.Context, k PinKey, ttl time.Duration) (string, error) {
-	s.gets.Add(1)
-	return s.MemoryPinStore.Get(ctx, k, ttl)
-}
-
-func (s *countingPinStore) Claim(ctx context.Context, k PinKey, expect, worker string, ttl time.Duration) (string, error) {
-	s.claims.Add(1)
-	return s.MemoryPinStore.Claim(ctx, k, expect, worker, ttl)
-}
-
-func (s *countingPinStore) Set(ctx context.Context, k PinKey, worker string, ttl time.Duration) error {
-	s.others.Add(1)
-	return s.MemoryPinStore.Set(ctx, k, worker, ttl)
-}
-
-func (s *countingPinStore) Delete(ctx context.Context, k PinKey) error {
-	s.others.Add(1)
-	return s.MemoryPinStore.Delete(ctx, k)
-}
-
-func (s *countingPinStore) List(ctx context.Context, f PinFilter) ([]Pin, error) {
-	s.others.Add(1)
-	return s.MemoryPinStore.List(ctx, f)
-}
-
 // ioCounts is every I/O a pool's policies made: pin store calls and /tokenize requests.
 type ioCounts struct{ gets, claims, others, tokenize int32 }
 
@@ -114,17 +78,8 @@ func TestPickDoesNoIO(t *testing.T) {
 	cases = append(cases, tc{"sticky_session over kv_aware", "sticky_session", "kv_aware"})
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
-			var tokenize atomic.Int32
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				tokenize.Add(1)
-				_ = json.NewEncoder(w).Encode(map[string]any{"tokens": seqTokens(1, 8)})
-			}))
-			t.Cleanup(srv.Close)
-			specs := testWorkers(3, "m")
-			for i := range specs {
-				specs[i].URL = srv.URL
-			}
-			pins := &countingPinStore{MemoryPinStore: NewMemoryPinStore(nil, 0)}
+			specs, tokenize := tokenizingWorkers(t, 3)
+			pins := &countingPins{PinStore: NewMemoryPinStore(nil, 0)}
 			p, _ := newTestPoolWith(t, Config{Workers: specs, CacheScope: CacheScopeGlobal, Models: map[string]ModelConfig{
 				"m": {Policy: tt.policy, StickySession: StickySessionConfig{Fallback: tt.fallback}}}}, Options{Pins: pins})
 			kv, _ := p.policies["m"].Policy.(*KVAware)
