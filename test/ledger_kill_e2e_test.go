@@ -78,6 +78,10 @@ func TestLedgerLosesNothingWhenAReplicaIsKilled(t *testing.T) {
 	cfg.Model, cfg.TimeScale = model, 0.01
 	_, worker := simtest.Start(t, cfg)
 	dbURL := "sqlite:" + filepath.Join(t.TempDir(), "usher.db")
+	// Record waits for its count to reach Redis at most usage.redis_timeout (1s by default),
+	// then lets the answer go: a round trip slower than that on a busy CI machine, and a kill
+	// just after, would lose a count as designed (CI saw the ledger short once, with no Redis
+	// failure logged). This test is about the kill, not that bound: it waits for Redis.
 	config := func(listen string) string {
 		return fmt.Sprintf(`server: {listen: %s}
 routing:
@@ -85,7 +89,7 @@ routing:
 redis: {url: "redis://%s/0"}
 database: {url: %q}
 admin: {token: %s}
-usage: {flush_interval: 100ms}
+usage: {flush_interval: 100ms, redis_timeout: 30s}
 log: {level: warn}
 tenants: [{id: load, keys: [{name: k, sha256: %s}]}]
 `, listen, worker.URL, model, rs.Addr(), dbURL, e2eAdminToken, tenants.HashKey(ledgerKey))
