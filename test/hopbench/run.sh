@@ -6,7 +6,8 @@
 # (chat: a whole answer; stream: SSE): req/s, latency p50/p99 and CPU seconds per 10,000
 # requests (utime + stime from /proc/PID/stat of the proxy's processes). Then the added latency
 # at a steady open loop (usher bench, Poisson arrivals) at each OPEN_RATES, client side against
-# direct. Bounded: ROUNDS x MODES x 4 runs of DURATION, then 3 x OPEN_RATES runs of
+# direct, for the three proxies: nginx's is what the machine itself adds to a hop (two more
+# loopback connections and wake-ups), the floor under any proxy's. Bounded: ROUNDS x MODES x 4 runs of DURATION, then 4 x OPEN_RATES runs of
 # OPEN_DURATION.
 #
 #   test/hopbench/run.sh                     # defaults: 3 rounds of 5s, wrk -t1 -c32, chat and stream
@@ -167,7 +168,7 @@ if [ "$OPEN_RATES" != 0 ]; then
     echo "open loop at $rate req/s for $OPEN_DURATION (chat, $TOKENS tokens): E2E latency, and added over direct"
     read -r ok bad d50 d99 <<<"$(open_bench direct "$rate")"
     printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs\n" direct "$ok" "$bad" "$d50" "$d99"
-    for name in reverseproxy usher; do
+    for name in nginx reverseproxy usher; do
       read -r ok bad q50 q99 <<<"$(open_bench "$name" "$rate")"
       printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs  added p50 %5s µs  p99 %6s µs\n" "$name" "$ok" "$bad" "$q50" "$q99" $((q50 - d50)) $((q99 - d99))
     done
