@@ -425,3 +425,40 @@ func TestPromptCapCountsWhatTheEngineRenders(t *testing.T) {
 		t.Fatalf("a 100 KB image under a 2,000-token cap: got %d, want 200", resp.StatusCode)
 	}
 }
+
+// A tenant's body must not steer the engine itself (ADVERSARIAL row 32): vLLM's
+// kv_transfer_params and SGLang's bootstrap_* name a host a disaggregated engine fetches KV blocks
+// from, and the blocks (another request's); rid and request_id name the engine's request; lora_path
+// picks an adapter outside the model names usher checks; custom_logit_processor loads code. The
+// worker sees none of them, for chats and completions, streamed or not, and a re-cased variant
+// (which an engine folding case would read) is refused.
+func TestEngineControlMembersNeverReachAWorker(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w")}, nil)
+	controls := `"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.9","remote_port":5600,"remote_block_ids":[1,2,3],"remote_engine_id":"e"},` +
+		`"bootstrap_host":"10.0.0.9","bootstrap_port":8998,"bootstrap_room":42,"rid":"victim","request_id":"victim",` +
+		`"routed_dp_rank":1,"data_parallel_rank":1,"disagg_prefill_dp_rank":1,"lora_path":"other-tenant-adapter",` +
+		`"custom_logit_processor":"gASV","logits_processors":["os.system"],"custom_labels":{"a":"b"},`
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"m1",` + controls + `"temperature":0.5,"messages":[{"role":"user","content":"x"}]}`},
+		{"/v1/chat/completions", `{"model":"m1",` + controls + `"stream":true,"messages":[{"role":"user","content":"x"}]}`},
+		{"/v1/completions", `{"model":"m1",` + controls + `"prompt":"x"}`},
+	} {
+		if resp := g.post(t, tc.path, testKey, tc.body, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: status %d", tc.path, resp.StatusCode)
+		}
+		got := w.body()
+		for _, k := range engineControlKeys {
+			if v, ok := got[k]; ok {
+				t.Errorf("%s: the worker got %s = %v", tc.path, k, v)
+			}
+		}
+		if got["model"] != "m1" {
+			t.Errorf("%s: the worker got model %v: the other members must stay", tc.path, got["model"])
+		}
+	}
+	recased := `{"model":"m1","Kv_Transfer_Params":{"remote_host":"10.0.0.9"},"messages":[{"role":"user","content":"x"}]}`
+	if resp := g.post(t, "/v1/chat/completions", testKey, recased, nil); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("re-cased kv_transfer_params: status %d, want 400", resp.StatusCode)
+	}
+}

@@ -28,15 +28,29 @@ import (
 //     (400): an engine that folds case would read it;
 //   - usher reads keys exactly as OpenAI spells them; every other key goes to the worker as sent;
 //   - the client's `priority` never reaches a worker (a worker that schedules by it gets the
-//     class usher assigned; see upstreamBody).
+//     class usher assigned; see upstreamBody);
+//   - nor do the members that steer an engine's own machinery (engineControlKeys).
 
 // maxOutputTokens bounds max_tokens and max_completion_tokens: a larger value is refused, so no
 // token arithmetic downstream can overflow. No model of today generates more.
 const maxOutputTokens = 1 << 24
 
-// readKeys are the top-level keys usher reads; their re-cased variants are refused.
-var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority"}
+// readKeys are the top-level keys usher reads or drops; their re-cased variants are refused.
+var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority"}, engineControlKeys...)
+
+// engineControlKeys are the request members with which vLLM and SGLang let their caller steer
+// the engine itself rather than the answer: the KV hand-off of a disaggregated fleet (vLLM's
+// kv_transfer_params name a host the engine fetches KV blocks from, and the blocks; SGLang's
+// bootstrap_* the same), the engine's request id (rid, request_id: an id another request already
+// has collides with it), the data-parallel rank, a LoRA adapter outside the model names usher
+// checks (lora_path), code or classes to load (custom_logit_processor, logits_processors) and
+// metric labels (custom_labels). A tenant that set them could make an engine connect where it
+// chooses, decode from another request's KV, or use what its tier does not allow, so none of
+// them reaches a worker: buildUpstream drops them, as it drops priority.
+var engineControlKeys = []string{"kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+	"rid", "request_id", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "lora_path",
+	"custom_logit_processor", "logits_processors", "custom_labels"}
 
 // outputLimitKeys are the members that bound a call's output, in whichever order an engine reads
 // them (llama.cpp n_predict first, vLLM max_completion_tokens).
@@ -734,9 +748,9 @@ var scalarKeys = []string{"model", "stream", "stream_options", "max_tokens", "ma
 // response_format and guided-decoding schemas, templates may read any extra variable
 // (chat_template_kwargs, even a chat_template): counting all of them bounds what the engine
 // renders from above; the members honest clients send besides (stop, logit_bias, metadata) are
-// small.
+// small. Engine controls never reach the engine (engineControlKeys): they count nothing.
 func renderedBytes(f jsonField, promptKey string) int {
-	if f.key == promptKey || slices.Contains(scalarKeys, f.key) {
+	if f.key == promptKey || slices.Contains(scalarKeys, f.key) || slices.Contains(engineControlKeys, f.key) {
 		return 0
 	}
 	switch f.value[0] {
@@ -747,7 +761,8 @@ func renderedBytes(f jsonField, promptKey string) int {
 }
 
 // buildUpstream returns the body to send to the worker: the client's members in order, as sent,
-// except that the client's `priority` is dropped, so are output limits set to null (null is
+// except that the client's `priority` and engine controls (engineControlKeys) are dropped, so
+// are output limits set to null (null is
 // "not set" to every engine; boundOutput may then add max_tokens without a duplicate), and, for
 // a stream whose client did not ask for usage, stream_options asks for it (the proxy removes
 // that chunk again), so the gateway learns real token counts of every request. A body that needs
@@ -805,7 +820,8 @@ func (cl *call) buildUpstream(body []byte, fields []jsonField) []byte {
 
 // dropped reports whether buildUpstream leaves the client's member f out.
 func dropped(f jsonField) bool {
-	return f.key == "priority" || isNull(f.value) && slices.Contains(outputLimitKeys, f.key)
+	return f.key == "priority" || isNull(f.value) && slices.Contains(outputLimitKeys, f.key) ||
+		slices.Contains(engineControlKeys, f.key)
 }
 
 // boundOutput settles what the call may generate and reserves it (cl.expected): the output

@@ -15,7 +15,8 @@ import (
 // FuzzUpstreamBodyIsWhatUsherRead holds the parse stage to its promise for any body it accepts
 // (issue 10, item 1): an engine that reads JSON case-sensitively and keeps the last duplicate
 // (Python's json.loads, like vLLM and SGLang), or one that folds case, reads from the body usher
-// sends exactly what usher enforced (model, stream, output limits, choices, priority), and the
+// sends exactly what usher enforced (model, stream, output limits, choices, priority, no engine
+// controls), and the
 // body usher sends parses back to the same call. A body without an output limit reaches the
 // engine with the one usher reserved (issue 26, item 8).
 func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
@@ -27,6 +28,7 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 		`{"model":"m","\u006dax_tokens":1,"max_tokens":100000,"messages":[{"role":"user","content":"x"}]}`,
 		`{"model":"m","prompt":["a","b"],"stream":true}`,
 		`{"model":"m","prompt":[[1,2,3],[4]],"max_tokens":null}`,
+		`{"model":"m","kv_transfer_params":{"remote_host":"h"},"bootstrap_room":1,"rid":"r","messages":[{"role":"user","content":"x"}]}`,
 	} {
 		f.Add([]byte(seed), true, false)
 		f.Add([]byte(seed), false, true)
@@ -92,6 +94,11 @@ func FuzzUpstreamBodyIsWhatUsherRead(f *testing.F) {
 			t.Fatalf("a hand-down worker reads priority %s, want the class usher assigned (%d)\n%s", priority, queue.Batch, out)
 		case !handoff && hasPriority:
 			t.Fatalf("the client's priority reaches a worker not flagged for hand-down\n%s", out)
+		}
+		for _, key := range engineControlKeys {
+			if _, ok := engine[key]; ok {
+				t.Fatalf("the client's %s reaches a worker\n%s", key, out)
+			}
 		}
 
 		again := newCall(ep, time.Time{})
