@@ -58,13 +58,17 @@ type kvTransferAnswer struct {
 
 // kvPullRequest is the body of POST /kv/pull, which a decode worker sends the prefill worker:
 // vLLM's transfer by engine, request and block ids, or SGLang's by bootstrap room, waiting up
-// to WaitMS for the room's prefill to finish.
+// to WaitMS for the room's prefill to finish. PromptTokens and Digest name the decode's
+// prompt: a hold of another prompt is refused and kept, where a real engine would hand over
+// KV that decodes garbage.
 type kvPullRequest struct {
-	EngineID  string  `json:"engine_id,omitempty"`
-	RequestID string  `json:"request_id,omitempty"`
-	BlockIDs  []int   `json:"block_ids,omitempty"`
-	Room      *uint64 `json:"room,omitempty"`
-	WaitMS    int64   `json:"wait_ms,omitempty"`
+	EngineID     string  `json:"engine_id,omitempty"`
+	RequestID    string  `json:"request_id,omitempty"`
+	BlockIDs     []int   `json:"block_ids,omitempty"`
+	Room         *uint64 `json:"room,omitempty"`
+	WaitMS       int64   `json:"wait_ms,omitempty"`
+	PromptTokens int     `json:"prompt_tokens"`
+	Digest       string  `json:"digest"`
 }
 
 // kvPullAnswer is what a pull takes: the prompt's length and digest, so the decode worker
@@ -285,11 +289,12 @@ func engineErrorJSON(status int, typ, msg string, sglang bool) []byte {
 func (e *Engine) receive(ctx context.Context, p *kvPull, prompt []uint64, salt string) (int, error) {
 	e.stats.receiving.Add(1)
 	defer e.stats.receiving.Add(-1)
+	p.req.PromptTokens, p.req.Digest = len(prompt), strconv.FormatUint(e.digestOf(prompt, salt), 16)
 	ans, err := e.pull(ctx, p)
 	if err != nil {
 		return 0, err
 	}
-	if ans.PromptTokens != len(prompt) || ans.Digest != strconv.FormatUint(e.digestOf(prompt, salt), 16) {
+	if ans.PromptTokens != p.req.PromptTokens || ans.Digest != p.req.Digest {
 		return 0, errTransferPrompt
 	}
 	blocks := (len(prompt) + e.cfg.BlockSize - 1) / e.cfg.BlockSize
@@ -370,7 +375,8 @@ func (rs *responseStream) refuseTransfer(p *kvPull, err error) {
 
 // serveKVPull answers POST /kv/pull: a decode worker takes a held prefill's KV, which frees it
 // here. 404 when nothing is held under the name (unknown, expired, already pulled; a room not
-// prefilled within the wait), 409 when the pull names other blocks or another engine, 503 when
+// prefilled within the wait), 409 when the pull names other blocks, another engine or another
+// prompt (the hold is kept), 503 when
 // too many pulls wait already. Only a RolePrefill engine holds anything.
 func (e *Engine) serveKVPull(w http.ResponseWriter, r *http.Request) {
 	var req kvPullRequest
@@ -379,15 +385,21 @@ func (e *Engine) serveKVPull(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var key string
-	match := func(*heldKV) error { return nil }
+	match := func(h *heldKV) error {
+		if req.PromptTokens != h.promptLen || req.Digest != strconv.FormatUint(h.digest, 16) {
+			return errTransferPrompt
+		}
+		return nil
+	}
 	switch {
 	case req.RequestID != "":
 		key = vllmHoldKey(req.RequestID)
+		samePrompt := match
 		match = func(h *heldKV) error {
 			if req.EngineID != e.engineID || !slices.Equal(req.BlockIDs, h.ids) {
 				return errTransferMismatch
 			}
-			return nil
+			return samePrompt(h)
 		}
 	case req.Room != nil:
 		key = roomHoldKey(*req.Room)
@@ -401,7 +413,7 @@ func (e *Engine) serveKVPull(w http.ResponseWriter, r *http.Request) {
 	}
 	held, err := e.takeHeld(r.Context(), key, wait, match)
 	switch {
-	case errors.Is(err, errTransferMismatch):
+	case errors.Is(err, errTransferMismatch), errors.Is(err, errTransferPrompt):
 		writeError(w, http.StatusConflict, "invalid_request_error", "transfer_mismatch", err.Error())
 		return
 	case errors.Is(err, errTooManyPulls):
@@ -433,9 +445,7 @@ func (e *Engine) takeHeld(ctx context.Context, key string, wait time.Duration, m
 		e.mu.Lock()
 		held, err := e.sched.holds.take(key, e.now(), match)
 		changed := e.sched.holds.changed
-		if held != nil {
-			e.sched.publish()
-		}
+		e.sched.publish() // take may have freed expired holds as well as this one
 		e.mu.Unlock()
 		if held != nil {
 			e.poke() // blocks were freed: a waiting request may fit now
