@@ -91,9 +91,9 @@ const (
 // handoff is what the disaggregation fields of one request ask of this engine: hold its KV
 // when it finishes (RolePrefill), or pull it first (RoleDecode). The zero value asks nothing.
 type handoff struct {
-	hold string  // RolePrefill: the hold's key
-	vllm bool    // RolePrefill: answer with vLLM's kv_transfer_params
-	pull *kvPull // RoleDecode
+	hold       string  // RolePrefill: the hold's key
+	transferID string  // RolePrefill, vLLM: the remote_request_id to answer with; "" for a room
+	pull       *kvPull // RoleDecode
 }
 
 // kvPull is one pull a decode worker makes.
@@ -145,7 +145,8 @@ func (e *Engine) planHandoff(w http.ResponseWriter, req *completionRequest, maxT
 	}
 	switch {
 	case e.cfg.Role == RolePrefill && p.DoRemoteDecode:
-		h.hold, h.vllm = vllmHoldKey(newTransferID()), true
+		h.transferID = newTransferID()
+		h.hold = vllmHoldKey(h.transferID)
 	case e.cfg.Role == RoleDecode && p.DoRemotePrefill:
 		pull, msg := e.vllmPull(p)
 		if msg != "" {

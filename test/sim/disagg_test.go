@@ -485,7 +485,7 @@ func TestRoleBothIgnoresDisaggregationFields(t *testing.T) {
 func TestDisaggregationMetrics(t *testing.T) {
 	_, psrv := startEngine(t, roleConfig(RolePrefill))
 	dcfg := roleConfig(RoleDecode)
-	dcfg.KVTransferPerBlock = 100 * time.Millisecond
+	dcfg.KVTransferPerBlock = time.Second // the request stays in transfer until cancelled
 	decode, dsrv := startEngine(t, dcfg)
 	prompt := words("metrics", 40)
 	_, params := prefillVLLM(t, psrv, prompt)
@@ -502,7 +502,8 @@ func TestDisaggregationMetrics(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the pull", func() bool { return decode.Stats().Receiving == 1 })
+	prefill := psrv.Config.Handler.(*Engine)
+	waitFor(t, "the pull", func() bool { return decode.Stats().Receiving == 1 && prefill.Stats().HeldTransfers == 0 })
 	if v := scrape(t, dsrv, `vllm:num_requests_waiting{model_name="demo-7b"}`); v != "1" {
 		t.Errorf("decode's num_requests_waiting = %s during the transfer, want 1", v)
 	}

@@ -247,9 +247,8 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		stream:  req.Stream,
 		usage:   req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 	}
-	if h.vllm {
-		rs.transfer = &kvTransferAnswer{DoRemotePrefill: true, RemoteEngineID: e.engineID,
-			RemoteRequestID: strings.TrimPrefix(h.hold, vllmHoldKey("")), TPSize: 1}
+	if h.transferID != "" {
+		rs.transfer = &kvTransferAnswer{DoRemotePrefill: true, RemoteEngineID: e.engineID, RemoteRequestID: h.transferID, TPSize: 1}
 		if addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
 			rs.transfer.RemoteHost, rs.transfer.RemotePort = addr.IP.String(), addr.Port
 		}
