@@ -194,6 +194,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 	if !ok {
 		return
 	}
+	h, ok := e.planHandoff(w, &req, &maxTokens)
+	if !ok {
+		return
+	}
 
 	a := e.arrive(req.Priority, req.CacheSalt)
 	if a.abort {
@@ -237,10 +241,6 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		return
 	}
 
-	h, ok := e.planHandoff(w, &req, &maxTokens)
-	if !ok {
-		return
-	}
 	rs := responseStream{
 		e: e, w: w, kind: kind, promptLen: len(prompt), arrived: e.now(),
 		created: e.now().Unix(),
