@@ -98,7 +98,13 @@ func serveSim(ctx context.Context, args []string, stderr io.Writer, ready func(n
 	} else {
 		attrs = append(attrs, "max_num_seqs", c.MaxNumSeqs)
 	}
-	attrs = append(attrs, "max_num_batched_tokens", c.MaxNumBatchedTokens, "kv_cache_tokens", c.KVCacheTokens, "time_scale", c.TimeScale)
+	attrs = append(attrs, "max_num_batched_tokens", c.MaxNumBatchedTokens, "kv_cache_tokens", c.KVCacheTokens, "time_scale", c.TimeScale, "role", c.Role)
+	if c.Role != sim.RoleBoth {
+		// A decode worker pulls held KV from this address (the vLLM answer's remote_host and
+		// remote_port, SGLang's bootstrap_host and bootstrap_port): the sim's HTTP listener is
+		// also its side channel and bootstrap server.
+		attrs = append(attrs, "engine_id", engine.EngineID())
+	}
 	log.Info("usher sim serving", attrs...)
 	if ready != nil {
 		ready(ln.Addr())

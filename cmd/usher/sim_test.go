@@ -46,6 +46,8 @@ func TestSimBadFlags(t *testing.T) {
 		{"stray argument", []string{"extra"}, `unexpected argument "extra"`},
 		{"kv events port out of range", []string{"--kv-events-port=65535"}, "--kv-events-port must be a port in 0..65534"},
 		{"kv events in slots mode", []string{"--mode=slots", "--kv-events-port=5557"}, "sim.kv_events"},
+		{"bad role", []string{"--role=router"}, "sim.role"},
+		{"decode role in slots mode", []string{"--mode=slots", "--role=decode"}, "sim.role"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,5 +141,45 @@ func TestSimExitAfter(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("usher sim did not exit after its one request")
+	}
+}
+
+// Two `usher sim` processes' servers on loopback, one --role prefill and one --role decode,
+// hand a prompt's KV over as vLLM's toy proxy drives them: the prefill's answer's
+// kv_transfer_params, fed to the decode, get the whole answer.
+func TestSimPrefillDecodeHandoff(t *testing.T) {
+	prefill, _ := startSim(t, t.Context(), "--time-scale=0.01", "--role=prefill")
+	decode, _ := startSim(t, t.Context(), "--time-scale=0.01", "--role=decode")
+	prompt := strings.Repeat("word ", 50)
+	resp, err := http.Post(prefill+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":"`+prompt+`","max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pa struct {
+		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&pa)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || len(pa.KVTransferParams) == 0 {
+		t.Fatalf("prefill: status %d, params %s (%v)", resp.StatusCode, pa.KVTransferParams, err)
+	}
+	resp, err = http.Post(decode+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":"`+prompt+`","max_tokens":5,"kv_transfer_params":`+string(pa.KVTransferParams)+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var da struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+			Details          struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&da)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || da.Usage.CompletionTokens != 5 || da.Usage.Details.CachedTokens != 49 {
+		t.Fatalf("decode: status %d, usage %+v (%v); want 200, 5 tokens, 49 cached (pulled)", resp.StatusCode, da.Usage, err)
 	}
 }

@@ -24,6 +24,22 @@ const (
 	ModeSlots = "slots"
 )
 
+// Engine roles in a disaggregated fleet (Config.Role); see the package doc, "Prefill and decode".
+const (
+	// RoleBoth is an engine with no KV connector: it prefills and decodes every request itself
+	// and ignores the disaggregation fields (kv_transfer_params, bootstrap_*), as a vLLM started
+	// without --kv-transfer-config and an SGLang without --disaggregation-mode do.
+	RoleBoth = "both"
+	// RolePrefill is a prefill worker: vLLM with a KV connector as kv_producer, or SGLang with
+	// --disaggregation-mode prefill. A request asking for a remote decode is prefilled, answered
+	// with one token, and its KV is held for a decode worker to pull.
+	RolePrefill = "prefill"
+	// RoleDecode is a decode worker: vLLM as kv_consumer, or SGLang with --disaggregation-mode
+	// decode. A request naming a remote prefill pulls its KV from the prefill worker, waits the
+	// transfer time, and is decoded without computing the transferred tokens.
+	RoleDecode = "decode"
+)
+
 // Scheduling policies, as vLLM names them.
 const (
 	// PolicyFCFS admits waiting requests in arrival order.
@@ -94,6 +110,25 @@ type Config struct {
 	// vLLM does (ZeroMQ PUB, msgpack batches), with the replay socket on the next port; port 0
 	// picks free ports (Engine.KVEventsAddrs tells them). ModeKV only.
 	KVEvents string
+	// Role is RoleBoth (the default), RolePrefill or RoleDecode; the last two need ModeKV.
+	Role string
+	// KVTransferPerBlock is the engine time a decode worker waits per KV block pulled from a
+	// prefill worker (the RDMA read of one block), so a hand-off costs the prompt's blocks times
+	// this.
+	KVTransferPerBlock time.Duration
+	// KVHoldTimeout is how long a prefill worker keeps a finished prefill's KV blocks for a
+	// decode worker to pull; then they are freed and a pull of them is refused (vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by default). Wall-clock time, read from
+	// Options.Now: TimeScale does not apply.
+	KVHoldTimeout time.Duration
+	// MaxHeldTransfers bounds the prefills whose KV a prefill worker holds at once; past it the
+	// oldest hold is freed early, as if it had expired. Held blocks also count against the KV
+	// cache, as they do in vLLM.
+	MaxHeldTransfers int
+	// KVWaitTimeout bounds how long a decode worker waits for an SGLang bootstrap room's KV to be
+	// ready on the prefill worker before it fails the request (SGLang's
+	// SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300 s by default). Wall-clock time.
+	KVWaitTimeout time.Duration
 	// Seed seeds the fault dice, so a run's injected faults are repeatable.
 	Seed uint64
 	// Faults are the faults injected from the start; Engine.SetFaults changes them later.
@@ -140,6 +175,11 @@ func DefaultConfig() Config {
 		TimeScale:           1,
 		SchedulingPolicy:    PolicyFCFS,
 		MaxBodyBytes:        4 << 20,
+		Role:                RoleBoth,
+		KVTransferPerBlock:  350 * time.Microsecond,
+		KVHoldTimeout:       480 * time.Second,
+		MaxHeldTransfers:    1024,
+		KVWaitTimeout:       300 * time.Second,
 		Seed:                1,
 	}
 }
@@ -201,6 +241,21 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = d.MaxBodyBytes
 	}
+	if c.Role == "" {
+		c.Role = d.Role
+	}
+	if c.KVTransferPerBlock == 0 {
+		c.KVTransferPerBlock = d.KVTransferPerBlock
+	}
+	if c.KVHoldTimeout == 0 {
+		c.KVHoldTimeout = d.KVHoldTimeout
+	}
+	if c.MaxHeldTransfers == 0 {
+		c.MaxHeldTransfers = d.MaxHeldTransfers
+	}
+	if c.KVWaitTimeout == 0 {
+		c.KVWaitTimeout = d.KVWaitTimeout
+	}
 	if c.Seed == 0 {
 		c.Seed = d.Seed
 	}
@@ -231,6 +286,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "maximum request body size")
 	fs.BoolVar(&c.CloseAfterStream, "close-after-stream", d.CloseAfterStream, "close the connection after each streamed answer although it announced keep-alive, as llama-server does")
 	fs.DurationVar(&c.CancelPoll, "cancel-poll", d.CancelPoll, "check for the client of a whole answer having left only this often (llama-server: 1s); 0: at once")
+	fs.StringVar(&c.Role, "role", d.Role, "both: prefill and decode every request; prefill: hold the KV of requests asking for a remote decode (vLLM kv_transfer_params, SGLang bootstrap_room) for a decode worker to pull; decode: pull a remote prefill's KV instead of computing it (kv mode only)")
+	fs.DurationVar(&c.KVTransferPerBlock, "kv-transfer-per-block", d.KVTransferPerBlock, "decode role: time to pull one KV block from the prefill worker")
+	fs.DurationVar(&c.KVHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill role: how long a prefill's KV is held for a decode worker to pull (wall clock)")
+	fs.IntVar(&c.MaxHeldTransfers, "max-held-transfers", d.MaxHeldTransfers, "prefill role: most prefills held at once; the oldest is freed past it")
+	fs.DurationVar(&c.KVWaitTimeout, "kv-wait-timeout", d.KVWaitTimeout, "decode role: how long to wait for an SGLang bootstrap room's KV before failing the request (wall clock)")
 	fs.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the fault dice")
 	fs.Float64Var(&c.Faults.ErrorRate, "error-rate", d.Faults.ErrorRate, "fault: fraction of requests answered 500")
 	fs.Float64Var(&c.Faults.HangRate, "hang-rate", d.Faults.HangRate, "fault: fraction of requests never answered")
@@ -260,6 +320,10 @@ func (c Config) Validate() error {
 		{"decode_per_seq", int64(c.DecodePerSeq)},
 		{"decode_per_kv_token", int64(c.DecodePerKVToken)},
 		{"max_body_bytes", c.MaxBodyBytes},
+		{"kv_transfer_per_block", int64(c.KVTransferPerBlock)},
+		{"kv_hold_timeout", int64(c.KVHoldTimeout)},
+		{"max_held_transfers", int64(c.MaxHeldTransfers)},
+		{"kv_wait_timeout", int64(c.KVWaitTimeout)},
 	} {
 		if f.v < 0 {
 			bad(f.name, "must not be negative")
@@ -274,6 +338,15 @@ func (c Config) Validate() error {
 	}
 	if d.Mode != ModeKV && d.Mode != ModeSlots {
 		bad("mode", fmt.Sprintf("must be %q or %q, got %q", ModeKV, ModeSlots, d.Mode))
+	}
+	switch d.Role {
+	case RoleBoth:
+	case RolePrefill, RoleDecode:
+		if d.Mode != ModeKV {
+			bad("role", "needs mode "+ModeKV+" (llama-server has no disaggregated serving)")
+		}
+	default:
+		bad("role", fmt.Sprintf("must be %q, %q or %q, got %q", RoleBoth, RolePrefill, RoleDecode, d.Role))
 	}
 	if d.KVCacheTokens < d.BlockSize {
 		bad("kv_cache_tokens", fmt.Sprintf("must hold at least one block of %d tokens", d.BlockSize))

@@ -111,20 +111,91 @@
 //
 // POST /v1/chat/completions and /v1/completions (stream, stream_options.include_usage,
 // max_tokens or max_completion_tokens, vLLM's priority; usage always carries
-// prompt_tokens_details.cached_tokens), GET /v1/models (the one model), GET /health, and
-// GET /metrics with vLLM's names, labelled model_name: vllm:num_requests_running,
-// vllm:num_requests_waiting, vllm:kv_cache_usage_perc (and V0's vllm:gpu_cache_usage_perc),
+// prompt_tokens_details.cached_tokens; the disaggregation fields below), GET /v1/models (the
+// one model), GET /health, POST /kv/pull (the KV hand-off, below), and GET /metrics with
+// vLLM's names, labelled model_name: vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc (and V0's vllm:gpu_cache_usage_perc),
 // vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens),
 // vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total,
 // vllm:num_preemptions_total and the histograms vllm:request_queue_time_seconds,
 // vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds (ModeSlots: see
 // above). Errors have OpenAI's shape {"error":{"message","type","code"}}: 400 bad input, 404
-// another model, 413 a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine.
+// another model, 413 a body over MaxBodyBytes, 500 an injected fault, 503 a closed engine (the
+// hand-off's refusals take the shape of the engine whose protocol the request speaks).
 //
 // Every number a client sends is bounded before any arithmetic: max_tokens (or
 // max_completion_tokens) below 1, beyond what the context leaves after the prompt (2^63-1
 // included), or not an integer that fits an int gets a 400, and a prompt is bounded by
 // MaxBodyBytes, so no sum of client numbers can wrap.
+//
+// # Prefill and decode
+//
+// Config.Role (`usher sim --role`) makes a ModeKV engine one side of a disaggregated fleet,
+// speaking the two protocols the engines speak, as read from their sources:
+//
+// vLLM's KV connector, in vllm-project/vllm: the proxy that drives it,
+// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, and the connector,
+// vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py. The proxy sends the prefill worker the client's request with stream false,
+// max_tokens 1 (and max_completion_tokens 1 when set), no stream_options, and
+// kv_transfer_params {"do_remote_decode": true, "do_remote_prefill": false, the rest null}. The
+// prefill worker prefills, samples one token and, since the request finished on its length,
+// keeps its blocks (NixlConnectorScheduler.request_finished delays their free) for
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s, vllm/envs.py), answering with kv_transfer_params
+// {"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [...],
+// "remote_engine_id", "remote_request_id", "remote_host", "remote_port" (its side channel),
+// "tp_size"}. The proxy copies those params into the client's request and sends it to the
+// decode worker, which counts the prompt as external tokens (get_num_new_matched_tokens), pulls
+// the blocks from remote_host:remote_port while the request waits (WAITING_FOR_REMOTE_KVS), and
+// decodes; params missing a field are ignored with a warning and the request is prefilled there
+// (update_state_after_alloc). A load that fails ends the request under the default
+// kv_load_failure_policy "fail" (vllm/config/kv_transfer.py) with finish reason "error", which
+// the OpenAI server answers 500 {"error": {"message": "Internal server error", "type":
+// "InternalServerError", "code": 500}} (vLLM's tests of OpenAIServing._raise_if_error and
+// _convert_generation_error_to_response).
+//
+// SGLang's bootstrap flow (sgl-project/sglang: python/sglang/srt/disaggregation/mini_lb.py is
+// its load balancer; decode.py, prefill.py and mooncake/conn.py the engine sides). The balancer
+// adds bootstrap_host (the prefill worker's host), bootstrap_port (its bootstrap server's port)
+// and bootstrap_room (random in [0, 2^63-1]) to the client's request and sends the same request
+// to the prefill and the decode worker at once; the client gets the decode worker's answer. The
+// decode worker asks the prefill's bootstrap server for the room, the prefill worker prefills
+// and sends the room's KV, and the decode worker decodes. A decode worker that gets no KV within
+// SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s) aborts the request with 500 "Decode transfer
+// failed for request ... bootstrap_room=N with exception KVTransferError(bootstrap_room=N): ..."
+// in SGLang's error shape {"object": "error", "message", "type", "param", "code"}; a
+// disaggregated worker given a request without a room answers 400 "Disaggregated request
+// received without bootstrap room id" (SGLang's disaggregation tests assert it).
+//
+// The sim models both over its own HTTP listener, which is its side channel and its bootstrap
+// server (the answer's remote_host and remote_port are the address the request came in on):
+//
+//   - RolePrefill: a request with kv_transfer_params.do_remote_decode, or with a bootstrap_room
+//     (SGLang's prefill generates one token whatever max_tokens says), is run as usual and, when
+//     it finishes, its blocks stay held, counted in the KV cache, under an unguessable
+//     remote_request_id or under the room, for KVHoldTimeout (wall clock) and at most
+//     MaxHeldTransfers holds (past that the oldest is freed early). A room already held is
+//     refused.
+//   - RoleDecode: a request naming a remote prefill (complete vLLM params, or SGLang's three
+//     fields) pulls the KV with POST /kv/pull on the prefill worker, which frees it; an SGLang
+//     pull waits up to KVWaitTimeout for the room's prefill. The request counts as waiting
+//     meanwhile (vllm:num_requests_waiting), then waits the transfer, the prompt's blocks times
+//     KVTransferPerBlock, and is admitted with every prompt token but the last computed (as vLLM
+//     recomputes the last one to sample from): no prefill charge for them, reported as
+//     cached_tokens. A pull refused (unknown, expired, already pulled, other blocks, another
+//     engine or another prompt) or unreachable fails the request as the engine does: vLLM's
+//     500 or SGLang's 500, an error event if the stream had begun.
+//   - Each role reads only its side's fields; a request without them, on any role, is served
+//     as today (vLLM's decode worker prefills a plain request itself). RoleBoth, the default,
+//     ignores them all, as an engine without a KV connector does.
+//
+// Where the sim differs: the decode worker reserves no KV during the transfer (vLLM allocates
+// first); the SGLang prefill does not wait for the decode's handshake before prefilling; a pull
+// of another prompt's KV is refused where an engine would decode garbage; the vLLM refusal's
+// message says why. The engines trust these fields and dial the hosts they name: a gateway must
+// never forward a client's kv_transfer_params or bootstrap_* fields.
+//
+// DefaultConfig's KVTransferPerBlock, 350 µs, is one 16-token block of Llama-2-7B's KV (8 MiB)
+// over a 200 Gb/s RDMA link: about 22 µs a token, a fifth of prefilling it.
 //
 // # Faults
 //

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +45,15 @@ type Engine struct {
 	// kv publishes the block pool's KV events; nil without Config.KVEvents.
 	kv *kvPublisher
 
+	// engineID names this engine in vLLM's kv_transfer_params (remote_engine_id), drawn at New
+	// as vLLM draws a uuid4 when none is configured.
+	engineID string
+	// peers pulls KV from prefill workers (RoleDecode); no proxy, its idle connections closed
+	// by Close.
+	peers *http.Client
+	// pullWaiters counts the pulls of this engine's held KV waiting for their room.
+	pullWaiters atomic.Int64
+
 	faultsMu sync.Mutex // guards faults, dice, arrived, dead, priorities and salts
 	faults   Faults
 	dice     *rand.Rand
@@ -77,6 +87,8 @@ func New(cfg Config, opts Options) (*Engine, error) {
 		dead:       make(chan struct{}),
 		priorities: make(map[int]int64),
 		salts:      make(map[string]int64),
+		engineID:   newTransferID(),
+		peers:      &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}},
 	}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
@@ -117,6 +129,9 @@ func (e *Engine) ResetPrefixCache() {
 	e.sched.pool.reset()
 }
 
+// EngineID is the engine's name in vLLM's kv_transfer_params (remote_engine_id).
+func (e *Engine) EngineID() string { return e.engineID }
+
 // Config is the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 
@@ -134,6 +149,7 @@ func (e *Engine) Close() {
 		if e.kv != nil {
 			e.kv.close()
 		}
+		e.peers.CloseIdleConnections()
 	})
 }
 
@@ -145,19 +161,30 @@ func (e *Engine) run() {
 	defer close(e.loopDone)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	// expire wakes an idle engine when its oldest held KV expires, so the blocks are freed
+	// (and the gauges say so) without waiting for the next request.
+	expire := time.NewTimer(time.Hour)
+	expire.Stop()
 	var due time.Time
 	for {
 		e.mu.Lock()
 		plan := e.sched.schedule()
+		next := e.sched.holds.next()
 		e.mu.Unlock()
 		if plan.empty() {
 			due = time.Time{}
+			if !next.IsZero() {
+				expire.Reset(max(next.Sub(e.now()), time.Millisecond))
+			}
 			select {
 			case <-e.wake:
-				continue
+			case <-expire.C:
 			case <-e.stop:
+				expire.Stop()
 				return
 			}
+			expire.Stop()
+			continue
 		}
 		now := time.Now()
 		if due.IsZero() || now.Sub(due) > maxLag {
@@ -189,9 +216,10 @@ func (e *Engine) poke() {
 	}
 }
 
-// submit queues a new sequence, its blocks salted with salt in ModeKV; it fails once the engine
-// is closed.
-func (e *Engine) submit(prompt []uint64, maxTokens, priority int, salt string) (*sequence, error) {
+// submit queues a new sequence, its blocks salted with salt in ModeKV, whose first remote prompt
+// tokens come from a prefill worker and whose KV is held under hold when it finishes (see
+// sequence); it fails once the engine is closed.
+func (e *Engine) submit(prompt []uint64, maxTokens, priority int, salt, hold string, remote int) (*sequence, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -202,6 +230,7 @@ func (e *Engine) submit(prompt []uint64, maxTokens, priority int, salt string) (
 	if salt != "" && e.cfg.Mode == ModeKV {
 		q.salt = saltHash(salt)
 	}
+	q.hold, q.remote = hold, remote
 	e.sched.add(q)
 	e.poke()
 	return q, nil
@@ -251,6 +280,22 @@ type Stats struct {
 	BadRequests int64
 	// Running and Waiting are the sequences in the batch and in the queue now.
 	Running, Waiting int
+	// Receiving counts decode requests pulling their KV from a prefill worker now (RoleDecode);
+	// /metrics counts them as waiting, as vLLM counts WAITING_FOR_REMOTE_KVS.
+	Receiving int
+	// PromptTokensComputed counts prompt tokens computed by engine steps: prefill work, cache
+	// hits and pulled KV excluded, recomputation after preemption included.
+	PromptTokensComputed int64
+	// KVReceivedTokens counts prompt tokens whose KV was pulled from a prefill worker
+	// (RoleDecode); they are part of CachedPromptTokens.
+	KVReceivedTokens int64
+	// KVTransferFailures counts decode requests refused because their KV could not be pulled.
+	KVTransferFailures int64
+	// HeldTransfers is the prefills whose KV is held for a decode worker now (RolePrefill), and
+	// HeldExpired those freed without being pulled (expired, or pushed out past
+	// MaxHeldTransfers).
+	HeldTransfers int
+	HeldExpired   int64
 	// PromptTokens counts prompt tokens of admitted requests.
 	PromptTokens int64
 	// CachedPromptTokens counts those served from the prefix cache (the sum of usage's
@@ -281,24 +326,30 @@ func (e *Engine) Stats() Stats {
 	e.faultsMu.Unlock()
 	s := &e.stats
 	return Stats{
-		Requests:           s.requests.Load(),
-		Completed:          s.completed.Load(),
-		Cancelled:          s.cancelled.Load(),
-		Failed:             s.failed.Load(),
-		Hung:               s.hung.Load(),
-		BadRequests:        s.badRequests.Load(),
-		Running:            int(s.running.Load()),
-		Waiting:            int(s.waiting.Load()),
-		PromptTokens:       s.promptTokens.Load(),
-		CachedPromptTokens: s.cachedPromptTokens.Load(),
-		GeneratedTokens:    s.generatedTokens.Load(),
-		PrefixCacheQueries: s.prefixQueries.Load(),
-		PrefixCacheHits:    s.prefixHits.Load(),
-		Preemptions:        s.preemptions.Load(),
-		EvictedBlocks:      s.evictions.Load(),
-		KVCacheUsage:       s.kvUsage(),
-		Priorities:         prio,
-		CacheSalts:         salts,
+		Requests:             s.requests.Load(),
+		Completed:            s.completed.Load(),
+		Cancelled:            s.cancelled.Load(),
+		Failed:               s.failed.Load(),
+		Hung:                 s.hung.Load(),
+		BadRequests:          s.badRequests.Load(),
+		Running:              int(s.running.Load()),
+		Waiting:              int(s.waiting.Load()),
+		Receiving:            int(s.receiving.Load()),
+		HeldTransfers:        int(s.held.Load()),
+		HeldExpired:          s.heldExpired.Load(),
+		KVTransferFailures:   s.transferFailed.Load(),
+		KVReceivedTokens:     s.kvReceived.Load(),
+		PromptTokensComputed: s.promptComputed.Load(),
+		PromptTokens:         s.promptTokens.Load(),
+		CachedPromptTokens:   s.cachedPromptTokens.Load(),
+		GeneratedTokens:      s.generatedTokens.Load(),
+		PrefixCacheQueries:   s.prefixQueries.Load(),
+		PrefixCacheHits:      s.prefixHits.Load(),
+		Preemptions:          s.preemptions.Load(),
+		EvictedBlocks:        s.evictions.Load(),
+		KVCacheUsage:         s.kvUsage(),
+		Priorities:           prio,
+		CacheSalts:           salts,
 	}
 }
 
@@ -407,6 +458,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.onlyMethod(w, r, http.MethodPost, func() { e.serveCompletion(w, r, textEndpoint) })
 	case "/tokenize":
 		e.onlyMethod(w, r, http.MethodPost, func() { e.serveTokenize(w, r) })
+	case "/kv/pull":
+		e.onlyMethod(w, r, http.MethodPost, func() { e.serveKVPull(w, r) })
 	case "/reset_prefix_cache":
 		e.onlyMethod(w, r, http.MethodPost, func() { e.ResetPrefixCache() })
 	case "/v1/models":

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 func FuzzCompletionBody(f *testing.F) {
@@ -63,6 +64,37 @@ func FuzzCompletionBody(f *testing.F) {
 			if err := json.Unmarshal(w.Body.Bytes(), &b); err != nil || b.Error == nil || b.Error.Message == "" {
 				t.Fatalf("%d body %q: not an OpenAI error (%v)", w.Code, w.Body.String(), err)
 			}
+		default:
+			t.Fatalf("status %d for %q", w.Code, body)
+		}
+	})
+}
+
+// FuzzKVPullBody posts arbitrary bodies to a prefill worker's /kv/pull: every answer is a
+// taken hold (200) or a refusal (4xx, 503), never a panic or a wait past KVWaitTimeout.
+func FuzzKVPullBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"request_id":"x","engine_id":"e","block_ids":[1,2],"prompt_tokens":3,"digest":"ab"}`,
+		`{"room":7,"wait_ms":5}`,
+		`{"room":-1}`,
+		`{"room":18446744073709551616}`,
+		`{"block_ids":[-1],"request_id":""}`,
+		`{"wait_ms":-9223372036854775808,"room":0}`,
+		`{`,
+		`[]`,
+	} {
+		f.Add(seed)
+	}
+	e, err := New(Config{Role: RolePrefill, TimeScale: 1e-6, KVWaitTimeout: 5 * time.Millisecond}, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(e.Close)
+	f.Fuzz(func(t *testing.T, body string) {
+		w := httptest.NewRecorder()
+		e.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/kv/pull", strings.NewReader(body)))
+		switch w.Code {
+		case http.StatusOK, http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusServiceUnavailable:
 		default:
 			t.Fatalf("status %d for %q", w.Code, body)
 		}

@@ -7,6 +7,7 @@ package sim
 // with the same prefix may take it back) or empty-free (ref == 0, not hashed). Free blocks sit
 // in the pool's free queue; the head is reused first.
 type block struct {
+	id     int // its index in the pool: what vLLM's kv_transfer_params call a block id
 	ref    int
 	hash   uint64
 	hashed bool
@@ -47,6 +48,7 @@ func newBlockPool(numBlocks, blockSize int) *blockPool {
 	p.head.next = &p.tail
 	p.tail.prev = &p.head
 	for i := range p.blocks {
+		p.blocks[i].id = i
 		p.pushTail(&p.blocks[i])
 	}
 	return p

@@ -48,7 +48,8 @@ func (e *Engine) registerVLLMMetrics(reg prometheus.Registerer) *latencyHistogra
 	s := &e.stats
 	reg.MustRegister(
 		gauge("vllm:num_requests_running", "Number of requests in the running batch.", load(&s.running)),
-		gauge("vllm:num_requests_waiting", "Number of requests waiting to be admitted.", load(&s.waiting)),
+		gauge("vllm:num_requests_waiting", "Number of requests waiting to be admitted, those pulling their KV from a prefill worker included.",
+			func() float64 { return float64(s.waiting.Load() + s.receiving.Load()) }),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is held by a running request.", s.kvUsage),
 		gauge("vllm:gpu_cache_usage_perc", "KV-cache usage, under vLLM V0's name.", s.kvUsage),
 		counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", load(&s.prefixQueries)),

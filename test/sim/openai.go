@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -37,6 +38,12 @@ type completionRequest struct {
 	// block, so a prompt hits only blocks computed under the same salt (none: the unsalted
 	// ones). ModeSlots ignores it, as llama-server ignores fields it does not know.
 	CacheSalt string `json:"cache_salt"`
+	// KVTransferParams is vLLM's disaggregation field; BootstrapHost, BootstrapPort and
+	// BootstrapRoom are SGLang's. Only RolePrefill and RoleDecode read them (planHandoff).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
+	BootstrapHost    *string           `json:"bootstrap_host"`
+	BootstrapPort    *int              `json:"bootstrap_port"`
+	BootstrapRoom    *uint64           `json:"bootstrap_room"`
 }
 
 type usage struct {
@@ -74,6 +81,8 @@ type completionResponse struct {
 	Model   string   `json:"model"`
 	Choices []choice `json:"choices"`
 	Usage   *usage   `json:"usage,omitempty"`
+	// KVTransferParams is a prefill worker's answer to a request asking for a remote decode.
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"`
 }
 
 type errorBody struct {
@@ -185,6 +194,10 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 	if !ok {
 		return
 	}
+	h, ok := e.planHandoff(w, &req, &maxTokens)
+	if !ok {
+		return
+	}
 
 	a := e.arrive(req.Priority, req.CacheSalt)
 	if a.abort {
@@ -228,18 +241,40 @@ func (e *Engine) serveCompletion(w http.ResponseWriter, r *http.Request, kind en
 		return
 	}
 
-	q, err := e.submit(prompt, maxTokens, req.Priority, req.CacheSalt)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "server_error", "engine_closed", "the engine is shutting down")
-		return
-	}
 	rs := responseStream{
 		e: e, w: w, kind: kind, promptLen: len(prompt), arrived: e.now(),
-		id:      e.responseID(kind, q.arrival),
 		created: e.now().Unix(),
 		stream:  req.Stream,
 		usage:   req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 	}
+	if h.transferID != "" {
+		rs.transfer = &kvTransferAnswer{DoRemotePrefill: true, RemoteEngineID: e.engineID, RemoteRequestID: h.transferID, TPSize: 1}
+		if addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+			rs.transfer.RemoteHost, rs.transfer.RemotePort = addr.IP.String(), addr.Port
+		}
+	}
+	remote := 0
+	if h.pull != nil {
+		rs.begin()
+		var err error
+		if remote, err = e.receive(ctx, h.pull, prompt, req.CacheSalt); err != nil {
+			switch {
+			case ctx.Err() != nil:
+				e.stats.cancelled.Add(1)
+			case errors.Is(err, errClosed):
+				rs.fail(err)
+			default:
+				rs.refuseTransfer(h.pull, err)
+			}
+			return
+		}
+	}
+	q, err := e.submit(prompt, maxTokens, req.Priority, req.CacheSalt, h.hold, remote)
+	if err != nil {
+		rs.fail(errClosed)
+		return
+	}
+	rs.id = e.responseID(kind, q.arrival)
 	rs.serve(r, q)
 	if a.last {
 		_ = http.NewResponseController(w).Flush()
@@ -342,6 +377,9 @@ type responseStream struct {
 	stream    bool
 	usage     bool
 	arrived   time.Time // when the request came: CancelPoll's checks are counted from it
+	// transfer, when not nil, is the kv_transfer_params of a whole answer whose KV is held for
+	// a decode worker; the held block ids are filled in when it finishes.
+	transfer *kvTransferAnswer
 
 	started   bool // headers sent
 	generated int
@@ -352,17 +390,7 @@ type responseStream struct {
 // serve relays the sequence's tokens until it ends or the client goes away. A stream's headers
 // go out at once, before the request is even admitted, as vLLM's do.
 func (rs *responseStream) serve(r *http.Request, q *sequence) {
-	if rs.stream {
-		h := rs.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		if rs.e.cfg.CloseAfterStream {
-			h.Set("Keep-Alive", "timeout=5, max=100") // what llama-server announces
-		}
-		rs.w.WriteHeader(http.StatusOK)
-		_ = http.NewResponseController(rs.w).Flush()
-		rs.started = true
-	}
+	rs.begin()
 	var buf []int32
 	for {
 		select {
@@ -395,6 +423,22 @@ func (rs *responseStream) serve(r *http.Request, q *sequence) {
 			return
 		}
 	}
+}
+
+// begin sends a stream's headers, once; a whole answer's wait for its end.
+func (rs *responseStream) begin() {
+	if !rs.stream || rs.started {
+		return
+	}
+	h := rs.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	if rs.e.cfg.CloseAfterStream {
+		h.Set("Keep-Alive", "timeout=5, max=100") // what llama-server announces
+	}
+	rs.w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(rs.w).Flush()
+	rs.started = true
 }
 
 func (rs *responseStream) object() string {
@@ -469,7 +513,12 @@ func (rs *responseStream) finish(q *sequence, reason string) {
 	} else {
 		c.Text = &text
 	}
-	data, _ := json.Marshal(completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}, Usage: u})
+	resp := completionResponse{ID: rs.id, Object: rs.object(), Created: rs.created, Model: rs.e.cfg.Model, Choices: []choice{c}, Usage: u}
+	if rs.transfer != nil {
+		rs.transfer.RemoteBlockIDs = q.out.heldBlocks()
+		resp.KVTransferParams = rs.transfer
+	}
+	data, _ := json.Marshal(resp)
 	rs.w.Header().Set("Content-Type", "application/json")
 	rs.w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = rs.w.Write(data)

@@ -52,6 +52,13 @@ type sequence struct {
 	generated  int
 	admitted   bool      // admitted at least once: prompt and cache counters already taken
 	arrivedAt  time.Time // when add queued it, for the latency histograms
+	// remote is how many prompt tokens have their KV pulled from a prefill worker (RoleDecode):
+	// on first admission they count as computed, so only the rest is prefilled. It is cleared
+	// then, so a preempted sequence recomputes (vLLM pulls once per request).
+	remote int
+	// hold, when not empty, is the key under which the sequence's KV blocks are kept for a
+	// decode worker when it finishes (RolePrefill), instead of being freed.
+	hold string
 
 	out outbox
 }
@@ -68,6 +75,7 @@ type outbox struct {
 	finish  string     // the finish reason once done without error
 	err     error      // why the sequence ended without finishing
 	done    bool
+	held    []int // RolePrefill: the ids of the blocks held for a decode worker, set before done
 }
 
 func (o *outbox) signal() {
@@ -92,6 +100,18 @@ func (o *outbox) fail(err error) {
 	o.err, o.done = err, true
 	o.mu.Unlock()
 	o.signal()
+}
+
+func (o *outbox) setHeld(ids []int) {
+	o.mu.Lock()
+	o.held = ids
+	o.mu.Unlock()
+}
+
+func (o *outbox) heldBlocks() []int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.held
 }
 
 func (o *outbox) setCached(n int) {
@@ -132,6 +152,12 @@ type counters struct {
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
 	prefixQueries, prefixHits, preemptions, evictions         atomic.Int64
 	running, waiting                                          atomic.Int64
+	// promptComputed counts prompt tokens computed by steps (prefill work, recomputation after
+	// preemption included); kvReceived counts prompt tokens whose KV was pulled from a prefill
+	// worker instead; receiving is the requests pulling now; held is the prefills whose KV is
+	// held for a decode worker, and heldExpired those freed unpulled (expired or evicted).
+	// transferFailed counts decode requests refused because their KV could not be pulled.
+	promptComputed, kvReceived, receiving, held, heldExpired, transferFailed atomic.Int64
 	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
 	steps, stepSeqs atomic.Int64
 	kvUsageBits     atomic.Uint64
@@ -202,10 +228,15 @@ type scheduler struct {
 	// read from now.
 	latency *latencyHistograms
 	now     func() time.Time
+	// holds are the finished prefills whose blocks wait for a decode worker (RolePrefill).
+	holds *kvHolds
 }
 
-// newScheduler builds an empty engine. latency may be nil; now is needed only with latency.
+// newScheduler builds an empty engine. latency may be nil; now nil means time.Now.
 func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now func() time.Time) *scheduler {
+	if now == nil {
+		now = time.Now
+	}
 	s := &scheduler{
 		cfg:     cfg,
 		latency: latency,
@@ -214,6 +245,7 @@ func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now f
 		waiting: waitQueue{byPriority: cfg.SchedulingPolicy == PolicyPriority},
 		stats:   stats,
 	}
+	s.holds = newKVHolds(cfg.MaxHeldTransfers, cfg.KVHoldTimeout, s.pool, stats)
 	if cfg.Mode == ModeSlots {
 		s.slots = newSlotCache(cfg.Slots)
 	}
@@ -417,6 +449,7 @@ func (s *scheduler) schedule() *stepPlan {
 	p.seqs, p.n, p.cost = p.seqs[:0], p.n[:0], 0
 	budget := s.cfg.MaxNumBatchedTokens
 	preempted := false
+	s.holds.sweep(s.now())
 	s.preemptForPriority()
 
 	for i := 0; i < len(s.running) && budget > 0; i++ {
@@ -464,6 +497,8 @@ func (s *scheduler) schedule() *stepPlan {
 			hit = s.pool.longestHit(q.hashes[:usable])
 			computed = len(hit) * s.cfg.BlockSize
 		}
+		local := computed
+		computed = max(computed, q.remote)
 		n := min(len(q.tokens)-computed, budget)
 		need := s.blocksFor(computed+n) - len(hit)
 		if need > s.pool.nfree-freeAmong(hit) {
@@ -480,11 +515,15 @@ func (s *scheduler) schedule() *stepPlan {
 		q.state = stateRunning
 		s.running = append(s.running, q)
 		s.stats.prefixQueries.Add(int64(len(q.tokens)))
-		s.stats.prefixHits.Add(int64(computed))
+		s.stats.prefixHits.Add(int64(local))
 		if !q.admitted {
 			q.admitted = true
 			s.stats.promptTokens.Add(int64(q.promptLen))
+			// Pulled tokens are reported as cached, as vLLM's num_cached_tokens counts every
+			// token computed before the first step, the connector's included.
 			s.stats.cachedPromptTokens.Add(int64(computed))
+			s.stats.kvReceived.Add(int64(computed - local))
+			q.remote = 0
 			q.out.setCached(computed)
 			if s.latency != nil {
 				s.latency.queue.Observe(s.now().Sub(q.arrivedAt).Seconds())
@@ -533,6 +572,9 @@ func (s *scheduler) apply(p *stepPlan) {
 		if n == 0 || q.state != stateRunning {
 			continue
 		}
+		if q.computed < q.promptLen {
+			s.stats.promptComputed.Add(int64(min(q.computed+n, q.promptLen) - q.computed))
+		}
 		q.computed += n
 		if q.computed < len(q.tokens) {
 			continue
@@ -555,7 +597,11 @@ func (s *scheduler) apply(p *stepPlan) {
 			continue
 		}
 		s.removeRunning(q)
-		s.pool.release(q.blocks)
+		if q.hold != "" {
+			q.out.setHeld(s.holds.add(q.hold, q.blocks, q.promptLen, promptDigest(q), s.now()))
+		} else {
+			s.pool.release(q.blocks)
+		}
 		q.blocks = nil
 		s.vacate(q)
 		q.state = stateDone
