@@ -89,6 +89,9 @@ type shares struct {
 	// least 1): the n of the fallback 1/n.
 	replicas int
 	failing  bool
+	// lastOK is when the last exchange succeeded (or the pool was made): for ShareReportTTL
+	// after it, the other replicas still count this one's last grants.
+	lastOK time.Time
 	// rejoinUntil: after a failed exchange, the first to succeed starts a ShareReportTTL
 	// during which each worker's share stays within the fallback applied while failing.
 	rejoinUntil time.Time
@@ -131,10 +134,14 @@ func (w *Worker) Share() (n int64, shared bool) {
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
 // grows waits until the room is given up, and the worker is never sent more than its limit in
 // all. A share that shrinks applies before the exchange. When the exchange fails, every
-// worker's share is its part of 1/n of its limit, n the replicas of the last successful
-// exchange; the first that succeeds again starts ShareReportTTL within that part, then the
-// split by demand resumes. Without a store it does nothing. Calls are serialized; Changes is
-// told when a share changed.
+// worker's share falls back to this replica's part of 1/n of its limit, n the replicas of the
+// last successful exchange (or of none: the whole limit): at once for a share below it, and
+// for one above only ShareReportTTL after the last successful exchange (or the pool's start),
+// once the others no longer count this replica's last grants (the failed exchange may have
+// applied them). The first exchange that succeeds again starts ShareReportTTL within the
+// share applied meanwhile, so every live replica has reported its hold again before any
+// grows; then the split by demand resumes. Without a store it does nothing. Calls are
+// serialized; Changes is told when a share changed.
 func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (interactive, all int64)) error {
 	s := p.shares
 	if s == nil {
@@ -179,8 +186,15 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 	}
 	if err != nil {
 		s.failing = true
+		// While the others may still count this replica's last grants (the exchange may
+		// only have lost its answer), its shares only shrink toward 1/n; once its reports
+		// have expired everywhere, they are 1/n.
+		counted := now.Sub(s.lastOK) < ShareReportTTL
 		for _, w := range append(workers, over...) {
 			fb := s.fallback(w.spec.ID, w.limit.Load())
+			if counted {
+				fb = min(fb, max(w.share.Load(), 0))
+			}
 			f := s.fleet[w.spec.ID]
 			if f == nil {
 				f = &workerFleet{self: -1}
@@ -197,6 +211,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 	if s.failing {
 		s.failing, s.rejoinUntil, rejoining = false, now.Add(ShareReportTTL), true
 	}
+	s.lastOK = now
 	n := 1
 	seen := make(map[string]bool, len(workers))
 	for i, w := range workers {

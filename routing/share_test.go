@@ -351,8 +351,9 @@ func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
 }
 
 // TestSharesFallBackWhenCutAndRejoin: split 5/5/2 by demand; with the store cut every replica
-// falls back to a third of the worker (4: a and b place nothing until their requests end
-// below it), from its own counts; restored with its reports lost (a Redis restarted empty),
+// keeps within its last grant and a third of the worker while the others may still count its
+// grant (ShareReportTTL), then falls back to a third (4: a and b place nothing until their
+// requests end below it), from its own counts; restored with its reports lost (a Redis restarted empty),
 // the replicas stay within their thirds for ShareReportTTL, until every one has reported again,
 // and then return to the split by demand. The fleet never has more than the limit in flight.
 func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
@@ -370,7 +371,14 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 	}
 
 	fleet.setCut(true)
-	simRun(t, clock, rs, 40, 20)
+	ttl := int(ShareReportTTL / (50 * time.Millisecond))
+	simRun(t, clock, rs, 40, ttl-2)
+	for i, want := range []int64{4, 4, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("cut, the last grants still counted: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+	simRun(t, clock, rs, 40+ttl-2, 4)
 	for _, r := range rs {
 		if got := r.share(); got != 4 {
 			t.Fatalf("cut: %s's share is %d, want 4, a third of 12 (%s)", r.name, got, simState(rs))
@@ -382,14 +390,14 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 
 	fleet.forget()
 	fleet.setCut(false)
-	rejoin := int(ShareReportTTL / (50 * time.Millisecond))
-	simRun(t, clock, rs, 60, rejoin-2)
+	at := 40 + ttl + 2
+	simRun(t, clock, rs, at, ttl-2)
 	for _, r := range rs {
 		if got := r.share(); got > 4 {
 			t.Fatalf("rejoining: %s's share is %d, want at most its third, 4 (%s)", r.name, got, simState(rs))
 		}
 	}
-	simRun(t, clock, rs, 60+rejoin-2, 20)
+	simRun(t, clock, rs, at+ttl-2, 20)
 	for i, want := range []int64{5, 5, 2} {
 		if got := rs[i].share(); got != want {
 			t.Fatalf("rejoined: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
