@@ -206,6 +206,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 		if changed {
 			p.changes.notify()
 		}
+		p.metrics.shareExchanges.WithLabelValues("failed").Inc()
 		return fmt.Errorf("routing: worker shares: %w", err)
 	}
 	if s.failing {
@@ -242,6 +243,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 		n = max(n, s.replicas)
 	}
 	s.replicas = n
+	p.metrics.shareExchanges.WithLabelValues("ok").Inc()
 	if changed {
 		p.changes.notify()
 	}
