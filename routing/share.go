@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"sync"
@@ -307,16 +308,39 @@ func (s *shares) target(id string, r ShareReport) int64 {
 		inter[i], all[i] = d.Interactive, d.Demand
 	}
 	inter[f.self], all[f.self] = r.Interactive, r.Demand
-	return splitShares(r.Limit, inter, all)[f.self]
+	ties := tieOrder(id, f.demands)
+	slices.SortStableFunc(ties, func(a, b int) int {
+		return cmp.Or(cmp.Compare(inter[b], inter[a]), cmp.Compare(all[b], all[a]))
+	})
+	return splitShares(r.Limit, inter, all, ties)[f.self]
+}
+
+// tieOrder is the order in which the replicas of a worker's fleet take the units a split leaves
+// over: by a hash of the worker's and the replica's names, the same on every replica, and
+// different from one worker to the next, so no replica is the last on every worker.
+func tieOrder(worker string, fleet []ReplicaDemand) []int {
+	keys := make([]uint64, len(fleet))
+	order := make([]int, len(fleet))
+	for i, d := range fleet {
+		h := fnv.New64a()
+		h.Write([]byte(worker))
+		h.Write([]byte{0})
+		h.Write([]byte(d.Replica))
+		keys[i], order[i] = h.Sum64(), i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
+	return order
 }
 
 // fallback is this replica's part of 1/n of limit, n the replicas of the last successful
-// exchange: limit/n, and one more for the first limit%n replicas by name when this replica's
-// rank among the worker's fleet is known, so the parts add up to the limit.
+// exchange: limit/n, and one more for the first limit%n replicas in the worker's tieOrder when
+// this replica's place in the worker's fleet is known, so the parts add up to the limit.
 func (s *shares) fallback(id string, limit int64) int64 {
 	n := int64(max(s.replicas, 1))
-	part := max(limit, 0) / n
-	if f := s.fleet[id]; f != nil && f.self >= 0 && int64(len(f.demands)) == n && int64(f.self) < max(limit, 0)%n {
+	limit = max(limit, 0)
+	part := limit / n
+	if f := s.fleet[id]; f != nil && f.self >= 0 && int64(len(f.demands)) == n &&
+		int64(slices.Index(tieOrder(id, f.demands), f.self)) < limit%n {
 		part++
 	}
 	return part
@@ -325,24 +349,30 @@ func (s *shares) fallback(id string, limit int64) int64 {
 // splitShares splits limit among replicas by their demands, max-min fair: first by their
 // interactive demand, then by their whole demand with each keeping at least its interactive
 // part, then what nobody asked for, max-min again, so that a replica with no demand has room
-// for its next request while nobody else needs it. Ties go to the lower index (callers order
-// replicas by name), so every replica computes the same split. demands[i] >= interactive[i] >=
-// 0; the result sums to limit (at least 0).
-func splitShares(limit int64, interactive, demands []int64) []int64 {
-	out := waterFill(limit, make([]int64, len(demands)), interactive)
-	out = waterFill(limit, out, demands)
+// for its next request while nobody else needs it. The units left over at a level go in the
+// order ties lists the replicas (nil: by index), so every replica computes the same split.
+// demands[i] >= interactive[i] >= 0; the result sums to limit (at least 0).
+func splitShares(limit int64, interactive, demands []int64, ties []int) []int64 {
+	if ties == nil {
+		ties = make([]int, len(demands))
+		for i := range ties {
+			ties[i] = i
+		}
+	}
+	out := waterFill(limit, make([]int64, len(demands)), interactive, ties)
+	out = waterFill(limit, out, demands, ties)
 	all := make([]int64, len(demands))
 	for i := range all {
 		all[i] = max(limit, 0)
 	}
-	return waterFill(limit, out, all)
+	return waterFill(limit, out, all, ties)
 }
 
 // waterFill raises shares, from base, toward demands, max-min fair within capacity: each i gets
 // max(base[i], min(demands[i], level)) at the highest level that fits, and what is left below
-// the next level goes one each to the lowest indices still below their demand. base must fit
-// in capacity. Cost: O(n log max demand).
-func waterFill(capacity int64, base, demands []int64) []int64 {
+// the next level goes one each to those still below their demand, in the order of ties (a
+// permutation of the indices). base must fit in capacity. Cost: O(n log max demand).
+func waterFill(capacity int64, base, demands []int64, ties []int) []int64 {
 	used := func(level int64) int64 {
 		var s int64
 		for i, d := range demands {
@@ -364,10 +394,12 @@ func waterFill(capacity int64, base, demands []int64) []int64 {
 		}
 	}
 	out := make([]int64, len(demands))
-	left := capacity - used(lo)
 	for i, d := range demands {
 		out[i] = max(base[i], min(max(d, 0), lo))
-		if left > 0 && out[i] == lo && lo < d {
+	}
+	left := capacity - used(lo)
+	for _, i := range ties {
+		if left > 0 && out[i] == lo && lo < demands[i] {
 			out[i]++
 			left--
 		}

@@ -28,7 +28,7 @@ func TestWaterFill(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := waterFill(tt.capacity, make([]int64, len(tt.demands)), tt.demands); !slices.Equal(got, tt.want) {
+			if got := waterFill(tt.capacity, make([]int64, len(tt.demands)), tt.demands, []int{0, 1, 2}[:len(tt.demands)]); !slices.Equal(got, tt.want) {
 				t.Fatalf("waterFill(%d, %v) = %v, want %v", tt.capacity, tt.demands, got, tt.want)
 			}
 		})
@@ -52,7 +52,7 @@ func TestSplitShares(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := splitShares(tt.limit, tt.interactive, tt.total)
+			got := splitShares(tt.limit, tt.interactive, tt.total, nil)
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("splitShares(%d, %v, %v) = %v, want %v", tt.limit, tt.interactive, tt.total, got, tt.want)
 			}
@@ -415,5 +415,32 @@ func TestSharesWithoutStore(t *testing.T) {
 	}
 	if n, shared := modelWorkersOf(rs[0].pool).Share(); n != simLimit || shared {
 		t.Fatalf("share %d (shared %v), want %d, not shared", n, shared, simLimit)
+	}
+}
+
+// TestLeftoverUnitsRotateOverWorkers: three replicas of equal demand on 30 workers of 8 slots:
+// each worker leaves 2 units over a split in thirds, and they go to different replicas on
+// different workers, so each replica holds about a third of the fleet's 240 slots; by name
+// alone the same replica would be left 2 on every worker (60 of 240).
+func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 50}, {Replica: "b", Demand: 50}, {Replica: "c", Demand: 50}}
+	got := make([]int64, len(fleet))
+	for w := range 30 {
+		s := &shares{fleet: map[string]*workerFleet{}}
+		id := fmt.Sprintf("w%d", w)
+		for self := range fleet {
+			f := &workerFleet{demands: slices.Clone(fleet), self: self}
+			f.demands[self].Self = true
+			s.fleet[id] = f
+			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50})
+		}
+	}
+	if sum(got) != 240 {
+		t.Fatalf("the replicas' shares sum to %d over the workers, want 240 (%v)", sum(got), got)
+	}
+	for i, n := range got {
+		if n < 72 || n > 88 {
+			t.Errorf("replica %s holds %d of the 240 slots, want about a third, 72..88 (all: %v)", fleet[i].Replica, n, got)
+		}
 	}
 }
