@@ -251,6 +251,8 @@ type Stats struct {
 	BadRequests int64
 	// Running and Waiting are the sequences in the batch and in the queue now.
 	Running, Waiting int
+	// Peak is the most sequences held at once (running and waiting) since the engine started.
+	Peak int
 	// PromptTokens counts prompt tokens of admitted requests.
 	PromptTokens int64
 	// CachedPromptTokens counts those served from the prefix cache (the sum of usage's
@@ -289,6 +291,7 @@ func (e *Engine) Stats() Stats {
 		BadRequests:        s.badRequests.Load(),
 		Running:            int(s.running.Load()),
 		Waiting:            int(s.waiting.Load()),
+		Peak:               int(s.peak.Load()),
 		PromptTokens:       s.promptTokens.Load(),
 		CachedPromptTokens: s.cachedPromptTokens.Load(),
 		GeneratedTokens:    s.generatedTokens.Load(),

@@ -132,6 +132,9 @@ type counters struct {
 	promptTokens, cachedPromptTokens, generatedTokens         atomic.Int64
 	prefixQueries, prefixHits, preemptions, evictions         atomic.Int64
 	running, waiting                                          atomic.Int64
+	// peak is the most sequences the engine held at once (running and waiting) since it started:
+	// what a fleet of gateways sent it in all, by the engine's own count.
+	peak atomic.Int64
 	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
 	steps, stepSeqs atomic.Int64
 	kvUsageBits     atomic.Uint64
@@ -225,6 +228,9 @@ func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now f
 func (s *scheduler) publish() {
 	s.stats.running.Store(int64(len(s.running)))
 	s.stats.waiting.Store(int64(s.waiting.Len()))
+	if held := int64(len(s.running) + s.waiting.Len()); held > s.stats.peak.Load() {
+		s.stats.peak.Store(held)
+	}
 	s.stats.kvUsageBits.Store(math.Float64bits(s.pool.usage()))
 	s.stats.evictions.Store(s.pool.evictions)
 }
