@@ -191,7 +191,8 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 		// only have lost its answer), its shares only shrink toward 1/n; once its reports
 		// have expired everywhere, they are 1/n.
 		counted := now.Sub(s.lastOK) < ShareReportTTL
-		for _, w := range append(workers, over...) {
+		// A new slice: workers and over share the pool's array.
+		for _, w := range slices.Concat(workers, over) {
 			fb := s.fallback(w.spec.ID, w.limit.Load())
 			if counted {
 				fb = min(fb, max(w.share.Load(), 0))
