@@ -286,6 +286,11 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 	worker := func(state routing.WorkerState, model string, others int64) routing.WorkerStatus {
 		return routing.WorkerStatus{State: state, Models: []string{model}, MaxConcurrency: 8, MaxTokensInFlight: 1000, OthersInFlight: others}
 	}
+	shared := func(share int64) routing.WorkerStatus {
+		w := worker(routing.StateHealthy, "m", 6)
+		w.Share, w.Shared = share, true
+		return w
+	}
 	tests := []struct {
 		name    string
 		workers []routing.WorkerStatus
@@ -295,10 +300,11 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 		{"others hold some", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 3), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 13, Tokens: 2000}},
 		{"others fill one: a slot stays", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 20), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 9, Tokens: 2000}},
 		{"unhealthy, draining and other models count nothing", []routing.WorkerStatus{worker(routing.StateUnhealthy, "m", 0), worker(routing.StateDraining, "m", 0), worker(routing.StateHealthy, "n", 0)}, queue.Capacity{}},
+		{"split by the fleet: this replica's shares, 0 included", []routing.WorkerStatus{shared(3), shared(0), worker(routing.StateHealthy, "m", 5)}, queue.Capacity{Requests: 6, Tokens: 3000}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := capacityOf(tt.workers, "m"); got != tt.want {
+			if got, _ := capacityOf(tt.workers, "m"); got != tt.want {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 		})

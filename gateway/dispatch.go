@@ -27,9 +27,12 @@ type dispatcher struct {
 	opts queue.Options
 	pool *routing.Pool
 
-	mu     sync.Mutex                // guards queues, caps and closed
+	mu     sync.Mutex                // guards queues, caps, shared and closed
 	queues map[string]*queue.Queue   // by model
 	caps   map[string]queue.Capacity // by model, as last set
+	// shared says, by model, that caps holds this replica's shares of a fleet's split of the
+	// model's healthy workers, which may all be 0 for a moment (see capacityOf).
+	shared map[string]bool
 	closed bool
 }
 
@@ -38,7 +41,7 @@ func newDispatcher(cfg queue.Config, opts queue.Options, pool *routing.Pool) (*d
 		return nil, err
 	}
 	d := &dispatcher{cfg: cfg, opts: opts, pool: pool,
-		queues: map[string]*queue.Queue{}, caps: map[string]queue.Capacity{}}
+		queues: map[string]*queue.Queue{}, caps: map[string]queue.Capacity{}, shared: map[string]bool{}}
 	d.refresh()
 	pool.OnRoom(d.room)
 	return d, nil
@@ -75,18 +78,19 @@ func (d *dispatcher) addQueueLocked(model string, workers []routing.WorkerStatus
 	if err != nil {
 		return nil, err
 	}
-	d.caps[model] = capacityOf(workers, model)
+	d.caps[model], d.shared[model] = capacityOf(workers, model)
 	q.SetCapacity(d.caps[model])
 	d.queues[model] = q
 	return q, nil
 }
 
-// hasCapacity reports whether the model's workers can take anything now.
+// hasCapacity reports whether the model's workers can take anything now: with a fleet's split
+// of the workers (see capacityOf), whether any may, whatever this replica's share is now.
 func (d *dispatcher) hasCapacity(model string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c, ok := d.caps[model]
-	return !ok || c.Requests > 0
+	return !ok || c.Requests > 0 || d.shared[model]
 }
 
 // ready reports whether some model can be served now: what /readyz answers.
@@ -96,8 +100,8 @@ func (d *dispatcher) ready() bool {
 	if d.closed {
 		return false
 	}
-	for _, c := range d.caps {
-		if c.Requests > 0 {
+	for model, c := range d.caps {
+		if c.Requests > 0 || d.shared[model] {
 			return true
 		}
 	}
@@ -121,7 +125,8 @@ func (d *dispatcher) refresh() {
 		}
 	}
 	for model, q := range d.queues {
-		c := capacityOf(workers, model)
+		c, shared := capacityOf(workers, model)
+		d.shared[model] = shared
 		if c != d.caps[model] {
 			d.caps[model] = c
 			q.SetCapacity(c)
@@ -131,13 +136,17 @@ func (d *dispatcher) refresh() {
 	}
 }
 
-// run follows the pool's changes and, with a fleet, shares the queues' fair share (shareFairness,
-// whose goroutine it starts and waits for) until ctx ends. Its goroutine is the Server's (Run).
+// run follows the pool's changes and, with a fleet, shares the queues' fair share (shareFairness)
+// and the workers' limits (shareWorkers), whose goroutines it starts and waits for, until ctx
+// ends. Its goroutine is the Server's (Run).
 func (d *dispatcher) run(ctx context.Context) {
+	var sharing sync.WaitGroup
+	defer sharing.Wait()
 	if d.opts.FairShare != nil {
-		var sharing sync.WaitGroup
 		sharing.Go(func() { d.shareFairness(ctx) })
-		defer sharing.Wait()
+	}
+	if d.pool.SharesWorkers() {
+		sharing.Go(func() { d.shareWorkers(ctx) })
 	}
 	for {
 		changed := d.pool.Changes()
@@ -160,21 +169,28 @@ func (d *dispatcher) close() {
 	}
 }
 
-// capacityOf sums what model's healthy workers can take from this gateway: each worker's
+// capacityOf sums what model's healthy workers can take from this gateway, and says whether
+// some are split among the fleet's replicas. A worker split by the fleet (WorkerStatus.Shared)
+// counts this replica's share of it, which may be 0 while other replicas need the worker more
+// (requests then wait here, in order, for the next exchange to give room). Any other counts its
 // concurrency limit less the requests other replicas have on it as its /metrics last reported
 // (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
 // healthy worker and a worker the others fill makes requests wait here, in order, instead of in
 // the worker's own queue. Token budgets are not reduced: they bound what one request may hold,
 // and a fleet-wide reading must not turn a request away as too large.
-func capacityOf(workers []routing.WorkerStatus, model string) queue.Capacity {
-	var c queue.Capacity
+func capacityOf(workers []routing.WorkerStatus, model string) (c queue.Capacity, shared bool) {
 	for _, w := range workers {
 		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
-			c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))
+			if w.Shared {
+				c.Requests += int(w.Share)
+				shared = true
+			} else {
+				c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))
+			}
 			c.Tokens += int(w.MaxTokensInFlight)
 		}
 	}
-	return c
+	return c, shared
 }
 
 // placer is a call's Placer in its model's queue: routing picks the call's worker (late binding)

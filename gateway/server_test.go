@@ -162,12 +162,19 @@ func startGatewayWith(t testing.TB, specs []routing.WorkerSpec, mutate func(*Con
 // startGatewayOn is startGatewayWith with the routing config given (defaults filled in here).
 func startGatewayOn(t testing.TB, rcfg routing.Config, mutate func(*Config), deps func(*Deps)) *testGateway {
 	t.Helper()
+	return startGatewayPool(t, rcfg, routing.Options{}, mutate, deps)
+}
+
+// startGatewayPool is startGatewayOn with the pool's options given (its Registerer set here).
+func startGatewayPool(t testing.TB, rcfg routing.Config, popts routing.Options, mutate func(*Config), deps func(*Deps)) *testGateway {
+	t.Helper()
 	rcfg.SetDefaults()
 	if err := rcfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	pool, err := routing.NewPool(rcfg, routing.Options{Registerer: reg})
+	popts.Registerer = reg
+	pool, err := routing.NewPool(rcfg, popts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,17 @@ type TenantSnapshot struct {
 	VirtualTokens float64
 }
 
+// Backlog is what is queued now: the interactive requests and all of them (passed over by their
+// Placer or not). Cost: the queue's lock, and a sum over the classes.
+func (q *Queue) Backlog() (interactive, all int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for c := range q.classes {
+		all += q.classes[c].queued
+	}
+	return q.classes[Interactive].queued, all
+}
+
 // Snapshot returns the current state. Cost: O(tenants log tenants) under the queue's lock.
 func (q *Queue) Snapshot() Snapshot {
 	now := q.clock.Now()

@@ -20,6 +20,9 @@
 //   - health.go, breaker.go, load.go: active health checks, the circuit breaker, and the load the
 //     workers report on /metrics (vLLM, SGLang, llama.cpp names), including the load other
 //     gateway replicas put on them.
+//   - share.go, share_redis.go: with several gateway replicas, each worker's concurrency limit
+//     split among them by demand (max-min, interactive first) through Redis, so that together
+//     they never send a worker more than its limit; 1/n of it each when Redis is cut.
 //   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
 //   - prepare.go: Prepare and Prepared, the I/O a policy needs done before it picks.
 //   - choice.go: one pick as a policy sees it, the request and the protections in force, whose

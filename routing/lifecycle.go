@@ -48,6 +48,10 @@ type WorkerStatus struct {
 	// OthersInFlight estimates the requests on the worker this gateway did not send, e.g. other
 	// replicas' (see Worker.OthersInFlight); 0 without a fresh reading.
 	OthersInFlight int64 `json:"others_in_flight"`
+	// Share is the most requests this replica may keep in flight on the worker: MaxConcurrency,
+	// or, with a fleet's split (Shared, see ShareStore), this replica's share of it.
+	Share  int64 `json:"share"`
+	Shared bool  `json:"shared,omitempty"`
 	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
@@ -74,7 +78,7 @@ func (w *Worker) State() WorkerState {
 }
 
 func (w *Worker) status() WorkerStatus {
-	return WorkerStatus{
+	st := WorkerStatus{
 		ID:                w.spec.ID,
 		URL:               w.spec.URL,
 		Source:            w.source,
@@ -93,6 +97,8 @@ func (w *Worker) status() WorkerStatus {
 		PromptTokens:      w.promptTokens.Load(),
 		CachedTokens:      w.cachedTokens.Load(),
 	}
+	st.Share, st.Shared = w.Share()
+	return st
 }
 
 // Workers returns the status of every worker, in the order they were added.
@@ -135,6 +141,7 @@ func (p *Pool) add(spec WorkerSpec, source WorkerSource) error {
 		return err
 	}
 	w.source = source
+	p.joinShares(w)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.indexOf(spec.ID) >= 0 {
@@ -202,6 +209,7 @@ func (p *Pool) replace(spec WorkerSpec, source WorkerSource) error {
 		return err
 	}
 	w.source = source
+	p.joinShares(w)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i := p.indexOf(spec.ID)

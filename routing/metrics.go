@@ -33,6 +33,8 @@ type poolMetrics struct {
 	// (stored, removed; cleared counts AllBlocksCleared events, restarted and lost the times a
 	// worker's index started over).
 	kvEvents *prometheus.CounterVec
+	// shareExchanges counts the exchanges of worker shares with the fleet by result.
+	shareExchanges *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -87,12 +89,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_kv_events_total",
 			Help: "KV events kv_aware applied, by model, worker and event: blocks stored, blocks removed, caches cleared; and the times it started a worker's index over: restarted (the publisher's sequence went back), lost (a gap no replay filled).",
 		}, []string{"model", "worker", "event"}),
+		shareExchanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_share_exchanges_total",
+			Help: "Exchanges of this replica's demand on the workers with the fleet (SyncShares), by result (ok, failed: each worker's share falls back toward 1/n of its limit).",
+		}, []string{"result"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -133,6 +139,9 @@ var (
 	limitDesc = prometheus.NewDesc("usher_routing_worker_concurrency_limit",
 		"Requests the gateway keeps in flight on the worker at most, now; source: config, engine (its slots) or learned.",
 		[]string{"worker", "source"}, nil)
+	shareDesc = prometheus.NewDesc("usher_routing_worker_share",
+		"Requests this replica may keep in flight on the worker now: its share of the worker's concurrency limit, split among the replicas by demand through Redis (only with a fleet's split).",
+		[]string{"worker"}, nil)
 	tokenLimitDesc = prometheus.NewDesc("usher_routing_worker_token_limit",
 		"Tokens (prompt + expected output) the gateway keeps in flight on the worker at most, now; source: config, or engine (its KV cache).",
 		[]string{"worker", "source"}, nil)
@@ -153,6 +162,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- kvUsageDesc
 	ch <- limitDesc
 	ch <- tokenLimitDesc
+	ch <- shareDesc
 	ch <- cacheLimitDesc
 }
 
@@ -182,6 +192,9 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, boolGauge(w.Draining()), id)
 		ch <- prometheus.MustNewConstMetric(limitDesc, prometheus.GaugeValue, float64(w.MaxConcurrency()), id, string(w.LimitSource()))
 		ch <- prometheus.MustNewConstMetric(tokenLimitDesc, prometheus.GaugeValue, float64(w.MaxTokensInFlight()), id, string(w.TokenLimitSource()))
+		if n, shared := w.Share(); shared {
+			ch <- prometheus.MustNewConstMetric(shareDesc, prometheus.GaugeValue, float64(n), id)
+		}
 		if load := w.Load(); !load.At.IsZero() {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(load.Waiting), id)
 			ch <- prometheus.MustNewConstMetric(kvUsageDesc, prometheus.GaugeValue, load.KVUsage, id)

@@ -58,6 +58,10 @@ type Options struct {
 	// Announcer tells the other replicas at once that the Registry changed (a RedisStore); nil:
 	// they see the change at their next Config.RegistrySync.
 	Announcer WorkerAnnouncer
+	// Shares splits each worker's concurrency limit among the replicas by their demand (a
+	// RedisStore; see SyncShares, which the gateway calls); nil: this replica places up to each
+	// worker's whole limit.
+	Shares ShareStore
 }
 
 // Request is what a policy knows about the request it routes. Pick never modifies it; Prepare
@@ -306,6 +310,7 @@ type Pool struct {
 	pins     PinStore
 	drains   DrainStore // nil: drain state is local
 	prefixes PrefixFeed // nil: cache_aware trees are per replica
+	shares   *shares    // nil: no fleet split of the workers' limits
 	resolver Resolver
 	metrics  *poolMetrics
 	salts    saltCache
@@ -378,6 +383,9 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
 	}
+	if opts.Shares != nil {
+		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, lastOK: p.now()}
+	}
 	p.pins = opts.Pins
 	if p.pins == nil {
 		p.pins = NewMemoryPinStore(p.now, cfg.MaxPinsPerTenant)
@@ -389,6 +397,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("worker %q: %w", spec.ID, err)
 		}
 		w.source = SourceConfig
+		p.joinShares(w)
 		p.workers = append(p.workers, w)
 	}
 	for name := range cfg.Models {

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,12 +17,15 @@ import (
 // percent-encoded) holding the worker ID, with a sliding TTL, and per tenant a sorted set under
 // `usher:pins-of:{<tenant>}` of its pins' keys by last use, which bounds the pins a tenant
 // holds (the tenant's hash tag keeps a tenant's keys in one Redis Cluster slot); the draining
-// workers, a set under `usher:draining`; the announcements of worker registry changes
+// workers, a set under `usher:draining`; as a ShareStore, each worker's split of its limit among
+// the replicas, a hash under `usher:share:{workers}:<hash of the worker's ID>` (share_redis.go);
+// the announcements of worker registry changes
 // (WorkersChannel); and, as a PrefixFeed, the Pub/Sub channel `usher:prefixes:<model>`. Each
 // method is one round trip except List, which scans. Safe for concurrent use.
 type RedisStore struct {
 	client       redis.UniversalClient
 	maxPerTenant int
+	replica      string // this replica's name in the workers' splits (ShareStore): random
 }
 
 var (
@@ -50,7 +54,7 @@ func NewRedisStore(client redis.UniversalClient, maxPinsPerTenant int) *RedisSto
 	if maxPinsPerTenant <= 0 {
 		maxPinsPerTenant = DefaultMaxPinsPerTenant
 	}
-	return &RedisStore{client: client, maxPerTenant: maxPinsPerTenant}
+	return &RedisStore{client: client, maxPerTenant: maxPinsPerTenant, replica: rand.Text()}
 }
 
 var pinPartEscaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")

@@ -45,6 +45,10 @@ type Worker struct {
 	tokenLimit  atomic.Int64
 	tokensFixed bool // immutable
 
+	// share is, with a ShareStore, the most requests this replica may keep in flight on the
+	// worker, its part of the fleet's split of limit (see Pool.SyncShares); noShare without one.
+	share atomic.Int64
+
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
 	// interactivePrefills counts the interactive requests on the worker whose first token has
@@ -96,6 +100,7 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		spec.ModelAliases = nil
 	}
 	w := &Worker{spec: spec, url: u}
+	w.share.Store(noShare)
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
 	w.cost = newCostModel(now, cfg.Scrape.MaxAge, cfg.Concurrency.KVHold)
@@ -185,7 +190,7 @@ func (w *Worker) takesRequests() bool {
 }
 
 // tryAcquire counts one more request of tokens in flight unless the worker is at its request cap
-// or its circuit refuses it. probe says the request is the half-open probe of the circuit.
+// (its limit, or this replica's share of it) or its circuit refuses it. probe says the request is the half-open probe of the circuit.
 func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
 	probe, ok = w.breaker.acquire()
 	if !ok {
@@ -193,13 +198,24 @@ func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
 	}
 	for {
 		n := w.inFlight.Load()
-		if n >= w.limit.Load() {
+		if n >= w.capacity() {
 			if probe {
 				w.breaker.probing.Store(false)
 			}
 			return false, false
 		}
 		if w.inFlight.CompareAndSwap(n, n+1) {
+			// A share lowered between the check and the count (SyncShares lowers it, then
+			// reads the requests in flight as what it holds) must not be overrun: counted
+			// first, checked again, the request is either within the share or seen by
+			// SyncShares.
+			if n+1 > w.capacity() {
+				w.inFlight.Add(-1)
+				if probe {
+					w.breaker.probing.Store(false)
+				}
+				return false, false
+			}
 			w.inFlightTokens.Add(tokens)
 			if n+1 > w.peak.Load() {
 				w.peak.Store(n + 1)

@@ -121,7 +121,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	popts := routing.Options{Logger: logger, Registerer: reg, Registry: adminui.StoredWorkers{Store: store}}
 	if rdb != nil {
 		rs := routing.NewRedisStore(rdb, cfg.Routing.MaxPinsPerTenant)
-		popts.Pins, popts.Drains, popts.Announcer, popts.Prefixes = rs, rs, rs, rs
+		popts.Pins, popts.Drains, popts.Announcer, popts.Prefixes, popts.Shares = rs, rs, rs, rs, rs
 	}
 	pool, err := routing.NewPool(cfg.Routing, popts)
 	if err != nil {

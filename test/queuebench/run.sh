@@ -14,7 +14,10 @@
 #      tokens served per tenant per window and Jain's index. With REPLICAS=N (N > 1), N gateway
 #      replicas in front of the same two workers, sharing one redis-server started here, and the
 #      bench sends its requests round robin over them (bench --replica-url), as an even
-#      round-robin load balancer would: the fairness of the fleet, not of one replica.
+#      round-robin load balancer would: the fairness of the fleet, not of one replica. With
+#      REDIS_CUT=S, redis-server is killed in the middle of the arrivals and a fresh one starts on
+#      its port S seconds later. Printed too: each worker's peak of requests held at once, by
+#      the sim's own count (usher_sim_requests_peak; the sims are started afresh for the run).
 #   3. Deadlines: a burst of 2 R from four standard tenants with different X-Usher-Deadline-Ms,
 #      after a short warm-up so the queue has measured the service time; refusal latencies from
 #      the gateway's access log (the bench report keeps no latency of failed requests) and from
@@ -67,6 +70,8 @@ DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
 REPLICAS=${REPLICAS:-1}            # scenario 2: gateway replicas sharing one redis-server
+REDIS_CUT=${REDIS_CUT:-0}          # scenario 2 with REPLICAS > 1: seconds redis-server is down from the
+                                   # middle of the arrivals (killed, then a fresh one on its port)
 # Scenario 4 (engine modes); its runs are M_CAP_DURATION + 2 x M_DURATION seconds of arrivals a
 # case, one more M_CAP_DURATION for a prefill batch: about 12 minutes for the 4 cases.
 MODES=${MODES:-"slots kv"}         # sim --mode of the scenario-4 cases
@@ -112,7 +117,7 @@ mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
-  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
   "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
@@ -122,6 +127,7 @@ sim_pids=()
 cleanup() {
   for p in "${pids[@]}" "${sim_pids[@]}" "${gw_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  if [ -s "$tmp/redis.pid" ]; then kill "$(cat "$tmp/redis.pid")" 2>/dev/null || true; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -213,6 +219,29 @@ start_redis() {
 }
 stop_redis() {
   if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; redis_pid=; fi
+  if [ -s "$tmp/redis.pid" ]; then kill "$(cat "$tmp/redis.pid")" 2>/dev/null || true; : >"$tmp/redis.pid"; fi
+}
+# cut_redis AT SECONDS: after AT seconds kills the fleet's redis-server, and SECONDS later starts
+# a fresh one (empty) on its port, whose pid it leaves in $tmp/redis.pid. Run it in the
+# background.
+cut_redis() {
+  local port=${redis_url##*:}
+  port=${port%%/*}
+  sleep "$1"
+  echo "--- redis-server killed ($(date -u +%T))" >&2
+  kill "$redis_pid" 2>/dev/null || true
+  sleep "$2"
+  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$tmp/redis-2.log" 2>&1 &
+  echo $! >"$tmp/redis.pid"
+  echo "--- redis-server started again on $port ($(date -u +%T))" >&2
+}
+# sim_peaks: each worker's usher_sim_requests_peak, "sim-1 N, sim-2 M".
+sim_peaks() {
+  local i out=()
+  for i in "${!sims[@]}"; do
+    out+=("sim-$((i + 1)) $(curl -fs "http://${sims[$i]}/metrics" | awk '$1 == "usher_sim_requests_peak" { print $2 }')")
+  done
+  (IFS=,; echo "${out[*]}" | sed 's/,/, /g')
 }
 # gateway_config NAME FIFO: the configuration of a gateway with an empty queue, on stdout.
 gateway_config() {
@@ -373,15 +402,26 @@ if wants 2; then
   SR=$(calc "$R * 0.4" 3)
   HR=$(calc "$R * 4" 3)
   fair_name=fairness
+  # Fresh workers: their peak (usher_sim_requests_peak) is this run's alone.
+  start_sims --max-num-seqs "$SEQS" --scheduling-policy "$sim_policy"
+  cut_pid=
   if [ "$REPLICAS" -gt 1 ]; then
     fair_name=fairness-r$REPLICAS
+    if [ "$REDIS_CUT" -gt 0 ]; then fair_name=$fair_name-cut$REDIS_CUT; fi
     start_fleet "$fair_name" false
+    if [ "$REDIS_CUT" -gt 0 ]; then
+      cut_redis $((FAIR_DURATION / 2)) "$REDIS_CUT" &
+      cut_pid=$!
+      pids+=("$cut_pid")
+    fi
   else
     start_gateway "$fair_name" false
   fi
   run_bench "$fair_name" --tenant "f1=$(key f1)::standard:$HR" --tenant "f2=$(key f2)::standard:$SR" \
     --tenant "f3=$(key f3)::standard:$SR" --tenant "f4=$(key f4)::standard:$SR" \
     --duration "${FAIR_DURATION}s" --window "${FAIR_WINDOW}s"
+  if [ -n "$cut_pid" ]; then wait "$cut_pid" || true; fi
+  peaks=$(sim_peaks)
   stop_gateway
   rep="$OUT_DIR/$fair_name.json"
   n=$((FAIR_DURATION / FAIR_WINDOW))
@@ -389,6 +429,9 @@ if wants 2; then
   echo "== 2. fairness: four standard tenants of one tier (weight 1), f1 at $HR req/s (4 R), f2..f4 at $SR req/s (0.4 R)"
   echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window;"
   echo "   $REPLICAS gateway replica(s)$([ "$REPLICAS" -gt 1 ] && echo " sharing one Redis, the requests round robin over them")"
+  if [ -n "$cut_pid" ]; then
+    echo "   redis-server killed at $((FAIR_DURATION / 2))s of the arrivals, a fresh one ${REDIS_CUT}s later"
+  fi
   jq -r --argjson n "$n" '
     (["window"] + [range(0; $n) | "\(. * '"$FAIR_WINDOW"')s"]) as $head
     | ($head | @tsv),
@@ -402,10 +445,12 @@ if wants 2; then
   echo "   per tenant: $(jq -r '[.tenants[] | "\(.name) ok \(.ok) 429 \([.failures[]? | select(.status==429) | .count] | add // 0) out tok/s \(.output_tokens_per_second | . * 10 | round / 10)"] | join("; ")' "$rep")"
   if [ "$REPLICAS" -gt 1 ]; then
     for r in $(seq "$REPLICAS"); do
-      echo "   replica $r answered (200, by tenant): $(jq -rs '[.[] | select(.msg == "request" and .status == 200 and (.tenant | test("^f[1-4]$")))]
-        | group_by(.tenant) | map("\(.[0].tenant) \(length)") | join(", ")' "$OUT_DIR/$fair_name-r$r.gateway.log")"
+      # grep: go-redis logs its failed dials as plain text beside the JSON lines.
+      echo "   replica $r answered (200, by tenant): $(grep '^{' "$OUT_DIR/$fair_name-r$r.gateway.log" | jq -rs '[.[] | select(.msg == "request" and .status == 200 and (.tenant | test("^f[1-4]$")))]
+        | group_by(.tenant) | map("\(.[0].tenant) \(length)") | join(", ")')"
     done
   fi
+  echo "   each worker's peak of requests held at once (running + waiting, the sim's count): $peaks (max_concurrency $worker_conc)"
   echo "   (goal: Jain >= 0.95)"
 fi
 

@@ -296,6 +296,8 @@ type Stats struct {
 	// MaxHeldTransfers).
 	HeldTransfers int
 	HeldExpired   int64
+	// Peak is the most sequences held at once (running and waiting) since the engine started.
+	Peak int
 	// PromptTokens counts prompt tokens of admitted requests.
 	PromptTokens int64
 	// CachedPromptTokens counts those served from the prefix cache (the sum of usage's
@@ -334,6 +336,7 @@ func (e *Engine) Stats() Stats {
 		BadRequests:          s.badRequests.Load(),
 		Running:              int(s.running.Load()),
 		Waiting:              int(s.waiting.Load()),
+		Peak:                 int(s.peak.Load()),
 		Receiving:            int(s.receiving.Load()),
 		HeldTransfers:        int(s.held.Load()),
 		HeldExpired:          s.heldExpired.Load(),

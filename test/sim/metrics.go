@@ -26,6 +26,9 @@ var (
 // gauges read the lock-free counters at scrape time; the returned histograms (nil in ModeSlots,
 // as llama-server has none) are fed by the scheduler.
 func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
+	// The sim's own, under its own name in either mode: no engine reports it, no router reads it.
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "usher_sim_requests_peak",
+		Help: "Most requests the engine held at once (running and waiting) since it started."}, load(&e.stats.peak)))
 	if e.cfg.Mode == ModeSlots {
 		e.registerLlamaCppMetrics(reg)
 		return nil

@@ -232,6 +232,7 @@ func TestSlotsModeHTTPSurface(t *testing.T) {
 	for sample, want := range map[string]string{
 		"llamacpp:requests_processing": "2",
 		"llamacpp:requests_deferred":   "1",
+		"usher_sim_requests_peak":      "3",
 	} {
 		if got := scrape(t, srv, sample); got != want {
 			t.Errorf("%s: got %s, want %s", sample, got, want)

@@ -158,6 +158,9 @@ type counters struct {
 	// held for a decode worker, and heldExpired those freed unpulled (expired or evicted).
 	// transferFailed counts decode requests refused because their KV could not be pulled.
 	promptComputed, kvReceived, receiving, held, heldExpired, transferFailed atomic.Int64
+	// peak is the most sequences the engine held at once (running and waiting) since it started:
+	// what a fleet of gateways sent it in all, by the engine's own count.
+	peak atomic.Int64
 	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
 	steps, stepSeqs atomic.Int64
 	kvUsageBits     atomic.Uint64
@@ -257,6 +260,9 @@ func newScheduler(cfg Config, stats *counters, latency *latencyHistograms, now f
 func (s *scheduler) publish() {
 	s.stats.running.Store(int64(len(s.running)))
 	s.stats.waiting.Store(int64(s.waiting.Len()))
+	if held := int64(len(s.running) + s.waiting.Len()); held > s.stats.peak.Load() {
+		s.stats.peak.Store(held)
+	}
 	s.stats.kvUsageBits.Store(math.Float64bits(s.pool.usage()))
 	s.stats.evictions.Store(s.pool.evictions)
 }

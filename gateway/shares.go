@@ -1,0 +1,50 @@
+package gateway
+
+import (
+	"context"
+	"time"
+)
+
+// sharesEvery is how often this replica exchanges its demand on each worker with the fleet and
+// takes its shares back (routing.Pool.SyncShares): one small round trip every 50 ms, beside the
+// fair-share exchange, off the admission path.
+const sharesEvery = 50 * time.Millisecond
+
+// shareWorkers exchanges this replica's demand on the workers with the fleet at once and then
+// every sharesEvery until ctx ends: its demand on a model is what the model's queue holds. It
+// logs when the exchanges start failing (each worker's share is then 1/n of its limit) and when
+// they succeed again. The dispatcher's run owns it.
+func (d *dispatcher) shareWorkers(ctx context.Context) {
+	tick := time.NewTicker(sharesEvery)
+	defer tick.Stop()
+	failing := false
+	backlog := map[string][2]int64{}
+	demand := func(model string) (int64, int64) {
+		b := backlog[model]
+		return b[0], b[1]
+	}
+	for {
+		clear(backlog)
+		d.mu.Lock()
+		for model, q := range d.queues {
+			i, a := q.Backlog()
+			backlog[model] = [2]int64{int64(i), int64(a)}
+		}
+		d.mu.Unlock()
+		err := d.pool.SyncShares(ctx, demand)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !failing:
+			d.opts.Logger.Warn("worker shares exchanged with the fleet failed; each worker's share is 1/n of its limit until it succeeds", "err", err)
+		case err == nil && failing:
+			d.opts.Logger.Info("worker shares exchanged with the fleet again")
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,417 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ShareStore splits each worker's concurrency limit among the gateway replicas of a fleet, so
+// that the replicas together never keep more than the limit in flight on a worker, and each
+// holds the part its demand calls for (a RedisStore). Without one, a replica places up to each
+// worker's whole limit, and sees the others only in the worker's /metrics.
+type ShareStore interface {
+	// ExchangeShares publishes this replica's report of each worker and returns each worker's
+	// answer, in the same order, in one round trip. For each worker, atomically: the grant is
+	// max(Hold, min(Want, Limit - the holds of the other live replicas)), and the grant is
+	// then this replica's hold, which the others' grants leave room for until this replica's
+	// report expires (a few seconds after its last exchange: a replica that stops exchanging
+	// is not live). The answer lists the demands of every live replica, this one included. On
+	// an error no answer is to be taken as given, and the reports may or may not be applied.
+	// Safe for concurrent use.
+	ExchangeShares(ctx context.Context, reports []ShareReport) ([]ShareAnswer, error)
+}
+
+// ShareReport is one replica's state on one worker, as it sends it in an exchange. Every count
+// is at least 0 and at most maxSlots.
+type ShareReport struct {
+	Worker string
+	// Limit is the worker's concurrency limit as this replica knows it (learned or fixed).
+	Limit int64
+	// Hold is the room this replica keeps whatever the answer: what it may still use until the
+	// exchange is answered, at least its requests in flight there.
+	Hold int64
+	// Want is the share this replica asks for (its part of the split by demand).
+	Want int64
+	// Interactive and Demand are the replica's demand on the worker: the interactive requests
+	// queued for the worker's models, and all of its requests queued for them plus its
+	// requests in flight on the worker (so Demand >= Interactive).
+	Interactive, Demand int64
+}
+
+// ShareAnswer is the fleet's answer to one ShareReport.
+type ShareAnswer struct {
+	// Grant is the most requests this replica may keep in flight on the worker until its next
+	// exchange.
+	Grant int64
+	// Fleet is the demand of every live replica on the worker, this one included (Self).
+	Fleet []ReplicaDemand
+}
+
+// ReplicaDemand is one replica's demand on one worker in a ShareAnswer.
+type ReplicaDemand struct {
+	// Replica names the replica; it orders the replicas the same way on every replica.
+	Replica             string
+	Self                bool
+	Interactive, Demand int64
+}
+
+const (
+	// MaxShareWorkers bounds the workers of one exchange; workers beyond it (in the order they
+	// were added) are placed on as though the store were cut: 1/n of their limit.
+	MaxShareWorkers = 1024
+	// maxShareReplicas bounds the replicas an answer may list for a worker.
+	maxShareReplicas = 256
+	// ShareReportTTL is how long a replica's report counts after its exchange: the liveness of
+	// a replica in the split. It is also how long a replica that rejoins after a failed
+	// exchange stays within its fallback share, so that every live replica has reported its
+	// hold again before it takes more.
+	ShareReportTTL = 3 * time.Second
+)
+
+// noShare is a Worker's share without a ShareStore: the worker's whole limit is this replica's.
+const noShare = -1
+
+// shares is a pool's part of the fleet's split (see Pool.SyncShares).
+type shares struct {
+	store ShareStore
+
+	// mu serializes SyncShares and guards every field below.
+	mu sync.Mutex
+	// fleet is, by worker, the replicas' demands at the last successful exchange, by Replica.
+	fleet map[string]*workerFleet
+	// replicas is the most replicas an answer listed at the last successful exchange (at
+	// least 1): the n of the fallback 1/n.
+	replicas int
+	failing  bool
+	// lastOK is when the last exchange succeeded (or the pool was made): for ShareReportTTL
+	// after it, the other replicas still count this one's last grants.
+	lastOK time.Time
+	// rejoinUntil: after a failed exchange, the first to succeed starts a ShareReportTTL
+	// during which each worker's share stays within the fallback applied while failing.
+	rejoinUntil time.Time
+}
+
+// workerFleet is one worker's fleet at the last successful exchange.
+type workerFleet struct {
+	demands []ReplicaDemand // by Replica
+	self    int             // this replica's index in demands
+	// fallback is the share applied while the last exchanges failed; -1: none since the last
+	// rejoin ended.
+	fallback int64
+}
+
+// capacity is the most requests this replica may keep in flight on w now: its limit, or within
+// it its share of the fleet's split. Two atomic loads.
+func (w *Worker) capacity() int64 {
+	limit := w.limit.Load()
+	if s := w.share.Load(); s >= 0 {
+		return min(limit, s)
+	}
+	return limit
+}
+
+// Share is the most requests this replica may keep in flight on the worker now (see
+// ShareStore), and whether it is a share of a fleet's split: without a ShareStore it is the
+// worker's whole MaxConcurrency.
+func (w *Worker) Share() (n int64, shared bool) {
+	return w.capacity(), w.share.Load() >= 0
+}
+
+// SyncShares exchanges this replica's demand on every worker with the fleet (Options.Shares)
+// and sets the share of each worker it places on until the next exchange. demand gives, for a
+// model, the interactive requests and all the requests this replica has queued for it. The
+// gateway calls it every few tens of milliseconds, off the admission path: one round trip.
+//
+// A share is the replica's part of a deterministic max-min split of the worker's limit by the
+// replicas' demands (splitShares: interactive demand served first, room nobody asks for spread
+// evenly), computed by each replica from what the last exchange said of the others; the store
+// grants it only as far as the other replicas' holds leave room, so a replica whose share
+// grows waits until the room is given up, and the worker is never sent more than its limit in
+// all. A share that shrinks applies before the exchange. When the exchange fails, every
+// worker's share falls back to this replica's part of 1/n of its limit, n the replicas of the
+// last successful exchange (or of none: the whole limit): at once for a share below it, and
+// for one above only ShareReportTTL after the last successful exchange (or the pool's start),
+// once the others no longer count this replica's last grants (the failed exchange may have
+// applied them). The first exchange that succeeds again starts ShareReportTTL within the
+// share applied meanwhile, so every live replica has reported its hold again before any
+// grows; then the split by demand resumes. Without a store it does nothing. Calls are
+// serialized; Changes is told when a share changed.
+func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (interactive, all int64)) error {
+	s := p.shares
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.mu.Lock()
+	workers := p.workers
+	p.mu.Unlock()
+	var over []*Worker
+	if len(workers) > MaxShareWorkers {
+		workers, over = workers[:MaxShareWorkers], workers[MaxShareWorkers:]
+	}
+	now := p.now()
+	rejoining := now.Before(s.rejoinUntil)
+	reports := make([]ShareReport, len(workers))
+	changed := false
+	for i, w := range workers {
+		var inter, all int64
+		for _, m := range w.spec.Models {
+			mi, ma := demand(m)
+			inter, all = inter+max(mi, 0), all+max(ma, 0)
+		}
+		all += w.inFlight.Load()
+		r := ShareReport{Worker: w.spec.ID, Limit: min(max(w.limit.Load(), 0), maxSlots),
+			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots)}
+		r.Want = s.target(w.spec.ID, r)
+		if f := s.fleet[w.spec.ID]; rejoining && f != nil && f.fallback >= 0 {
+			r.Want = min(r.Want, f.fallback)
+		}
+		// Shrink first: a request placed from here on fits the smaller share, and Hold counts
+		// what the share left in flight.
+		keep := min(max(w.share.Load(), 0), r.Want)
+		changed = w.setShare(keep) || changed
+		r.Hold = min(max(keep, w.inFlight.Load()), maxSlots)
+		reports[i] = r
+	}
+	got, err := s.store.ExchangeShares(ctx, reports)
+	if err == nil {
+		err = validAnswers(reports, got)
+	}
+	if err != nil {
+		s.failing = true
+		// While the others may still count this replica's last grants (the exchange may
+		// only have lost its answer), its shares only shrink toward 1/n; once its reports
+		// have expired everywhere, they are 1/n.
+		counted := now.Sub(s.lastOK) < ShareReportTTL
+		// A new slice: workers and over share the pool's array.
+		for _, w := range slices.Concat(workers, over) {
+			fb := s.fallback(w.spec.ID, w.limit.Load())
+			if counted {
+				fb = min(fb, max(w.share.Load(), 0))
+			}
+			f := s.fleet[w.spec.ID]
+			if f == nil {
+				f = &workerFleet{self: -1}
+				s.fleet[w.spec.ID] = f
+			}
+			f.fallback = fb
+			changed = w.setShare(fb) || changed
+		}
+		if changed {
+			p.changes.notify()
+		}
+		p.metrics.shareExchanges.WithLabelValues("failed").Inc()
+		return fmt.Errorf("routing: worker shares: %w", err)
+	}
+	if s.failing {
+		s.failing, s.rejoinUntil, rejoining = false, now.Add(ShareReportTTL), true
+	}
+	s.lastOK = now
+	n := 1
+	seen := make(map[string]bool, len(workers))
+	for i, w := range workers {
+		a := got[i]
+		slices.SortFunc(a.Fleet, func(x, y ReplicaDemand) int { return cmp.Compare(x.Replica, y.Replica) })
+		f := s.fleet[w.spec.ID]
+		if f == nil {
+			f = &workerFleet{fallback: -1}
+			s.fleet[w.spec.ID] = f
+		}
+		f.demands, f.self = a.Fleet, slices.IndexFunc(a.Fleet, func(d ReplicaDemand) bool { return d.Self })
+		if !rejoining {
+			f.fallback = -1
+		}
+		n = max(n, len(a.Fleet))
+		seen[w.spec.ID] = true
+		share := min(a.Grant, s.target(w.spec.ID, reports[i]))
+		if f.fallback >= 0 {
+			share = min(share, f.fallback)
+		}
+		changed = w.setShare(share) || changed
+	}
+	for _, w := range over {
+		changed = w.setShare(s.fallback(w.spec.ID, w.limit.Load())) || changed
+	}
+	maps.DeleteFunc(s.fleet, func(id string, _ *workerFleet) bool { return !seen[id] })
+	if rejoining {
+		n = max(n, s.replicas)
+	}
+	s.replicas = n
+	p.metrics.shareExchanges.WithLabelValues("ok").Inc()
+	if changed {
+		p.changes.notify()
+	}
+	return nil
+}
+
+// SharesWorkers reports whether the pool has a ShareStore: whether SyncShares is to be called.
+func (p *Pool) SharesWorkers() bool { return p.shares != nil }
+
+// joinShares starts w with no share of the fleet's split, when there is one: the next exchange
+// gives it one (with room the other replicas do not hold).
+func (p *Pool) joinShares(w *Worker) {
+	if p.shares != nil {
+		w.share.Store(0)
+	}
+}
+
+// setShare sets w's share and reports whether it changed.
+func (w *Worker) setShare(n int64) bool {
+	return w.share.Swap(max(n, 0)) != max(n, 0)
+}
+
+// validAnswers checks the store's answers to reports: one per report, each grant within
+// [0, maxSlots] and each fleet of at most maxShareReplicas replicas with counts within
+// [0, maxSlots], this replica listed exactly once.
+func validAnswers(reports []ShareReport, got []ShareAnswer) error {
+	if len(got) != len(reports) {
+		return fmt.Errorf("%d answers for %d workers", len(got), len(reports))
+	}
+	for i, a := range got {
+		if a.Grant < 0 || a.Grant > maxSlots || len(a.Fleet) > maxShareReplicas {
+			return fmt.Errorf("worker %q: grant %d, %d replicas", reports[i].Worker, a.Grant, len(a.Fleet))
+		}
+		self := 0
+		for _, d := range a.Fleet {
+			if d.Interactive < 0 || d.Demand < 0 || d.Interactive > maxSlots || d.Demand > maxSlots {
+				return fmt.Errorf("worker %q: demand %d/%d of replica %q", reports[i].Worker, d.Interactive, d.Demand, d.Replica)
+			}
+			if d.Self {
+				self++
+			}
+		}
+		if self != 1 {
+			return errors.New("this replica not listed once in the fleet's answer")
+		}
+	}
+	return nil
+}
+
+// target is this replica's part of the split of r's worker by the demands of the last
+// exchange, with its own demand as in r. Without a last exchange (or with the worker's fleet
+// not known) it asks for the worker's whole limit: the grant leaves the others' holds alone.
+func (s *shares) target(id string, r ShareReport) int64 {
+	f := s.fleet[id]
+	if f == nil || f.self < 0 {
+		return r.Limit
+	}
+	inter := make([]int64, len(f.demands))
+	all := make([]int64, len(f.demands))
+	for i, d := range f.demands {
+		inter[i], all[i] = d.Interactive, d.Demand
+	}
+	inter[f.self], all[f.self] = r.Interactive, r.Demand
+	ties := tieOrder(id, f.demands)
+	slices.SortStableFunc(ties, func(a, b int) int {
+		return cmp.Or(cmp.Compare(inter[b], inter[a]), cmp.Compare(all[b], all[a]))
+	})
+	return splitShares(r.Limit, inter, all, ties)[f.self]
+}
+
+// tieOrder is the order in which the replicas of a worker's fleet take the units a split leaves
+// over: by a hash of the worker's and the replica's names, the same on every replica, and
+// different from one worker to the next, so no replica is the last on every worker.
+func tieOrder(worker string, fleet []ReplicaDemand) []int {
+	keys := make([]uint64, len(fleet))
+	order := make([]int, len(fleet))
+	for i, d := range fleet {
+		h := fnv.New64a()
+		h.Write([]byte(worker))
+		h.Write([]byte{0})
+		h.Write([]byte(d.Replica))
+		keys[i], order[i] = h.Sum64(), i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
+	return order
+}
+
+// fallback is this replica's part of 1/n of limit, n the replicas of the last successful
+// exchange: limit/n, and one more for the first limit%n replicas in the worker's tieOrder when
+// this replica's place in the worker's fleet is known, so the parts add up to the limit.
+func (s *shares) fallback(id string, limit int64) int64 {
+	n := int64(max(s.replicas, 1))
+	limit = max(limit, 0)
+	part := limit / n
+	if f := s.fleet[id]; f != nil && f.self >= 0 && int64(len(f.demands)) == n &&
+		int64(slices.Index(tieOrder(id, f.demands), f.self)) < limit%n {
+		part++
+	}
+	return part
+}
+
+// splitShares splits limit among replicas by their demands, max-min fair: first by their
+// interactive demand, then by their whole demand with each keeping at least its interactive
+// part, then what nobody asked for, max-min again, so that a replica with no demand has room
+// for its next request while nobody else needs it. The units left over at a level go in the
+// order ties lists the replicas (nil: by index), so every replica computes the same split.
+// demands[i] >= interactive[i] >= 0; the result sums to limit (at least 0).
+func splitShares(limit int64, interactive, demands []int64, ties []int) []int64 {
+	if ties == nil {
+		ties = make([]int, len(demands))
+		for i := range ties {
+			ties[i] = i
+		}
+	}
+	out := waterFill(limit, make([]int64, len(demands)), interactive, ties)
+	out = waterFill(limit, out, demands, ties)
+	all := make([]int64, len(demands))
+	for i := range all {
+		all[i] = max(limit, 0)
+	}
+	return waterFill(limit, out, all, ties)
+}
+
+// waterFill raises shares, from base, toward demands, max-min fair within capacity: each i gets
+// max(base[i], min(demands[i], level)) at the highest level that fits, and what is left below
+// the next level goes one each to those still below their demand, in the order of ties (a
+// permutation of the indices). base must fit in capacity. Cost: O(n log max demand).
+func waterFill(capacity int64, base, demands []int64, ties []int) []int64 {
+	used := func(level int64) int64 {
+		var s int64
+		for i, d := range demands {
+			s += max(base[i], min(max(d, 0), level))
+		}
+		return s
+	}
+	var top int64
+	for _, d := range demands {
+		top = max(top, d)
+	}
+	lo, hi := int64(0), top // used(lo) <= capacity (base fits); find the highest such level
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if used(mid) <= capacity {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	out := make([]int64, len(demands))
+	for i, d := range demands {
+		out[i] = max(base[i], min(max(d, 0), lo))
+	}
+	left := capacity - used(lo)
+	for _, i := range ties {
+		if left > 0 && out[i] == lo && lo < demands[i] {
+			out[i]++
+			left--
+		}
+	}
+	return out
+}
+
+func sum(xs []int64) int64 {
+	var s int64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}

@@ -1,0 +1,95 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/usherllm/usher/test/redistest"
+)
+
+// TestSharesOverRedis: two replicas split a worker of 12 slots through a real Redis: a, with a
+// long backlog, gets 10 and b, with two requests, 2. Fields another writer put in the worker's
+// hash (out of bounds, negative, not numbers) are dropped and change nothing. With
+// redis-server stopped each replica keeps within its last grant while the other may still
+// count it, then falls back to half the worker; restarted empty, they keep
+// to their halves for ShareReportTTL and then split by demand again. The two never have more
+// than 12 in flight.
+func TestSharesOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := &simClock{t: time.Unix(1000, 0)}
+	var rs []*simReplica
+	var clients []*redis.Client
+	for _, name := range []string{"a", "b"} {
+		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
+		rdb := newRedisClient(t, srv)
+		p, _ := newTestPoolWith(t, cfg, Options{Now: clock.now, Shares: NewRedisStore(rdb, 0)})
+		rs = append(rs, &simReplica{name: name, pool: p})
+		clients = append(clients, rdb)
+	}
+	rs[0].keep[1], rs[0].life = 400, 2
+	rs[1].queued[1] = 2
+	wantShares := func(when string, want ...int64) {
+		t.Helper()
+		for i, r := range rs {
+			if got := r.share(); got != want[i] {
+				t.Fatalf("%s: %s's share is %d, want %d (%s)", when, r.name, got, want[i], simState(rs))
+			}
+		}
+	}
+	simRun(t, clock, rs, 0, 20)
+	wantShares("split", 10, 2)
+
+	rdb := newRedisClient(t, srv)
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.UnixMilli()
+	key := shareKey("w0")
+	for field, v := range map[string]string{
+		"huge": fmt.Sprintf("99999999 0 0 %d", at), "negative": fmt.Sprintf("-12 0 0 %d", at),
+		"nan": "nan 1 1 1", "demand": fmt.Sprintf("0 0 99999999999999999999 %d", at), "future": fmt.Sprintf("0 0 0 %d", at+60_000),
+	} {
+		if err := rdb.HSet(ctx, key, field, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	simRun(t, clock, rs, 20, 5)
+	wantShares("with junk in the hash", 10, 2)
+	if n := rdb.HLen(ctx, key).Val(); n != 2 {
+		t.Fatalf("the worker's hash has %d fields, want the 2 replicas' (%v)", n, rdb.HGetAll(ctx, key).Val())
+	}
+
+	srv.Stop()
+	ttl := int(ShareReportTTL / (50 * time.Millisecond))
+	simRun(t, clock, rs, 25, 10)
+	wantShares("redis-server stopped, the last grants still counted", 6, 2)
+	simRun(t, clock, rs, 35, ttl)
+	wantShares("redis-server stopped", 6, 6)
+	srv.Restart()
+	// go-redis holds back dialing for a while after failed dials: wait until both replicas'
+	// clients reach the server again (the simulated clock does not move meanwhile).
+	for _, c := range clients {
+		deadline := time.Now().Add(5 * time.Second)
+		for c.Ping(ctx).Err() != nil {
+			if time.Now().After(deadline) {
+				t.Fatal("a replica's client did not reach the restarted redis-server within 5s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	back := 35 + ttl
+	simRun(t, clock, rs, back, ttl-2)
+	for _, r := range rs {
+		if got := r.share(); got > 6 {
+			t.Fatalf("rejoining: %s's share is %d, want at most its half, 6 (%s)", r.name, got, simState(rs))
+		}
+	}
+	simRun(t, clock, rs, back+ttl-2, 20)
+	wantShares("rejoined", 10, 2)
+}

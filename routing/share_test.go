@@ -1,0 +1,446 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestWaterFill(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity int64
+		demands  []int64
+		want     []int64
+	}{
+		{"all fit", 10, []int64{2, 3, 1}, []int64{2, 3, 1}},
+		{"equal parts", 12, []int64{20, 20, 20}, []int64{4, 4, 4}},
+		{"the small demand whole, the rest even", 12, []int64{40, 2, 40}, []int64{5, 2, 5}},
+		{"remainder to the lowest indices", 10, []int64{9, 9, 9}, []int64{4, 3, 3}},
+		{"remainder skips the satisfied", 10, []int64{1, 9, 9}, []int64{1, 5, 4}},
+		{"nothing", 0, []int64{3, 3}, []int64{0, 0}},
+		{"no demand", 5, []int64{0, 0}, []int64{0, 0}},
+		{"negative demand counts as none", 5, []int64{-3, 9}, []int64{0, 5}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := waterFill(tt.capacity, make([]int64, len(tt.demands)), tt.demands, []int{0, 1, 2}[:len(tt.demands)]); !slices.Equal(got, tt.want) {
+				t.Fatalf("waterFill(%d, %v) = %v, want %v", tt.capacity, tt.demands, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSplitShares(t *testing.T) {
+	tests := []struct {
+		name               string
+		limit              int64
+		interactive, total []int64
+		want               []int64
+	}{
+		{"by demand, max-min", 12, []int64{0, 0, 0}, []int64{40, 2, 40}, []int64{5, 2, 5}},
+		{"interactive first", 12, []int64{8, 0}, []int64{8, 100}, []int64{8, 4}},
+		{"interactive alone past the limit", 12, []int64{20, 0}, []int64{20, 100}, []int64{12, 0}},
+		{"interactive split, then the rest", 12, []int64{2, 3, 0}, []int64{2, 30, 30}, []int64{2, 5, 5}},
+		{"room nobody asks for, max-min too", 12, []int64{0, 0, 0}, []int64{3, 0, 0}, []int64{4, 4, 4}},
+		{"room nobody asks for, to the idle", 12, []int64{0, 0, 0}, []int64{7, 0, 0}, []int64{7, 3, 2}},
+		{"an idle fleet", 4, []int64{0, 0, 0}, []int64{0, 0, 0}, []int64{2, 1, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := splitShares(tt.limit, tt.interactive, tt.total, nil)
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("splitShares(%d, %v, %v) = %v, want %v", tt.limit, tt.interactive, tt.total, got, tt.want)
+			}
+			if s := sum(got); s != tt.limit {
+				t.Fatalf("shares sum to %d, want the limit %d", s, tt.limit)
+			}
+		})
+	}
+}
+
+// memFleet is an in-memory ShareStore shared by the replicas of a test, with the semantics of
+// RedisStore's script: each replica's grant is max(hold, min(want, limit - the live others'
+// grants)); a report lives ShareReportTTL by the fleet's clock. cut makes every exchange fail.
+type memFleet struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	cut     bool
+	reports map[string]map[string]memReport // by worker, then replica
+}
+
+type memReport struct {
+	grant, interactive, demand int64
+	at                         time.Time
+}
+
+func newMemFleet(now func() time.Time) *memFleet {
+	return &memFleet{now: now, reports: map[string]map[string]memReport{}}
+}
+
+// replica is the ShareStore of one replica of the fleet.
+func (f *memFleet) replica(name string) ShareStore { return memShares{f, name} }
+
+func (f *memFleet) setCut(cut bool) {
+	f.mu.Lock()
+	f.cut = cut
+	f.mu.Unlock()
+}
+
+// forget drops every report: a Redis restarted empty.
+func (f *memFleet) forget() {
+	f.mu.Lock()
+	clear(f.reports)
+	f.mu.Unlock()
+}
+
+type memShares struct {
+	f    *memFleet
+	name string
+}
+
+var errCut = errors.New("store cut")
+
+func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]ShareAnswer, error) {
+	f := m.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cut {
+		return nil, errCut
+	}
+	now := f.now()
+	out := make([]ShareAnswer, len(reports))
+	for i, r := range reports {
+		held := f.reports[r.Worker]
+		if held == nil {
+			held = map[string]memReport{}
+			f.reports[r.Worker] = held
+		}
+		var others int64
+		var fleet []ReplicaDemand
+		for name, e := range held {
+			if name == m.name {
+				continue
+			}
+			if now.Sub(e.at) > ShareReportTTL {
+				delete(held, name)
+				continue
+			}
+			others += e.grant
+			fleet = append(fleet, ReplicaDemand{Replica: name, Interactive: e.interactive, Demand: e.demand})
+		}
+		grant := max(r.Hold, min(r.Want, r.Limit-others))
+		held[m.name] = memReport{grant: grant, interactive: r.Interactive, demand: r.Demand, at: now}
+		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, ReplicaDemand{Replica: m.name, Self: true, Interactive: r.Interactive, Demand: r.Demand})}
+	}
+	return out, nil
+}
+
+// simClock is the fleet's clock, advanced by the test.
+type simClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *simClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *simClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// simReplica is one gateway replica of a simulated fleet: a pool of one worker "w0" (limit 12)
+// of model m, and a backlog of requests queued for m that it places whenever its pool lets it.
+type simReplica struct {
+	name string
+	pool *Pool
+	// queued are the requests waiting, interactive and other; life is how many rounds a placed
+	// request stays in flight (0: until the test ends).
+	queued [2]int
+	life   int
+	// keep is the least queued at the start of each round: a backlog that never runs out.
+	keep   [2]int
+	leases []simLease
+}
+
+type simLease struct {
+	l    *Lease
+	done int
+}
+
+const simLimit = 12
+
+func newSimFleet(t *testing.T, clock *simClock, fleet *memFleet, names ...string) []*simReplica {
+	t.Helper()
+	var rs []*simReplica
+	for _, name := range names {
+		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
+		opts := Options{Now: clock.now}
+		if fleet != nil {
+			opts.Shares = fleet.replica(name)
+		}
+		p, _ := newTestPoolWith(t, cfg, opts)
+		rs = append(rs, &simReplica{name: name, pool: p})
+	}
+	return rs
+}
+
+func (r *simReplica) demand(string) (int64, int64) {
+	return int64(r.queued[0]), int64(r.queued[0] + r.queued[1])
+}
+
+// place places queued requests, interactive first, until the pool refuses one.
+func (r *simReplica) place(t *testing.T, round int) {
+	t.Helper()
+	for r.queued[0]+r.queued[1] > 0 {
+		interactive := r.queued[0] > 0
+		l, err := r.pool.Pick(context.Background(), &Request{Model: "m", Interactive: interactive})
+		if errors.Is(err, ErrNoRoom) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("%s: pick: %v", r.name, err)
+		}
+		done := -1
+		if r.life > 0 {
+			done = round + r.life
+		}
+		r.leases = append(r.leases, simLease{l, done})
+		if interactive {
+			r.queued[0]--
+		} else {
+			r.queued[1]--
+		}
+	}
+}
+
+// finish releases the requests whose life ended by round.
+func (r *simReplica) finish(round int) {
+	r.leases = slices.DeleteFunc(r.leases, func(s simLease) bool {
+		if s.done >= 0 && s.done <= round {
+			s.l.Release(Outcome{})
+			return true
+		}
+		return false
+	})
+}
+
+func (r *simReplica) inFlight() int64 { return modelWorkersOf(r.pool).InFlight() }
+
+func (r *simReplica) share() int64 {
+	n, _ := modelWorkersOf(r.pool).Share()
+	return n
+}
+
+func modelWorkersOf(p *Pool) *Worker { return p.snap.Load().models["m"].workers[0] }
+
+// simRun runs rounds of 50 ms: each replica in turn finishes, exchanges and places. It fails
+// the test whenever the fleet has more than the worker's limit in flight, and returns the most
+// it had.
+func simRun(t *testing.T, clock *simClock, rs []*simReplica, from, rounds int) (peak int64) {
+	t.Helper()
+	for round := from; round < from+rounds; round++ {
+		clock.advance(50 * time.Millisecond)
+		for _, r := range rs {
+			r.queued[0], r.queued[1] = max(r.queued[0], r.keep[0]), max(r.queued[1], r.keep[1])
+			r.finish(round)
+			_ = r.pool.SyncShares(context.Background(), r.demand)
+			r.place(t, round)
+			var total int64
+			for _, o := range rs {
+				total += o.inFlight()
+			}
+			if total > simLimit {
+				t.Fatalf("round %d: the fleet has %d in flight on w0, over its limit %d (%s)", round, total, simLimit, simState(rs))
+			}
+			peak = max(peak, total)
+		}
+	}
+	return peak
+}
+
+func simState(rs []*simReplica) string {
+	s := ""
+	for _, r := range rs {
+		s += fmt.Sprintf("%s: in flight %d, share %d, queued %v; ", r.name, r.inFlight(), r.share(), r.queued)
+	}
+	return s
+}
+
+func wantInFlight(t *testing.T, rs []*simReplica, want ...int64) {
+	t.Helper()
+	for i, r := range rs {
+		if got := r.inFlight(); got != want[i] {
+			t.Fatalf("%s has %d in flight, want %d (%s)", r.name, got, want[i], simState(rs))
+		}
+	}
+}
+
+// TestSharesSplitByDemand: two replicas with a long backlog and one with two requests share a
+// worker of 12 slots max-min: 2 for the small one, 5 each for the others, whichever exchanged
+// first; the fleet never has more than 12 in flight. Without a fleet each replica fills the
+// worker alone (36 in flight).
+func TestSharesSplitByDemand(t *testing.T) {
+	clock := &simClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b", "c")
+	rs[0].queued[1], rs[0].life = 400, 2
+	rs[1].queued[1], rs[1].life = 400, 2
+	rs[2].queued[1] = 2
+	if peak := simRun(t, clock, rs, 0, 40); peak != simLimit {
+		t.Fatalf("the fleet's peak in flight was %d, want the whole limit %d", peak, simLimit)
+	}
+	rs[0].finish(1 << 30)
+	rs[1].finish(1 << 30)
+	simRun(t, clock, rs, 40, 4)
+	wantInFlight(t, rs, 5, 5, 2)
+
+	alone := newSimFleet(t, clock, nil, "a", "b", "c")
+	for _, r := range alone {
+		r.queued[1] = 400
+		r.place(t, 0)
+	}
+	wantInFlight(t, alone, 12, 12, 12)
+}
+
+// TestSharesServeInteractiveFirst: a replica that always has 8 interactive requests queued gets
+// 8 of the worker's 12 slots from one with a batch flood, though max-min by the count of
+// requests alone would give it 6.
+func TestSharesServeInteractiveFirst(t *testing.T) {
+	clock := &simClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b")
+	rs[0].keep[0], rs[0].life = 8, 2
+	rs[1].keep[1], rs[1].life = 400, 2
+	simRun(t, clock, rs, 0, 40)
+	for i, want := range []int64{8, 4} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("%s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+}
+
+// TestSharesGrowOnlyIntoFreeRoom: a replica holds the whole worker with long requests; another
+// gets a backlog. Its share grows only as the first one's requests end, the fleet never has
+// more than the limit in flight, and the two end at half each.
+func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
+	clock := &simClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b")
+	rs[0].queued[1], rs[0].life = 400, 10
+	simRun(t, clock, rs, 0, 5)
+	wantInFlight(t, rs, 12, 0)
+	rs[1].queued[1], rs[1].life = 400, 10
+	simRun(t, clock, rs, 5, 3)
+	if got := rs[1].inFlight(); got != 0 {
+		t.Fatalf("b placed %d while a's requests all ran, want 0 (%s)", got, simState(rs))
+	}
+	simRun(t, clock, rs, 8, 60)
+	for _, r := range rs {
+		r.life = 0
+	}
+	simRun(t, clock, rs, 68, 30)
+	wantInFlight(t, rs, 6, 6)
+}
+
+// TestSharesFallBackWhenCutAndRejoin: split 5/5/2 by demand; with the store cut every replica
+// keeps within its last grant and a third of the worker while the others may still count its
+// grant (ShareReportTTL), then falls back to a third (4: a and b place nothing until their
+// requests end below it), from its own counts; restored with its reports lost (a Redis restarted empty),
+// the replicas stay within their thirds for ShareReportTTL, until every one has reported again,
+// and then return to the split by demand. The fleet never has more than the limit in flight.
+func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
+	clock := &simClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.now)
+	rs := newSimFleet(t, clock, fleet, "a", "b", "c")
+	rs[0].queued[1], rs[0].life = 4000, 2
+	rs[1].queued[1], rs[1].life = 4000, 2
+	rs[2].queued[1] = 2
+	simRun(t, clock, rs, 0, 40)
+	for i, want := range []int64{5, 5, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("before the cut %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+
+	fleet.setCut(true)
+	ttl := int(ShareReportTTL / (50 * time.Millisecond))
+	simRun(t, clock, rs, 40, ttl-2)
+	for i, want := range []int64{4, 4, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("cut, the last grants still counted: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+	simRun(t, clock, rs, 40+ttl-2, 4)
+	for _, r := range rs {
+		if got := r.share(); got != 4 {
+			t.Fatalf("cut: %s's share is %d, want 4, a third of 12 (%s)", r.name, got, simState(rs))
+		}
+	}
+	if got := rs[0].inFlight(); got != 4 {
+		t.Fatalf("cut: a has %d in flight, want its third, 4 (%s)", got, simState(rs))
+	}
+
+	fleet.forget()
+	fleet.setCut(false)
+	at := 40 + ttl + 2
+	simRun(t, clock, rs, at, ttl-2)
+	for _, r := range rs {
+		if got := r.share(); got > 4 {
+			t.Fatalf("rejoining: %s's share is %d, want at most its third, 4 (%s)", r.name, got, simState(rs))
+		}
+	}
+	simRun(t, clock, rs, at+ttl-2, 20)
+	for i, want := range []int64{5, 5, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("rejoined: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+}
+
+// TestSharesWithoutStore: without a ShareStore a replica places up to the worker's whole limit,
+// SyncShares does nothing, and the worker's status says it is not split.
+func TestSharesWithoutStore(t *testing.T) {
+	clock := &simClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, nil, "a")
+	if err := rs[0].pool.SyncShares(context.Background(), rs[0].demand); err != nil {
+		t.Fatal(err)
+	}
+	if n, shared := modelWorkersOf(rs[0].pool).Share(); n != simLimit || shared {
+		t.Fatalf("share %d (shared %v), want %d, not shared", n, shared, simLimit)
+	}
+}
+
+// TestLeftoverUnitsRotateOverWorkers: three replicas of equal demand on 30 workers of 8 slots:
+// each worker leaves 2 units over a split in thirds, and they go to different replicas on
+// different workers, so each replica holds about a third of the fleet's 240 slots; by name
+// alone the same replica would be left 2 on every worker (60 of 240).
+func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 50}, {Replica: "b", Demand: 50}, {Replica: "c", Demand: 50}}
+	got := make([]int64, len(fleet))
+	for w := range 30 {
+		s := &shares{fleet: map[string]*workerFleet{}}
+		id := fmt.Sprintf("w%d", w)
+		for self := range fleet {
+			f := &workerFleet{demands: slices.Clone(fleet), self: self}
+			f.demands[self].Self = true
+			s.fleet[id] = f
+			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50})
+		}
+	}
+	if sum(got) != 240 {
+		t.Fatalf("the replicas' shares sum to %d over the workers, want 240 (%v)", sum(got), got)
+	}
+	for i, n := range got {
+		if n < 72 || n > 88 {
+			t.Errorf("replica %s holds %d of the 240 slots, want about a third, 72..88 (all: %v)", fleet[i].Replica, n, got)
+		}
+	}
+}
