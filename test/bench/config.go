@@ -33,6 +33,12 @@ type Config struct {
 	// the requests go round robin over URL and these, in arrival order, as a round-robin load
 	// balancer in front of them would send them.
 	Replicas []string
+	// ReplicaSpread is how the requests go over URL and Replicas: "even" (the default: round
+	// robin, as a round-robin load balancer sends them), "skewed" (half of them to URL, the rest
+	// round robin over Replicas) or "pinned" (each tenant's to one of them: the i-th tenant of
+	// the run to the i-th of URL and Replicas, modulo their number, as a balancer with client
+	// affinity does).
+	ReplicaSpread string
 	// Model is sent as the request's model. Required.
 	Model string
 	// Endpoint is "chat" (POST {URL}/chat/completions, the default) or "completions"
@@ -227,6 +233,11 @@ func (c Config) Validate() error {
 			bad(fmt.Sprintf("replicas[%d]", i), "must be an absolute http(s) URL, got %q", r)
 		}
 	}
+	switch d.ReplicaSpread {
+	case "", SpreadEven, SpreadSkewed, SpreadPinned:
+	default:
+		bad("replica_spread", "must be even, skewed or pinned, got %q", d.ReplicaSpread)
+	}
 	if d.Model == "" {
 		bad("model", "required")
 	}
@@ -348,6 +359,13 @@ func infiniteRate(c Config) bool {
 	return false
 }
 
+// The spreads of requests over replicas (Config.ReplicaSpread).
+const (
+	SpreadEven   = "even"
+	SpreadSkewed = "skewed"
+	SpreadPinned = "pinned"
+)
+
 func validClass(c string) bool {
 	return c == "interactive" || c == "standard" || c == "batch"
 }
@@ -356,6 +374,7 @@ func validClass(c string) bool {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.URL, "url", c.URL, "OpenAI base URL of the target, e.g. http://127.0.0.1:8080/v1 (required)")
 	fs.Var((*stringsFlag)(&c.Replicas), "replica-url", "base URL of another replica of the target, repeatable: requests go round robin over --url and these")
+	fs.StringVar(&c.ReplicaSpread, "replica-spread", c.ReplicaSpread, "how requests go over --url and the --replica-url: even (round robin, default), skewed (half to --url) or pinned (each tenant to one)")
 	fs.StringVar(&c.Model, "model", c.Model, "model name sent with every request (required)")
 	fs.StringVar(&c.LocalAddr, "local-addr", c.LocalAddr, "IP address to connect from (e.g. 127.0.0.2), so two bench processes are two clients")
 	fs.StringVar(&c.Endpoint, "endpoint", c.Endpoint, "chat (/chat/completions, default) or completions (/completions)")

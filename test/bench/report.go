@@ -44,21 +44,22 @@ type Report struct {
 
 // RunInfo records what was run, scale factors included, so a report stands on its own.
 type RunInfo struct {
-	URL         string   `json:"url"`
-	Replicas    []string `json:"replicas,omitempty"`
-	Model       string   `json:"model"`
-	Endpoint    string   `json:"endpoint"`
-	Workload    string   `json:"workload"`
-	Seed        uint64   `json:"seed"`
-	Rate        float64  `json:"rate,omitempty"`
-	Duration    float64  `json:"duration_seconds,omitempty"`
-	Requests    int      `json:"requests,omitempty"`
-	MaxInflight int      `json:"max_inflight"`
-	TraceFile   string   `json:"trace_file,omitempty"`
-	TimeScale   float64  `json:"time_scale,omitempty"`
-	TokenScale  float64  `json:"token_scale,omitempty"`
-	TraceLimit  int      `json:"trace_limit,omitempty"`
-	Tenants     []Tenant `json:"tenants"`
+	URL           string   `json:"url"`
+	Replicas      []string `json:"replicas,omitempty"`
+	ReplicaSpread string   `json:"replica_spread,omitempty"`
+	Model         string   `json:"model"`
+	Endpoint      string   `json:"endpoint"`
+	Workload      string   `json:"workload"`
+	Seed          uint64   `json:"seed"`
+	Rate          float64  `json:"rate,omitempty"`
+	Duration      float64  `json:"duration_seconds,omitempty"`
+	Requests      int      `json:"requests,omitempty"`
+	MaxInflight   int      `json:"max_inflight"`
+	TraceFile     string   `json:"trace_file,omitempty"`
+	TimeScale     float64  `json:"time_scale,omitempty"`
+	TokenScale    float64  `json:"token_scale,omitempty"`
+	TraceLimit    int      `json:"trace_limit,omitempty"`
+	Tenants       []Tenant `json:"tenants"`
 }
 
 // Stats sums up a set of requests: all of them, one tenant's or one class's.
@@ -182,7 +183,7 @@ const classUnspecified = "unspecified"
 func buildReport(cfg Config, results []result, elapsed time.Duration) *Report {
 	rep := &Report{
 		Run: RunInfo{
-			URL: cfg.URL, Replicas: cfg.Replicas, Model: cfg.Model, Endpoint: cfg.Endpoint, Workload: cfg.Workload,
+			URL: cfg.URL, Replicas: cfg.Replicas, ReplicaSpread: cfg.ReplicaSpread, Model: cfg.Model, Endpoint: cfg.Endpoint, Workload: cfg.Workload,
 			Seed: cfg.Seed, Duration: cfg.Duration.Seconds(), Requests: cfg.Requests,
 			MaxInflight: cfg.MaxInflight, Tenants: cfg.Tenants,
 		},

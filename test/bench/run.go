@@ -112,6 +112,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (*Report, error) {
 	for _, r := range cfg.Replicas {
 		s.replicas = append(s.replicas, strings.TrimRight(r, "/")+path)
 	}
+	s.spread = cfg.ReplicaSpread
 
 	opts.Logger.Info("bench start", "url", s.endpoint, "replicas", len(cfg.Replicas), "workload", cfg.Workload, "tenants", len(cfg.Tenants),
 		"requests", cfg.Requests, "duration", cfg.Duration)

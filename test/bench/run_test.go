@@ -409,3 +409,53 @@ func TestRunSpreadsOverReplicas(t *testing.T) {
 		t.Errorf("a relative replica URL: got %v, want an error naming bench.replicas[0]", err)
 	}
 }
+
+// TestRunSpreadsSkewedOrPinned: "skewed" sends half of the requests to the target's URL and the
+// rest round robin over the replicas; "pinned" sends each tenant's to one of them, as a balancer
+// with client affinity would, so a heavy tenant can be put on one replica alone.
+func TestRunSpreadsSkewedOrPinned(t *testing.T) {
+	engines := []*fakeEngine{{tokens: 1}, {tokens: 1}, {tokens: 1}}
+	cfg := smallRandom(engines[0].start(t).URL, 12)
+	for _, e := range engines[1:] {
+		cfg.Replicas = append(cfg.Replicas, e.start(t).URL+"/v1/")
+	}
+	cfg.ReplicaSpread = bench.SpreadSkewed
+	if rep := run(t, cfg); rep.Overall.OK != 12 || rep.Run.ReplicaSpread != bench.SpreadSkewed {
+		t.Fatalf("skewed: ok %d of 12, report's spread %q", rep.Overall.OK, rep.Run.ReplicaSpread)
+	}
+	for i, want := range []int{6, 3, 3} {
+		if n := len(engines[i].requests()); n != want {
+			t.Errorf("skewed: replica %d got %d requests, want %d", i, n, want)
+		}
+	}
+
+	engines = []*fakeEngine{{tokens: 1}, {tokens: 1}, {tokens: 1}}
+	cfg = smallRandom(engines[0].start(t).URL, 30)
+	for _, e := range engines[1:] {
+		cfg.Replicas = append(cfg.Replicas, e.start(t).URL+"/v1/")
+	}
+	cfg.ReplicaSpread = bench.SpreadPinned
+	cfg.Tenants = []bench.Tenant{{Name: "a", Key: "ka"}, {Name: "b", Key: "kb"}, {Name: "c", Key: "kc"}, {Name: "d", Key: "kd"}}
+	if rep := run(t, cfg); rep.Overall.OK != 30 {
+		t.Fatalf("pinned: ok %d of 30", rep.Overall.OK)
+	}
+	// Tenants a and d on the first, b on the second, c on the third.
+	for i, want := range [][]string{{"Bearer ka", "Bearer kd"}, {"Bearer kb"}, {"Bearer kc"}} {
+		keys := map[string]bool{}
+		for _, s := range engines[i].requests() {
+			keys[s.header.Get("Authorization")] = true
+		}
+		if len(keys) != len(want) {
+			t.Errorf("pinned: replica %d got keys %v, want %v", i, keys, want)
+		}
+		for _, k := range want {
+			if !keys[k] {
+				t.Errorf("pinned: replica %d got keys %v, want %v", i, keys, want)
+			}
+		}
+	}
+	cfg.ReplicaSpread = "random"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "bench.replica_spread") {
+		t.Errorf("an unknown spread: got %v, want an error naming bench.replica_spread", err)
+	}
+}

@@ -155,18 +155,32 @@ type sender struct {
 	ignoreEOS bool
 	timeout   time.Duration
 	now       func() time.Time
-	// replicas are more full URLs; with them, each request goes to the next of endpoint and
-	// these in turn (turn counts the requests sent).
+	// replicas are more full URLs; with them, each request goes to one of endpoint and these
+	// as spread says (Config.ReplicaSpread; turn counts the requests sent).
 	replicas []string
+	spread   string
 	turn     atomic.Uint64
 }
 
-// target returns the URL of the next request: endpoint and the replicas in turn.
-func (s *sender) target() string {
+// target returns the URL of the next request, of the run's tenant-th tenant: one of endpoint and
+// the replicas, as s.spread says.
+func (s *sender) target(tenant int) string {
 	if len(s.replicas) == 0 {
 		return s.endpoint
 	}
-	n := (s.turn.Add(1) - 1) % uint64(len(s.replicas)+1)
+	urls := uint64(len(s.replicas) + 1)
+	var n uint64
+	switch s.spread {
+	case SpreadPinned:
+		n = uint64(max(tenant, 0)) % urls
+	case SpreadSkewed:
+		// Every other request to endpoint, the others round robin over the replicas.
+		if t := s.turn.Add(1) - 1; t%2 == 1 {
+			n = 1 + (t/2)%(urls-1)
+		}
+	default:
+		n = (s.turn.Add(1) - 1) % urls
+	}
 	if n == 0 {
 		return s.endpoint
 	}
@@ -203,7 +217,7 @@ func (s *sender) send(ctx context.Context, a arrival, t Tenant) result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.target(), bytes.NewReader(payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.target(a.tenant), bytes.NewReader(payload))
 	if err != nil {
 		res.code = codeTransport
 		return res

@@ -70,6 +70,9 @@ DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
 REPLICAS=${REPLICAS:-1}            # scenario 2: gateway replicas sharing one redis-server
+REPLICA_SPREAD=${REPLICA_SPREAD:-even} # with REPLICAS > 1: even (round robin), skewed (half to the
+                                   # first replica) or pinned (each tenant to one replica: f1 alone
+                                   # with f4 on the first)
 REDIS_CUT=${REDIS_CUT:-0}          # scenario 2 with REPLICAS > 1: seconds redis-server is down from the
                                    # middle of the arrivals (killed, then a fresh one on its port)
 # Scenario 4 (engine modes); its runs are M_CAP_DURATION + 2 x M_DURATION seconds of arrivals a
@@ -117,7 +120,7 @@ mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
-  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
   "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
@@ -322,7 +325,7 @@ run_bench() {
   local name=$1 g replicas=(); shift
   for g in "${GWS[@]:1}"; do replicas+=(--replica-url "http://$g/v1"); done
   echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  bin/usher bench --url "http://$GW/v1" "${replicas[@]}" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
+  bin/usher bench --url "http://$GW/v1" "${replicas[@]}" --replica-spread "$REPLICA_SPREAD" --model "$MODEL" --random-input-len "$IN" --random-output-len "$OUT" \
     --random-spread "$SPREAD" --seed "$SEED" --drain "$DRAIN" --quiet --out "$OUT_DIR/$name.json" "$@" >"$OUT_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$OUT_DIR/$name.txt" >&2; exit 1; }
 }
@@ -428,7 +431,7 @@ if wants 2; then
   echo
   echo "== 2. fairness: four standard tenants of one tier (weight 1), f1 at $HR req/s (4 R), f2..f4 at $SR req/s (0.4 R)"
   echo "   each; lengths spread ±$SPREAD; ${FAIR_DURATION}s of arrivals; tokens (prompt + output) served per ${FAIR_WINDOW}s window;"
-  echo "   $REPLICAS gateway replica(s)$([ "$REPLICAS" -gt 1 ] && echo " sharing one Redis, the requests round robin over them")"
+  echo "   $REPLICAS gateway replica(s)$([ "$REPLICAS" -gt 1 ] && echo " sharing one Redis, the requests spread $REPLICA_SPREAD over them")"
   if [ -n "$cut_pid" ]; then
     echo "   redis-server killed at $((FAIR_DURATION / 2))s of the arrivals, a fresh one ${REDIS_CUT}s later"
   fi
