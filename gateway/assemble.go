@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -343,7 +342,7 @@ func (a *assembler) answer() (answer []byte, ok bool) {
 		out = append(out, a.finish...)
 	}
 	out = append(out, "}]}"...)
-	return out, json.Valid(out)
+	return out, validJSON(out)
 }
 
 func appendMember(out []byte, m member) []byte {

@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
-
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/tenants"
 )
@@ -67,16 +65,17 @@ func serviceTierOf(c queue.Class) string {
 // rewriteAnswer returns a worker's whole 2xx answer as the client gets it: the model named as
 // the client named it when the worker calls it otherwise (cl.alias), and, for a chat or
 // completion, the service_tier served set in place of the engine's own or added first. An answer
-// that is not a JSON object, or that needs no change, is returned as it is. The top-level keys
-// are matched as the engines write them (unescaped). Cost: two scans of the answer (validity,
-// top level) and one copy, with no allocation but the copy.
+// that is not a JSON object (encoding/json.Valid), or that needs no change, is returned as it
+// is. The top-level keys are matched as the engines write them (unescaped). Cost: one pass over
+// the answer that both checks it (scanValue) and copies its members, and no allocation but the
+// copy.
 func (cl *call) rewriteAnswer(data []byte) []byte {
 	setTier := !cl.ep.embed && cl.classed
 	if !setTier && cl.alias == nil {
 		return data
 	}
 	i := skipSpace(data, 0)
-	if i >= len(data) || data[i] != '{' || !json.Valid(data) {
+	if i >= len(data) || data[i] != '{' {
 		return data
 	}
 	out := make([]byte, 0, len(data)+32)
@@ -84,24 +83,50 @@ func (cl *call) rewriteAnswer(data []byte) []byte {
 	if setTier {
 		out = append(append(append(out, `"service_tier":"`...), serviceTierOf(cl.class)...), '"')
 	}
-	for i = skipSpace(data, i+1); i < len(data) && data[i] == '"'; {
-		kend := stringEnd(data, i)
-		key := data[i:kend]
-		v := skipSpace(data, skipSpace(data, kend)+1) // past the colon
-		vend := valueEnd(data, v)
-		value := data[v:vend]
-		if cl.alias != nil && string(key) == `"model"` {
-			value = cl.alias.public
-		}
-		if !setTier || string(key) != `"service_tier"` {
-			if len(out) > 1 {
-				out = append(out, ',')
+	if i = skipSpace(data, i+1); i < len(data) && data[i] == '}' {
+		i++
+	} else {
+		for {
+			if i >= len(data) || data[i] != '"' {
+				return data
 			}
-			out = append(append(append(out, key...), ':'), value...)
+			kend, err := scanString(data, i, false)
+			if err != nil {
+				return data
+			}
+			key := data[i:kend]
+			v := skipSpace(data, kend)
+			if v >= len(data) || data[v] != ':' {
+				return data
+			}
+			v = skipSpace(data, v+1)
+			vend, err := scanValue(data, v, maxJSONNesting-1, false)
+			if err != nil {
+				return data
+			}
+			value := data[v:vend]
+			if cl.alias != nil && string(key) == `"model"` {
+				value = cl.alias.public
+			}
+			if !setTier || string(key) != `"service_tier"` {
+				if len(out) > 1 {
+					out = append(out, ',')
+				}
+				out = append(append(append(out, key...), ':'), value...)
+			}
+			if i = skipSpace(data, vend); i < len(data) && data[i] == ',' {
+				i = skipSpace(data, i+1)
+				continue
+			}
+			if i >= len(data) || data[i] != '}' {
+				return data
+			}
+			i++
+			break
 		}
-		if i = skipSpace(data, vend); i < len(data) && data[i] == ',' {
-			i = skipSpace(data, i+1)
-		}
+	}
+	if skipSpace(data, i) != len(data) {
+		return data
 	}
 	return append(out, '}')
 }
