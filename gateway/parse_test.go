@@ -442,3 +442,15 @@ func FuzzJSONStringIsTheEncoders(f *testing.F) {
 		}
 	})
 }
+
+// The keys usher reads are lowercase ASCII: splitObject looks for case variants of them only among
+// the keys that are not.
+func TestKnownKeysAreLowercase(t *testing.T) {
+	for _, list := range [][]string{readKeys, messageKeys, partKeys, optionKeys} {
+		for _, k := range list {
+			if ascii, upper := caseOf(k); !ascii || upper {
+				t.Errorf("known key %q is not lowercase ASCII", k)
+			}
+		}
+	}
+}
