@@ -33,6 +33,7 @@ var (
 	eventStreamContentType = []string{"text/event-stream"}
 	noCache                = []string{"no-cache"}
 	bufferingOff           = []string{"no"}
+	noValue                = []string{""}
 )
 
 // errWorkerSilent is the cause of an attempt cut off because its worker sent nothing for
@@ -274,9 +275,12 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	if id := in[headerRequestID]; len(id) > 0 {
 		h[headerRequestID] = id[:1:1]
 	} else {
-		h[headerRequestID] = []string{""}
+		h[headerRequestID] = noValue
 	}
 	h["Idempotency-Key"] = nil
+	// No User-Agent line: net/http would format its own into every request, and no engine
+	// reads it.
+	h["User-Agent"] = noValue
 	if a := headerValue(in, "Accept"); a != "" {
 		h["Accept"] = []string{a}
 	}
