@@ -48,10 +48,19 @@ var usageKey = []byte(`"usage"`)
 // pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
 	// A forward search is vectorised, LastIndex is not: most stream chunks carry no usage at all.
-	if indexKey(payload, usageKey) < 0 {
+	i := indexKey(payload, usageKey)
+	if i < 0 {
 		return usage{}, false
 	}
-	i := bytes.LastIndex(payload, usageKey)
+	// The last one, searched forwards from the first (LastIndex hashes its way back a byte at
+	// a time): there is one in all but odd answers.
+	for {
+		j := bytes.Index(payload[i+1:], usageKey)
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
 	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
