@@ -74,6 +74,8 @@ type Worker struct {
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
 	cachedTokens atomic.Int64
+	// series are the worker's metric children (poolMetrics.seriesOf); nil until its first release.
+	series atomic.Pointer[workerSeries]
 
 	// checkPasses and checkFailures count consecutive check results, and checkErr says why the
 	// last check failed; only the worker's own health goroutine touches them.
