@@ -314,12 +314,13 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 	}
 	s.firstByte(cl)
 	var out routing.Outcome
+	var head []byte // what goes before data (see rewriteAnswer)
 	if resp.StatusCode == http.StatusOK {
 		if u, ok := parseUsage(data); ok {
 			out = s.account(cl, u)
 			data = cl.withOwnCache(data)
 		}
-		data = cl.rewriteAnswer(data)
+		head, data = cl.rewriteAnswer(data)
 	}
 	// What c.Blob does, with the worker's Content-Type value shared (net/http reads header keys
 	// canonical) rather than canonicalized and copied.
@@ -332,6 +333,11 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 		}
 	}
 	c.Response().WriteHeader(resp.StatusCode)
+	if len(head) > 0 {
+		if _, err := c.Response().Write(head); err != nil {
+			return out, errClientGone
+		}
+	}
 	if _, err := c.Response().Write(data); err != nil {
 		return out, errClientGone
 	}
