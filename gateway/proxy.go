@@ -256,11 +256,16 @@ func retryAfterOf(h http.Header, now time.Time) time.Duration {
 // out on a reused connection.
 func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header, at *attempt) (*http.Response, error) {
 	at.trace.GotConn = at.gotConn
-	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "",
-		bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "", nil)
 	if err != nil {
 		return nil, err
 	}
+	// The body's reader lives in the attempt; net/http sees through the NopCloser to a
+	// bytes.Reader, which it writes in the same write as the headers (another reader would
+	// cost a write of its own). The transport's replays read the bytes afresh.
+	at.body.Reset(body)
+	out.Body, out.ContentLength = io.NopCloser(&at.body), int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
 	u := out.URL
