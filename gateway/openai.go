@@ -61,11 +61,11 @@ func parseUsage(payload []byte) (usage, bool) {
 		}
 		i += 1 + j
 	}
-	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
+	rest := payload[skipSpace(payload, i+len(usageKey)):]
 	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
 	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	rest = rest[skipSpace(rest, 1):]
 	if len(rest) == 0 || rest[0] != '{' {
 		return usage{}, false // null, as OpenAI sends in every chunk but the last
 	}
@@ -204,9 +204,9 @@ func carriesOutput(payload []byte) bool {
 			if i < 0 {
 				break
 			}
-			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
+			rest = rest[skipSpace(rest, i+len(key)):]
 			if len(rest) > 0 && rest[0] == ':' {
-				v := bytes.TrimLeft(rest[1:], " \t\r\n")
+				v := rest[skipSpace(rest, 1):]
 				if len(v) > 1 && v[0] == '"' && v[1] != '"' {
 					return true
 				}
