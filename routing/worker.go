@@ -29,6 +29,9 @@ type Worker struct {
 	spec   WorkerSpec   // immutable; Models and ModelAliases are the worker's own copies
 	source WorkerSource // immutable once the worker is in the pool
 	url    *url.URL     // immutable
+	// authorization is the Authorization header value of the worker's key, nil without one;
+	// immutable, and shared read-only by every request to the worker (see Authorize).
+	authorization []string
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
 	// config (fixed), or learned by learner (see ConcurrencyConfig).
@@ -98,6 +101,9 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		spec.ModelAliases = nil
 	}
 	w := &Worker{spec: spec, url: u}
+	if spec.APIKey != "" {
+		w.authorization = []string{"Bearer " + spec.APIKey}
+	}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
 	w.cost = newCostModel(now, cfg.Scrape.MaxAge, cfg.Concurrency.KVHold)
