@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -343,7 +342,7 @@ func (a *assembler) answer() (answer []byte, ok bool) {
 		out = append(out, a.finish...)
 	}
 	out = append(out, "}]}"...)
-	return out, json.Valid(out)
+	return out, validJSON(out)
 }
 
 func appendMember(out []byte, m member) []byte {
@@ -528,7 +527,11 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 		out = s.account(cl, estimatedUsage(cl, a.events))
 	}
 	out.TTFT = ttft
-	data = cl.rewriteAnswer(cl.withOwnCache(data))
+	if head, body := cl.rewriteAnswer(cl.withOwnCache(data)); len(head) > 0 {
+		data = append(append(make([]byte, 0, len(head)+len(body)), head...), body...)
+	} else {
+		data = body
+	}
 	if err := c.Blob(http.StatusOK, echo.MIMEApplicationJSON, data); err != nil {
 		return out, errClientGone
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -290,6 +291,27 @@ func TestWholeAnswerIsRelayedWhereNoAssemblyIsNeeded(t *testing.T) {
 	}
 	if st, _ := g.srv.pool.Worker("slots"); st.State != routing.StateHealthy {
 		t.Errorf("after completions with two prompts the worker is %s, want healthy", st.State)
+	}
+}
+
+// Issue 25: a standard request that wants a whole answer, to a continuous-batching (KV) engine
+// while no interactive request is present, reaches the engine as its client sent it (stream
+// false) and its answer reaches the client as the engine wrote it, service_tier set: relayed, not
+// asked as a stream and assembled (which costs the hop a decoding of every chunk).
+func TestWholeStandardAnswerFromAKVEngineIsRelayed(t *testing.T) {
+	kv := newFakeWorker(t, nil)
+	g := startTierGateway(t, []routing.WorkerSpec{kv.spec("kv")}, everyClassTier)
+	resp := g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","stream":false,"messages":[{"role":"user","content":"hello"}]}`,
+		map[string]string{headerPriority: "standard"})
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("standard: %d %v", resp.StatusCode, err)
+	}
+	if b := kv.body(); b["stream"] != false || b["stream_options"] != nil {
+		t.Errorf("the engine was asked %v, want stream false as the client sent it", b)
+	}
+	if want := `{"service_tier":"default",` + kv.wholeAnswer()[1:]; string(got) != want {
+		t.Errorf("the client got\n%s\nwant the engine's answer relayed\n%s", got, want)
 	}
 }
 

@@ -45,7 +45,7 @@ func (e *objectiveRefusal) Unwrap() error { return errObjectiveUnreachable }
 
 // askedMissPolicy reads X-Usher-Objective-Miss: "reject" or "serve" (the default), any case.
 func (cl *call) askedMissPolicy(h http.Header) error {
-	switch v := h.Get(headerObjectiveMiss); {
+	switch v := headerValue(h, headerObjectiveMiss); {
 	case v == "", strings.EqualFold(v, "serve"):
 	case strings.EqualFold(v, "reject"):
 		cl.rejectMiss = true

@@ -48,15 +48,24 @@ var usageKey = []byte(`"usage"`)
 // pass over its bytes (scanUsage), decoding it with encoding/json only when that pass cannot.
 func parseUsage(payload []byte) (usage, bool) {
 	// A forward search is vectorised, LastIndex is not: most stream chunks carry no usage at all.
-	if indexKey(payload, usageKey) < 0 {
+	i := indexKey(payload, usageKey)
+	if i < 0 {
 		return usage{}, false
 	}
-	i := bytes.LastIndex(payload, usageKey)
-	rest := bytes.TrimLeft(payload[i+len(usageKey):], " \t\r\n")
+	// The last one, searched forwards from the first (LastIndex hashes its way back a byte at
+	// a time): there is one in all but odd answers.
+	for {
+		j := bytes.Index(payload[i+1:], usageKey)
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	rest := payload[skipSpace(payload, i+len(usageKey)):]
 	if len(rest) == 0 || rest[0] != ':' {
 		return usage{}, false
 	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	rest = rest[skipSpace(rest, 1):]
 	if len(rest) == 0 || rest[0] != '{' {
 		return usage{}, false // null, as OpenAI sends in every chunk but the last
 	}
@@ -195,9 +204,9 @@ func carriesOutput(payload []byte) bool {
 			if i < 0 {
 				break
 			}
-			rest = bytes.TrimLeft(rest[i+len(key):], " \t\r\n")
+			rest = rest[skipSpace(rest, i+len(key)):]
 			if len(rest) > 0 && rest[0] == ':' {
-				v := bytes.TrimLeft(rest[1:], " \t\r\n")
+				v := rest[skipSpace(rest, 1):]
 				if len(v) > 1 && v[0] == '"' && v[1] != '"' {
 					return true
 				}

@@ -375,13 +375,39 @@ func TestRewriteAnswer(t *testing.T) {
 		{`["eng"]`, `["eng"]`},
 		{`{"model":"eng"`, `{"model":"eng"`},
 	} {
-		if got := string(cl.rewriteAnswer([]byte(tc.in))); got != tc.want {
+		if head, body := cl.rewriteAnswer([]byte(tc.in)); string(head)+string(body) != tc.want {
+			got := string(head) + string(body)
 			t.Errorf("%s: got %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	// Without an alias, most answers only gain the service_tier: the answer itself follows a
+	// shared head, uncopied.
+	plain := newCall(chatEndpoint, time.Time{})
+	plain.model, plain.class, plain.classed = "pub", queue.Standard, true
+	var many strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&many, `"k%d":%d,`, i, i)
+	}
+	for _, tc := range []struct {
+		in, want string
+		copied   bool
+	}{
+		{`{"id":"x","choices":[]}`, `{"service_tier":"default","id":"x","choices":[]}`, false},
+		{` {"id" : "x"} `, `{"service_tier":"default","id" : "x"} `, false},
+		{`{"id":"x",}`, `{"id":"x",}`, true},
+		{`{"service_tier":"auto",` + many.String() + `"id":"x"}`, `{"service_tier":"default",` + many.String() + `"id":"x"}`, true},
+	} {
+		head, body := plain.rewriteAnswer([]byte(tc.in))
+		if got := string(head) + string(body); got != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.in, got, tc.want)
+		}
+		if copied := head == nil; copied != tc.copied {
+			t.Errorf("%s: answer copied or unchanged %v, want %v", tc.in, copied, tc.copied)
 		}
 	}
 	embed := newCall(embeddingsEndpoint, time.Time{})
 	embed.classed = true
-	if got := string(embed.rewriteAnswer([]byte(`{"model":"e"}`))); got != `{"model":"e"}` {
+	if head, got := embed.rewriteAnswer([]byte(`{"model":"e"}`)); head != nil || string(got) != `{"model":"e"}` {
 		t.Errorf("an embedding without an alias: got %s, want it unchanged", got)
 	}
 }

@@ -83,10 +83,21 @@ func objectFields(data []byte, known []string) ([]jsonField, error) {
 }
 
 // splitObject is objectFields, appending the members to fields[:0] (a caller's buffer, so that a
-// hot path splits without allocating); with maxDepth > 0 it also checks every byte it passes (the
-// whole object) for what an engine must reject (see checkedValueEnd), so the top-level split is
-// the one pass that both splits and checks the body.
+// hot path splits without allocating). With maxDepth > 0 data need not be valid: the split is
+// also the one pass that checks the whole of data as parseBody must (JSON's grammar as
+// encoding/json.Valid reads it, what an engine must reject, and objects and arrays nested at
+// most maxDepth deep, data itself level 1; see scanValue), and its first error is errSyntax
+// wherever data is not valid JSON, whatever else comes first.
 func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) ([]jsonField, error) {
+	fields, err := splitMembers(fields, data, known, maxDepth)
+	if err != nil && maxDepth > 0 && !errors.Is(err, errSyntax) && !validJSON(data) {
+		return nil, errSyntax
+	}
+	return fields, err
+}
+
+func splitMembers(fields []jsonField, data []byte, known []string, maxDepth int) ([]jsonField, error) {
+	checked := maxDepth > 0
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return nil, errNotObject
@@ -94,17 +105,27 @@ func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) 
 	fields = fields[:0]
 	i = skipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
+		if checked && skipSpace(data, i+1) != len(data) {
+			return nil, errSyntax
+		}
 		return fields, nil
 	}
 	for i < len(data) {
 		end, vstart, vend := 0, 0, 0
-		if maxDepth > 0 {
+		if checked {
 			var err error
-			if end, err = checkedStringEnd(data, i); err != nil {
+			if data[i] != '"' {
+				return nil, errSyntax
+			}
+			if end, err = scanString(data, i, true); err != nil {
 				return nil, err
 			}
-			vstart = skipSpace(data, skipSpace(data, end)+1) // past the colon
-			if vend, err = checkedValueEnd(data, vstart, maxDepth-1); err != nil {
+			colon := skipSpace(data, end)
+			if colon >= len(data) || data[colon] != ':' {
+				return nil, errSyntax
+			}
+			vstart = skipSpace(data, colon+1)
+			if vend, err = scanValue(data, vstart, min(maxDepth, maxJSONNesting)-1, true); err != nil {
 				return nil, err
 			}
 		} else {
@@ -122,38 +143,55 @@ func splitObject(fields []jsonField, data []byte, known []string, maxDepth int) 
 				return nil, fmt.Errorf("the key %q appears twice", key)
 			}
 		}
-		// Folding keeps the length of ASCII text, and the known keys are ASCII: an ASCII key of
-		// another length is no case variant of one (a non-ASCII one may be: K, the Kelvin sign,
-		// folds to k).
-		ascii := isASCII(key)
-		for _, k := range known {
-			if ascii && len(key) != len(k) {
-				continue
-			}
-			if key != k && strings.EqualFold(key, k) {
-				return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
+		// The known keys are lowercase ASCII (TestKnownKeysAreLowercase), and ASCII folds only
+		// to ASCII of its length: a lowercase ASCII key is a case variant of none of them, an
+		// ASCII key of another length is no case variant of one (a non-ASCII one may be: K, the
+		// Kelvin sign, folds to k).
+		if ascii, upper := caseOf(key); !ascii || upper {
+			for _, k := range known {
+				if ascii && len(key) != len(k) {
+					continue
+				}
+				if key != k && strings.EqualFold(key, k) {
+					return nil, fmt.Errorf("the key %q differs from %q only in case", key, k)
+				}
 			}
 		}
 		fields = append(fields, jsonField{key: key, rawKey: rawKey, value: data[vstart:vend], at: vstart})
 		i = skipSpace(data, vend)
-		if i >= len(data) || data[i] == '}' {
+		if !checked && (i >= len(data) || data[i] == '}') {
 			break
 		}
+		if checked {
+			switch {
+			case i < len(data) && data[i] == ',':
+			case i < len(data) && data[i] == '}' && skipSpace(data, i+1) == len(data):
+				return fields, nil
+			default:
+				return nil, errSyntax
+			}
+		}
 		i = skipSpace(data, i+1) // the comma
+	}
+	if checked {
+		return nil, errSyntax
 	}
 	return fields, nil
 }
 
 var errNotObject = errors.New("not a JSON object")
 
-// isASCII reports whether s is ASCII throughout.
-func isASCII(s string) bool {
+// caseOf reports whether s is ASCII throughout, and whether it holds an upper-case ASCII letter.
+func caseOf(s string) (ascii, upper bool) {
 	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			return false
+		switch c := s[i]; {
+		case c >= utf8.RuneSelf:
+			return false, upper
+		case c >= 'A' && c <= 'Z':
+			upper = true
 		}
 	}
-	return true
+	return true, upper
 }
 
 func skipSpace(data []byte, i int) int {
@@ -223,48 +261,9 @@ func valueEnd(data []byte, i int) int {
 	return j
 }
 
-// errInputDepth, errInputUTF8 and errInputSurrogate name what checkedValueEnd refuses.
-var (
-	errInputDepth     = errors.New("JSON nests deeper than the gateway allows")
-	errInputUTF8      = errors.New("a string holds bytes that are not UTF-8")
-	errInputSurrogate = errors.New("a string holds a \\u escape of a lone UTF-16 surrogate")
-)
-
-// checkedStringEnd is stringEnd that also refuses what Python engines cannot encode: bytes that
-// are not UTF-8 (Go's json.Valid accepts them; Python's strict decoder does not) and \u escapes
-// of a UTF-16 surrogate without its pair (Python decodes them into a string it then fails to
-// encode; Go reads U+FFFD). Both checks go a word or a vector at a time over ASCII text
-// (utf8.Valid, bytes.IndexByte).
-func checkedStringEnd(data []byte, i int) (int, error) {
-	if end, ok := plainShortString(data, i); ok {
-		return end, nil
-	}
-	end := stringEnd(data, i) // its own short-string loop fails again: at most plainShortLen bytes
-	s := data[i:end]
-	if !utf8.Valid(s) {
-		return 0, fmt.Errorf("%w (in the string at byte %d)", errInputUTF8, i)
-	}
-	for k := bytes.IndexByte(s, '\\'); k >= 0 && k+1 < len(s); {
-		n := 2
-		if s[k+1] == 'u' {
-			var err error
-			if n, err = unicodeEscape(s, k+1); err != nil {
-				return 0, fmt.Errorf("%w (at byte %d)", err, i+k)
-			}
-			n++
-		}
-		next := bytes.IndexByte(s[k+n:], '\\')
-		if next < 0 {
-			break
-		}
-		k += n + next
-	}
-	return end, nil
-}
-
 // plainShortString returns the end of the JSON string at data[i] when it closes within
 // plainShortLen bytes, all ASCII and unescaped (most keys and enum values): one table lookup a
-// byte instead of checkedStringEnd's three calls.
+// byte instead of a search for the quote and a count of the backslashes before it.
 func plainShortString(data []byte, i int) (int, bool) {
 	end := min(len(data), i+1+plainShortLen)
 	j := i + 1
@@ -287,75 +286,6 @@ var plainByte = func() (t [256]bool) {
 	}
 	return t
 }()
-
-// unicodeEscape checks the \u escape whose 'u' is data[j] (data is valid JSON, so four hex
-// digits follow) and returns its length from the 'u': 5, or 11 for a surrogate pair.
-func unicodeEscape(data []byte, j int) (int, error) {
-	r := hex4(data[j+1 : j+5])
-	switch {
-	case r < 0xd800 || r >= 0xe000:
-		return 5, nil
-	case r < 0xdc00 && j+10 < len(data) && data[j+5] == '\\' && data[j+6] == 'u':
-		if lo := hex4(data[j+7 : j+11]); lo >= 0xdc00 && lo < 0xe000 {
-			return 11, nil
-		}
-	}
-	return 0, errInputSurrogate
-}
-
-// hex4 decodes four hex digits.
-func hex4(h []byte) rune {
-	var r rune
-	for _, c := range h {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		}
-	}
-	return r
-}
-
-// checkedValueEnd is valueEnd that also refuses, in every string it passes, what
-// checkedStringEnd refuses, and objects and arrays nested more than maxDepth deep inside the
-// value (0: the value may not be an object or array).
-func checkedValueEnd(data []byte, i, maxDepth int) (int, error) {
-	if i >= len(data) {
-		return i, nil
-	}
-	switch data[i] {
-	case '"':
-		return checkedStringEnd(data, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(data); j++ {
-			switch data[j] {
-			case '"':
-				end, err := checkedStringEnd(data, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-				if depth > maxDepth {
-					return 0, errInputDepth
-				}
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return len(data), nil
-	}
-	return valueEnd(data, i), nil
-}
 
 // unquote decodes a raw JSON string; most keys have no escapes and cost no decoding.
 func unquote(raw []byte) (string, error) {
@@ -467,14 +397,13 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return BadRequest("", "request body is empty; expected a JSON object")
 	}
-	if !json.Valid(body) {
-		var v any
-		err := json.Unmarshal(body, &v)
-		return BadRequest("", "request body is not valid JSON: %v", err)
-	}
 	var buf [16]jsonField
 	fields, err := splitObject(buf[:0], body, readKeys, maxDepth)
 	switch {
+	case errors.Is(err, errSyntax):
+		var v any
+		err := json.Unmarshal(body, &v)
+		return BadRequest("", "request body is not valid JSON: %v", err)
 	case errors.Is(err, errNotObject):
 		return BadRequest("", "request body must be a JSON object")
 	case errors.Is(err, errInputDepth):

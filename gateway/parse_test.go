@@ -129,6 +129,10 @@ func TestParseUsage(t *testing.T) {
 			usage{PromptTokens: 2, CompletionTokens: 1, TotalTokens: 3}, true, false},
 		{"usage in the content, then the real one", `{"choices":[{"message":{"content":"my \"usage\": {\"prompt_tokens\": 99} is"}}],"usage":{"prompt_tokens":4,"completion_tokens":5,"total_tokens":9}}`,
 			usage{PromptTokens: 4, CompletionTokens: 5, TotalTokens: 9}, true, false},
+		{"a usage key before the last", `{"x":{"usage":{"prompt_tokens":99}},"choices":[{"text":"x"}],"usage":{"prompt_tokens":6,"completion_tokens":1,"total_tokens":7}}`,
+			usage{PromptTokens: 6, CompletionTokens: 1, TotalTokens: 7}, true, false},
+		{"overlapping keys", `{"x":"usage","usage":{"prompt_tokens":6,"completion_tokens":1,"total_tokens":7}}`,
+			usage{PromptTokens: 6, CompletionTokens: 1, TotalTokens: 7}, true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -441,4 +445,16 @@ func FuzzJSONStringIsTheEncoders(f *testing.F) {
 			t.Fatalf("jsonString(%q) = %s, want %s", s, got, want)
 		}
 	})
+}
+
+// The keys usher reads are lowercase ASCII: splitObject looks for case variants of them only among
+// the keys that are not.
+func TestKnownKeysAreLowercase(t *testing.T) {
+	for _, list := range [][]string{readKeys, messageKeys, partKeys, optionKeys} {
+		for _, k := range list {
+			if ascii, upper := caseOf(k); !ascii || upper {
+				t.Errorf("known key %q is not lowercase ASCII", k)
+			}
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http/httptrace"
@@ -156,6 +157,7 @@ type attempt struct {
 	// connection the worker had closed is not the worker's fault.
 	trace  httptrace.ClientTrace
 	reused bool
+	body   bytes.Reader // what the worker is sent
 }
 
 // gotConn is the attempt's httptrace.ClientTrace.GotConn.

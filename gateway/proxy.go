@@ -33,6 +33,7 @@ var (
 	eventStreamContentType = []string{"text/event-stream"}
 	noCache                = []string{"no-cache"}
 	bufferingOff           = []string{"no"}
+	noValue                = []string{""}
 )
 
 // errWorkerSilent is the cause of an attempt cut off because its worker sent nothing for
@@ -255,11 +256,16 @@ func retryAfterOf(h http.Header, now time.Time) time.Duration {
 // out on a reused connection.
 func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header, at *attempt) (*http.Response, error) {
 	at.trace.GotConn = at.gotConn
-	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "",
-		bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &at.trace), http.MethodPost, "", nil)
 	if err != nil {
 		return nil, err
 	}
+	// The body's reader lives in the attempt; net/http sees through the NopCloser to a
+	// bytes.Reader, which it writes in the same write as the headers (another reader would
+	// cost a write of its own). The transport's replays read the bytes afresh.
+	at.body.Reset(body)
+	out.Body, out.ContentLength = io.NopCloser(&at.body), int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	// The worker's URL is parsed once, when it joins the pool; the request takes a copy rather
 	// than formatting and parsing it again for every request.
 	u := out.URL
@@ -274,9 +280,12 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	if id := in[headerRequestID]; len(id) > 0 {
 		h[headerRequestID] = id[:1:1]
 	} else {
-		h[headerRequestID] = []string{""}
+		h[headerRequestID] = noValue
 	}
 	h["Idempotency-Key"] = nil
+	// No User-Agent line: net/http would format its own into every request, and no engine
+	// reads it.
+	h["User-Agent"] = noValue
 	if a := headerValue(in, "Accept"); a != "" {
 		h["Accept"] = []string{a}
 	}
@@ -310,12 +319,13 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 	}
 	s.firstByte(cl)
 	var out routing.Outcome
+	var head []byte // what goes before data (see rewriteAnswer)
 	if resp.StatusCode == http.StatusOK {
 		if u, ok := parseUsage(data); ok {
 			out = s.account(cl, u)
 			data = cl.withOwnCache(data)
 		}
-		data = cl.rewriteAnswer(data)
+		head, data = cl.rewriteAnswer(data)
 	}
 	// What c.Blob does, with the worker's Content-Type value shared (net/http reads header keys
 	// canonical) rather than canonicalized and copied.
@@ -328,6 +338,11 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 		}
 	}
 	c.Response().WriteHeader(resp.StatusCode)
+	if len(head) > 0 {
+		if _, err := c.Response().Write(head); err != nil {
+			return out, errClientGone
+		}
+	}
 	if _, err := c.Response().Write(data); err != nil {
 		return out, errClientGone
 	}

@@ -289,6 +289,15 @@ func newRequestID() string {
 }
 
 func newUpstreamTransport(cfg Config) *http.Transport {
+	// Every wait for a worker's headers is bounded already, by its attempt's silence bound
+	// (proxy: the idle timeout for a stream, wholeAnswerSilence for a whole answer, never above
+	// max(header, idle)) or by a piece's timeout (sendPiece: the idle timeout). The transport's
+	// own header timer, a timer set and stopped at every request, is kept only where it fires
+	// first: a header timeout below the idle timeout.
+	var header time.Duration
+	if cfg.UpstreamHeaderTimeout < cfg.UpstreamIdleTimeout {
+		header = cfg.UpstreamHeaderTimeout
+	}
 	return &http.Transport{
 		Proxy: nil,
 		DialContext: (&net.Dialer{
@@ -298,7 +307,7 @@ func newUpstreamTransport(cfg Config) *http.Transport {
 		MaxIdleConns:          4096,
 		MaxIdleConnsPerHost:   1024,
 		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: cfg.UpstreamHeaderTimeout,
+		ResponseHeaderTimeout: header,
 		DisableCompression:    true,
 	}
 }

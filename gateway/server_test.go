@@ -100,10 +100,10 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, `{"error":{"message":"injected"}}`, w.status)
 		return
 	}
-	usageJSON := fmt.Sprintf(`{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, w.chunks, 5+w.chunks)
+	usageJSON := w.usageJSON()
 	if stream, _ := body["stream"].(bool); !stream {
 		rw.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(rw, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"}}],"usage":%s}`, usageJSON)
+		fmt.Fprint(rw, w.wholeAnswer())
 		return
 	}
 	rw.Header().Set("Content-Type", "text/event-stream")
@@ -130,6 +130,15 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		flusher.Flush()
 		<-r.Context().Done()
 	}
+}
+
+func (w *fakeWorker) usageJSON() string {
+	return fmt.Sprintf(`{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, w.chunks, 5+w.chunks)
+}
+
+// wholeAnswer is the answer's bytes as the worker writes them to a request that is not a stream.
+func (w *fakeWorker) wholeAnswer() string {
+	return `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"}}],"usage":` + w.usageJSON() + `}`
 }
 
 func (w *fakeWorker) body() map[string]any {

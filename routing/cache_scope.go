@@ -136,10 +136,15 @@ func (s *scopeRecord) note(namespace string) {
 	if namespace == "" || s.mixed.Load() {
 		return
 	}
-	if s.sole.CompareAndSwap(nil, &namespace) {
-		return
+	sole := s.sole.Load()
+	if sole == nil {
+		first := namespace // on the heap only here: once a worker, not at every request
+		if s.sole.CompareAndSwap(nil, &first) {
+			return
+		}
+		sole = s.sole.Load()
 	}
-	if *s.sole.Load() != namespace {
+	if *sole != namespace {
 		s.mixed.Store(true)
 	}
 }

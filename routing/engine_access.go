@@ -64,11 +64,12 @@ func (w *Worker) EngineModel(model string) string {
 }
 
 // Authorize sets the request's Authorization to the worker's key, or removes it when the worker
-// has none, so that no other credential can reach the engine.
+// has none, so that no other credential can reach the engine. The value set is shared by every
+// request to the worker: h's values must be read, never written into (as net/http does).
 func (w *Worker) Authorize(h http.Header) {
-	if w.spec.APIKey == "" {
-		h.Del("Authorization")
+	if w.authorization == nil {
+		delete(h, "Authorization")
 		return
 	}
-	h.Set("Authorization", "Bearer "+w.spec.APIKey)
+	h["Authorization"] = w.authorization
 }

@@ -116,8 +116,62 @@ func (m *poolMetrics) forget(worker string) {
 	m.cachedTokens.DeletePartialMatch(prometheus.Labels{"worker": worker})
 }
 
-func (m *poolMetrics) decided(model, policy string, route Route) {
-	m.decisions.WithLabelValues(model, policy, string(route)).Inc()
+// decided counts a decision of ms's policy for model. Its children are cached in ms (a
+// WithLabelValues validates and hashes its labels, about 600 instructions, at every pick).
+func (m *poolMetrics) decided(ms *modelSet, model string, route Route) {
+	ms.mu.RLock()
+	c, ok := ms.decisions[route]
+	ms.mu.RUnlock()
+	if !ok {
+		c = m.decisions.WithLabelValues(model, ms.policyName, string(route))
+		ms.mu.Lock()
+		if ms.decisions == nil {
+			ms.decisions = make(map[Route]prometheus.Counter)
+		}
+		ms.decisions[route] = c
+		ms.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// workerSeries are a worker's children of the vectors every lease's release counts in, for one
+// policy, created once instead of looked up by WithLabelValues at every release (see decided).
+// Immutable once stored in Worker.series. A child is nil until it is first counted in, as its
+// series did not exist before.
+type workerSeries struct {
+	policy         string
+	outcomes       [2]prometheus.Counter // by outcomeResults
+	prompt, cached prometheus.Counter
+}
+
+// outcomeResults are the result labels of poolMetrics.outcomes: ok, failed.
+var outcomeResults = [2]string{"ok", "failed"}
+
+// seriesOf returns w's series for policy, with the outcome child of failed and, when tokens is
+// set, the token children. A worker whose models have different policies swaps its series
+// between them (each swap costs what the look-ups cost before).
+func (m *poolMetrics) seriesOf(w *Worker, policy string, failed, tokens bool) *workerSeries {
+	result := 0
+	if failed {
+		result = 1
+	}
+	s := w.series.Load()
+	if s != nil && s.policy == policy && s.outcomes[result] != nil && (!tokens || s.prompt != nil) {
+		return s
+	}
+	n := &workerSeries{policy: policy}
+	if s != nil && s.policy == policy {
+		*n = *s
+	}
+	if n.outcomes[result] == nil {
+		n.outcomes[result] = m.outcomes.WithLabelValues(w.spec.ID, outcomeResults[result])
+	}
+	if tokens && n.prompt == nil {
+		n.prompt = m.promptTokens.WithLabelValues(w.spec.ID, policy)
+		n.cached = m.cachedTokens.WithLabelValues(w.spec.ID, policy)
+	}
+	w.series.Store(n)
+	return n
 }
 
 var (

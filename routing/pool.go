@@ -182,19 +182,21 @@ func (l *Lease) Release(o Outcome) {
 	if !w.tokensFixed {
 		w.learner.observeUsage(l.tokens, o)
 	}
-	result := "ok"
+	tokens := o.PromptTokens > 0 || o.CachedTokens > 0
+	series := p.metrics.seriesOf(w, l.policy, o.Failed, tokens)
 	if o.Failed {
-		result = "failed"
+		series.outcomes[1].Inc()
+	} else {
+		series.outcomes[0].Inc()
 	}
-	p.metrics.outcomes.WithLabelValues(w.spec.ID, result).Inc()
 	if l.learner != nil {
 		l.learner.learn(l.pred, o)
 	}
-	if o.PromptTokens > 0 || o.CachedTokens > 0 {
+	if tokens {
 		w.promptTokens.Add(int64(o.PromptTokens))
 		w.cachedTokens.Add(int64(o.CachedTokens))
-		p.metrics.promptTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.PromptTokens))
-		p.metrics.cachedTokens.WithLabelValues(w.spec.ID, l.policy).Add(float64(o.CachedTokens))
+		series.prompt.Add(float64(o.PromptTokens))
+		series.cached.Add(float64(o.CachedTokens))
 	}
 	switch w.breaker.done(o.Failed, l.probe) {
 	case breakerOpened:
@@ -292,6 +294,9 @@ type modelSet struct {
 	policy     Policy
 	workers    []*Worker          // in configuration order
 	byID       map[string]*Worker // the same workers
+
+	mu        sync.RWMutex                 // guards decisions
+	decisions map[Route]prometheus.Counter // the children of poolMetrics.decisions (see decided)
 }
 
 // snapshot is everything Pick reads, replaced as a whole on every membership change.
@@ -547,7 +552,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 				return p.lease(ms, w, RouteTarget, &c, probe), nil
 			}
 		}
-		p.metrics.decided(r.Model, ms.policyName, "none")
+		p.metrics.decided(ms, r.Model, "none")
 		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
 	}
 	lp, _ := ms.policy.(outcomeLearner)
@@ -567,7 +572,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			continue
 		}
 		if w == nil {
-			p.metrics.decided(r.Model, ms.policyName, "none")
+			p.metrics.decided(ms, r.Model, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, noWorker(r, ms.workers...))
 		}
 		if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
@@ -578,7 +583,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return l, nil
 		}
 		if attempt == maxAcquireAttempts {
-			p.metrics.decided(r.Model, ms.policyName, "none")
+			p.metrics.decided(ms, r.Model, "none")
 			return nil, fmt.Errorf("model %q: workers at capacity: %w", r.Model, noWorker(r, ms.workers...))
 		}
 		// Lost the race for w's last slot to a concurrent Pick: ask again without it.
@@ -625,7 +630,7 @@ func (p *Pool) roomOn(w *Worker) {
 // interactive one for the protections of the picks that follow.
 func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool) *Lease {
 	r := c.Request
-	p.metrics.decided(r.Model, ms.policyName, route)
+	p.metrics.decided(ms, r.Model, route)
 	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
 		interactive: r.Interactive, lowerTokens: c.prefillTokens(), piece: c.piece, namespace: p.cfg.CacheScope.namespace(r),
 		budgeted: c.prefillBudget > 0}

@@ -29,6 +29,9 @@ type Worker struct {
 	spec   WorkerSpec   // immutable; Models and ModelAliases are the worker's own copies
 	source WorkerSource // immutable once the worker is in the pool
 	url    *url.URL     // immutable
+	// authorization is the Authorization header value of the worker's key, nil without one;
+	// immutable, and shared read-only by every request to the worker (see Authorize).
+	authorization []string
 
 	// limit is the most requests the pool keeps in flight on the worker now: fixed by the
 	// config (fixed), or learned by learner (see ConcurrencyConfig).
@@ -78,6 +81,8 @@ type Worker struct {
 	// Cumulative usage the gateway saw on the worker's responses (Outcome).
 	promptTokens atomic.Int64
 	cachedTokens atomic.Int64
+	// series are the worker's metric children (poolMetrics.seriesOf); nil until its first release.
+	series atomic.Pointer[workerSeries]
 
 	// checkPasses and checkFailures count consecutive check results, and checkErr says why the
 	// last check failed; only the worker's own health goroutine touches them.
@@ -101,6 +106,9 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	}
 	w := &Worker{spec: spec, url: u}
 	w.share.Store(noShare)
+	if spec.APIKey != "" {
+		w.authorization = []string{"Bearer " + spec.APIKey}
+	}
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
 	w.cost = newCostModel(now, cfg.Scrape.MaxAge, cfg.Concurrency.KVHold)
