@@ -468,3 +468,35 @@ func TestEngineControlMembersNeverReachAWorker(t *testing.T) {
 		t.Fatalf("re-cased kv_transfer_params: status %d, want 400", resp.StatusCode)
 	}
 }
+
+// The id a worker is sent is unique to the request (ADVERSARIAL row 33): vLLM takes X-Request-Id
+// as its request id, and a second request with the id of one it runs is refused (or, in older
+// versions, mixes the two). A client's id reaches the worker with a random suffix, so two tenants
+// naming the same id, or a tenant naming another's, never collide; the client is still answered
+// with its own id. A fresh id goes as it is; a client's X-Usher-Engine-Request-Id is never read;
+// a retry's id differs from its first attempt's.
+func TestWorkerRequestIDsAreUnique(t *testing.T) {
+	w := newFakeWorker(t, nil)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("w")}, nil)
+	body := `{"model":"m1","messages":[{"role":"user","content":"x"}]}`
+	seen := map[string]bool{}
+	for range 2 {
+		resp := g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerRequestID: "trace-42"})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerRequestID) != "trace-42" {
+			t.Fatalf("status %d, id %q: want 200 with the client's id", resp.StatusCode, resp.Header.Get(headerRequestID))
+		}
+		id := w.header().Get(headerRequestID)
+		if !strings.HasPrefix(id, "trace-42-") || len(id) != len("trace-42-")+16 || seen[id] {
+			t.Fatalf("the worker got id %q (seen before: %v), want trace-42- and 16 fresh hex digits", id, seen[id])
+		}
+		seen[id] = true
+	}
+	resp := g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerEngineRequestID: "victim"})
+	if got, want := w.header().Get(headerRequestID), resp.Header.Get(headerRequestID); got != want || got == "victim" || got == "" {
+		t.Fatalf("no client id: the worker got %q, want the fresh id %q", got, want)
+	}
+	h := http.Header{headerRequestID: {"abc"}, headerEngineRequestID: {"abc-0123456789abcdef"}}
+	if first, retry := engineRequestID(h, 1)[0], engineRequestID(h, 2)[0]; first != "abc-0123456789abcdef" || retry != "abc-0123456789abcdef-2" {
+		t.Fatalf("attempts 1 and 2: %q and %q", first, retry)
+	}
+}

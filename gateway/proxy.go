@@ -277,11 +277,7 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 	h["Content-Type"] = jsonContentType
 	// The worker's own key, never the client's credential.
 	w.Authorize(h)
-	if id := in[headerRequestID]; len(id) > 0 {
-		h[headerRequestID] = id[:1:1]
-	} else {
-		h[headerRequestID] = noValue
-	}
+	h[headerRequestID] = engineRequestID(in, cl.attempts)
 	h["Idempotency-Key"] = nil
 	// No User-Agent line: net/http would format its own into every request, and no engine
 	// reads it.
@@ -290,6 +286,23 @@ func (s *Server) send(ctx context.Context, w *routing.Worker, cl *call, body []b
 		h["Accept"] = []string{a}
 	}
 	return s.transport.RoundTrip(out)
+}
+
+// engineRequestID is the X-Request-Id a worker is sent for a request whose headers are in (see
+// setRequestID), at its attempt-th attempt: a retry's id differs from its earlier attempts', which
+// an engine may still hold while it aborts them.
+func engineRequestID(in http.Header, attempt int) []string {
+	id := in[headerEngineRequestID]
+	if len(id) == 0 {
+		id = in[headerRequestID]
+	}
+	switch {
+	case len(id) == 0:
+		return noValue
+	case attempt > 1:
+		return []string{id[0] + "-" + strconv.Itoa(attempt)}
+	}
+	return id[:1:1]
 }
 
 func singleJoin(base, path string) string {

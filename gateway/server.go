@@ -254,14 +254,25 @@ func headerValue(h http.Header, key string) string {
 	return ""
 }
 
+// headerEngineRequestID holds, in a request's own headers, the id its worker is sent when that is
+// not the request's id (see setRequestID); a client's value of it is never read.
+const headerEngineRequestID = "X-Usher-Engine-Request-Id"
+
 // setRequestID gives every request an id (in its headers in): the client's X-Request-ID when it
 // is a sane token, a fresh random one otherwise. It is echoed in the response's headers out and
-// sent to the worker.
+// logged. The worker is sent an id of its own that no other request has: vLLM takes the header as
+// its request id, which must be unique among the requests it runs (a duplicate is refused, or,
+// in versions before late 2025, mixes two requests' states), and a client's id is any tenant's
+// choice, so a client's id goes to the worker with a random suffix (in headerEngineRequestID), a
+// fresh one as it is.
 func setRequestID(in, out http.Header) {
 	id := headerValue(in, headerRequestID)
-	if !validRequestID(id) {
+	if validRequestID(id) {
+		in[headerEngineRequestID] = []string{id + "-" + newRequestID()[:16]}
+	} else {
 		id = newRequestID()
 		in[headerRequestID] = []string{id}
+		delete(in, headerEngineRequestID)
 	}
 	// The request's value, shared read-only (net/http never writes into a header's values).
 	out[headerRequestID] = in[headerRequestID][:1:1]

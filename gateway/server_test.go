@@ -53,8 +53,9 @@ type fakeWorker struct {
 	// slots, when non-zero, is reported at GET /props as llama.cpp's server reports its slots.
 	slots int
 
-	mu       sync.Mutex // guards lastBody
-	lastBody map[string]any
+	mu         sync.Mutex // guards lastBody and lastHeader
+	lastBody   map[string]any
+	lastHeader http.Header
 }
 
 func newFakeWorker(t testing.TB, mutate func(*fakeWorker)) *fakeWorker {
@@ -81,7 +82,7 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	var body map[string]any
 	_ = json.NewDecoder(r.Body).Decode(&body)
 	w.mu.Lock()
-	w.lastBody = body
+	w.lastBody, w.lastHeader = body, r.Header.Clone()
 	w.mu.Unlock()
 	if stream, _ := body["stream"].(bool); stream && w.headersFirst {
 		rw.Header().Set("Content-Type", "text/event-stream")
@@ -145,6 +146,13 @@ func (w *fakeWorker) body() map[string]any {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lastBody
+}
+
+// header is the headers of the last inference request the worker got.
+func (w *fakeWorker) header() http.Header {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastHeader
 }
 
 func (w *fakeWorker) spec(id string) routing.WorkerSpec {
