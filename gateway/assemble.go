@@ -532,6 +532,7 @@ func (s *Server) relayAssembled(c echo.Context, cl *call, resp *http.Response, s
 	} else {
 		data = body
 	}
+	s.closeBooks(cl, nil, s.now())
 	if err := c.Blob(http.StatusOK, echo.MIMEApplicationJSON, data); err != nil {
 		return out, errClientGone
 	}

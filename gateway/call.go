@@ -75,6 +75,10 @@ type call struct {
 	worker   string
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
+	// booked says closeBooks ran (pieces charged, objectives judged, usage recorded), and books
+	// holds its verdicts.
+	booked   bool
+	books    verdicts
 	preempts int // times an attempt was cancelled for an interactive call and requeued
 	usage    usage
 	ttft     time.Duration // time to the first byte sent to the client; 0 if none was

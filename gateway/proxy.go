@@ -350,6 +350,9 @@ func (s *Server) relayAnswer(c echo.Context, cl *call, resp *http.Response, at *
 			h["Content-Type"] = jsonContentType
 		}
 	}
+	if resp.StatusCode == http.StatusOK {
+		s.closeBooks(cl, nil, s.now())
+	}
 	c.Response().WriteHeader(resp.StatusCode)
 	if len(head) > 0 {
 		if _, err := c.Response().Write(head); err != nil {
@@ -450,6 +453,12 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 				continue
 			case isData && bytes.Equal(payload, []byte("[DONE]")):
 				done = true
+				if gotUsage {
+					// Counted before the client holds the whole answer (see closeBooks); a
+					// stream not flushed yet reaches the client with its [DONE].
+					s.firstByte(cl)
+					s.closeBooks(cl, nil, s.now())
+				}
 			case isData:
 				if out.TTFT == 0 {
 					out.TTFT = s.now().Sub(sent)

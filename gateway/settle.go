@@ -17,13 +17,10 @@ import (
 // it in the usage ledger, answers err in OpenAI's shape when nothing was sent yet, and records
 // the call in the metrics and the access log.
 func (s *Server) settle(c echo.Context, cl *call, err error) error {
-	s.chargePieces(cl)
 	end := s.now()
-	judged := s.judge(cl, err, end)
-	// The ledger first: the client may hold its whole answer already, and a replica killed now
-	// must not lose it (with Redis, Record returns once the count is there); giving back the
-	// limits and the budget may take round trips of their own.
-	s.recordUsage(cl, err, judged)
+	// The ledger first (if the relay has not recorded it already): giving back the limits and
+	// the budget may take round trips of their own.
+	judged := s.closeBooks(cl, err, end)
 	served := cl.usage.PromptTokens + cl.usage.CompletionTokens
 	if cl.grant != nil {
 		cl.grant.Done(queue.Usage{PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens})
@@ -69,6 +66,23 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"ttft_pred_ms", predictedMs(cl.predicted.TTFT, cl.predictedOK),
 		"tpot_pred_ms", predictedMs(cl.predicted.TPOT, cl.predictedOK && cl.predicted.TPOT > 0))
 	return err
+}
+
+// closeBooks charges the call's prompt pieces, judges it against its objectives and records its
+// usage in the ledger, once, and returns the verdicts. A relay calls it for an answer it serves
+// once the answer's usage is known and before the answer's last bytes go to the client (a whole
+// answer's bytes, a stream's [DONE]), so a replica killed after the client holds its answer has
+// counted it (with Redis, Record returns once the count is there); settle calls it for every
+// call, and for those it does the work.
+func (s *Server) closeBooks(cl *call, err error, end time.Time) verdicts {
+	if cl.booked {
+		return cl.books
+	}
+	cl.booked = true
+	s.chargePieces(cl)
+	cl.books = s.judge(cl, err, end)
+	s.recordUsage(cl, err, cl.books)
+	return cl.books
 }
 
 // unservedModel is the model label of a call whose model no worker serves: the client's string
