@@ -216,6 +216,20 @@ func TestGatewaySharesFairShare(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	one := waitCounter("> 0 after a served request", func(c float64) bool { return c > 0 })
+	// The charge is in Redis; its exchange's answer may still be on its way back (a busy
+	// machine), and an answer lost to the cut below would have the queue send the charge again,
+	// the error of one batch the store allows. Two more exchanges answered mean it came back.
+	oks := func() float64 {
+		return metricLabelValue(t, g.reg, "usher_queue_fair_share_exchanges_total", "result", "ok")
+	}
+	seen := oks()
+	deadline := time.Now().Add(5 * time.Second)
+	for oks() < seen+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("fair-share exchanges answered: %v, want %v", oks(), seen+2)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	proxy.Cut()
 	for range 2 {
