@@ -198,7 +198,7 @@ func send(base, key, session string) (int, string, error) {
 	return resp.StatusCode, resp.Header.Get("X-Usher-Worker"), nil
 }
 
-// longStream pins a session to sim-0 with the admin API, starts a 150-token stream of it and
+// longStream pins a session to sim-0 with the admin API, starts a 600-token stream of it and
 // returns once the first token arrived; the channel reports how the stream ended.
 func longStream(t *testing.T, base, key string) <-chan error {
 	t.Helper()
@@ -206,7 +206,7 @@ func longStream(t *testing.T, base, key string) <-chan error {
 	if resp, out := call(t, http.MethodPost, base+"/admin/api/v1/pins", consoleAdminToken, pin); resp.StatusCode != http.StatusOK {
 		t.Fatalf("pin the long session: %d %v", resp.StatusCode, out)
 	}
-	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("a long story", 150, true)))
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("a long story", 600, true)))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("X-Session-ID", "long")
 	resp, err := http.DefaultClient.Do(req)
@@ -292,8 +292,6 @@ func TestConsoleInABrowser(t *testing.T) {
 			})
 		}
 		defer func() { stopLoad(); load.Wait() }()
-		// A long stream on sim-0 keeps it draining for a while.
-		long := longStream(t, base, secret)
 		do(t, ctx, "workers page", chromedp.Navigate(base+"/admin/workers"), chromedp.WaitVisible(chromedp.CSS("#drain-sim-0")))
 		screenshot(t, ctx, "02-workers")
 		// The config file's workers can be drained, not removed: the page says where they live.
@@ -316,6 +314,11 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Errorf("refused add: at %q (%v) showing %q, want the Workers page naming sim-1", where, err, msg)
 		}
 		screenshot(t, ctx, "02-workers-refused")
+		// A long stream on sim-0 keeps it draining for a while: started just before the drain
+		// (under a load average of 4-7 the steps above took longer than a shorter stream, which
+		// had ended when the drain came: sim-0 went straight to drained and "draining" was never
+		// shown).
+		long := longStream(t, base, secret)
 		do(t, ctx, "drain sim-0",
 			chromedp.Click(chromedp.CSS("#drain-sim-0")), chromedp.WaitVisible(chromedp.CSS("#flash")),
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="draining"]`)))
