@@ -20,13 +20,13 @@ import (
 // than 12 in flight.
 func TestSharesOverRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	clock := &simClock{t: time.Unix(1000, 0)}
+	clock := &fakeClock{t: time.Unix(1000, 0)}
 	var rs []*simReplica
 	var clients []*redis.Client
 	for _, name := range []string{"a", "b"} {
 		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
 		rdb := newRedisClient(t, srv)
-		p, _ := newTestPoolWith(t, cfg, Options{Now: clock.now, Shares: NewRedisStore(rdb, 0)})
+		p, _ := newTestPoolWith(t, cfg, Options{Now: clock.Now, Shares: NewRedisStore(rdb, 0)})
 		rs = append(rs, &simReplica{name: name, pool: p})
 		clients = append(clients, rdb)
 	}

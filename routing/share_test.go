@@ -141,24 +141,6 @@ func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]S
 	return out, nil
 }
 
-// simClock is the fleet's clock, advanced by the test.
-type simClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *simClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *simClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // simReplica is one gateway replica of a simulated fleet: a pool of one worker "w0" (limit 12)
 // of model m, and a backlog of requests queued for m that it places whenever its pool lets it.
 type simReplica struct {
@@ -180,12 +162,12 @@ type simLease struct {
 
 const simLimit = 12
 
-func newSimFleet(t *testing.T, clock *simClock, fleet *memFleet, names ...string) []*simReplica {
+func newSimFleet(t *testing.T, clock *fakeClock, fleet *memFleet, names ...string) []*simReplica {
 	t.Helper()
 	var rs []*simReplica
 	for _, name := range names {
 		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
-		opts := Options{Now: clock.now}
+		opts := Options{Now: clock.Now}
 		if fleet != nil {
 			opts.Shares = fleet.replica(name)
 		}
@@ -247,10 +229,10 @@ func modelWorkersOf(p *Pool) *Worker { return p.snap.Load().models["m"].workers[
 // simRun runs rounds of 50 ms: each replica in turn finishes, exchanges and places. It fails
 // the test whenever the fleet has more than the worker's limit in flight, and returns the most
 // it had.
-func simRun(t *testing.T, clock *simClock, rs []*simReplica, from, rounds int) (peak int64) {
+func simRun(t *testing.T, clock *fakeClock, rs []*simReplica, from, rounds int) (peak int64) {
 	t.Helper()
 	for round := from; round < from+rounds; round++ {
-		clock.advance(50 * time.Millisecond)
+		clock.Advance(50 * time.Millisecond)
 		for _, r := range rs {
 			r.queued[0], r.queued[1] = max(r.queued[0], r.keep[0]), max(r.queued[1], r.keep[1])
 			r.finish(round)
@@ -291,8 +273,8 @@ func wantInFlight(t *testing.T, rs []*simReplica, want ...int64) {
 // first; the fleet never has more than 12 in flight. Without a fleet each replica fills the
 // worker alone (36 in flight).
 func TestSharesSplitByDemand(t *testing.T) {
-	clock := &simClock{t: time.Unix(1000, 0)}
-	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b", "c")
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.Now), "a", "b", "c")
 	rs[0].queued[1], rs[0].life = 400, 2
 	rs[1].queued[1], rs[1].life = 400, 2
 	rs[2].queued[1] = 2
@@ -316,8 +298,8 @@ func TestSharesSplitByDemand(t *testing.T) {
 // 8 of the worker's 12 slots from one with a batch flood, though max-min by the count of
 // requests alone would give it 6.
 func TestSharesServeInteractiveFirst(t *testing.T) {
-	clock := &simClock{t: time.Unix(1000, 0)}
-	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b")
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.Now), "a", "b")
 	rs[0].keep[0], rs[0].life = 8, 2
 	rs[1].keep[1], rs[1].life = 400, 2
 	simRun(t, clock, rs, 0, 40)
@@ -332,8 +314,8 @@ func TestSharesServeInteractiveFirst(t *testing.T) {
 // gets a backlog. Its share grows only as the first one's requests end, the fleet never has
 // more than the limit in flight, and the two end at half each.
 func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
-	clock := &simClock{t: time.Unix(1000, 0)}
-	rs := newSimFleet(t, clock, newMemFleet(clock.now), "a", "b")
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.Now), "a", "b")
 	rs[0].queued[1], rs[0].life = 400, 10
 	simRun(t, clock, rs, 0, 5)
 	wantInFlight(t, rs, 12, 0)
@@ -357,8 +339,8 @@ func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
 // the replicas stay within their thirds for ShareReportTTL, until every one has reported again,
 // and then return to the split by demand. The fleet never has more than the limit in flight.
 func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
-	clock := &simClock{t: time.Unix(1000, 0)}
-	fleet := newMemFleet(clock.now)
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
 	rs := newSimFleet(t, clock, fleet, "a", "b", "c")
 	rs[0].queued[1], rs[0].life = 4000, 2
 	rs[1].queued[1], rs[1].life = 4000, 2
@@ -408,7 +390,7 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 // TestSharesWithoutStore: without a ShareStore a replica places up to the worker's whole limit,
 // SyncShares does nothing, and the worker's status says it is not split.
 func TestSharesWithoutStore(t *testing.T) {
-	clock := &simClock{t: time.Unix(1000, 0)}
+	clock := &fakeClock{t: time.Unix(1000, 0)}
 	rs := newSimFleet(t, clock, nil, "a")
 	if err := rs[0].pool.SyncShares(context.Background(), rs[0].demand); err != nil {
 		t.Fatal(err)
