@@ -453,6 +453,12 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 				continue
 			case isData && bytes.Equal(payload, []byte("[DONE]")):
 				done = true
+				if !gotUsage && events > 0 {
+					// An engine that sends no usage: the estimate is the count, taken now so
+					// that it too is recorded before the client holds the whole answer.
+					out, _ = finish(nil)
+					gotUsage = true
+				}
 				if gotUsage {
 					// Counted before the client holds the whole answer (see closeBooks); a
 					// stream not flushed yet reaches the client with its [DONE].

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -241,5 +242,57 @@ func TestUnservedModelsShareOneSeries(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.duration); n > 1 {
 		t.Errorf("duration series after 20 unknown models: got %d, want at most 1", n)
+	}
+}
+
+// A stream's usage is in the ledger before the client holds its [DONE], with the engine's usage
+// or without it (then estimated): a replica killed between the two would otherwise have served
+// an answer it never counted. The engine here keeps its connection open after [DONE], so the
+// handler cannot have ended when the client reads it.
+func TestStreamIsCountedBeforeItsDone(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		usage string // the engine's usage chunk, if any
+	}{
+		{"engine usage", "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n"},
+		{"no usage", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			hold := make(chan struct{})
+			engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost {
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				for i := range 3 {
+					fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"w%d \"}}]}\n\n", i)
+				}
+				fmt.Fprint(w, tt.usage+"data: [DONE]\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-hold:
+				case <-r.Context().Done():
+				}
+			}))
+			t.Cleanup(engine.Close)
+			t.Cleanup(func() { close(hold) })
+			ledger := &memLedger{}
+			g := startGatewayWith(t, []routing.WorkerSpec{{ID: "w", URL: engine.URL, Models: []string{testModel}}}, nil,
+				func(d *Deps) { d.Ledger = ledger })
+			resp := g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello there"}]}`, nil)
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			lines := bufio.NewScanner(resp.Body)
+			for lines.Scan() && lines.Text() != "data: [DONE]" {
+			}
+			if lines.Err() != nil {
+				t.Fatalf("reading the stream: %v", lines.Err())
+			}
+			if got := ledger.all(); len(got) != 1 || got[0].CompletionTokens != 3 {
+				t.Fatalf("the client holds [DONE] and the ledger has %+v, want one record of 3 completion tokens", got)
+			}
+		})
 	}
 }
