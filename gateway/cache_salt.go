@@ -18,7 +18,8 @@ import (
 //     first KV block, SGLang into its radix cache's key), so a prompt hits only blocks its own
 //     scope computed. A cache_salt the client sent stays within its scope: it is appended to
 //     usher's ("<usher's>:<client's>"), so a client may partition its own cache further but
-//     never name another's. A client's salt that is not a string is dropped (vLLM refuses it).
+//     never name another's. A client's salt that is not a string is refused at parse (SGLang would
+//     answer a list with a 500); one that reaches withCacheSalt is dropped.
 //   - The cached tokens a client is told (and the ledger and routing are given) are bounded by
 //     routing.Lease.OwnCached: an engine without a salt (llama.cpp's slots) reports hits on
 //     every scope's prefixes, of which only the scope's own may be told.

@@ -37,7 +37,13 @@ const maxOutputTokens = 1 << 24
 
 // readKeys are the top-level keys usher reads or drops; their re-cased variants are refused.
 var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority"}, engineControlKeys...)
+	"n_predict", "n", "best_of", "messages", "prompt", "input", "service_tier", "priority", saltKey, extraKey}, engineControlKeys...)
+
+// extraKey is SGLang's other cache-isolation member, which it appends to cache_salt. Both must be
+// strings: SGLang raises a TypeError on any other value that its request model lets through (a
+// list of strings), and answers 500, which would count against the worker, so a tenant could
+// open every SGLang worker's circuit; usher refuses them first.
+const extraKey = "extra_key"
 
 // engineControlKeys are the request members with which vLLM and SGLang let their caller steer
 // the engine itself rather than the answer: the KV hand-off of a disaggregated fleet (vLLM's
@@ -302,7 +308,7 @@ func unquote(raw []byte) (string, error) {
 var interned = func() map[string]string {
 	m := map[string]string{}
 	for _, list := range [][]string{readKeys, messageKeys, partKeys, optionKeys, scalarKeys, outputLimitKeys,
-		{saltKey, "system", "developer", "user", "assistant", "tool", "function", "text", "image_url"}} {
+		{"system", "developer", "user", "assistant", "tool", "function", "text", "image_url"}} {
 		for _, k := range list {
 			m[k] = k
 		}
@@ -477,6 +483,10 @@ func parseBody(body []byte, cl *call, maxDepth int) error {
 		case "service_tier":
 			if json.Unmarshal(v, &cl.serviceTier) != nil {
 				return BadRequest("service_tier", "'service_tier' must be a string")
+			}
+		case saltKey, extraKey:
+			if v[0] != '"' {
+				return BadRequest(f.key, "'%s' must be a string", f.key)
 			}
 		}
 	}
@@ -669,7 +679,7 @@ func estimateBytes(n int) int { return n/4 + 1 }
 
 // scalarKeys are the members usher reads that an engine never renders into the prompt.
 var scalarKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"n_predict", "n", "best_of", "service_tier", "priority"}
+	"n_predict", "n", "best_of", "service_tier", "priority", saltKey, extraKey}
 
 // renderedBytes is how many bytes of the member f count toward the prompt estimate besides the
 // endpoint's own prompt member (promptKey): every string, array or object usher does not read as

@@ -372,6 +372,13 @@ func TestInputAnEngineMustRejectIsRefused(t *testing.T) {
 		{"UTF-8 text", chat("Grüße 東京 🎉"), true},
 		{"a surrogate pair escape", chat(`\ud83c\udf89 \u00e9`), true},
 		{"an escaped backslash before u", chat(`\\ud800`), true},
+		// SGLang raises a TypeError (a 500) on a cache_salt or extra_key that is a list.
+		{"extra_key as a list", `{"model":"m","messages":[{"role":"user","content":"x"}],"extra_key":["a"]}`, false},
+		{"cache_salt as a list", `{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":["a"]}`, false},
+		{"extra_key as a number", `{"model":"m","messages":[{"role":"user","content":"x"}],"extra_key":5}`, false},
+		{"re-cased extra_key", `{"model":"m","messages":[{"role":"user","content":"x"}],"extra_key":"a","Extra_Key":["a"]}`, false},
+		{"extra_key and cache_salt as strings", `{"model":"m","messages":[{"role":"user","content":"x"}],"extra_key":"a","cache_salt":"b"}`, true},
+		{"a null extra_key", `{"model":"m","messages":[{"role":"user","content":"x"}],"extra_key":null}`, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
