@@ -32,7 +32,9 @@
 #      per request shape) give C_i and C_b in tokens/s and R_i, R_b in req/s; then (a)
 #      interactive i1..i3 at 0.1 R_i each alone and (b) the same beside batch at 3 R_b, sent by a
 #      second bench process with its own lengths. Printed: interactive TTFT p50/p99, p99 over
-#      (a)'s, and batch's share of what interactive leaves: (batch t/s / C_b) / (1 - int t/s / C_i).
+#      (a)'s, and batch's share of what interactive leaves: (batch t/s / C_b) / (1 - int t/s / C_i),
+#      and (b)'s interactive TTFT attainment as the gateway judged it. With REPLICAS=N (N > 1)
+#      every run goes through N replicas sharing a redis-server, spread as REPLICA_SPREAD says.
 #
 # Lengths are spread (SPREAD) by default: with fixed lengths, requests dispatched together end
 # together, and the pool frees its slots in waves, which a fixed-length run mistakes for queueing.
@@ -69,7 +71,7 @@ PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl 
 DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
-REPLICAS=${REPLICAS:-1}            # scenario 2: gateway replicas sharing one redis-server
+REPLICAS=${REPLICAS:-1}            # scenarios 2 and 4: gateway replicas sharing one redis-server
 REPLICA_SPREAD=${REPLICA_SPREAD:-even} # with REPLICAS > 1: even (round robin), skewed (half to the
                                    # first replica) or pinned (each tenant to one replica: f1 alone
                                    # with f4 on the first)
@@ -297,7 +299,24 @@ start_default_gateway() {
     tenant_yaml
     echo "log: {level: info, format: json}"
   } >"$OUT_DIR/$1.yaml"
-  launch_gateway "$1" "$bin"
+  if [ "$REPLICAS" -le 1 ]; then
+    launch_gateway "$1" "$bin"
+    return
+  fi
+  # A fleet: REPLICAS gateways with this config sharing a fresh redis-server, as start_fleet.
+  start_redis
+  local all=() r
+  for r in $(seq "$REPLICAS"); do
+    {
+      cat "$OUT_DIR/$1.yaml"
+      echo "redis: {url: \"$redis_url\"}"
+      echo "database: {url: \"sqlite:$tmp/$1-r$r.db\"}"
+    } >"$OUT_DIR/$1-r$r.yaml"
+    launch_gateway "$1-r$r" "$bin"
+    all+=("$GW")
+  done
+  GWS=("${all[@]}")
+  GW=${GWS[0]}
 }
 # launch_gateway NAME [BIN]: serves NAME.yaml (with BIN, default the gateway binary); sets GW
 # (host:port) and GWS (GW alone) once it answers a completion.
@@ -524,7 +543,8 @@ cap_run() {
 # objective (the default one: 1.5x what the worker's cost model predicts for the prompt on an idle
 # worker), as met/judged (pct%); requests served before the cost model predicts are unjudged.
 int_attainment() {
-  curl -fs "http://${GWS[0]}/metrics" | awk '
+  local g
+  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk '
     /^usher_objective_ttft_total\{/ && /class="interactive"/ {
       if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
     END { n = met + missed; if (n == 0) print "-"; else printf "%d/%d(%.1f%%)", met, n, 100 * met / n }'
