@@ -243,6 +243,9 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			cl.attempts--
 			err = s.requeue(c, cl, cl.worker)
 		case !retry:
+			if err == nil && c.Response().Status < http.StatusBadRequest {
+				s.confirmFailures(cl)
+			}
 			return err
 		case cl.attempts >= s.cfg.MaxAttempts:
 			return s.attemptsFailed(cl, err)

@@ -123,6 +123,9 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if err == nil && resp.StatusCode >= 500 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
+		if clientCtx.Err() == nil {
+			return s.suspectAnswer(cl, lease, resp.Status)
+		}
 		err, reused = fmt.Errorf("worker %s answered %s", w.ID(), resp.Status), false
 	}
 	if err != nil {

@@ -181,6 +181,53 @@ func TestCircuitBreaker(t *testing.T) {
 	finish(false)
 }
 
+// A suspect answer (a 5xx the request may have caused) does not move the circuit breaker, neither
+// as a failure nor as a success, until the gateway confirms it; the half-open probe's counts at
+// once.
+func TestSuspectAnswersOpenTheCircuitOnlyOnceConfirmed(t *testing.T) {
+	clock := newFakeClock()
+	cfg := Config{Workers: testWorkers(1, "m"), Breaker: BreakerConfig{Failures: 3, Cooldown: 10 * time.Second}}
+	cfg.SetDefaults()
+	p, err := NewPool(cfg, Options{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := &Request{Model: "m"}
+	finish := func(o Outcome) *Worker {
+		t.Helper()
+		l, err := p.Pick(ctx, r)
+		if err != nil {
+			t.Fatalf("Pick: got %v, want a lease", err)
+		}
+		l.Release(o)
+		return l.Worker
+	}
+	state := func() WorkerState { st, _ := p.Worker("w0"); return st.State }
+
+	for range 10 {
+		finish(Outcome{Suspect: true})
+	}
+	if got := state(); got != StateHealthy {
+		t.Fatalf("after 10 unconfirmed suspect answers: got %s, want healthy", got)
+	}
+	finish(Outcome{Failed: true})
+	w := finish(Outcome{Suspect: true}) // not a success: the count of failures stays
+	finish(Outcome{Failed: true})
+	if got := state(); got != StateHealthy {
+		t.Fatalf("after 2 failures and a suspect answer: got %s, want healthy", got)
+	}
+	p.ConfirmFailure(w)
+	if got := state(); got != StateCircuitOpen {
+		t.Fatalf("after the suspect answer was confirmed, 3 failures: got %s, want %s", got, StateCircuitOpen)
+	}
+	clock.Advance(10 * time.Second)
+	finish(Outcome{Suspect: true}) // the probe
+	if got := state(); got != StateCircuitOpen {
+		t.Fatalf("after the probe's suspect answer: got %s, want %s", got, StateCircuitOpen)
+	}
+}
+
 func TestRunWatchesAddedWorkers(t *testing.T) {
 	srv := newHealthServer(t)
 	srv.ok.Store(false)

@@ -97,8 +97,15 @@ type Request struct {
 
 // Outcome is what the gateway learnt from one request to the worker of a Lease.
 type Outcome struct {
-	// Failed: a connect error or a 5xx before the first byte; the worker is suspect.
-	Failed           bool
+	// Failed: a connect error, a hung worker or a broken answer; the worker is suspect.
+	Failed bool
+	// Suspect: the worker answered with a server error (a 5xx status) that the request itself
+	// may have caused: engines answer 500 to some input they cannot take, on every worker. It
+	// counts as a failed request everywhere but in the circuit breaker, which counts it only
+	// once the gateway confirms it (Pool.ConfirmFailure), when another worker has served the
+	// same request; so no tenant's requests alone can open a worker's circuit. The half-open
+	// probe's suspect answer counts at once: the probe decides the circuit.
+	Suspect          bool
 	PromptTokens     int
 	CachedTokens     int // usage.prompt_tokens_details.cached_tokens
 	CompletionTokens int
@@ -168,6 +175,8 @@ func (l *Lease) Release(o Outcome) {
 		return
 	}
 	w, p := l.Worker, l.pool
+	held := o.Suspect && !l.probe // the breaker waits for ConfirmFailure
+	o.Failed = o.Failed || o.Suspect
 	w.release(l.tokens)
 	l.endPrefill()
 	if l.piece == 0 {
@@ -198,7 +207,19 @@ func (l *Lease) Release(o Outcome) {
 		series.prompt.Add(float64(o.PromptTokens))
 		series.cached.Add(float64(o.CachedTokens))
 	}
-	switch w.breaker.done(o.Failed, l.probe) {
+	if !held {
+		p.breakerDone(w, o.Failed, l.probe)
+	}
+}
+
+// ConfirmFailure counts, in w's circuit breaker, a request w answered with a suspect server error
+// (Outcome.Suspect) that another worker has since served: the error was w's, not the request's.
+// Call it at most once per such answer. Safe for concurrent use.
+func (p *Pool) ConfirmFailure(w *Worker) { p.breakerDone(w, true, false) }
+
+// breakerDone records one request's end in w's circuit breaker, and tells of a change.
+func (p *Pool) breakerDone(w *Worker, failed, probe bool) {
+	switch w.breaker.done(failed, probe) {
 	case breakerOpened:
 		p.changes.notify()
 		p.metrics.breakerOpens.WithLabelValues(w.spec.ID).Inc()
