@@ -71,6 +71,9 @@ PROBE_DEADLINE=${PROBE_DEADLINE:-100}         # X-Usher-Deadline-Ms of the curl 
 DRAIN=${DRAIN:-20s}                # bench --drain
 SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
+SIMS=${SIMS:-2}                    # workers (usher sim), each with the settings below
+FLEET=${FLEET:-mixed}              # scenario 4, kv mode: mixed (every sim serves whole requests) or pd
+                                   # (disaggregated: the first SIMS/2 sims --role prefill, the rest decode)
 REPLICAS=${REPLICAS:-1}            # scenarios 2 and 4: gateway replicas sharing one redis-server
 REPLICA_SPREAD=${REPLICA_SPREAD:-even} # with REPLICAS > 1: even (round robin), skewed (half to the
                                    # first replica) or pinned (each tenant to one replica: f1 alone
@@ -122,7 +125,7 @@ mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
-  "SCENARIOS=\"$SCENARIOS\" REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "SCENARIOS=\"$SCENARIOS\" SIMS=$SIMS FLEET=$FLEET REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
   "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
@@ -155,10 +158,24 @@ sims=()
 start_sims() {
   stop_sims
   sims=()
-  for i in 1 2; do
-    bin/usher sim --listen 127.0.0.1:0 --time-scale "$TIME_SCALE" --seed "$i" "$@" >"$tmp/sim-$i.log" 2>&1 &
+  local i role
+  for i in $(seq "$SIMS"); do
+    role=()
+    if [ "$FLEET" = pd ]; then role=(--role "$(sim_role "$i")"); fi
+    bin/usher sim --listen 127.0.0.1:0 --time-scale "$TIME_SCALE" --seed "$i" "$@" "${role[@]}" >"$tmp/sim-$i.log" 2>&1 &
     sim_pids+=($!)
     sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
+  done
+}
+# sim_role I: the role of sim I (1-based) in a FLEET=pd fleet: the first half prefill, the rest decode.
+sim_role() { if [ "$1" -le $((SIMS / 2)) ]; then echo prefill; else echo decode; fi; }
+# worker_lines EXTRA: the config's worker list, one line per sim (EXTRA: more members of each).
+worker_lines() {
+  local i role
+  for i in "${!sims[@]}"; do
+    role=
+    if [ "$FLEET" = pd ]; then role=", role: $(sim_role $((i + 1)))"; fi
+    echo "    - {id: sim-$((i + 1)), url: \"http://${sims[$i]}\", models: [$MODEL]$role${1:-}}"
   done
 }
 stop_sims() {
@@ -257,8 +274,7 @@ gateway_config() {
     echo "  health: {interval: 1s}"
     if [ -n "$CONCURRENCY" ]; then echo "  concurrency: {$CONCURRENCY}"; fi
     echo "  workers:"
-    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
-    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL], max_concurrency: $worker_conc, priority_handoff: $handoff}"
+    worker_lines ", max_concurrency: $worker_conc, priority_handoff: $handoff"
     echo "queue:"
     echo "  fifo: $2"
     echo "  max_queued_per_tenant: $QUEUE_CAP"
@@ -293,8 +309,7 @@ start_default_gateway() {
     if [ -n "$v_conc" ]; then conc+=("$v_conc"); fi
     if [ ${#conc[@]} -gt 0 ]; then (IFS=,; echo "  concurrency: {${conc[*]}}"); fi
     echo "  workers:"
-    echo "    - {id: sim-1, url: \"http://${sims[0]}\", models: [$MODEL]}"
-    echo "    - {id: sim-2, url: \"http://${sims[1]}\", models: [$MODEL]}"
+    worker_lines
     echo "tenants:"
     tenant_yaml
     echo "log: {level: info, format: json}"
@@ -565,6 +580,9 @@ if wants 4; then
   : >"$OUT_DIR/modes-signals.txt"
   ip() { jget "$1" ".classes[] | select(.name==\"interactive\") | .ttft_ms.$2"; }
   for mode in $MODES; do
+    if [ "$FLEET" = pd ] && [ "$mode" != kv ]; then
+      echo "queuebench: FLEET=pd needs MODES=kv (only the kv mode's sims serve a role)" >&2; exit 1
+    fi
     case $mode in
       # --cancel-poll: llama-server checks for the client of a whole answer once a second.
       slots) start_sims --mode slots --slots "$M_SLOTS" --cancel-poll 1s --close-after-stream
@@ -632,7 +650,7 @@ if wants 4; then
   done
   stop_sims
   echo
-  echo "== 4. engine modes: the DEFAULT gateway config (no max_concurrency, hand-down off) in front of 2 sims;"
+  echo "== 4. engine modes: the DEFAULT gateway config (no max_concurrency, hand-down off) in front of $SIMS sims ($FLEET fleet);"
   echo "   slots: $M_SLOTS slots per worker; kv: max_num_seqs $KV_SEQS, $KV_TOKENS KV tokens, $KV_BATCHED tokens a step per worker;"
   echo "   interactive i1..i3 at 0.1 R_i each ($IN prompt + $OUT output tokens), batch at 3 R_b (decode: the same lengths;"
   echo "   prefill: $P_IN prompt + $P_OUT output tokens, answers: $BATCH_ANSWER), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
