@@ -35,6 +35,9 @@
 #      (a)'s, and batch's share of what interactive leaves: (batch t/s / C_b) / (1 - int t/s / C_i),
 #      and (b)'s interactive TTFT attainment as the gateway judged it. With REPLICAS=N (N > 1)
 #      every run goes through N replicas sharing a redis-server, spread as REPLICA_SPREAD says.
+#   5. Goodput on a real trace (issues 29 and 31): the Azure conversation trace at LOADS times the
+#      fleet's capacity, the default config; requests that met the default objectives a second,
+#      as the gateway judged them. Run it with FLEET=mixed and FLEET=pd to compare fleets.
 #
 # Lengths are spread (SPREAD) by default: with fixed lengths, requests dispatched together end
 # together, and the pool frees its slots in waves, which a fixed-length run mistakes for queueing.
@@ -110,6 +113,14 @@ CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency, as YAML member
 #                  mechanism, or another commit)
 VARIANTS=${VARIANTS:-default}
 V_ROUNDS=${V_ROUNDS:-1}
+# Scenario 5 (goodput on a real trace): the Azure LLM inference trace (conversation service,
+# ../shared/traces, absent in a user's clone: the scenario then says so and is skipped) replayed
+# through the default config in front of SIMS kv-mode sims (FLEET mixed or pd) at each of LOADS
+# times the fleet's capacity in requests a second, token counts divided by G_TOKEN_SCALE.
+G_TRACE=${G_TRACE:-../shared/traces/azure_conv_2023.csv}
+G_TOKEN_SCALE=${G_TOKEN_SCALE:-4}
+LOADS=${LOADS:-"0.5 1 2"}
+G_DURATION=${G_DURATION:-40}       # seconds of arrivals of each scenario-5 run
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -663,6 +674,55 @@ if wants 4; then
   echo "   the drain ($DRAIN), 'b drop' batch arrivals bench dropped at its in-flight bound; 'int met/judged' the (b) run's"
   echo "   interactive requests the gateway judged against the default TTFT objective (1.5x the idle prediction) and met;"
   echo "   goals, issue 14: (b) p99/(a) <= 1.5 (moonshot 1.15); b/unused = (batch t/s / C_b) / (1 - int t/s / C_i) >= 0.90)"
+fi
+
+# gateway_judged CLASS: the requests of CLASS the current gateway judged against their objectives
+# (usher_objective_requests_total), as "met judged".
+gateway_judged() {
+  local g
+  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk -v class="class=\"$1\"" '
+    /^usher_objective_requests_total\{/ && index($0, class) {
+      if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
+    END { printf "%d %d\n", met, met + missed }'
+}
+
+if wants 5; then
+  if [ ! -f "$G_TRACE" ]; then
+    echo "== 5. goodput on a trace: skipped, $G_TRACE is absent (the traces are beside the project's checkout, not in it)"
+  else
+    g5="$OUT_DIR/goodput.txt"
+    : >"$g5"
+    # The trace's own pace and mean lengths, after the token scale.
+    read -r g_rate g_in g_out < <(awk -F, -v ts="$G_TOKEN_SCALE" 'NR == 2 { split($1, a, /[ :]/); t0 = a[2] * 3600 + a[3] * 60 + a[4] }
+      NR > 1 { split($1, a, /[ :]/); t = a[2] * 3600 + a[3] * 60 + a[4]; n++; i += $2 / ts; o += $3 / ts }
+      END { printf "%.3f %d %d\n", n / (t - t0), i / n, o / n }' "$G_TRACE")
+    start_sims --mode kv --max-num-seqs "$KV_SEQS" --kv-cache-tokens "$KV_TOKENS" --max-num-batched-tokens "$KV_BATCHED"
+    start_default_gateway "g5-cap"
+    cap_run "g5-cap" "$g_in" "$g_out"
+    for load in $LOADS; do
+      scale=$(calc "$load * $CAP_R / $g_rate" 3)
+      rows=$(calc "$g_rate * $scale * $G_DURATION" 0)
+      run="g5-load$load"
+      start_default_gateway "$run"
+      run_bench "$run" --tenant "trace=$(key bulk)" --workload trace --trace "$G_TRACE" --time-scale "$scale" \
+        --token-scale "$G_TOKEN_SCALE" --trace-limit "$rows"
+      read -r met judged < <(gateway_judged standard)
+      stop_gateway
+      r="$OUT_DIR/$run.json"
+      printf "%-6s %6s %8.2f %8s %7s %8s %10s %9.1f %9.1f %9.1f %9s\n" "$FLEET" "$load" "$(calc "$load * $CAP_R" 2)" "$(jget "$r" '.overall.ok')" \
+        "$(jget "$r" '.overall.failed + .overall.dropped')" "$met/$judged" "$(calc "$met / $G_DURATION" 2)" \
+        "$(jget "$r" '.overall.ttft_ms.p50')" "$(jget "$r" '.overall.ttft_ms.p99')" "$(jget "$r" '.overall.itl_ms.p99')" \
+        "$(calc "$(jget "$r" '.overall.output_tokens')" 0)" >>"$g5"
+    done
+    stop_sims
+    echo
+    echo "== 5. goodput on $G_TRACE (token counts / $G_TOKEN_SCALE: mean $g_in prompt + $g_out output tokens; its pace $g_rate req/s),"
+    echo "   the default config in front of $SIMS kv-mode sims ($FLEET fleet), capacity R = $(f1 "$CAP_R") req/s; ${G_DURATION}s of arrivals a load"
+    printf "%-6s %6s %8s %8s %7s %8s %10s %9s %9s %9s %9s\n" fleet load "req/s" ok failed "met/jdg" "goodput/s" "TTFT p50" "TTFT p99" "ITL p99" "out tok"
+    cat "$g5"
+    echo "   (met/jdg: requests the gateway judged against the default objectives, standard class: TTFT within 3x the idle"
+    echo "   prediction, and TPOT; goodput/s = met / the arrivals' seconds; requests before the cost model predicts are unjudged)"
+  fi
 fi
 echo
 echo "reports: $OUT_DIR"
