@@ -39,6 +39,8 @@ type DiscoveryConfig struct {
 	MaxTokensInFlight int   `yaml:"max_tokens_in_flight"`
 	PriorityHandoff   bool  `yaml:"priority_handoff"`
 	CacheSalt         *bool `yaml:"cache_salt"`
+	// Role is every worker's of the name (prefill, decode or both), as in WorkerSpec.
+	Role Role `yaml:"role"`
 	// EngineAccess (api_key, api_key_env, model_aliases) applies to every worker of the name.
 	EngineAccess `yaml:",inline"`
 }
@@ -98,6 +100,7 @@ func (dc DiscoveryConfig) spec(addr string) WorkerSpec {
 		MaxTokensInFlight: dc.MaxTokensInFlight,
 		PriorityHandoff:   dc.PriorityHandoff,
 		CacheSalt:         dc.CacheSalt,
+		Role:              dc.Role,
 		EngineAccess:      dc.EngineAccess,
 	}
 }
