@@ -70,8 +70,8 @@ type call struct {
 	rejectMiss, objectiveDeadline bool
 
 	// dispatch and proxy
-	route    routing.Request
-	lease    *routing.Lease // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
+	route    routing.Request // a two-staged call's prefill stage (disagg.go)
+	lease    *routing.Lease  // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
 	worker   string
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
@@ -89,6 +89,20 @@ type call struct {
 	measured    routing.Outcome
 	predicted   routing.Prediction
 	predictedOK bool
+
+	// A call to a disaggregated model (disagg.go). twoStage: it goes in two stages, route
+	// placing its prefill and decodeRoute its decode; decode is the decode stage's lease while
+	// the prefill runs. decoding: the decode stage runs, with kvTransfer, the prefill answer's
+	// kv_transfer_params. prefillWorker is the worker that last prefilled it, prefillCached the
+	// cached tokens that worker reported (bounded by the call's scope), prefillTime the time of
+	// its prefill stages.
+	twoStage, decoding bool
+	decodeRoute        routing.Request
+	decode             *routing.Lease
+	kvTransfer         []byte
+	prefillWorker      string
+	prefillCached      int
+	prefillTime        time.Duration
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.

@@ -67,6 +67,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
 	body := s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model)))
+	if cl.kvTransfer != nil {
+		// The decode stage of a two-staged call: the engine pulls the prompt's KV where the
+		// prefill worker's answer said (disagg.go).
+		body = withMember(body, "kv_transfer_params", cl.kvTransfer)
+	}
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
@@ -117,7 +122,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		lease.Release(routing.Outcome{})
-		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		cl.exclude(w.ID())
 		return true, busy
 	}
 	if err == nil && resp.StatusCode >= 500 {
@@ -136,7 +141,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		lease.Release(routing.Outcome{Failed: !reused})
 		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "reused_connection", reused, "err", err)
 		if !reused {
-			cl.route.Exclude = append(cl.route.Exclude, w.ID())
+			cl.exclude(w.ID())
 		}
 		return true, err
 	}
@@ -167,7 +172,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		// The worker broke off (it answered, then closed or went silent) before anything
 		// reached the client: another worker may serve the call.
 		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "err", err)
-		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		cl.exclude(w.ID())
 		return true, err
 	}
 	return false, err
