@@ -1,20 +1,23 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/usherllm/usher/routing"
 )
 
-// A call to a disaggregated model (routing.Pool.Disaggregated) is served in two stages, vLLM's
-// KV-connector flow as its toy_proxy_server.py drives it: the prefill stage sends the request
+// A call to a disaggregated model (routing.Pool.Disaggregated) is served in two stages. With
+// SGLang's bootstrap flow both go at once (bootstrap.go); with vLLM's KV-connector flow, as its
+// toy_proxy_server.py drives it, the prefill stage sends the request
 // to a prefill worker with kv_transfer_params {"do_remote_decode": true}, max_tokens 1 and no
 // stream, and reads the kv_transfer_params of its answer (where the decode worker pulls the
 // prompt's KV from); the decode stage sends the request as the client sent it, with those
@@ -47,10 +50,10 @@ var prefillTransferParams = []byte(`{"do_remote_decode":true,"do_remote_prefill"
 // worker of role both): cl.route places its prefill, cl.decodeRoute its decode.
 func (s *Server) planStages(cl *call) {
 	proto, ok := s.pool.Disaggregated(cl.model)
-	if !ok || proto != routing.ProtocolVLLM || cl.ep.embed || cl.prompts != 1 || cl.choices != 1 {
+	if !ok || cl.ep.embed || cl.prompts != 1 || cl.choices != 1 {
 		return
 	}
-	cl.twoStage = true
+	cl.twoStage, cl.protocol = true, proto
 	cl.decodeRoute = cl.route
 	cl.decodeRoute.Stage = routing.StageDecode
 	cl.route.Stage = routing.StagePrefill
@@ -70,6 +73,9 @@ func (cl *call) exclude(worker string) {
 // twoStages is proxy for a two-staged call: the prefill on cl.lease, then the decode on
 // cl.decode; retry as proxy's.
 func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
+	if cl.protocol == routing.ProtocolSGLang {
+		return s.bootstrapStages(c, cl)
+	}
 	pre, dec := cl.lease, cl.decode
 	cl.decode = nil
 	params, retry, err := s.prefillStage(c, cl, pre)
@@ -78,8 +84,8 @@ func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
 		dec.Release(routing.Outcome{})
 		return retry, err
 	}
-	cl.kvTransfer, cl.decoding = params, true
-	defer func() { cl.kvTransfer, cl.decoding = nil, false }()
+	cl.handoff, cl.decoding = append([]byte(`"kv_transfer_params":`), params...), true
+	defer func() { cl.handoff, cl.decoding = nil, false }()
 	cl.worker = dec.Worker.ID()
 	c.Response().Header()[headerPrefillWorker] = []string{cl.prefillWorker}
 	sent := s.now()
@@ -174,26 +180,32 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	return params, false, nil
 }
 
-// prefillBody is body, the call's body for its prefill worker, as the prefill stage sends it:
-// without the members that ask for a stream or bound the output, and with max_tokens 1, no
-// stream and kv_transfer_params asking the engine to hold the prompt's KV for a remote decode.
+// prefillBody is body, the call's body for its prefill worker, as the prefill stage of vLLM's
+// flow sends it: without the members that ask for a stream or bound the output, and with
+// max_tokens 1, no stream and kv_transfer_params asking the engine to hold the prompt's KV for a
+// remote decode.
 func prefillBody(body []byte) []byte {
+	return rebuilt(body, []string{"stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict", "kv_transfer_params"},
+		append([]byte(`"stream":false,"max_tokens":1,"kv_transfer_params":`), prefillTransferParams...))
+}
+
+// rebuilt is body, a JSON object, without its members drop and with members (JSON members
+// without braces) at its end; body as it is when it cannot be read.
+func rebuilt(body []byte, drop []string, members []byte) []byte {
 	fields, err := objectFields(body, nil)
 	if err != nil {
 		return body
 	}
-	out := make([]byte, 0, len(body)+len(prefillTransferParams)+64)
+	out := make([]byte, 0, len(body)+len(members)+2)
 	out = append(out, '{')
 	for _, f := range fields {
-		switch f.key {
-		case "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict", "kv_transfer_params":
+		if slices.Contains(drop, f.key) {
 			continue
 		}
 		out = append(append(append(out, f.rawKey...), ':'), f.value...)
 		out = append(out, ',')
 	}
-	out = append(out, `"stream":false,"max_tokens":1,"kv_transfer_params":`...)
-	out = append(out, prefillTransferParams...)
+	out = append(out, members...)
 	return append(out, '}')
 }
 
@@ -224,4 +236,16 @@ func transferParams(answer []byte) ([]byte, error) {
 		return f.value, nil
 	}
 	return nil, errNoTransfer
+}
+
+// withMembers is b, a JSON object, with members (JSON members without braces) added at its end.
+func withMembers(b, members []byte) []byte {
+	end := bytes.LastIndexByte(b, '}')
+	out := make([]byte, 0, len(b)+len(members)+1)
+	out = append(out, b[:end]...)
+	if len(bytes.TrimSpace(b[bytes.IndexByte(b, '{')+1:end])) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, members...)
+	return append(out, b[end:]...)
 }

@@ -58,7 +58,12 @@ const statusClientClosed = 499
 // then ends with errPreempted and the lease is released as a success.
 func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
 	clientCtx := c.Request().Context()
-	ctx, cancel := context.WithCancelCause(clientCtx)
+	parent := clientCtx
+	if cl.stageCtx != nil {
+		// A decode beside its prefill (bootstrap.go): it ends when the prefill fails.
+		parent = cl.stageCtx
+	}
+	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	watched := s.watch(cl, cancel)
 	defer watched.ended()
@@ -67,10 +72,10 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
 	body := s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model)))
-	if cl.kvTransfer != nil {
-		// The decode stage of a two-staged call: the engine pulls the prompt's KV where the
-		// prefill worker's answer said (disagg.go).
-		body = withMember(body, "kv_transfer_params", cl.kvTransfer)
+	if cl.handoff != nil {
+		// The decode stage of a two-staged call: the engine pulls the prompt's KV where these
+		// members say (disagg.go).
+		body = withMembers(body, cl.handoff)
 	}
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
@@ -135,6 +140,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 			lease.Release(routing.Outcome{})
 			return false, errClientGone
 		}
+		if cause := cl.stageEnded(); cause != nil {
+			// Not this worker's failure: the call is placed again.
+			lease.Release(routing.Outcome{})
+			return true, cause
+		}
 		if context.Cause(ctx) == errWorkerSilent {
 			err, reused = errWorkerSilent, false
 		}
@@ -161,6 +171,10 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if err != nil && !c.Response().Committed && preempted() {
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
+	}
+	if cause := cl.stageEnded(); err != nil && !c.Response().Committed && clientCtx.Err() == nil && cause != nil {
+		lease.Release(routing.Outcome{})
+		return true, cause
 	}
 	if err == nil {
 		out.Answered = s.now().Sub(sent)

@@ -149,6 +149,12 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 		d.CachedTokens = min(d.CachedTokens, cl.cachedBeforePieces)
 		u.PromptTokensDetails = &d
 	}
+	if cl.concurrent != nil {
+		// The prefill runs beside the decode: its answer says what its cache held. It ends
+		// by itself once the decode has its KV, or at its silence bound.
+		<-cl.concurrent.done
+		cl.prefillCached = cl.concurrent.cached
+	}
 	if cl.decoding && u.PromptTokensDetails != nil {
 		// The decode engine counts the KV it pulled as cached: the call's cache hit is what
 		// its prefill worker held.

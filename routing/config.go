@@ -67,6 +67,11 @@ type WorkerSpec struct {
 	// requests and either stage. A model without both kinds is routed as one pool, whatever the
 	// roles.
 	Role Role `yaml:"role" json:"role,omitempty"`
+	// BootstrapPort is the port of the worker's KV bootstrap server in SGLang's flow (sglang
+	// --disaggregation-bootstrap-port), which its decode workers are told to connect to on the
+	// host of URL; 0 takes 8998, SGLang's default. Read only for a prefill worker of a model
+	// whose protocol is sglang.
+	BootstrapPort int `yaml:"bootstrap_port" json:"bootstrap_port,omitempty"`
 	// EngineAccess holds the engine's credential and model aliases (api_key, api_key_env,
 	// model_aliases).
 	EngineAccess `yaml:",inline"`
@@ -419,6 +424,9 @@ func validateWorker(prefix string, w WorkerSpec) []error {
 	}
 	if !w.Role.valid() {
 		bad("role", "must be prefill, decode or both, got %q", w.Role)
+	}
+	if w.BootstrapPort < 0 || w.BootstrapPort > 65535 {
+		bad("bootstrap_port", "must be 1 to 65535 (0: 8998), got %d", w.BootstrapPort)
 	}
 	return append(errs, w.EngineAccess.validate(prefix, w.Models)...)
 }

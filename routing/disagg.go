@@ -66,6 +66,19 @@ func (s Stage) String() string {
 	return "whole"
 }
 
+// DefaultBootstrapPort is SGLang's default --disaggregation-bootstrap-port.
+const DefaultBootstrapPort = 8998
+
+// Bootstrap is where a decode worker fetches the KV of a prompt this worker prefilled in
+// SGLang's flow: the host of its URL and its WorkerSpec.BootstrapPort (default 8998).
+func (w *Worker) Bootstrap() (host string, port int) {
+	port = w.spec.BootstrapPort
+	if port == 0 {
+		port = DefaultBootstrapPort
+	}
+	return w.url.Hostname(), port
+}
+
 // Protocol is how the gateway hands a request from its prefill worker to its decode worker.
 type Protocol string
 

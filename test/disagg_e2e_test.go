@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -48,6 +51,13 @@ func (b *engineBodies) of(i int) []map[string]any {
 // robin, so that a test knows both prefill workers are tried.
 func startDisaggregatedStack(t *testing.T) (*stack, *engineBodies) {
 	t.Helper()
+	return startDisaggregatedStackWith(t, routing.ProtocolVLLM)
+}
+
+// startDisaggregatedStackWith is startDisaggregatedStack with the hand-off protocol given; each
+// prefill sim's HTTP port is its SGLang bootstrap port.
+func startDisaggregatedStackWith(t *testing.T, protocol routing.Protocol) (*stack, *engineBodies) {
+	t.Helper()
 	rec := &engineBodies{bodies: map[int][]map[string]any{}}
 	s := startStack(t, stackOptions{
 		workers: 4,
@@ -66,6 +76,14 @@ func startDisaggregatedStack(t *testing.T) (*stack, *engineBodies) {
 				}
 			}
 			c.Disaggregation.PrefillPolicy = "round_robin"
+			c.Disaggregation.Protocol = protocol
+			for i := range c.Workers {
+				u, err := url.Parse(c.Workers[i].URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Workers[i].BootstrapPort, _ = strconv.Atoi(u.Port())
+			}
 		},
 		engineHandler: rec.wrap,
 	})
@@ -78,9 +96,91 @@ func startDisaggregatedStack(t *testing.T) (*stack, *engineBodies) {
 // the prefill's kv_transfer_params, and the usage counts the prompt once.
 func TestDisaggregatedServing(t *testing.T) {
 	s, rec := startDisaggregatedStack(t)
+	clientPrompt, clientCached := serveChatAndStream(t, s)
+	var prefills, decodes int
+	for i := range 4 {
+		for _, b := range rec.of(i) {
+			kv, _ := b["kv_transfer_params"].(map[string]any)
+			if i < 2 {
+				prefills++
+				if kv["do_remote_decode"] != true || b["max_tokens"] != float64(1) || b["stream"] != false {
+					t.Errorf("prefill worker sim-%d got %v: want do_remote_decode, max_tokens 1, no stream", i, b)
+				}
+				continue
+			}
+			decodes++
+			if kv["do_remote_prefill"] != true || kv["remote_engine_id"] != s.engines[0].EngineID() && kv["remote_engine_id"] != s.engines[1].EngineID() {
+				t.Errorf("decode worker sim-%d got kv_transfer_params %v, want a prefill worker's", i, kv)
+			}
+		}
+	}
+	if prefills != 2 || decodes != 2 {
+		t.Fatalf("the prefill workers got %d requests, the decode workers %d; want 2 and 2", prefills, decodes)
+	}
+	checkServedOnce(t, s, clientPrompt, clientCached)
+}
+
+// SGLang's flow: the prefill and the decode worker get the request at once, with the same
+// bootstrap room and the prefill worker's bootstrap address.
+func TestDisaggregatedServingSGLang(t *testing.T) {
+	s, rec := startDisaggregatedStackWith(t, routing.ProtocolSGLang)
+	clientPrompt, clientCached := serveChatAndStream(t, s)
+	prefillRooms, decodeRooms := map[float64]string{}, map[float64]string{}
+	for i := range 4 {
+		for _, b := range rec.of(i) {
+			room, _ := b["bootstrap_room"].(float64)
+			addr := fmt.Sprintf("%v:%v", b["bootstrap_host"], b["bootstrap_port"])
+			if i < 2 {
+				prefillRooms[room] = addr
+				if want := strings.TrimPrefix(s.servers[i].URL, "http://"); addr != want || b["stream"] != false {
+					t.Errorf("prefill worker sim-%d got bootstrap address %s (want its own, %s), stream %v", i, addr, want, b["stream"])
+				}
+				continue
+			}
+			decodeRooms[room] = addr
+		}
+	}
+	if len(prefillRooms) != 2 || len(decodeRooms) != 2 {
+		t.Fatalf("rooms: prefill %v, decode %v; want 2 each", prefillRooms, decodeRooms)
+	}
+	for room, addr := range decodeRooms {
+		if prefillRooms[room] != addr {
+			t.Errorf("a decode got room %v at %s, which no prefill had there (%v)", room, addr, prefillRooms)
+		}
+	}
+	checkServedOnce(t, s, clientPrompt, clientCached)
+}
+
+// A prefill that fails in SGLang's flow ends the decode waiting for its room, and the call goes
+// to the other prefill worker.
+func TestDisaggregatedSGLangPrefillFails(t *testing.T) {
+	s, _ := startDisaggregatedStackWith(t, routing.ProtocolSGLang)
+	if err := s.engines[0].SetFaults(sim.Faults{ErrorRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		resp := s.do(context.Background(), t, "/v1/chat/completions", chat("hello there", 4, false))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Usher-Prefill-Worker") != "sim-1" {
+			data, _ := io.ReadAll(resp.Body)
+			t.Fatalf("status %d, prefilled by %q: %s; want 200 prefilled by sim-1", resp.StatusCode, resp.Header.Get("X-Usher-Prefill-Worker"), data)
+		}
+	}
+	if got := gatewayCounter(t, s.url, "usher_stage_requests_total", `result="failed",stage="prefill",worker="sim-0"`); got == 0 {
+		t.Fatal("sim-0 was never tried: the test proves nothing")
+	}
+	// The decodes that waited for sim-0's rooms were ended, not left to time out.
+	eventually(t, 5*time.Second, "no decode left waiting", func() bool {
+		return s.engines[2].Stats().Receiving == 0 && s.engines[3].Stats().Receiving == 0
+	})
+}
+
+// serveChatAndStream asks the stack for a chat answer and a stream of 12 tokens each, checks
+// that a decode worker answered after a prefill worker prefilled, and returns the prompt and
+// cached tokens the client was told in all.
+func serveChatAndStream(t *testing.T, s *stack) (clientPrompt, clientCached int) {
+	t.Helper()
 	ctx := context.Background()
 	prompt := strings.Repeat("the prefill worker computes this long shared prompt ", 20)
-	var clientPrompt, clientCached int
 	for _, stream := range []bool{false, true} {
 		resp := s.do(ctx, t, "/v1/chat/completions", strings.Replace(chat(prompt, 12, stream), `"stream":true,`, `"stream":true,"stream_options":{"include_usage":true},`, 1))
 		if resp.StatusCode != http.StatusOK {
@@ -123,26 +223,13 @@ func TestDisaggregatedServing(t *testing.T) {
 		clientPrompt += c.Usage.PromptTokens
 		clientCached += c.Usage.PromptTokensDetails.CachedTokens
 	}
-	var prefills, decodes int
-	for i := range 4 {
-		for _, b := range rec.of(i) {
-			kv, _ := b["kv_transfer_params"].(map[string]any)
-			if i < 2 {
-				prefills++
-				if kv["do_remote_decode"] != true || b["max_tokens"] != float64(1) || b["stream"] != false {
-					t.Errorf("prefill worker sim-%d got %v: want do_remote_decode, max_tokens 1, no stream", i, b)
-				}
-				continue
-			}
-			decodes++
-			if kv["do_remote_prefill"] != true || kv["remote_engine_id"] != s.engines[0].EngineID() && kv["remote_engine_id"] != s.engines[1].EngineID() {
-				t.Errorf("decode worker sim-%d got kv_transfer_params %v, want a prefill worker's", i, kv)
-			}
-		}
-	}
-	if prefills != 2 || decodes != 2 {
-		t.Fatalf("the prefill workers got %d requests, the decode workers %d; want 2 and 2", prefills, decodes)
-	}
+	return clientPrompt, clientCached
+}
+
+// checkServedOnce checks that the decode workers pulled KV, that the client was told the cached
+// tokens the prefill engines found, and that the gateway counted the prompts once.
+func checkServedOnce(t *testing.T, s *stack, clientPrompt, clientCached int) {
+	t.Helper()
 	var received int64
 	for _, e := range s.engines[2:] {
 		received += e.Stats().KVReceivedTokens
