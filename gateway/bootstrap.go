@@ -34,7 +34,7 @@ var (
 // closes done; they are read after.
 type concurrentPrefill struct {
 	done   chan struct{}
-	cached int  // the cached tokens its worker reported, bounded by the call's scope
+	cached int   // the cached tokens its worker reported, bounded by the call's scope
 	err    error // why it did not answer 2xx; nil: it did
 	// failed: the worker failed (connect error, 5xx, 429, silence): the next placement excludes
 	// it. status and refusal are a 4xx answer's, the engine refusing the request itself.

@@ -100,17 +100,17 @@ type call struct {
 	// its prefill stages. concurrent, while the decode stage runs beside its prefill (SGLang's
 	// flow), is the prefill's end, which the decode's usage waits for; stageCtx ends when that
 	// prefill failed (errPrefillFailed), and the decode attempt with it.
-	protocol       routing.Protocol
-	twoStage       bool
-	decoding       bool
-	decodeRoute    routing.Request
-	decode         *routing.Lease
-	handoff        []byte
-	prefillWorker  string
-	prefillCached  int
-	prefillTime    time.Duration
-	concurrent     *concurrentPrefill
-	stageCtx       context.Context
+	protocol      routing.Protocol
+	twoStage      bool
+	decoding      bool
+	decodeRoute   routing.Request
+	decode        *routing.Lease
+	handoff       []byte
+	prefillWorker string
+	prefillCached int
+	prefillTime   time.Duration
+	concurrent    *concurrentPrefill
+	stageCtx      context.Context
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.
