@@ -81,11 +81,11 @@ func (s *Server) bootstrapStages(c echo.Context, cl *call) (retry bool, err erro
 	cl.handoff, cl.decoding, cl.concurrent, cl.stageCtx = nil, false, nil, nil
 	cl.prefillTime += p.took
 	if !errors.Is(p.err, errDecodeEnded) && clientCtx.Err() == nil {
-		s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), stageResult(p.err, p.status != 0), p.took)
+		s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), stageResult(p.err, p.err != nil, p.status != 0), p.took)
 	}
 	prefillEnded := errors.Is(err, errPrefillFailed)
 	if !prefillEnded {
-		s.metrics.stage(cl.model, routing.StageDecode, dec.Worker.ID(), stageResult(err, false), s.now().Sub(sent))
+		s.metrics.stage(cl.model, routing.StageDecode, dec.Worker.ID(), stageResult(err, retry, false), s.now().Sub(sent))
 	}
 	if p.failed && (retry || prefillEnded) {
 		cl.exclude(w.ID())
@@ -120,17 +120,21 @@ func (cl *call) stageEnded() error {
 	return context.Cause(cl.stageCtx)
 }
 
-// stageResult is a stage's result label: ok, refused (the engine answered 4xx) or failed.
-func stageResult(err error, refused bool) string {
+// stageResult is the result label of a stage that ended with err: failed when it may be tried
+// again (retry), refused when the engine refused the request itself (a 4xx), preempted,
+// cancelled (the client left), else ok (its answer was relayed, whole or cut).
+func stageResult(err error, retry, refused bool) string {
 	switch {
-	case err == nil:
-		return "ok"
 	case refused:
 		return "refused"
+	case retry:
+		return "failed"
 	case errors.Is(err, errPreempted):
 		return "preempted"
+	case errors.Is(err, errClientGone):
+		return "cancelled"
 	}
-	return "failed"
+	return "ok"
 }
 
 // sendConcurrentPrefill sends a prefill of SGLang's flow to its worker, reads its answer and

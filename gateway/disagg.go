@@ -90,11 +90,7 @@ func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
 	c.Response().Header()[headerPrefillWorker] = []string{cl.prefillWorker}
 	sent := s.now()
 	retry, err = s.proxy(c, cl, dec)
-	result := "ok"
-	if retry {
-		result = "failed"
-	}
-	s.metrics.stage(cl.model, routing.StageDecode, dec.Worker.ID(), result, s.now().Sub(sent))
+	s.metrics.stage(cl.model, routing.StageDecode, dec.Worker.ID(), stageResult(err, retry, false), s.now().Sub(sent))
 	return retry, err
 }
 
@@ -166,10 +162,10 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 		return fail(routing.Outcome{Failed: true}, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, w.ID(), err))
 	}
 	out := routing.Outcome{Answered: s.now().Sub(sent)}
+	cl.prefillCached = 0
 	if u, ok := parseUsage(data); ok {
 		out.PromptTokens, out.CachedTokens, out.CompletionTokens = u.PromptTokens, u.cachedTokens(), u.CompletionTokens
 		out.CacheReported = u.PromptTokensDetails != nil
-		cl.prefillCached = 0
 		if out.CacheReported {
 			cl.prefillCached = lease.OwnCached(u.cachedTokens(), u.PromptTokens)
 		}

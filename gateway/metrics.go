@@ -26,8 +26,7 @@ type metrics struct {
 	prefillPieces *prometheus.CounterVec
 	// stageDuration and stageRequests are the stages of two-staged calls (disagg.go) by model,
 	// stage (prefill; decode: the KV transfer and the decode) and worker; the requests by
-	// result too (ok; failed: before the worker answered, so another worker was tried or the
-	// call failed; refused: the engine answered 4xx, which went to the client).
+	// result too (see stageResult).
 	stageDuration *prometheus.HistogramVec
 	stageRequests *prometheus.CounterVec
 	// overhead is the time a call spent in usher itself: its whole time less its wait in the
@@ -163,7 +162,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "usher_stage_duration_seconds", Help: "Time of each stage of requests served disaggregated, by model, stage (prefill: from sending to the prefill worker's answer; decode: from sending to the decode worker to the answer's end, the KV transfer included) and worker.",
 			Buckets: latencyBuckets}, []string{"model", "stage", "worker"}),
 		stageRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_stage_requests_total", Help: "Stages of requests served disaggregated, by model, stage (prefill, decode), worker and result (ok; failed: before the worker answered; refused: the engine answered 4xx, relayed to the client)."},
+			Name: "usher_stage_requests_total", Help: "Stages of requests served disaggregated, by model, stage (prefill, decode), worker and result (ok; failed: before the worker answered, tried again; refused: the engine answered 4xx, relayed to the client; preempted; cancelled: the client left)."},
 			[]string{"model", "stage", "worker", "result"}),
 	}
 	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{
