@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 )
 
@@ -284,5 +285,20 @@ func TestPrefillBody(t *testing.T) {
 	want := `{"model":"m","messages":[],"stream":false,"max_tokens":1,"kv_transfer_params":` + string(prefillTransferParams) + `}`
 	if got != want {
 		t.Fatalf("got %s\nwant %s", got, want)
+	}
+}
+
+// A disaggregated model's queue has the decode pool's capacity: a call holds its decode worker
+// for its whole answer, its prefill worker only for its prefill.
+func TestDisaggregatedCapacityIsTheDecodePools(t *testing.T) {
+	w := func(r routing.Role) routing.WorkerStatus {
+		return routing.WorkerStatus{State: routing.StateHealthy, Models: []string{"m"}, Role: r, MaxConcurrency: 8, MaxTokensInFlight: 1000}
+	}
+	workers := []routing.WorkerStatus{w(routing.RolePrefill), w(routing.RoleDecode), w(routing.RoleBoth)}
+	if got, _ := capacityOf(workers, "m", true); got != (queue.Capacity{Requests: 16, Tokens: 2000}) {
+		t.Fatalf("disaggregated: got %+v, want the decode and both workers' 16 requests and 2000 tokens", got)
+	}
+	if got, _ := capacityOf(workers, "m", false); got != (queue.Capacity{Requests: 24, Tokens: 3000}) {
+		t.Fatalf("not disaggregated: got %+v, want every worker's", got)
 	}
 }
