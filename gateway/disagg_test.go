@@ -302,3 +302,28 @@ func TestDisaggregatedCapacityIsTheDecodePools(t *testing.T) {
 		t.Fatalf("not disaggregated: got %+v, want every worker's", got)
 	}
 }
+
+// SGLang's flow: both workers get the call at once with the prefill worker's bootstrap address
+// and one room; a prefill the engine refuses (4xx) is the client's answer and ends the decode
+// waiting for its room.
+func TestSGLangRefusedPrefillEndsTheDecode(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.status = http.StatusBadRequest })
+	dec := newFakeWorker(t, func(w *fakeWorker) { w.hold = make(chan struct{}) })
+	spec := pre.spec("p1")
+	spec.BootstrapPort = 8999
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{spec, decodeSpec(dec, "d1")}, Policy: "round_robin",
+		Disaggregation: routing.DisaggregationConfig{Protocol: routing.ProtocolSGLang}}, nil, nil)
+	resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d, want the prefill engine's 400", resp.StatusCode)
+	}
+	pb := pre.body()
+	if pb["bootstrap_host"] != "127.0.0.1" || pb["bootstrap_port"] != float64(8999) || pb["bootstrap_room"] == nil || pb["stream"] != false {
+		t.Fatalf("the prefill worker got %v: want bootstrap_host 127.0.0.1, bootstrap_port 8999, a room and no stream", pb)
+	}
+	if dec.started.Load() == 1 {
+		if db := dec.body(); db["bootstrap_room"] != pb["bootstrap_room"] || db["stream"] != true {
+			t.Fatalf("the decode worker got %v, want the prefill's room and the client's stream", db)
+		}
+	}
+}
