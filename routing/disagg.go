@@ -12,7 +12,9 @@ import (
 // bootstrap flow). Each stage has its own pool of workers and its own policy: the prefill pool
 // holds the workers of role prefill or both, the decode pool those of role decode or both, and
 // a request that is not split (embeddings, a batch of prompts) goes whole to a worker of role
-// both. A model whose workers are not of both roles is routed as one pool, whatever their roles.
+// both; with the vLLM protocol and no such worker, to any of the model's workers, which serves
+// it in place. A model whose workers are not of both roles is routed as one pool, whatever
+// their roles.
 
 // Role says which stages of a disaggregated model's requests a worker serves.
 type Role string
@@ -220,6 +222,15 @@ func (p *Pool) splitStages(model string, ms *modelSet) error {
 	}
 	ms.workers, ms.byID = nil, make(map[string]*Worker)
 	stageOf(StageWhole, ms)
+	if len(ms.workers) == 0 && ms.protocol == ProtocolVLLM {
+		// A vLLM engine with a KV connector serves a request without kv_transfer_params as
+		// any engine does, prefill and decode in place; an SGLang engine in a disaggregation
+		// mode refuses one without a bootstrap room.
+		ms.workers = all
+		for _, w := range all {
+			ms.byID[w.spec.ID] = w
+		}
+	}
 	return nil
 }
 

@@ -180,3 +180,26 @@ func TestStageTargetWorker(t *testing.T) {
 		t.Fatalf("unknown target: got %v, want ErrUnknownWorker", err)
 	}
 }
+
+// Without a worker of role both, a whole request of a vLLM-disaggregated model goes to any of
+// its workers (which serves it in place), and one of an SGLang-disaggregated model to none.
+func TestWholeRequestsWithoutBothWorkers(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4]})
+	seen := map[string]bool{}
+	for range 8 {
+		l, err := p.Pick(ctx, &Request{Model: "m", Tokens: 10})
+		if err != nil {
+			t.Fatalf("vllm: %v", err)
+		}
+		seen[l.Worker.ID()] = true
+		l.Release(Outcome{})
+	}
+	if len(seen) < 2 {
+		t.Fatalf("vllm: whole requests went to %v, want the model's workers", seen)
+	}
+	p, _ = newTestPool(t, Config{Workers: disaggWorkers()[:4], Disaggregation: DisaggregationConfig{Protocol: ProtocolSGLang}})
+	if _, err := p.Pick(ctx, &Request{Model: "m", Tokens: 10}); !errors.Is(err, ErrNoWorker) {
+		t.Fatalf("sglang: got %v, want ErrNoWorker", err)
+	}
+}

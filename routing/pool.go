@@ -82,7 +82,7 @@ type Request struct {
 	// Stage is the part of the request this pick places: StageWhole (the zero value) for a
 	// model that is not disaggregated; StagePrefill or StageDecode, through PickStages, for one
 	// that is (see Disaggregated). A whole request of a disaggregated model goes to a worker of
-	// role both.
+	// role both (with the vLLM protocol and none, to any of its workers).
 	Stage Stage
 	// Messages is a chat request's messages array as the client sent it (JSON), so kv_aware
 	// has the engine apply its own chat template; nil for other requests. Never modified.
