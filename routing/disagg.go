@@ -10,7 +10,9 @@ import (
 // workers has role prefill and one has role decode: its requests are prefilled on one worker,
 // which hands the prompt's KV cache to another that decodes (vLLM's KV connectors, SGLang's
 // bootstrap flow). Each stage has its own pool of workers and its own policy: the prefill pool
-// holds the workers of role prefill or both, the decode pool those of role decode or both, and
+// holds the workers of role prefill or both, the decode pool those of role decode or both (a
+// worker of role both is an engine that takes either side, as vLLM's kv_both; with SGLang,
+// whose engines take one side or none, it serves whole requests only), and
 // a request that is not split (embeddings, a batch of prompts) goes whole to a worker of role
 // both; with the vLLM protocol and no such worker, to any of the model's workers, which serves
 // it in place. A model whose workers are not of both roles is routed as one pool, whatever
@@ -201,7 +203,10 @@ func (p *Pool) splitStages(model string, ms *modelSet) error {
 	all := ms.workers
 	stageOf := func(stage Stage, set *modelSet) {
 		for _, w := range all {
-			if w.spec.Role.serves(stage) {
+			// An SGLang engine serves one side of a hand-off or none: a worker of role both
+			// there is an engine not in a disaggregation mode, for whole requests only.
+			both := w.spec.Role == "" || w.spec.Role == RoleBoth
+			if w.spec.Role.serves(stage) && (stage == StageWhole || !both || ms.protocol != ProtocolSGLang) {
 				set.workers = append(set.workers, w)
 				set.byID[w.spec.ID] = w
 			}

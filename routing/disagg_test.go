@@ -203,3 +203,18 @@ func TestWholeRequestsWithoutBothWorkers(t *testing.T) {
 		t.Fatalf("sglang: got %v, want ErrNoWorker", err)
 	}
 }
+
+// With SGLang's flow a worker of role both serves whole requests only: its engine is not in a
+// disaggregation mode.
+func TestSGLangBothWorkersServeWholeRequestsOnly(t *testing.T) {
+	p, _ := newTestPool(t, Config{Workers: disaggWorkers(), Disaggregation: DisaggregationConfig{Protocol: ProtocolSGLang}})
+	ms := p.snap.Load().models["m"]
+	for _, set := range []*modelSet{ms.prefill, ms.decode} {
+		if set.byID["w4"] != nil {
+			t.Fatalf("w4, of role both, is in a stage's pool: %v", set.workers)
+		}
+	}
+	if ms.byID["w4"] == nil || len(ms.workers) != 1 {
+		t.Fatalf("whole requests go to %v, want w4", ms.workers)
+	}
+}
