@@ -645,3 +645,22 @@ func TestSignInLogsTheConnectionsAddressNotAHeader(t *testing.T) {
 		t.Fatalf("sign-in log: %s; want remote=127.0.0.1 and no header's address", log.String())
 	}
 }
+
+// The Workers page names the stage a worker of a disaggregated model serves (issue 29).
+func TestConsoleWorkersShowTheirRole(t *testing.T) {
+	w := newFakeWorker(t)
+	pre, dec, both := w.spec("p1"), w.spec("d1"), w.spec("b1")
+	pre.Role, dec.Role = routing.RolePrefill, routing.RoleDecode
+	g := startGateway(t, []routing.WorkerSpec{pre, dec, both}, nil)
+	b := newBrowser(t, g.url)
+	b.signIn(adminToken)
+	_, body := b.do("GET", "/admin/workers", nil)
+	for id, role := range map[string]string{"p1": "prefill", "d1": "decode"} {
+		if want := fmt.Sprintf(`id="role-%s" title="the stage of a disaggregated model it serves: prefill or decode">%s<`, id, role); !strings.Contains(body, want) {
+			t.Errorf("the Workers page does not show %s as %s: %.3000s", id, role, body)
+		}
+	}
+	if strings.Contains(body, `id="role-b1"`) {
+		t.Error("a worker of role both is marked with a role")
+	}
+}

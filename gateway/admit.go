@@ -121,6 +121,7 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		Tokens:       addTokens(cl.promptTokens, cl.expected),
 		Interactive:  cl.class == queue.Interactive,
 	}
+	s.planStages(cl)
 	return s.wait(c, cl)
 }
 
@@ -225,7 +226,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		return err
 	}
 	// The routing policy's I/O, if any, now: the placer picks under the queue's lock.
-	s.pool.Prepare(c.Request().Context(), &cl.route)
+	s.prepare(c, cl)
 	if err := s.holdToObjective(cl); err != nil {
 		return err
 	}
@@ -237,7 +238,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		MaxTokens:    cl.expected,
 		Deadline:     cl.deadline,
 		MaxQueued:    int(cl.tier.MaxQueued),
-		Placer:       placer{ctx: c.Request().Context(), pool: s.pool, route: &cl.route},
+		Placer:       cl.placer(c.Request().Context(), s.pool),
 	})
 	if err != nil {
 		return cl.objectiveMissed(err)
@@ -266,7 +267,8 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 		return cl.objectiveMissed(err)
 	}
 	cl.grant = grant
-	cl.lease = grant.Placement.(placement).Lease
+	pl := grant.Placement.(placement)
+	cl.lease, cl.decode = pl.Lease, pl.decode
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh[headerClass] = classHeader[grant.Class]

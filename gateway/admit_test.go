@@ -304,7 +304,7 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got, _ := capacityOf(tt.workers, "m"); got != tt.want {
+			if got, _ := capacityOf(tt.workers, "m", false); got != tt.want {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 		})

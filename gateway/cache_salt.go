@@ -109,5 +109,5 @@ func (cl *call) ownCache(u usage) usage {
 // client is told, so that withOwnCache writes the call's own into the answer: the prompt went in
 // pieces, or the engine does not keep the call's scope apart.
 func (cl *call) cachedRewritten() bool {
-	return cl.pieces > 0 || cl.lease != nil && !cl.lease.Worker.IsolatesCache()
+	return cl.pieces > 0 || cl.decoding || cl.lease != nil && !cl.lease.Worker.IsolatesCache()
 }

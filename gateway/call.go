@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -70,8 +71,8 @@ type call struct {
 	rejectMiss, objectiveDeadline bool
 
 	// dispatch and proxy
-	route    routing.Request
-	lease    *routing.Lease // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
+	route    routing.Request // a two-staged call's prefill stage (disagg.go)
+	lease    *routing.Lease  // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
 	worker   string
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
@@ -93,6 +94,27 @@ type call struct {
 	measured    routing.Outcome
 	predicted   routing.Prediction
 	predictedOK bool
+
+	// A call to a disaggregated model (disagg.go). protocol: it goes in two stages, route
+	// placing its prefill and decodeRoute its decode, by this hand-off ("": whole); decode is
+	// the decode stage's lease while the prefill runs. decoding: the decode stage runs, with
+	// handoff, the members that tell the decode engine where the prompt's KV is (JSON members
+	// without braces). prefillWorker is the worker that last prefilled it, prefillCached the
+	// cached tokens that worker reported (bounded by the call's scope), prefillTime the time of
+	// its prefill stages. concurrent, while the decode stage runs beside its prefill (SGLang's
+	// flow), is the prefill's end, which the decode's usage waits for; stageCtx ends when that
+	// prefill failed (errPrefillFailed), and the decode attempt with it.
+	protocol      routing.Protocol
+	twoStage      bool
+	decoding      bool
+	decodeRoute   routing.Request
+	decode        *routing.Lease
+	handoff       []byte
+	prefillWorker string
+	prefillCached int
+	prefillTime   time.Duration
+	concurrent    *concurrentPrefill
+	stageCtx      context.Context
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.

@@ -78,7 +78,7 @@ func (d *dispatcher) addQueueLocked(model string, workers []routing.WorkerStatus
 	if err != nil {
 		return nil, err
 	}
-	d.caps[model], d.shared[model] = capacityOf(workers, model)
+	d.caps[model], d.shared[model] = capacityOf(workers, model, d.disaggregated(model))
 	q.SetCapacity(d.caps[model])
 	d.queues[model] = q
 	return q, nil
@@ -125,7 +125,7 @@ func (d *dispatcher) refresh() {
 		}
 	}
 	for model, q := range d.queues {
-		c, shared := capacityOf(workers, model)
+		c, shared := capacityOf(workers, model, d.disaggregated(model))
 		d.shared[model] = shared
 		if c != d.caps[model] {
 			d.caps[model] = c
@@ -169,8 +169,17 @@ func (d *dispatcher) close() {
 	}
 }
 
+// disaggregated reports whether model is served disaggregated now.
+func (d *dispatcher) disaggregated(model string) bool {
+	_, ok := d.pool.Disaggregated(model)
+	return ok
+}
+
 // capacityOf sums what model's healthy workers can take from this gateway, and says whether
-// some are split among the fleet's replicas. A worker split by the fleet (WorkerStatus.Shared)
+// some are split among the fleet's replicas. For a model served disaggregated (disaggregated)
+// it sums its workers of role decode and both only: a call holds its decode worker for its
+// whole answer and its prefill worker only for its prefill, so the decode pool bounds the calls
+// in flight, and a full prefill pool makes the placement wait (routing.ErrNoRoom). A worker split by the fleet (WorkerStatus.Shared)
 // counts this replica's share of it, which may be 0 while other replicas need the worker more
 // (requests then wait here, in order, for the next exchange to give room). Any other counts its
 // concurrency limit less the requests other replicas have on it as its /metrics last reported
@@ -178,8 +187,11 @@ func (d *dispatcher) close() {
 // healthy worker and a worker the others fill makes requests wait here, in order, instead of in
 // the worker's own queue. Token budgets are not reduced: they bound what one request may hold,
 // and a fleet-wide reading must not turn a request away as too large.
-func capacityOf(workers []routing.WorkerStatus, model string) (c queue.Capacity, shared bool) {
+func capacityOf(workers []routing.WorkerStatus, model string, disaggregated bool) (c queue.Capacity, shared bool) {
 	for _, w := range workers {
+		if disaggregated && w.Role == routing.RolePrefill {
+			continue
+		}
 		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
 			if w.Shared {
 				c.Requests += int(w.Share)
@@ -195,10 +207,29 @@ func capacityOf(workers []routing.WorkerStatus, model string) (c queue.Capacity,
 
 // placer is a call's Placer in its model's queue: routing picks the call's worker (late binding)
 // at the moment the queue would release the call, so the call leaves the queue with its lease.
+// A two-staged call's (decode not nil) is placed on a worker of each stage at once.
 type placer struct {
-	ctx   context.Context // the client's
-	pool  *routing.Pool
-	route *routing.Request
+	ctx    context.Context // the client's
+	pool   *routing.Pool
+	route  *routing.Request
+	decode *routing.Request
+}
+
+// placer is the call's placer in its model's queue.
+func (cl *call) placer(ctx context.Context, pool *routing.Pool) placer {
+	p := placer{ctx: ctx, pool: pool, route: &cl.route}
+	if cl.twoStage {
+		p.decode = &cl.decodeRoute
+	}
+	return p
+}
+
+// prepare does the routing policies' I/O for the call's placements (routing.Pool.Prepare).
+func (s *Server) prepare(c echo.Context, cl *call) {
+	s.pool.Prepare(c.Request().Context(), &cl.route)
+	if cl.twoStage {
+		s.pool.Prepare(c.Request().Context(), &cl.decodeRoute)
+	}
 }
 
 // Place picks the call's worker. It finds no room (queue.ErrNoRoom) while every worker the call
@@ -206,10 +237,16 @@ type placer struct {
 // deadline passes (504) or the client leaves; it fails for good when no worker it may use takes
 // requests (503) or its target worker does not exist (400).
 func (p placer) Place() (queue.Placement, error) {
-	lease, err := p.pool.Pick(p.ctx, p.route)
+	var lease, decode *routing.Lease
+	var err error
+	if p.decode != nil {
+		lease, decode, err = p.pool.PickStages(p.ctx, p.route, p.decode)
+	} else {
+		lease, err = p.pool.Pick(p.ctx, p.route)
+	}
 	switch {
 	case err == nil:
-		return placement{lease}, nil
+		return placement{lease, decode}, nil
 	case errors.Is(err, routing.ErrNoRoom):
 		return nil, fmt.Errorf("%w: %w", queue.ErrNoRoom, err)
 	case errors.Is(err, routing.ErrUnknownWorker):
@@ -218,11 +255,20 @@ func (p placer) Place() (queue.Placement, error) {
 	return nil, err
 }
 
-// placement is a call's lease, as the queue hands it over with the grant.
-type placement struct{ *routing.Lease }
+// placement is a call's lease, as the queue hands it over with the grant, and a two-staged
+// call's decode lease (nil for others).
+type placement struct {
+	*routing.Lease
+	decode *routing.Lease
+}
 
-// Undo releases the lease unused: the client left as the call was released.
-func (p placement) Undo() { p.Release(routing.Outcome{}) }
+// Undo releases the leases unused: the client left as the call was released.
+func (p placement) Undo() {
+	p.Release(routing.Outcome{})
+	if p.decode != nil {
+		p.decode.Release(routing.Outcome{})
+	}
+}
 
 // dispatch is the stage after the queue released the call on its worker (cl.lease): proxy to it,
 // and while nothing reached the client and the worker did not answer (proxy says when), place
@@ -236,7 +282,13 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			s.metrics.retries.WithLabelValues(cl.model).Inc()
 		}
 		cl.worker = cl.lease.Worker.ID()
-		retry, err := s.proxy(c, cl, cl.lease)
+		var retry bool
+		var err error
+		if cl.twoStage {
+			retry, err = s.twoStages(c, cl)
+		} else {
+			retry, err = s.proxy(c, cl, cl.lease)
+		}
 		switch {
 		case errors.Is(err, errPreempted):
 			// Not an attempt that failed.
@@ -253,7 +305,7 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 			lastErr = err
 			// Prepared again with the failed worker excluded: a pin to it moves now, before
 			// the call waits, not under the queue's lock.
-			s.pool.Prepare(c.Request().Context(), &cl.route)
+			s.prepare(c, cl)
 			err = s.await(c, cl, cl.grant.Requeue())
 			if err != nil {
 				cl.grant = nil

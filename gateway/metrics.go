@@ -3,8 +3,11 @@ package gateway
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/usherllm/usher/routing"
 )
 
 // metrics are the data plane's Prometheus series.
@@ -21,6 +24,11 @@ type metrics struct {
 	// prefillPieces counts the leading pieces of standard and batch prompts sent ahead of their
 	// request (see prefill.go).
 	prefillPieces *prometheus.CounterVec
+	// stageDuration and stageRequests are the stages of two-staged calls (disagg.go) by model,
+	// stage (prefill; decode: the KV transfer and the decode) and worker; the requests by
+	// result too (see stageResult).
+	stageDuration *prometheus.HistogramVec
+	stageRequests *prometheus.CounterVec
 	// overhead is the time a call spent in usher itself: its whole time less its wait in the
 	// queue and its time at the workers.
 	overhead prometheus.Histogram
@@ -53,6 +61,8 @@ const (
 	vecDuration
 	vecTTFT
 	vecTokens
+	vecStageDuration
+	vecStageRequests
 	vecObjectiveTTFT
 	vecObjectiveTPOT
 	vecObjectiveRequests
@@ -148,17 +158,32 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		preempted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_preempted_total", Help: "Standard and batch requests that gave their capacity to an interactive request and were requeued: stage \"sent\": their attempt was cancelled at its worker before their answer began (the engine's work so far is lost)."},
 			[]string{"model", "class", "stage"}),
+		stageDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "usher_stage_duration_seconds", Help: "Time of each stage of requests served disaggregated, by model, stage (prefill: from sending to the prefill worker's answer; decode: from sending to the decode worker to the answer's end, the KV transfer included) and worker.",
+			Buckets: latencyBuckets}, []string{"model", "stage", "worker"}),
+		stageRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_stage_requests_total", Help: "Stages of requests served disaggregated, by model, stage (prefill, decode), worker and result (ok; failed: before the worker answered, tried again; refused: the engine answered 4xx, relayed to the client; preempted; cancelled: the client left)."},
+			[]string{"model", "stage", "worker", "result"}),
 	}
 	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "usher_gateway_overhead_seconds",
 		Help:    "Time an inference request spent in usher itself: from arrival to its answer's end, less its wait in the queue and its time at the workers (from sending to the answer's last byte).",
 		Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}})
 	m.attainment = newAttainment(&m.children)
-	for _, c := range append([]prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead},
+	for _, c := range append([]prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead,
+		m.stageDuration, m.stageRequests},
 		m.attainment.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// stage counts one stage of a two-staged call on worker, with its result and how long it took.
+// The worker label is the pool's own ID, so the series are bounded by the fleet.
+func (m *metrics) stage(model string, st routing.Stage, worker, result string, took time.Duration) {
+	stage := st.String()
+	m.children.observer(m.stageDuration, vecStageDuration, model, stage, worker).Observe(took.Seconds())
+	m.children.counter(m.stageRequests, vecStageRequests, model, stage, worker, result).Inc()
 }

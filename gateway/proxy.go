@@ -58,7 +58,12 @@ const statusClientClosed = 499
 // then ends with errPreempted and the lease is released as a success.
 func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bool, err error) {
 	clientCtx := c.Request().Context()
-	ctx, cancel := context.WithCancelCause(clientCtx)
+	parent := clientCtx
+	if cl.stageCtx != nil {
+		// A decode beside its prefill (bootstrap.go): it ends when the prefill fails.
+		parent = cl.stageCtx
+	}
+	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	watched := s.watch(cl, cancel)
 	defer watched.ended()
@@ -67,6 +72,11 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	w := lease.Worker
 	cl.alias = newModelAlias(cl.model, w.EngineModel(cl.model))
 	body := s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model)))
+	if cl.handoff != nil {
+		// The decode stage of a two-staged call: the engine pulls the prompt's KV where these
+		// members say (disagg.go).
+		body = withMembers(body, cl.handoff)
+	}
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
 	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
@@ -117,7 +127,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		lease.Release(routing.Outcome{})
-		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		cl.exclude(w.ID())
 		return true, busy
 	}
 	if err == nil && resp.StatusCode >= 500 {
@@ -133,13 +143,18 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 			lease.Release(routing.Outcome{})
 			return false, errClientGone
 		}
+		if cause := cl.stageEnded(); cause != nil {
+			// Not this worker's failure: the call is placed again.
+			lease.Release(routing.Outcome{})
+			return true, cause
+		}
 		if context.Cause(ctx) == errWorkerSilent {
 			err, reused = errWorkerSilent, false
 		}
 		lease.Release(routing.Outcome{Failed: !reused})
 		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "reused_connection", reused, "err", err)
 		if !reused {
-			cl.route.Exclude = append(cl.route.Exclude, w.ID())
+			cl.exclude(w.ID())
 		}
 		return true, err
 	}
@@ -160,6 +175,10 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		lease.Release(routing.Outcome{})
 		return false, errPreempted
 	}
+	if cause := cl.stageEnded(); err != nil && !c.Response().Committed && clientCtx.Err() == nil && cause != nil {
+		lease.Release(routing.Outcome{})
+		return true, cause
+	}
 	if err == nil {
 		out.Answered = s.now().Sub(sent)
 	}
@@ -170,7 +189,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 		// The worker broke off (it answered, then closed or went silent) before anything
 		// reached the client: another worker may serve the call.
 		s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "err", err)
-		cl.route.Exclude = append(cl.route.Exclude, w.ID())
+		cl.exclude(w.ID())
 		return true, err
 	}
 	return false, err

@@ -56,6 +56,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 	s.log.Info("request",
 		"id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
+		"prefill_worker", cl.prefillWorker, "prefill_ms", msOrNil(cl.prefillTime),
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"ttft_objective_ms", judged.objective.ttft.Milliseconds(), "tpot_objective_ms", judged.objective.tpot.Milliseconds(),
@@ -146,6 +147,19 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 		// is what it held before them.
 		d := *u.PromptTokensDetails
 		d.CachedTokens = min(d.CachedTokens, cl.cachedBeforePieces)
+		u.PromptTokensDetails = &d
+	}
+	if cl.concurrent != nil {
+		// The prefill runs beside the decode: its answer says what its cache held. It ends
+		// by itself once the decode has its KV, or at its silence bound.
+		<-cl.concurrent.done
+		cl.prefillCached = cl.concurrent.cached
+	}
+	if cl.decoding && u.PromptTokensDetails != nil {
+		// The decode engine counts the KV it pulled as cached: the call's cache hit is what
+		// its prefill worker held.
+		d := *u.PromptTokensDetails
+		d.CachedTokens = min(d.CachedTokens, cl.prefillCached)
 		u.PromptTokensDetails = &d
 	}
 	u = cl.ownCache(u)

@@ -61,6 +61,17 @@ type WorkerSpec struct {
 	// cache is shared by every scope sent there, tells a client only the cached tokens its own
 	// scope's prompts can have put there (see Lease.OwnCached).
 	CacheSalt *bool `yaml:"cache_salt" json:"cache_salt,omitempty"`
+	// Role is the stages of a disaggregated model's requests the worker serves: prefill,
+	// decode or both (default, ""). A model with at least one prefill and one decode worker is
+	// served disaggregated (see DisaggregationConfig); a worker of role both serves its whole
+	// requests and either stage. A model without both kinds is routed as one pool, whatever the
+	// roles.
+	Role Role `yaml:"role" json:"role,omitempty"`
+	// BootstrapPort is the port of the worker's KV bootstrap server in SGLang's flow (sglang
+	// --disaggregation-bootstrap-port), which its decode workers are told to connect to on the
+	// host of URL; 0 takes 8998, SGLang's default. Read only for a prefill worker of a model
+	// whose protocol is sglang.
+	BootstrapPort int `yaml:"bootstrap_port" json:"bootstrap_port,omitempty"`
 	// EngineAccess holds the engine's credential and model aliases (api_key, api_key_env,
 	// model_aliases).
 	EngineAccess `yaml:",inline"`
@@ -80,6 +91,9 @@ type ModelConfig struct {
 	KVAware        KVAwareConfig        `yaml:"kv_aware"`
 	// Pins sets the pins of sticky_session and manual.
 	Pins PinConfig `yaml:"pins"`
+	// Disaggregation overrides Config.Disaggregation for this model; its zero fields take the
+	// routing section's.
+	Disaggregation DisaggregationConfig `yaml:"disaggregation"`
 }
 
 // SetDefaults fills the zero parameters of every policy.
@@ -108,6 +122,7 @@ func (mc ModelConfig) validate(prefix string) []error {
 	errs = append(errs, mc.StickySession.validate(prefix+".sticky_session")...)
 	errs = append(errs, mc.Manual.validate(prefix+".manual")...)
 	errs = append(errs, mc.Pins.validate(prefix+".pins")...)
+	errs = append(errs, mc.Disaggregation.validate(prefix+".disaggregation")...)
 	return errs
 }
 
@@ -159,6 +174,9 @@ type Config struct {
 	Discovery []DiscoveryConfig `yaml:"discovery"`
 	// Policy is the policy of every model without its own; default "least_request".
 	Policy string `yaml:"policy"`
+	// Disaggregation sets how models served by prefill and decode workers are routed: each
+	// stage's policy and the hand-off protocol (see DisaggregationConfig).
+	Disaggregation DisaggregationConfig `yaml:"disaggregation"`
 	// Models holds per-model policy and parameters, keyed by model name.
 	Models map[string]ModelConfig `yaml:"models"`
 	// Health sets the active health checks.
@@ -220,6 +238,7 @@ func (c *Config) SetDefaults() {
 	if c.Policy == "" {
 		c.Policy = DefaultPolicy
 	}
+	c.Disaggregation.setDefaults()
 	c.Discovery = slices.Clone(c.Discovery)
 	for i := range c.Discovery {
 		c.Discovery[i].setDefaults()
@@ -293,6 +312,7 @@ func (c Config) Validate() error {
 		bad("cache_scope", "must be one of tenant, tier, global, got %q", c.CacheScope)
 	}
 	errs = append(errs, c.Concurrency.validate()...)
+	errs = append(errs, c.Disaggregation.validate("routing.disaggregation")...)
 	seen := make(map[string]int, len(c.Workers))
 	for i, w := range c.Workers {
 		field := fmt.Sprintf("workers[%d]", i)
@@ -401,6 +421,12 @@ func validateWorker(prefix string, w WorkerSpec) []error {
 	}
 	if w.MaxTokensInFlight < 0 {
 		bad("max_tokens_in_flight", "must not be negative, got %d", w.MaxTokensInFlight)
+	}
+	if !w.Role.valid() {
+		bad("role", "must be prefill, decode or both, got %q", w.Role)
+	}
+	if w.BootstrapPort < 0 || w.BootstrapPort > 65535 {
+		bad("bootstrap_port", "must be 1 to 65535 (0: 8998), got %d", w.BootstrapPort)
 	}
 	return append(errs, w.EngineAccess.validate(prefix, w.Models)...)
 }

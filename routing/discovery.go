@@ -39,6 +39,9 @@ type DiscoveryConfig struct {
 	MaxTokensInFlight int   `yaml:"max_tokens_in_flight"`
 	PriorityHandoff   bool  `yaml:"priority_handoff"`
 	CacheSalt         *bool `yaml:"cache_salt"`
+	// Role and BootstrapPort are every worker's of the name, as in WorkerSpec.
+	Role          Role `yaml:"role"`
+	BootstrapPort int  `yaml:"bootstrap_port"`
 	// EngineAccess (api_key, api_key_env, model_aliases) applies to every worker of the name.
 	EngineAccess `yaml:",inline"`
 }
@@ -98,6 +101,8 @@ func (dc DiscoveryConfig) spec(addr string) WorkerSpec {
 		MaxTokensInFlight: dc.MaxTokensInFlight,
 		PriorityHandoff:   dc.PriorityHandoff,
 		CacheSalt:         dc.CacheSalt,
+		Role:              dc.Role,
+		BootstrapPort:     dc.BootstrapPort,
 		EngineAccess:      dc.EngineAccess,
 	}
 }

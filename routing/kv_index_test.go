@@ -849,9 +849,9 @@ func newTokenizingPool(t *testing.T) (p *Pool, asked *atomic.Int32) {
 	specs, asked := tokenizingWorkers(t, 2)
 	p, _ = newTestPool(t, Config{Workers: specs, CacheScope: CacheScopeGlobal,
 		Models: map[string]ModelConfig{"m": {Policy: "kv_aware"}}})
-	k, ok := p.policies["m"].Policy.(*KVAware)
+	k, ok := p.policies[policyKey{"m", StageWhole}].Policy.(*KVAware)
 	if !ok {
-		t.Fatalf("policy of m is %T, want kv_aware", p.policies["m"].Policy)
+		t.Fatalf("policy of m is %T, want kv_aware", p.policies[policyKey{"m", StageWhole}].Policy)
 	}
 	k.workers["w0"].live.Store(true)
 	return p, asked

@@ -28,6 +28,7 @@ type WorkerStatus struct {
 	ID              string      `json:"id"`
 	URL             string      `json:"url"`
 	Models          []string    `json:"models"`
+	Role            Role        `json:"role"` // prefill, decode or both
 	PriorityHandoff bool        `json:"priority_handoff"`
 	CacheSalt       bool        `json:"cache_salt"` // the engine partitions its cache by salt
 	State           WorkerState `json:"state"`
@@ -83,6 +84,7 @@ func (w *Worker) status() WorkerStatus {
 		URL:               w.spec.URL,
 		Source:            w.source,
 		Models:            slices.Clone(w.spec.Models),
+		Role:              w.Role(),
 		PriorityHandoff:   w.spec.PriorityHandoff,
 		CacheSalt:         w.IsolatesCache(),
 		State:             w.State(),

@@ -224,12 +224,16 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	c.p.mu.Lock()
 	workers := c.p.workers
 	trees := map[string]*CacheAware{}
-	for model, pol := range c.p.policies {
+	for key, pol := range c.p.policies {
+		if _, ok := trees[key.model]; ok && key.stage != StagePrefill {
+			// Of a disaggregated model's trees, the prefill pool's is the one that matters.
+			continue
+		}
 		switch p := pol.Policy.(type) {
 		case *CacheAware:
-			trees[model] = p
+			trees[key.model] = p
 		case *KVAware:
-			trees[model] = p.fallback
+			trees[key.model] = p.fallback
 		}
 	}
 	c.p.mu.Unlock()

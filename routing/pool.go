@@ -79,6 +79,11 @@ type Request struct {
 	Tokens       int    // tokens the request holds in flight (prompt + max output)
 	// Exclude lists worker IDs already tried for this request; a retry goes elsewhere.
 	Exclude []string
+	// Stage is the part of the request this pick places: StageWhole (the zero value) for a
+	// model that is not disaggregated; StagePrefill or StageDecode, through PickStages, for one
+	// that is (see Disaggregated). A whole request of a disaggregated model goes to a worker of
+	// role both (with the vLLM protocol and none, to any of its workers).
+	Stage Stage
 	// Messages is a chat request's messages array as the client sent it (JSON), so kv_aware
 	// has the engine apply its own chat template; nil for other requests. Never modified.
 	Messages []byte
@@ -309,12 +314,18 @@ func (l *Lease) endPrefill() bool {
 }
 
 // modelSet is one model's workers and policy. It is immutable: membership changes build a new one
-// that keeps the same policy.
+// that keeps the same policy. A disaggregated model's set holds its workers of role both (for
+// whole requests) and the sets of its two stages (see splitStages).
 type modelSet struct {
 	policyName string
 	policy     Policy
 	workers    []*Worker          // in configuration order
 	byID       map[string]*Worker // the same workers
+
+	// prefill and decode are the stages' sets of a disaggregated model, with their own
+	// policies; nil for a model that is not. protocol is its hand-off.
+	prefill, decode *modelSet
+	protocol        Protocol
 
 	mu        sync.RWMutex                 // guards decisions
 	decisions map[Route]prometheus.Counter // the children of poolMetrics.decisions (see decided)
@@ -359,17 +370,23 @@ type Pool struct {
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
 
-	mu       sync.Mutex         // guards everything below, and serialises writers of snap
-	workers  []*Worker          // all workers, in the order they were added
-	policies map[string]*policy // by model; a model keeps its policy while it has no workers
-	runCtx   context.Context    // set by Run; nil before
-	stopped  bool               // Run's ctx ended: no goroutine starts any more
-	running  sync.WaitGroup     // goroutines started under runCtx (per worker and per policy)
+	mu       sync.Mutex            // guards everything below, and serialises writers of snap
+	workers  []*Worker             // all workers, in the order they were added
+	policies map[policyKey]*policy // by model and stage; a model keeps its policies while it has no workers
+	runCtx   context.Context       // set by Run; nil before
+	stopped  bool                  // Run's ctx ended: no goroutine starts any more
+	running  sync.WaitGroup        // goroutines started under runCtx (per worker and per policy)
 }
 
 type policy struct {
 	name string
 	Policy
+}
+
+// policyKey names the policy of one model's stage (StageWhole: the model's own).
+type policyKey struct {
+	model string
+	stage Stage
 }
 
 // NewPool builds a pool from cfg (defaults applied to a copy, then validated). Health checks
@@ -385,7 +402,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		client:   opts.Client,
 		now:      opts.Now,
 		rand:     runtimeRand{},
-		policies: make(map[string]*policy),
+		policies: make(map[policyKey]*policy),
 	}
 	if p.logger == nil {
 		p.logger = slog.New(slog.DiscardHandler)
@@ -427,7 +444,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.workers = append(p.workers, w)
 	}
 	for name := range cfg.Models {
-		if _, err := p.policyFor(name); err != nil {
+		if _, err := p.policyFor(name, StageWhole); err != nil {
 			return nil, err
 		}
 	}
@@ -444,10 +461,12 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// policyFor returns the policy of model, building it on first use. p.mu must be held (or p not
-// yet shared).
-func (p *Pool) policyFor(model string) (*policy, error) {
-	if pol, ok := p.policies[model]; ok {
+// policyFor returns the policy of model's stage, building it on first use: the model's policy
+// for StageWhole, the disaggregation's prefill or decode policy for the others, each with the
+// model's parameters. p.mu must be held (or p not yet shared).
+func (p *Pool) policyFor(model string, stage Stage) (*policy, error) {
+	key := policyKey{model, stage}
+	if pol, ok := p.policies[key]; ok {
 		return pol, nil
 	}
 	mc, ok := p.cfg.Models[model]
@@ -457,12 +476,19 @@ func (p *Pool) policyFor(model string) (*policy, error) {
 	if mc.Policy == "" {
 		mc.Policy = p.cfg.Policy
 	}
+	field := "policy"
+	switch stage {
+	case StagePrefill:
+		mc.Policy, field = p.disaggregation(model).PrefillPolicy, "disaggregation.prefill_policy"
+	case StageDecode:
+		mc.Policy, field = p.disaggregation(model).DecodePolicy, "disaggregation.decode_policy"
+	}
 	impl, err := newPolicy(mc.Policy, p.policyEnv(model, mc))
 	if err != nil {
-		return nil, fmt.Errorf("routing.models[%q].policy: %w", model, err)
+		return nil, fmt.Errorf("routing.models[%q].%s: %w", model, field, err)
 	}
 	pol := &policy{name: mc.Policy, Policy: impl}
-	p.policies[model] = pol
+	p.policies[key] = pol
 	p.startPolicy(pol)
 	return pol, nil
 }
@@ -479,7 +505,7 @@ func (p *Pool) publish() error {
 		for _, m := range w.spec.Models {
 			ms := s.models[m]
 			if ms == nil {
-				pol, err := p.policyFor(m)
+				pol, err := p.policyFor(m, StageWhole)
 				if err != nil {
 					return err
 				}
@@ -492,11 +518,18 @@ func (p *Pool) publish() error {
 		}
 	}
 	sort.Strings(s.names)
-	for model, pol := range p.policies {
+	for model, ms := range s.models {
+		if err := p.splitStages(model, ms); err != nil {
+			return err
+		}
+	}
+	for key, pol := range p.policies {
 		if o, ok := pol.Policy.(workersObserver); ok {
 			var ws []*Worker
-			if ms := s.models[model]; ms != nil {
-				ws = ms.workers
+			if ms := s.models[key.model]; ms != nil {
+				if set := ms.stageSet(key.stage); set != nil {
+					ws = set.workers
+				}
 			}
 			o.WorkersChanged(ws)
 		}
@@ -516,7 +549,7 @@ func (p *Pool) Serves(model string) bool { return p.snap.Load().models[model] !=
 // Ready reports whether at least one worker is healthy and not draining.
 func (p *Pool) Ready() bool {
 	for _, ms := range p.snap.Load().models {
-		for _, w := range ms.workers {
+		for _, w := range ms.allWorkers() {
 			if w.Healthy() && !w.Draining() {
 				return true
 			}
@@ -561,10 +594,22 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
 	}
+	all := ms
+	if ms = ms.stageSet(r.Stage); ms == nil {
+		return nil, fmt.Errorf("model %q is not disaggregated, no %s stage: %w", r.Model, r.Stage, ErrNoWorker)
+	}
 	c := choice{Request: r, Prepared: r.Prepared}
-	p.protect(&c, ms.workers)
-	if r.TargetWorker != "" {
-		w := ms.byID[r.TargetWorker]
+	if r.Stage != StageDecode {
+		// A decode worker prefills nothing: the prefill protections are the prefill pool's.
+		p.protect(&c, ms.workers)
+	}
+	target := r.TargetWorker
+	if target != "" && r.Stage != StageWhole && ms.byID[target] == nil && (all.prefill.byID[target] != nil || all.decode.byID[target] != nil) {
+		// The target serves the model's other stage: this one picks by policy.
+		target = ""
+	}
+	if target != "" {
+		w := ms.byID[target]
 		if w == nil {
 			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
 		}
@@ -574,7 +619,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			}
 		}
 		p.metrics.decided(ms, r.Model, "none")
-		return nil, fmt.Errorf("target worker %q: %w", r.TargetWorker, noWorker(r, w))
+		return nil, fmt.Errorf("target worker %q: %w", target, noWorker(r, w))
 	}
 	lp, _ := ms.policy.(outcomeLearner)
 	for attempt := 1; ; attempt++ {
@@ -657,11 +702,15 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		budgeted: c.prefillBudget > 0}
 	// The load it was placed at: the worker's in-flight requests but this one.
 	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()
+	w.scopes.note(l.namespace)
+	if r.Stage == StageDecode {
+		// Its prompt is prefilled elsewhere: the lease holds no prefill here.
+		return l
+	}
 	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))
 	w.cost.arrivals.add(p.now(), float64(l.prefillPrompt))
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
-	w.scopes.note(l.namespace)
 	if r.Interactive {
 		p.lastInteractive.Store(p.now().UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)

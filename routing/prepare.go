@@ -36,6 +36,9 @@ type preparer interface {
 // It costs what the policy documents; nothing for most. Do not call it during a Pick of r.
 func (p *Pool) Prepare(ctx context.Context, r *Request) {
 	ms := p.snap.Load().models[r.Model]
+	if ms != nil {
+		ms = ms.stageSet(r.Stage)
+	}
 	if ms == nil {
 		return
 	}

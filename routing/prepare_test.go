@@ -82,8 +82,8 @@ func TestPickDoesNoIO(t *testing.T) {
 			pins := &countingPins{PinStore: NewMemoryPinStore(nil, 0)}
 			p, _ := newTestPoolWith(t, Config{Workers: specs, CacheScope: CacheScopeGlobal, Models: map[string]ModelConfig{
 				"m": {Policy: tt.policy, StickySession: StickySessionConfig{Fallback: tt.fallback}}}}, Options{Pins: pins})
-			kv, _ := p.policies["m"].Policy.(*KVAware)
-			if s, ok := p.policies["m"].Policy.(*StickySession); ok {
+			kv, _ := p.policies[policyKey{"m", StageWhole}].Policy.(*KVAware)
+			if s, ok := p.policies[policyKey{"m", StageWhole}].Policy.(*StickySession); ok {
 				kv, _ = s.fallback.(*KVAware)
 			}
 			if kv != nil {

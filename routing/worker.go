@@ -136,6 +136,15 @@ func (w *Worker) URL() *url.URL { return w.url }
 // Models are the models the worker serves; callers must not modify the slice.
 func (w *Worker) Models() []string { return w.spec.Models }
 
+// Role is the stages of a disaggregated model the worker serves (WorkerSpec.Role; "" is
+// RoleBoth).
+func (w *Worker) Role() Role {
+	if w.spec.Role == "" {
+		return RoleBoth
+	}
+	return w.spec.Role
+}
+
 // PriorityHandoff reports whether the worker schedules by vLLM's `priority` field.
 func (w *Worker) PriorityHandoff() bool { return w.spec.PriorityHandoff }
 

@@ -95,6 +95,12 @@ type demoProcess struct {
 
 func startDemo(t *testing.T) *demoProcess {
 	t.Helper()
+	return startDemoWith(t)
+}
+
+// startDemoWith is startDemo with more flags for `usher demo`.
+func startDemoWith(t *testing.T, flags ...string) *demoProcess {
+	t.Helper()
 	bin := usherBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,7 +108,7 @@ func startDemo(t *testing.T) *demoProcess {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cmd := exec.Command(bin, "demo", "--listen", addr, "--time-scale", "0.05", "--log-level", "warn")
+	cmd := exec.Command(bin, append([]string{"demo", "--listen", addr, "--time-scale", "0.05", "--log-level", "warn"}, flags...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +322,22 @@ func TestDemoStreamsAChatCompletionAndStopsCleanly(t *testing.T) {
 // (installed in test/openai-js by `make test`): a stream, models.list and models.retrieve, and
 // embeddings.create.
 func TestOfficialOpenAINodeClient(t *testing.T) {
+	runOpenAINodeClient(t, startDemo(t))
+}
+
+// The same against a disaggregated demo model (issue 29): a request served in two stages is
+// indistinguishable to the SDK.
+func TestOfficialOpenAINodeClientDisaggregated(t *testing.T) {
+	d := startDemoWith(t, "--prefill-workers", "1")
+	runOpenAINodeClient(t, d)
+	if got := gatewayCounter(t, strings.TrimSuffix(d.baseURL, "/v1"), "usher_stage_requests_total", `result="ok",stage="decode"`); got == 0 {
+		t.Fatal("no decode stage was served: the demo model is not disaggregated")
+	}
+}
+
+// runOpenAINodeClient drives the demo d with test/openai-js/stream.mjs and checks its answers.
+func runOpenAINodeClient(t *testing.T, d *demoProcess) {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatal("node not found: run `make test-deps` (it installs Node.js and the openai package)")
@@ -323,7 +345,6 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 	if _, err := os.Stat("openai-js/node_modules/openai"); err != nil {
 		t.Fatal("the openai npm package is missing: run `make test-deps` (npm ci in test/openai-js)")
 	}
-	d := startDemo(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "stream.mjs")

@@ -30,6 +30,7 @@ const (
 type stack struct {
 	url     string
 	engines []*sim.Engine
+	servers []*httptest.Server // the engines' listeners, in the same order
 	ids     []string
 	reg     *prometheus.Registry
 }
@@ -76,6 +77,7 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		t.Cleanup(func() { srv.Close(); engine.Close() })
 		id := fmt.Sprintf("sim-%d", i)
 		s.engines = append(s.engines, engine)
+		s.servers = append(s.servers, srv)
 		s.ids = append(s.ids, id)
 		specs = append(specs, routing.WorkerSpec{ID: id, URL: srv.URL, Models: []string{model}})
 	}

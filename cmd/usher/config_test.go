@@ -33,6 +33,10 @@ func TestLoadConfigFiles(t *testing.T) {
 		{"bad_connections.yaml", `server.trusted_proxies[1]: "not-an-address"`},
 		{"bad_usage.yaml", "usage.retention: must be at least usage.hourly_retention"},
 		{"bad_budget.yaml", "tiers[0].budget.soft_threshold"},
+		{"good_disaggregated.yaml", ""},
+		{"bad_disaggregation.yaml", `routing.workers[0].role: must be prefill, decode or both, got "prefiller"`},
+		{"bad_disaggregation.yaml", "routing.disaggregation.decode_policy: sticky_session pins a key to one worker"},
+		{"bad_disaggregation.yaml", `routing.disaggregation.protocol: must be vllm or sglang, got "nixl"`},
 		{"does_not_exist.yaml", "no such file"},
 	}
 	for _, tt := range tests {

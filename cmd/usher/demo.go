@@ -29,6 +29,7 @@ func runDemo(args []string) int {
 	fs := flag.NewFlagSet("usher demo", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8080", "gateway `address`")
 	workers := fs.Int("workers", 3, "number of simulated workers")
+	prefill := fs.Int("prefill-workers", 0, "serve the model disaggregated: this many of the workers prefill, the others decode (vLLM's KV-connector flow)")
 	timeScale := fs.Float64("time-scale", 1, "simulated workers' time scale (0.1 = ten times faster)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	fs.Usage = func() {
@@ -46,10 +47,14 @@ func runDemo(args []string) int {
 		fmt.Fprintln(os.Stderr, "usher demo: --workers must be at least 1")
 		return exitUsage
 	}
+	if *prefill < 0 || *prefill > 0 && *prefill >= *workers {
+		fmt.Fprintln(os.Stderr, "usher demo: --prefill-workers must be 0, or fewer than --workers so that some decode")
+		return exitUsage
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := newLogger(LogConfig{Level: *logLevel, Format: "text"}, os.Stderr)
-	if err := demo(ctx, *listen, *workers, *timeScale, logger, os.Stdout); err != nil {
+	if err := demo(ctx, *listen, *workers, *prefill, *timeScale, logger, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "usher demo: %v\n", err)
 		return exitFailure
 	}
@@ -57,14 +62,23 @@ func runDemo(args []string) int {
 }
 
 // demo runs n simulated workers on free loopback ports (scheduling by priority) and a gateway in
-// front of them configured by demoConfig, prints the banner to out, and runs until ctx ends. Shutdown order: the gateway
-// first (it drains in-flight requests), then the workers.
-func demo(ctx context.Context, listen string, n int, timeScale float64, logger *slog.Logger, out io.Writer) error {
+// front of them configured by demoConfig, prints the banner to out, and runs until ctx ends.
+// With prefill above 0, the first prefill workers prefill and the others decode: the model is
+// served disaggregated. Shutdown order: the gateway first (it drains in-flight requests), then
+// the workers.
+func demo(ctx context.Context, listen string, n, prefill int, timeScale float64, logger *slog.Logger, out io.Writer) error {
 	var specs []routing.WorkerSpec
 	for i := 1; i <= n; i++ {
 		scfg := sim.DefaultConfig()
 		scfg.Model = demoModel
 		scfg.TimeScale = timeScale
+		role := routing.RoleBoth
+		switch {
+		case i <= prefill:
+			scfg.Role, role = sim.RolePrefill, routing.RolePrefill
+		case prefill > 0:
+			scfg.Role, role = sim.RoleDecode, routing.RoleDecode
+		}
 		// Interactive before batch inside the worker too: the gateway hands the class down.
 		scfg.SchedulingPolicy = sim.PolicyPriority
 		engine, err := sim.New(scfg, sim.Options{Logger: logger.With("sim", i)})
@@ -81,7 +95,7 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 		defer srv.Close()
 		specs = append(specs, routing.WorkerSpec{
 			ID: fmt.Sprintf("sim-%d", i), URL: "http://" + ln.Addr().String(), Models: []string{demoModel},
-			PriorityHandoff: true,
+			PriorityHandoff: true, Role: role,
 		})
 	}
 	keys := demoKeys{
@@ -101,6 +115,9 @@ func demo(ctx context.Context, listen string, n int, timeScale float64, logger *
 	}
 	err = serve(ctx, cfg, logger, serveHooks{ready: func(addr net.Addr) {
 		printBanner(out, addr.String(), keys, n, os.Args[0])
+		if prefill > 0 {
+			fmt.Fprintf(out, "Disaggregated: the first %d worker(s) prefill, the others decode; X-Usher-Prefill-Worker names the prefill worker.\n\n", prefill)
+		}
 	}})
 	if errors.Is(err, context.Canceled) {
 		return nil

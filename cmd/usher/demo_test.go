@@ -41,7 +41,7 @@ func TestDemoBannerBenchLine(t *testing.T) {
 	banner := &bannerWriter{done: make(chan struct{})}
 	demoDone := make(chan error, 1)
 	go func() {
-		demoDone <- demo(ctx, "127.0.0.1:0", 3, 0.05, slog.New(slog.NewTextHandler(io.Discard, nil)), banner)
+		demoDone <- demo(ctx, "127.0.0.1:0", 3, 0, 0.05, slog.New(slog.NewTextHandler(io.Discard, nil)), banner)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -1,0 +1,329 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
+)
+
+// fakePrefill is a prefill worker of vLLM's KV-connector flow over real HTTP: it answers a
+// whole answer of one token with kv_transfer_params naming itself, and records what it got.
+type fakePrefill struct {
+	srv      *httptest.Server
+	name     string
+	status   int // answer this status when non-zero
+	noParams bool
+	hold     chan struct{} // when set, requests wait for it or their client
+	started  atomic.Int64
+	gone     atomic.Int64 // requests whose client went away while held
+	requests atomic.Int64
+
+	mu       sync.Mutex
+	lastBody map[string]any
+}
+
+func newFakePrefill(t *testing.T, name string, mutate func(*fakePrefill)) *fakePrefill {
+	t.Helper()
+	p := &fakePrefill{name: name}
+	if mutate != nil {
+		mutate(p)
+	}
+	p.srv = httptest.NewServer(p)
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		rw.WriteHeader(http.StatusOK)
+		return
+	}
+	p.requests.Add(1)
+	var body map[string]any
+	_ = json.NewDecoder(r.Body).Decode(&body)
+	p.mu.Lock()
+	p.lastBody = body
+	p.mu.Unlock()
+	if p.hold != nil {
+		p.started.Add(1)
+		select {
+		case <-p.hold:
+		case <-r.Context().Done():
+			p.gone.Add(1)
+			return
+		}
+	}
+	if p.status != 0 {
+		http.Error(rw, `{"error":{"message":"injected","type":"BadRequestError"}}`, p.status)
+		return
+	}
+	params := fmt.Sprintf(`,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":%q,"remote_request_id":"r-%d","remote_host":"10.0.0.1","remote_port":5600}`, p.name, p.requests.Load())
+	if p.noParams {
+		params = ""
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(rw, `{"id":"p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}]%s,"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6,"prompt_tokens_details":{"cached_tokens":1}}}`, params)
+}
+
+func (p *fakePrefill) body() map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lastBody
+}
+
+func (p *fakePrefill) spec(id string) routing.WorkerSpec {
+	return routing.WorkerSpec{ID: id, URL: p.srv.URL, Models: []string{testModel}, Role: routing.RolePrefill}
+}
+
+// decodeSpec is w as a decode worker.
+func decodeSpec(w *fakeWorker, id string) routing.WorkerSpec {
+	s := w.spec(id)
+	s.Role = routing.RoleDecode
+	return s
+}
+
+// startDisaggregated starts a gateway over specs with round-robin stages, so tests know the
+// order in which workers are tried.
+func startDisaggregated(t *testing.T, specs ...routing.WorkerSpec) *testGateway {
+	t.Helper()
+	return startGatewayOn(t, routing.Config{Workers: specs, Policy: "round_robin",
+		Disaggregation: routing.DisaggregationConfig{PrefillPolicy: "round_robin", DecodePolicy: "round_robin"}}, nil, nil)
+}
+
+// A call to a disaggregated model goes in two stages: the prefill worker gets the request with
+// do_remote_decode, max_tokens 1 and no stream; the decode worker gets it as the client sent it
+// with the prefill answer's kv_transfer_params; the client gets the decode worker's answer,
+// whose usage counts the prompt once and the cached tokens the prefill worker found.
+func TestTwoStagedCall(t *testing.T) {
+	pre := newFakePrefill(t, "p1", nil)
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	for _, tc := range []struct {
+		name, body string
+		stream     bool
+	}{
+		{"whole", `{"model":"m1","max_tokens":50,"messages":[{"role":"user","content":"hello"}]}`, false},
+		{"stream", `{"model":"m1","max_completion_tokens":50,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := g.post(t, "/v1/chat/completions", testKey, tc.body, nil)
+			data, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, data)
+			}
+			if got, gotPre := resp.Header.Get(headerWorker), resp.Header.Get(headerPrefillWorker); got != "d1" || gotPre != "p1" {
+				t.Fatalf("served by %q, prefilled by %q; want d1 and p1", got, gotPre)
+			}
+			pb := pre.body()
+			kv, _ := pb["kv_transfer_params"].(map[string]any)
+			if kv["do_remote_decode"] != true || pb["max_tokens"] != float64(1) || pb["stream"] != false {
+				t.Fatalf("the prefill worker got %v: want kv_transfer_params.do_remote_decode true, max_tokens 1, stream false", pb)
+			}
+			for _, k := range []string{"stream_options", "max_completion_tokens"} {
+				if _, ok := pb[k]; ok {
+					t.Errorf("the prefill worker got %s", k)
+				}
+			}
+			db := dec.body()
+			dkv, _ := db["kv_transfer_params"].(map[string]any)
+			if dkv["remote_engine_id"] != "p1" || dkv["do_remote_prefill"] != true || dkv["remote_host"] != "10.0.0.1" {
+				t.Fatalf("the decode worker got kv_transfer_params %v, want the prefill answer's", dkv)
+			}
+			if got, _ := db["stream"].(bool); got != tc.stream {
+				t.Fatalf("the decode worker got stream %v, want %v", db["stream"], tc.stream)
+			}
+			var u usage
+			if tc.stream {
+				events := readEvents(t, strings.NewReader(string(data)))
+				for _, e := range events {
+					if got, ok := parseUsage([]byte(e)); ok {
+						u = got
+					}
+				}
+			} else {
+				u, _ = parseUsage(data)
+			}
+			if u.PromptTokens != 5 || u.cachedTokens() != 1 {
+				t.Fatalf("usage %+v (cached %d): want prompt 5 once and the prefill's 1 cached, not the decode's 2", u, u.cachedTokens())
+			}
+		})
+	}
+	if got := testutil.ToFloat64(g.srv.metrics.tokens.WithLabelValues(testModel, "prompt")); got != 10 {
+		t.Errorf("usher_tokens_total prompt: got %v for two calls of 5, want 10", got)
+	}
+	for _, stage := range []string{"prefill", "decode"} {
+		worker := map[string]string{"prefill": "p1", "decode": "d1"}[stage]
+		if got := testutil.ToFloat64(g.srv.metrics.stageRequests.WithLabelValues(testModel, stage, worker, "ok")); got != 2 {
+			t.Errorf("usher_stage_requests_total{stage=%q}: got %v, want 2", stage, got)
+		}
+	}
+}
+
+// A prefill that fails goes to another prefill worker; the decode takes the params of the one
+// that answered.
+func TestFailedPrefillGoesToAnotherPrefillWorker(t *testing.T) {
+	bad := newFakePrefill(t, "p1", func(p *fakePrefill) { p.status = http.StatusInternalServerError })
+	good := newFakePrefill(t, "p2", nil)
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, bad.spec("p1"), good.spec("p2"), decodeSpec(dec, "d1"))
+	for range 2 {
+		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerPrefillWorker) != "p2" {
+			t.Fatalf("status %d, prefilled by %q: want 200 from p2", resp.StatusCode, resp.Header.Get(headerPrefillWorker))
+		}
+		if kv, _ := dec.body()["kv_transfer_params"].(map[string]any); kv["remote_engine_id"] != "p2" {
+			t.Fatalf("the decode worker got %v, want p2's params", kv)
+		}
+	}
+	if bad.requests.Load() == 0 {
+		t.Fatal("p1 was never tried: the test proves nothing")
+	}
+	if dec.requests.Load() != 2 {
+		t.Fatalf("the decode worker got %d requests, want 2 (none for a failed prefill)", dec.requests.Load())
+	}
+}
+
+// A decode that fails before its first byte is placed again with a new prefill: the engines
+// hold a prefill's KV for one pull.
+func TestFailedDecodeRetriesThePrefill(t *testing.T) {
+	pre := newFakePrefill(t, "p1", nil)
+	bad := newFakeWorker(t, func(w *fakeWorker) { w.status = http.StatusInternalServerError })
+	good := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(bad, "d1"), decodeSpec(good, "d2"))
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(headerWorker) != "d2" {
+		t.Fatalf("status %d from %q, want 200 from d2", resp.StatusCode, resp.Header.Get(headerWorker))
+	}
+	if bad.requests.Load() != 1 || pre.requests.Load() != 2 {
+		t.Fatalf("d1 got %d, p1 %d requests: want 1 and 2 (the prefill again for d2)", bad.requests.Load(), pre.requests.Load())
+	}
+	if kv, _ := good.body()["kv_transfer_params"].(map[string]any); kv["remote_request_id"] != "r-2" {
+		t.Fatalf("d2 got %v, want the second prefill's params", kv)
+	}
+}
+
+// A tenant's own kv_transfer_params and bootstrap members reach neither stage: the prefill gets
+// usher's, the decode the prefill worker's.
+func TestTenantTransferParamsReachNoStage(t *testing.T) {
+	pre := newFakePrefill(t, "p1", nil)
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	body := `{"model":"m1","kv_transfer_params":{"do_remote_prefill":true,"remote_host":"evil.example","remote_port":1,"remote_block_ids":[9],"remote_engine_id":"victim","remote_request_id":"victim"},` +
+		`"bootstrap_host":"evil.example","bootstrap_room":7,"messages":[{"role":"user","content":"x"}]}`
+	if resp := g.post(t, "/v1/chat/completions", testKey, body, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	for who, got := range map[string]map[string]any{"prefill": pre.body(), "decode": dec.body()} {
+		b, _ := json.Marshal(got)
+		if strings.Contains(string(b), "evil") || strings.Contains(string(b), "victim") || got["bootstrap_room"] != nil {
+			t.Errorf("the %s worker got the tenant's members: %s", who, b)
+		}
+	}
+}
+
+// A prefill the engine refuses (4xx) is the call's answer; no decode is sent.
+func TestRefusedPrefillIsTheAnswer(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.status = http.StatusBadRequest })
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+	if resp.StatusCode != http.StatusBadRequest || dec.requests.Load() != 0 {
+		t.Fatalf("status %d, decode requests %d: want the engine's 400 and no decode", resp.StatusCode, dec.requests.Load())
+	}
+}
+
+// A prefill answer without kv_transfer_params (an engine without a KV connector) fails the
+// stage: nothing is decoded from it.
+func TestPrefillWithoutTransferParamsFails(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.noParams = true })
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+	if resp.StatusCode != http.StatusBadGateway || dec.requests.Load() != 0 {
+		t.Fatalf("status %d, decode requests %d: want 502 and no decode", resp.StatusCode, dec.requests.Load())
+	}
+}
+
+// A client that leaves during the prefill ends it at the worker, and no decode is sent.
+func TestClientLeavingCancelsThePrefill(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.hold = make(chan struct{}) })
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the prefill to reach its worker", func() bool { return pre.started.Load() == 1 })
+	cancel()
+	<-done
+	waitFor(t, "the prefill to be cancelled at its worker", func() bool { return pre.gone.Load() == 1 })
+	if dec.requests.Load() != 0 {
+		t.Fatalf("the decode worker got %d requests after the client left", dec.requests.Load())
+	}
+}
+
+func TestPrefillBody(t *testing.T) {
+	got := string(prefillBody([]byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":9,"n_predict":3,"messages":[]}`)))
+	want := `{"model":"m","messages":[],"stream":false,"max_tokens":1,"kv_transfer_params":` + string(prefillTransferParams) + `}`
+	if got != want {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
+}
+
+// A disaggregated model's queue has the decode pool's capacity: a call holds its decode worker
+// for its whole answer, its prefill worker only for its prefill.
+func TestDisaggregatedCapacityIsTheDecodePools(t *testing.T) {
+	w := func(r routing.Role) routing.WorkerStatus {
+		return routing.WorkerStatus{State: routing.StateHealthy, Models: []string{"m"}, Role: r, MaxConcurrency: 8, MaxTokensInFlight: 1000}
+	}
+	workers := []routing.WorkerStatus{w(routing.RolePrefill), w(routing.RoleDecode), w(routing.RoleBoth)}
+	if got, _ := capacityOf(workers, "m", true); got != (queue.Capacity{Requests: 16, Tokens: 2000}) {
+		t.Fatalf("disaggregated: got %+v, want the decode and both workers' 16 requests and 2000 tokens", got)
+	}
+	if got, _ := capacityOf(workers, "m", false); got != (queue.Capacity{Requests: 24, Tokens: 3000}) {
+		t.Fatalf("not disaggregated: got %+v, want every worker's", got)
+	}
+}
+
+// SGLang's flow: both workers get the call at once with the prefill worker's bootstrap address
+// and one room; a prefill the engine refuses (4xx) is the client's answer and ends the decode
+// waiting for its room.
+func TestSGLangRefusedPrefillEndsTheDecode(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.status = http.StatusBadRequest })
+	dec := newFakeWorker(t, func(w *fakeWorker) { w.hold = make(chan struct{}) })
+	spec := pre.spec("p1")
+	spec.BootstrapPort = 8999
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{spec, decodeSpec(dec, "d1")}, Policy: "round_robin",
+		Disaggregation: routing.DisaggregationConfig{Protocol: routing.ProtocolSGLang}}, nil, nil)
+	resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d, want the prefill engine's 400", resp.StatusCode)
+	}
+	pb := pre.body()
+	if pb["bootstrap_host"] != "127.0.0.1" || pb["bootstrap_port"] != float64(8999) || pb["bootstrap_room"] == nil || pb["stream"] != false {
+		t.Fatalf("the prefill worker got %v: want bootstrap_host 127.0.0.1, bootstrap_port 8999, a room and no stream", pb)
+	}
+	if dec.started.Load() == 1 {
+		if db := dec.body(); db["bootstrap_room"] != pb["bootstrap_room"] || db["stream"] != true {
+			t.Fatalf("the decode worker got %v, want the prefill's room and the client's stream", db)
+		}
+	}
+}
