@@ -42,6 +42,9 @@ type concurrentPrefill struct {
 	status  int
 	refusal []byte
 	took    time.Duration
+	// suspect is the status of a server error its worker answered with, its lease released
+	// as suspect (suspect.go); "" otherwise.
+	suspect string
 }
 
 // bootstrapStages is twoStages for SGLang's flow.
@@ -108,6 +111,9 @@ func (s *Server) bootstrapStages(c echo.Context, cl *call) (retry bool, err erro
 		return false, nil
 	}
 	s.log.Warn("prefill attempt failed", "worker", w.ID(), "model", cl.model, "err", p.err)
+	if p.suspect != "" {
+		return cl.suspected(w, p.suspect)
+	}
 	return true, p.err
 }
 
@@ -173,6 +179,10 @@ func (s *Server) sendConcurrentPrefill(ctx context.Context, sendAs *call, lease 
 		failed(fmt.Errorf("%w: reading the prefill answer of worker %s: %v", errUpstreamAnswer, w.ID(), err), true)
 	case resp.StatusCode == http.StatusTooManyRequests:
 		failed(&workerBusyError{worker: w.ID(), retryAfter: retryAfterOf(resp.Header, s.now())}, false)
+	case resp.StatusCode >= 500 && context.Cause(ctx) == nil:
+		// The request's fault or the worker's: suspect.go; the decode's goroutine records it.
+		lease.Release(routing.Outcome{Suspect: true})
+		p.err, p.failed, p.suspect = fmt.Errorf("worker %s answered %s", w.ID(), resp.Status), true, resp.Status
 	case resp.StatusCode >= 500:
 		failed(fmt.Errorf("worker %s answered %s", w.ID(), resp.Status), true)
 	case resp.StatusCode != http.StatusOK:

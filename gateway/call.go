@@ -77,8 +77,8 @@ type call struct {
 	alias    *modelAlias // the worker calls the model by another name; nil: it does not
 	attempts int
 	// suspects are the workers that answered an attempt with a server error (at most
-	// maxSuspects): counted against their circuit breakers only once another worker serves
-	// the call (see confirmFailures).
+	// server.max_attempts): counted against their circuit breakers only once another worker
+	// serves the call (see confirmFailures).
 	suspects []*routing.Worker
 	// booked says closeBooks ran (pieces charged, objectives judged, usage recorded), and books
 	// holds its verdicts.

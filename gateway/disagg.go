@@ -140,7 +140,13 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 		return fail(routing.Outcome{}, &workerBusyError{worker: w.ID(), retryAfter: retryAfterOf(resp.Header, s.now())})
 	case resp.StatusCode >= 500:
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return fail(routing.Outcome{Failed: true}, fmt.Errorf("worker %s answered %s", w.ID(), resp.Status))
+		if clientCtx.Err() != nil {
+			return fail(routing.Outcome{}, errClientGone)
+		}
+		// The request's fault or the worker's: suspect.go.
+		s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), "failed", s.now().Sub(sent))
+		retry, err := s.suspectAnswer(cl, lease, resp.Status)
+		return nil, retry, err
 	case resp.StatusCode != http.StatusOK:
 		// The engine refused the request itself: so would any other, and the client is told.
 		h := c.Response().Header()

@@ -327,3 +327,46 @@ func TestSGLangRefusedPrefillEndsTheDecode(t *testing.T) {
 		}
 	}
 }
+
+// A request every prefill worker answers with a 500 is the request's fault (suspect.go): it is
+// tried on each prefill worker once, the client gets a 502, and however often it comes no prefill
+// worker's circuit opens; a prefill worker that fails what another serves still opens its own.
+func TestPoisonousPrefillOpensNoCircuit(t *testing.T) {
+	p1 := newFakePrefill(t, "p1", func(p *fakePrefill) { p.status = http.StatusInternalServerError })
+	p2 := newFakePrefill(t, "p2", func(p *fakePrefill) { p.status = http.StatusInternalServerError })
+	p3 := newFakePrefill(t, "p3", nil)
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, p1.spec("p1"), p2.spec("p2"), decodeSpec(dec, "d1"))
+	const poisonous = 4 * routing.DefaultBreakerFailures
+	for i := range poisonous {
+		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+	if sent := p1.requests.Load() + p2.requests.Load(); sent != 2*poisonous {
+		t.Errorf("the prefill workers were sent %d requests, want %d: each on both", sent, 2*poisonous)
+	}
+	for _, id := range []string{"p1", "p2"} {
+		if st := workerState(t, g, id); st != routing.StateHealthy {
+			t.Errorf("prefill worker %s is %s, want healthy", id, st)
+		}
+	}
+	if dec.requests.Load() != 0 {
+		t.Errorf("the decode worker got %d requests, want none", dec.requests.Load())
+	}
+	if err := g.srv.pool.Add(p3.spec("p3")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 * routing.DefaultBreakerFailures {
+		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, nil)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("with p3 beside them, request %d: %d, want 200", i, resp.StatusCode)
+		}
+	}
+	if st := workerState(t, g, "p1"); st != routing.StateCircuitOpen {
+		t.Errorf("p1, failing what p3 serves, is %s, want %s", st, routing.StateCircuitOpen)
+	}
+}

@@ -13,30 +13,28 @@ import (
 // answer the worker's failure, one tenant repeating the request would open every worker's
 // circuit. So the attempt is tried on another worker as before, but its worker's breaker counts
 // the error only once another worker has served the same request (confirmFailures): a broken
-// worker among working ones still opens its circuit, a poisonous request opens none. A request
-// that maxSuspects workers answered with a server error is not tried again: it is the request's.
+// worker among working ones still opens its circuit, a poisonous request opens none (and, as any
+// failing request, is tried on server.max_attempts workers at most).
 // The cost: a model served by one worker never opens its circuit on server errors alone
 // (connection errors, hung workers and broken streams still count, and health checks still take
 // a dead engine out).
 
-// maxSuspects is how many workers may answer one call with a server error before it is not tried
-// again.
-const maxSuspects = 2
-
 // suspectAnswer ends an attempt whose worker answered status, a server error: the lease is
-// released as suspect (see routing.Outcome.Suspect), the worker is excluded from the call's
-// next attempts, and the call is tried again unless maxSuspects workers have answered it so.
+// released as suspect (see routing.Outcome.Suspect), and the call is to be tried again on another
+// worker (see suspected).
 func (s *Server) suspectAnswer(cl *call, lease *routing.Lease, status string) (retry bool, err error) {
-	w := lease.Worker
 	lease.Release(routing.Outcome{Suspect: true})
+	s.log.Warn("worker attempt failed", "worker", lease.Worker.ID(), "model", cl.model, "status", status)
+	return cl.suspected(lease.Worker, status)
+}
+
+// suspected records that w answered the call with status, a server error, for a lease released
+// as suspect: w is excluded from the call's next attempts (of the stage it served), and the call
+// is to be tried again.
+func (cl *call) suspected(w *routing.Worker, status string) (retry bool, err error) {
 	cl.suspects = append(cl.suspects, w)
-	cl.route.Exclude = append(cl.route.Exclude, w.ID())
-	s.log.Warn("worker attempt failed", "worker", w.ID(), "model", cl.model, "status", status)
-	err = fmt.Errorf("worker %s answered %s", w.ID(), status)
-	if len(cl.suspects) >= maxSuspects {
-		return false, fmt.Errorf("%w: %d workers answered it with a server error, the last: %v", errUpstream, len(cl.suspects), err)
-	}
-	return true, err
+	cl.exclude(w.ID())
+	return true, fmt.Errorf("worker %s answered %s", w.ID(), status)
 }
 
 // confirmFailures counts the call's suspect answers against their workers' circuit breakers: the

@@ -37,8 +37,8 @@ func pickyWorker(t *testing.T, id string, broken bool) (routing.WorkerSpec, *ato
 }
 
 // A request every engine answers with a 500 is the request's fault: however often a tenant sends
-// it, no worker's circuit opens, each copy is tried on two workers at most, and the client gets a
-// 502; the others' requests are served throughout.
+// it, no worker's circuit opens, each copy is tried on server.max_attempts workers (3), and the
+// client gets a 502; the others' requests are served throughout.
 func TestPoisonousRequestOpensNoCircuit(t *testing.T) {
 	a, aSent := pickyWorker(t, "a", false)
 	b, bSent := pickyWorker(t, "b", false)
@@ -52,8 +52,8 @@ func TestPoisonousRequestOpensNoCircuit(t *testing.T) {
 			t.Fatalf("poisonous request %d: %d, want 502", i, resp.StatusCode)
 		}
 	}
-	if sent := aSent.Load() + bSent.Load() + cSent.Load(); sent != 2*poisonous {
-		t.Errorf("the workers were sent %d requests, want %d: each poisonous one on two workers", sent, 2*poisonous)
+	if sent := aSent.Load() + bSent.Load() + cSent.Load(); sent != 3*poisonous {
+		t.Errorf("the workers were sent %d requests, want %d: each poisonous one on each worker once", sent, 3*poisonous)
 	}
 	for _, id := range []string{"a", "b", "c"} {
 		if st := workerState(t, g, id); st != routing.StateHealthy {
