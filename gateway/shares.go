@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"time"
+
+	"github.com/usherllm/usher/routing"
 )
 
 // sharesEvery is how often this replica exchanges its demand on each worker with the fleet and
@@ -18,17 +20,15 @@ func (d *dispatcher) shareWorkers(ctx context.Context) {
 	tick := time.NewTicker(sharesEvery)
 	defer tick.Stop()
 	failing := false
-	backlog := map[string][2]int64{}
-	demand := func(model string) (int64, int64) {
-		b := backlog[model]
-		return b[0], b[1]
-	}
+	backlog := map[string]routing.ModelBacklog{}
+	demand := func(model string) routing.ModelBacklog { return backlog[model] }
 	for {
 		clear(backlog)
 		d.mu.Lock()
 		for model, q := range d.queues {
-			i, a := q.Backlog()
-			backlog[model] = [2]int64{int64(i), int64(a)}
+			b := q.Backlog()
+			backlog[model] = routing.ModelBacklog{Interactive: int64(b.Interactive), All: int64(b.All),
+				InteractiveWeight: b.InteractiveWeight, Weight: b.Weight}
 		}
 		d.mu.Unlock()
 		err := d.pool.SyncShares(ctx, demand)

@@ -321,3 +321,23 @@ func TestFleetCounterExpiredWhileIdle(t *testing.T) {
 		t.Errorf("fleet counter of x back after its key expired: %v, want 500 known here + 100 = 600", got)
 	}
 }
+
+// TestBacklogWeighsFlows: Backlog counts the requests queued and sums the weights of the flows
+// with requests queued, once per flow whatever its queue's length: the heavy tenant's five
+// requests weigh what the light one's one does; a flow with nothing queued (all dispatched)
+// weighs nothing.
+func TestBacklogWeighsFlows(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 1})
+	granted(t, enqueue(t, q, queue.Request{Tenant: "served", Class: queue.Standard, Weight: 4, MaxTokens: 10}))
+	for range 5 {
+		enqueue(t, q, queue.Request{Tenant: "heavy", Class: queue.Standard, Weight: 1, MaxTokens: 10})
+	}
+	enqueue(t, q, queue.Request{Tenant: "light", Class: queue.Batch, Weight: 2, MaxTokens: 10})
+	enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, Weight: 0.5, MaxTokens: 10})
+	enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, Weight: 0.5, MaxTokens: 10})
+	got := q.Backlog()
+	want := queue.Backlog{Interactive: 2, All: 8, InteractiveWeight: 0.5, Weight: 3.5}
+	if got != want {
+		t.Fatalf("Backlog() = %+v, want %+v", got, want)
+	}
+}
