@@ -41,37 +41,26 @@ func (f fleetFairShare) Exchange(ctx context.Context, ex queue.FairShareExchange
 	return got, nil
 }
 
-// shareFairness exchanges every queue's fair-share charges with the fleet every fairShareEvery
-// until ctx ends. It logs when the exchanges start failing (each queue then orders by its own
-// counters) and when they succeed again. The dispatcher's run owns it.
+// shareFairness exchanges every queue's fair-share charges with the fleet at once and then
+// every fairShareEvery until ctx ends. It logs when the exchanges start failing (each queue
+// then orders by its own counters) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareFairness(ctx context.Context) {
-	tick := time.NewTicker(fairShareEvery)
-	defer tick.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		d.mu.Lock()
-		qs := make([]*queue.Queue, 0, len(d.queues))
-		for _, q := range d.queues {
-			qs = append(qs, q)
-		}
-		d.mu.Unlock()
-		var firstErr error
-		for _, q := range qs {
-			if err := q.SyncFairShare(ctx); err != nil && firstErr == nil {
-				firstErr = err
+	var qs []*queue.Queue
+	d.exchangeWithFleet(ctx, fairShareEvery, "fair share shared with the fleet failed; each queue orders by its own counters until it succeeds",
+		"fair share shared with the fleet again", func(ctx context.Context) error {
+			d.mu.Lock()
+			qs = qs[:0]
+			for _, q := range d.queues {
+				qs = append(qs, q)
 			}
-		}
-		switch {
-		case firstErr != nil && !failing:
-			d.opts.Logger.Warn("fair share shared with the fleet failed; each queue orders by its own counters until it succeeds", "err", firstErr)
-		case firstErr == nil && failing:
-			d.opts.Logger.Info("fair share shared with the fleet again")
-		}
-		failing = firstErr != nil
-	}
+			d.mu.Unlock()
+			var firstErr error
+			for _, q := range qs {
+				if err := q.SyncFairShare(ctx); err != nil && firstErr == nil {
+					firstErr = err
+				}
+			}
+			clear(qs)
+			return firstErr
+		})
 }

@@ -17,28 +17,39 @@ const sharesEvery = 50 * time.Millisecond
 // logs when the exchanges start failing (each worker's share is then 1/n of its limit) and when
 // they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareWorkers(ctx context.Context) {
-	tick := time.NewTicker(sharesEvery)
-	defer tick.Stop()
-	failing := false
 	backlog := map[string]routing.ModelBacklog{}
 	demand := func(model string) routing.ModelBacklog { return backlog[model] }
+	d.exchangeWithFleet(ctx, sharesEvery, "worker shares exchanged with the fleet failed; each worker's share is 1/n of its limit until it succeeds",
+		"worker shares exchanged with the fleet again", func(ctx context.Context) error {
+			clear(backlog)
+			d.mu.Lock()
+			for model, q := range d.queues {
+				b := q.Backlog()
+				backlog[model] = routing.ModelBacklog{Interactive: int64(b.Interactive), All: int64(b.All),
+					InteractiveWeight: b.InteractiveWeight, Weight: b.Weight}
+			}
+			d.mu.Unlock()
+			return d.pool.SyncShares(ctx, demand)
+		})
+}
+
+// exchangeWithFleet runs exchange at once and then every interval until ctx ends: one of this
+// replica's exchanges with the fleet through Redis. It logs failed (a warning, with the error)
+// when the exchanges start failing and back when one succeeds again, not each one; an exchange
+// that ctx's end cut short is not logged. Its caller owns it.
+func (d *dispatcher) exchangeWithFleet(ctx context.Context, interval time.Duration, failed, back string, exchange func(context.Context) error) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	failing := false
 	for {
-		clear(backlog)
-		d.mu.Lock()
-		for model, q := range d.queues {
-			b := q.Backlog()
-			backlog[model] = routing.ModelBacklog{Interactive: int64(b.Interactive), All: int64(b.All),
-				InteractiveWeight: b.InteractiveWeight, Weight: b.Weight}
-		}
-		d.mu.Unlock()
-		err := d.pool.SyncShares(ctx, demand)
+		err := exchange(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil && !failing:
-			d.opts.Logger.Warn("worker shares exchanged with the fleet failed; each worker's share is 1/n of its limit until it succeeds", "err", err)
+			d.opts.Logger.Warn(failed, "err", err)
 		case err == nil && failing:
-			d.opts.Logger.Info("worker shares exchanged with the fleet again")
+			d.opts.Logger.Info(back)
 		}
 		failing = err != nil
 		select {
