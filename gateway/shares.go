@@ -14,12 +14,12 @@ const sharesEvery = 50 * time.Millisecond
 
 // shareWorkers exchanges this replica's demand on the workers with the fleet at once and then
 // every sharesEvery until ctx ends: its demand on a model is what the model's queue holds. It
-// logs when the exchanges start failing (each worker's share is then 1/n of its limit) and when
-// they succeed again. The dispatcher's run owns it.
+// logs when the exchanges start failing (each worker's share then stays within its last grant
+// and 1/n of its limit) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareWorkers(ctx context.Context) {
 	backlog := map[string]routing.ModelBacklog{}
 	demand := func(model string) routing.ModelBacklog { return backlog[model] }
-	d.exchangeWithFleet(ctx, sharesEvery, "worker shares exchanged with the fleet failed; each worker's share is 1/n of its limit until it succeeds",
+	d.exchangeWithFleet(ctx, sharesEvery, "worker shares exchanged with the fleet failed; each worker's share stays within its last grant and 1/n of its limit until it succeeds",
 		"worker shares exchanged with the fleet again", func(ctx context.Context) error {
 			clear(backlog)
 			d.mu.Lock()

@@ -133,9 +133,10 @@ type shares struct {
 	// least 1): the n of the fallback 1/n.
 	replicas int
 	failing  bool
-	// lastOK is when the last exchange succeeded (or the pool was made): for ShareReportTTL
-	// after it, the other replicas still count this one's last grants.
-	lastOK time.Time
+	// joined says an exchange has succeeded since the pool was made, at started: from then on a
+	// cut only ever shrinks a share (see SyncShares).
+	joined  bool
+	started time.Time
 	// rejoinUntil: after a failed exchange, the first to succeed starts a ShareReportTTL
 	// during which each worker's share stays within the fallback applied while failing.
 	rejoinUntil time.Time
@@ -179,14 +180,16 @@ func (w *Worker) Share() (n int64, shared bool) {
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
 // grows waits until the room is given up, and the worker is never sent more than its limit in
 // all. A share that shrinks applies before the exchange. When the exchange fails, every
-// worker's share falls back to this replica's part of 1/n of its limit, n the replicas of the
-// last successful exchange (or of none: the whole limit): at once for a share below it, and
-// for one above only ShareReportTTL after the last successful exchange (or the pool's start),
-// once the others no longer count this replica's last grants (the failed exchange may have
-// applied them). The first exchange that succeeds again starts ShareReportTTL within the
-// share applied meanwhile, so every live replica has reported its hold again before any
-// grows; then the split by demand resumes. Without a store it does nothing. Calls are
-// serialized; Changes is told when a share changed.
+// worker's share falls to this replica's part of 1/n of its limit, n the replicas of the last
+// successful exchange, when it is above it, and otherwise stays: a share never grows while the
+// store is cut, since the others' requests in flight above their parts (long answers outlast
+// any report's TTL) end when they end, and nothing tells this replica when; the grants of the
+// last exchanges add up to the limit at most, so the fleet stays within it. (A replica whose
+// exchanges never succeeded takes the whole limit ShareReportTTL after its start.) The first
+// exchange that succeeds again starts ShareReportTTL within the share applied meanwhile, so
+// every live replica has reported its hold again before any grows; then the split by demand
+// resumes. Without a store it does nothing. Calls are serialized; Changes is told when a share
+// changed.
 func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBacklog) error {
 	s := p.shares
 	if s == nil {
@@ -235,14 +238,16 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 	}
 	if err != nil {
 		s.failing = true
-		// While the others may still count this replica's last grants (the exchange may
-		// only have lost its answer), its shares only shrink toward 1/n; once its reports
-		// have expired everywhere, they are 1/n.
-		counted := now.Sub(s.lastOK) < ShareReportTTL
+		// A share only shrinks toward 1/n: the others' requests in flight above their 1/n
+		// end when they end, which nothing tells this replica while it is cut, so room
+		// beyond its last grant may still be in use. A replica that never exchanged has no
+		// grant to keep within: it takes 1/n of the fleet it knows (the whole worker) once
+		// any reports of an earlier process of its own have expired.
+		grow := !s.joined && now.Sub(s.started) >= ShareReportTTL
 		// A new slice: workers and over share the pool's array.
 		for _, w := range slices.Concat(workers, over) {
 			fb := s.fallback(w.spec.ID, w.limit.Load())
-			if counted {
+			if !grow {
 				fb = min(fb, max(w.share.Load(), 0))
 			}
 			f := s.fleet[w.spec.ID]
@@ -262,7 +267,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 	if s.failing {
 		s.failing, s.rejoinUntil, rejoining = false, now.Add(ShareReportTTL), true
 	}
-	s.lastOK = now
+	s.joined = true
 	n := 1
 	seen := make(map[string]bool, len(workers))
 	for i, w := range workers {

@@ -14,10 +14,10 @@ import (
 // TestSharesOverRedis: two replicas split a worker of 12 slots through a real Redis: a, with a
 // long backlog, gets 10 and b, with two requests, 2. Fields another writer put in the worker's
 // hash (out of bounds, negative, not numbers) are dropped and change nothing. With
-// redis-server stopped each replica keeps within its last grant while the other may still
-// count it, then falls back to half the worker; restarted empty, they keep
-// to their halves for ShareReportTTL and then split by demand again. The two never have more
-// than 12 in flight.
+// redis-server stopped each replica keeps within its last grant and half the worker for as
+// long as it is stopped (b does not grow to its half); restarted empty, they keep within those
+// for ShareReportTTL and then split by demand again. The two never have more than 12 in
+// flight.
 func TestSharesOverRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := &fakeClock{t: time.Unix(1000, 0)}
@@ -70,7 +70,7 @@ func TestSharesOverRedis(t *testing.T) {
 	simRun(t, clock, rs, 25, 10)
 	wantShares("redis-server stopped, the last grants still counted", 6, 2)
 	simRun(t, clock, rs, 35, ttl)
-	wantShares("redis-server stopped", 6, 6)
+	wantShares("redis-server stopped past the reports' TTL", 6, 2)
 	srv.Restart()
 	// go-redis holds back dialing for a while after failed dials: wait until both replicas'
 	// clients reach the server again (the simulated clock does not move meanwhile).

@@ -425,11 +425,12 @@ func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
 }
 
 // TestSharesFallBackWhenCutAndRejoin: split 5/5/2 by demand; with the store cut every replica
-// keeps within its last grant and a third of the worker while the others may still count its
-// grant (ShareReportTTL), then falls back to a third (4: a and b place nothing until their
-// requests end below it), from its own counts; restored with its reports lost (a Redis restarted empty),
-// the replicas stay within their thirds for ShareReportTTL, until every one has reported again,
-// and then return to the split by demand. The fleet never has more than the limit in flight.
+// keeps within its last grant and a third of the worker (4: a and b place nothing until their
+// requests end below it), from its own counts, for as long as the cut lasts (c does not grow to
+// its third: it cannot tell when a's and b's requests above theirs end); restored with its
+// reports lost (a Redis restarted empty), the replicas stay within those for ShareReportTTL,
+// until every one has reported again, and then return to the split by demand. The fleet never
+// has more than the limit in flight.
 func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
 	fleet := newMemFleet(clock.Now)
@@ -453,9 +454,9 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 		}
 	}
 	simRun(t, clock, rs, 40+ttl-2, 4)
-	for _, r := range rs {
-		if got := r.share(); got != 4 {
-			t.Fatalf("cut: %s's share is %d, want 4, a third of 12 (%s)", r.name, got, simState(rs))
+	for i, want := range []int64{4, 4, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("cut past the reports' TTL: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
 		}
 	}
 	if got := rs[0].inFlight(); got != 4 {
@@ -476,6 +477,32 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 		if got := rs[i].share(); got != want {
 			t.Fatalf("rejoined: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
 		}
+	}
+}
+
+// TestSharesNeverGrowWhileCut: a holds the whole worker with requests that outlast
+// ShareReportTTL (10 s); b's backlog arrives as the store is cut. b cannot tell when a's
+// requests end, so it stays within its last grant (none) for the whole cut, rather than take
+// its third once its reports have expired: a's requests still run then, and the worker would
+// be sent 16. Once the store is back, b's share grows as a's requests end.
+func TestSharesNeverGrowWhileCut(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleet(t, clock, fleet, "a", "b", "c")
+	rs[0].queued[1], rs[0].life = simLimit, 200
+	simRun(t, clock, rs, 0, 10)
+	wantInFlight(t, rs, simLimit, 0, 0)
+
+	fleet.setCut(true)
+	rs[1].keep[1], rs[1].life = 400, 2
+	ttl := int(ShareReportTTL / (50 * time.Millisecond))
+	simRun(t, clock, rs, 10, 3*ttl)
+	wantInFlight(t, rs, simLimit, 0, 0)
+
+	fleet.setCut(false)
+	simRun(t, clock, rs, 10+3*ttl, 200)
+	if got := rs[1].inFlight(); got == 0 {
+		t.Fatalf("b placed nothing once the store was back and a's requests ended (%s)", simState(rs))
 	}
 }
 
