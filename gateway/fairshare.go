@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/usherllm/usher/queue"
@@ -12,9 +13,10 @@ import (
 // implements it over Redis.
 type FairShare interface {
 	// Exchange adds charges to the fleet's counters of model, sets this replica's floors (its
-	// least backlogged counter by class, +Inf for none) and returns the fleet's counters (in the
-	// order of charges) and floors (the least of the replicas', +Inf for none), in one round trip.
-	Exchange(ctx context.Context, model string, floors []float64, charges []tenants.FairShareCharge) (counters, fleetFloors []float64, err error)
+	// least backlogged counter by class, +Inf for none) and its queued requests of each flow
+	// charged, and returns the fleet's counters (in the order of charges), floors (the least of
+	// the replicas', +Inf for none) and queued requests of each flow, in one round trip.
+	Exchange(ctx context.Context, model string, floors []float64, charges []tenants.FairShareCharge) (tenants.FairShareFleet, error)
 }
 
 // fairShareEvery is how often each queue exchanges its fair-share charges with the fleet: often
@@ -30,14 +32,21 @@ var _ queue.FairShareStore = fleetFairShare{}
 func (f fleetFairShare) Exchange(ctx context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
 	charges := make([]tenants.FairShareCharge, len(ex.Flows))
 	for i, c := range ex.Flows {
-		charges[i] = tenants.FairShareCharge{Tenant: c.Tenant, Class: int(c.Class), Charge: c.Charge, Lifted: c.Lifted, Lift: c.Lift}
+		charges[i] = tenants.FairShareCharge{Tenant: c.Tenant, Class: int(c.Class), Charge: c.Charge, Lifted: c.Lifted, Lift: c.Lift,
+			Queued: int64(c.Queued)}
 	}
-	counters, floors, err := f.fs.Exchange(ctx, ex.Model, ex.Floors[:], charges)
+	fleet, err := f.fs.Exchange(ctx, ex.Model, ex.Floors[:], charges)
 	if err != nil {
 		return queue.FairShareCounts{}, err
 	}
-	got := queue.FairShareCounts{Counters: counters}
-	copy(got.Floors[:], floors)
+	got := queue.FairShareCounts{Counters: fleet.Counters}
+	copy(got.Floors[:], fleet.Floors)
+	if len(fleet.Queued) == len(charges) {
+		got.Queued = make([]int, len(charges))
+		for i, n := range fleet.Queued {
+			got.Queued[i] = int(min(n, math.MaxInt32))
+		}
+	}
 	return got, nil
 }
 

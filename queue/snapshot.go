@@ -58,7 +58,9 @@ type Backlog struct {
 	// queued: interactive, and of every class. The fair share serves each backlogged flow in
 	// proportion to its weight, whatever the length of its queue, so a replica whose backlog is
 	// two tenants' needs twice the room of one whose backlog is one tenant's. A flow's weight is
-	// that of the request at its head.
+	// that of the request at its head. With a fleet, a flow queued on other replicas too counts
+	// here in part: its weight times its requests queued here over those queued in the fleet
+	// (as of the last exchange), so that over the fleet each flow weighs its weight once.
 	InteractiveWeight, Weight float64
 }
 
@@ -73,8 +75,8 @@ func (q *Queue) Backlog() Backlog {
 		b.All += cls.queued
 		var w float64
 		for _, e := range cls.flows {
-			if len(e.f.items) > 0 {
-				w += e.f.items[0].t.weight
+			if n := len(e.f.items); n > 0 {
+				w += e.f.items[0].t.weight * float64(n) / float64(n+e.f.queuedElsewhere)
 			}
 		}
 		b.Weight += w
