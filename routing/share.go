@@ -419,11 +419,13 @@ type fleetDemand struct {
 //  2. A replica with nothing queued keeps its requests in flight (its demand): it has no flow
 //     to weigh, and the room it holds goes to no one sooner than its requests end; max-min
 //     among such replicas.
-//  3. The rest of the demands, on top of the interactive parts, in proportion to the weights
-//     of the other backlogged flows (weighted max-min), so each backlogged tenant of a class
-//     has about the same room wherever it is queued: the fleet serves the tenants in the order
-//     one queue would. (The classes below interactive are one level here: a replica's
-//     standard and batch flows weigh alike.)
+//  3. All demands, in proportion to the weights of all the backlogged flows (weighted max-min,
+//     each replica keeping at least what it has so far), so each backlogged tenant has about
+//     the same room wherever it is queued: the fleet serves the tenants in the order one queue
+//     would. A replica's interactive part counts toward its part here, and its interactive
+//     flows weigh here too, so a replica that queues interactive requests alone keeps room
+//     for those it has in flight. (The classes below interactive are one level here: a
+//     replica's standard and batch flows weigh alike.)
 //  4. What nobody asked for, max-min, so that a replica with no demand has room for its next
 //     request while nobody else needs it.
 //
@@ -438,17 +440,14 @@ func splitShares(limit int64, d fleetDemand, ties []int) []int64 {
 		}
 	}
 	out := weightedFill(limit, make([]int64, n), d.interactive, d.interactiveWeight, ties)
-	other := make([]int64, n)
-	idle := make([]int64, n)
-	for i := range other {
-		other[i] = max(d.weight[i]-d.interactiveWeight[i], 0)
-		idle[i] = out[i]
+	idle := slices.Clone(out)
+	for i := range idle {
 		if d.weight[i] == 0 {
 			idle[i] = d.demand[i]
 		}
 	}
 	out = waterFill(limit, out, idle, ties)
-	out = weightedFill(limit, out, d.demand, other, ties)
+	out = weightedFill(limit, out, d.demand, d.weight, ties)
 	all := make([]int64, n)
 	for i := range all {
 		all[i] = max(limit, 0)
@@ -457,44 +456,42 @@ func splitShares(limit int64, d fleetDemand, ties []int) []int64 {
 }
 
 // weightedFill raises shares, from base, toward demands, in proportion to weights within
-// capacity (weighted max-min): each i with a weight gets base[i] + min(demands[i] - base[i],
-// floor(level x weights[i] / the sum of the weights)) at the highest level that fits, and what
-// is left goes one each, in the order of ties, to those the next level would raise. Those
-// without weight, or with base at their demand, keep their base. base must fit in capacity;
-// weights within [0, maxShareWeight], at most maxShareReplicas of them. Cost: O(n log(max
-// demand x sum of weights)), integer arithmetic only, so every replica computes the same.
+// capacity (weighted max-min): each i gets max(base[i], min(demands[i], floor(level x
+// weights[i] / the sum of the weights))) at the highest level that fits, and what is left goes
+// one each, in the order of ties, to those the next level would raise. Those without weight
+// keep their base. base must fit in capacity; weights within [0, maxShareWeight], at most
+// maxShareReplicas of them. Cost: O(n log(max demand x sum of weights)), integer arithmetic
+// only, so every replica computes the same.
 func weightedFill(capacity int64, base, demands, weights []int64, ties []int) []int64 {
 	var total uint64
-	for i, w := range weights {
-		if w > 0 && demands[i] > base[i] {
-			total += uint64(w)
-		}
+	for _, w := range weights {
+		total += uint64(max(w, 0))
 	}
 	out := slices.Clone(base)
 	if total == 0 {
 		return out
 	}
-	part := func(i int, level uint64) int64 {
+	at := func(i int, level uint64) int64 {
 		w := weights[i]
-		if w <= 0 || demands[i] <= base[i] {
-			return 0
+		if w <= 0 {
+			return base[i]
 		}
 		hi, lo := bits.Mul64(level, uint64(w))
 		q, _ := bits.Div64(hi, lo, total) // q <= level: w <= total
-		return int64(min(q, uint64(demands[i]-base[i])))
+		return max(base[i], int64(min(q, uint64(max(demands[i], 0)))))
 	}
 	used := func(level uint64) int64 {
-		s := sum(base)
+		var s int64
 		for i := range demands {
-			s += part(i, level)
+			s += at(i, level)
 		}
 		return s
 	}
-	// At level top every demand is met: part >= level x w / total - 1 >= demand - base.
+	// At level top every demand is met: floor(top x w / total) >= demand.
 	var top uint64
 	for i, w := range weights {
-		if w > 0 && demands[i] > base[i] {
-			top = max(top, (uint64(demands[i]-base[i])+1)*total/uint64(w)+1)
+		if w > 0 && demands[i] > 0 {
+			top = max(top, (uint64(demands[i])+1)*total/uint64(w)+1)
 		}
 	}
 	lo, hi := uint64(0), top // used(0) = sum(base) <= capacity; find the highest level that fits
@@ -507,11 +504,11 @@ func weightedFill(capacity int64, base, demands, weights []int64, ties []int) []
 		}
 	}
 	for i := range out {
-		out[i] += part(i, lo)
+		out[i] = at(i, lo)
 	}
 	left := capacity - used(lo)
 	for _, i := range ties {
-		if left > 0 && part(i, lo+1) > part(i, lo) {
+		if left > 0 && at(i, lo+1) > out[i] {
 			out[i]++
 			left--
 		}

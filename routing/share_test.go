@@ -45,8 +45,9 @@ func TestSplitShares(t *testing.T) {
 		{"by demand, max-min", 12, []int64{0, 0, 0}, []int64{40, 2, 40}, []int64{5, 2, 5}},
 		{"interactive first", 12, []int64{8, 0}, []int64{8, 100}, []int64{8, 4}},
 		{"interactive alone past the limit", 12, []int64{20, 0}, []int64{20, 100}, []int64{12, 0}},
-		// The second replica's standard flow shares what interactive leaves with the third's:
-		// 3.5 each, on top of its 3 interactive.
+		// The second replica holds two flows (interactive and standard), the third one: by
+		// weight, 6.7 and 3.3 (one queue would serve the two standard flows 3.5 each on top of
+		// the 3 interactive: 6.5 and 3.5); by the count of requests it was 5 and 5.
 		{"interactive split, then the rest", 12, []int64{2, 3, 0}, []int64{2, 30, 30}, []int64{2, 7, 3}},
 		{"room nobody asks for, max-min too", 12, []int64{0, 0, 0}, []int64{3, 0, 0}, []int64{4, 4, 4}},
 		{"room nobody asks for, to the idle", 12, []int64{0, 0, 0}, []int64{7, 0, 0}, []int64{7, 3, 2}},
@@ -101,6 +102,11 @@ func TestSplitSharesByWeight(t *testing.T) {
 			[]int64{2 * u, u, 0}, []int64{2 * u, u, 5 * u}, []int64{8, 4, 0}},
 		{"interactive, then the other classes by their own weights", 12, []int64{2, 0}, []int64{30, 30},
 			[]int64{u, 0}, []int64{2 * u, 4 * u}, []int64{4, 8}},
+		// The first replica has one interactive request queued and five in flight: its
+		// interactive flow weighs in the rest too, so it keeps room for those in flight
+		// instead of waiting for all five to end before its next one goes.
+		{"interactive alone keeps room for those in flight", 12, []int64{1, 0}, []int64{6, 400},
+			[]int64{u, 0}, []int64{u, u}, []int64{6, 6}},
 		{"nothing queued keeps its requests in flight", 12, []int64{0, 0, 0}, []int64{3, 100, 100},
 			[]int64{0, 0, 0}, []int64{0, u, u}, []int64{3, 5, 4}},
 		{"leftover units in tie order", 7, []int64{0, 0, 0}, []int64{50, 50, 50},
