@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/usherllm/usher/queue"
@@ -12,9 +13,10 @@ import (
 // implements it over Redis.
 type FairShare interface {
 	// Exchange adds charges to the fleet's counters of model, sets this replica's floors (its
-	// least backlogged counter by class, +Inf for none) and returns the fleet's counters (in the
-	// order of charges) and floors (the least of the replicas', +Inf for none), in one round trip.
-	Exchange(ctx context.Context, model string, floors []float64, charges []tenants.FairShareCharge) (counters, fleetFloors []float64, err error)
+	// least backlogged counter by class, +Inf for none) and its queued requests of each flow
+	// charged, and returns the fleet's counters (in the order of charges), floors (the least of
+	// the replicas', +Inf for none) and queued requests of each flow, in one round trip.
+	Exchange(ctx context.Context, model string, floors []float64, charges []tenants.FairShareCharge) (tenants.FairShareFleet, error)
 }
 
 // fairShareEvery is how often each queue exchanges its fair-share charges with the fleet: often
@@ -30,48 +32,44 @@ var _ queue.FairShareStore = fleetFairShare{}
 func (f fleetFairShare) Exchange(ctx context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
 	charges := make([]tenants.FairShareCharge, len(ex.Flows))
 	for i, c := range ex.Flows {
-		charges[i] = tenants.FairShareCharge{Tenant: c.Tenant, Class: int(c.Class), Charge: c.Charge, Lifted: c.Lifted, Lift: c.Lift}
+		charges[i] = tenants.FairShareCharge{Tenant: c.Tenant, Class: int(c.Class), Charge: c.Charge, Lifted: c.Lifted, Lift: c.Lift,
+			Queued: int64(c.Queued)}
 	}
-	counters, floors, err := f.fs.Exchange(ctx, ex.Model, ex.Floors[:], charges)
+	fleet, err := f.fs.Exchange(ctx, ex.Model, ex.Floors[:], charges)
 	if err != nil {
 		return queue.FairShareCounts{}, err
 	}
-	got := queue.FairShareCounts{Counters: counters}
-	copy(got.Floors[:], floors)
+	got := queue.FairShareCounts{Counters: fleet.Counters}
+	copy(got.Floors[:], fleet.Floors)
+	if len(fleet.Queued) == len(charges) {
+		got.Queued = make([]int, len(charges))
+		for i, n := range fleet.Queued {
+			got.Queued[i] = int(min(n, math.MaxInt32))
+		}
+	}
 	return got, nil
 }
 
-// shareFairness exchanges every queue's fair-share charges with the fleet every fairShareEvery
-// until ctx ends. It logs when the exchanges start failing (each queue then orders by its own
-// counters) and when they succeed again. The dispatcher's run owns it.
+// shareFairness exchanges every queue's fair-share charges with the fleet at once and then
+// every fairShareEvery until ctx ends. It logs when the exchanges start failing (each queue
+// then orders by its own counters) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareFairness(ctx context.Context) {
-	tick := time.NewTicker(fairShareEvery)
-	defer tick.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		d.mu.Lock()
-		qs := make([]*queue.Queue, 0, len(d.queues))
-		for _, q := range d.queues {
-			qs = append(qs, q)
-		}
-		d.mu.Unlock()
-		var firstErr error
-		for _, q := range qs {
-			if err := q.SyncFairShare(ctx); err != nil && firstErr == nil {
-				firstErr = err
+	var qs []*queue.Queue
+	d.exchangeWithFleet(ctx, fairShareEvery, "fair share shared with the fleet failed; each queue orders by its own counters until it succeeds",
+		"fair share shared with the fleet again", func(ctx context.Context) error {
+			d.mu.Lock()
+			qs = qs[:0]
+			for _, q := range d.queues {
+				qs = append(qs, q)
 			}
-		}
-		switch {
-		case firstErr != nil && !failing:
-			d.opts.Logger.Warn("fair share shared with the fleet failed; each queue orders by its own counters until it succeeds", "err", firstErr)
-		case firstErr == nil && failing:
-			d.opts.Logger.Info("fair share shared with the fleet again")
-		}
-		failing = firstErr != nil
-	}
+			d.mu.Unlock()
+			var firstErr error
+			for _, q := range qs {
+				if err := q.SyncFairShare(ctx); err != nil && firstErr == nil {
+					firstErr = err
+				}
+			}
+			clear(qs)
+			return firstErr
+		})
 }

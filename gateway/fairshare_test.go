@@ -190,12 +190,12 @@ func TestGatewaySharesFairShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	counter := func() float64 {
-		counters, _, err := reader.Exchange(context.Background(), testModel, nil,
+		f, err := reader.Exchange(context.Background(), testModel, nil,
 			[]tenants.FairShareCharge{{Tenant: "t1", Class: int(queue.Standard)}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return counters[0]
+		return f.Counters[0]
 	}
 	waitCounter := func(what string, ok func(float64) bool) float64 {
 		t.Helper()

@@ -45,6 +45,8 @@ type FlowCharge struct {
 	// the charges of this batch made before it.
 	Lifted bool
 	Lift   float64
+	// Queued is how many of the flow's requests are queued here now.
+	Queued int
 }
 
 // FairShareCounts is the fleet's answer to an exchange.
@@ -54,6 +56,10 @@ type FairShareCounts struct {
 	// Floors are the fleet's least backlogged counters by Class; +Inf when no replica has a
 	// backlog in the class (or none said so lately).
 	Floors [numClasses]float64
+	// Queued are the requests of each of the exchange's flows, in its order, queued in the
+	// fleet: the sum of the Queued the replicas sent lately, this exchange's included. Nil:
+	// not known (Backlog then weighs each flow in full here).
+	Queued []int
 }
 
 // MaxFleetFlows bounds the flows of one exchange, so one round trip stays small whatever the
@@ -101,7 +107,7 @@ collect:
 				break collect
 			}
 			ex.Flows = append(ex.Flows, FlowCharge{Tenant: ten.name, Class: f.class, Charge: f.unsent,
-				Lifted: f.lifted, Lift: f.liftBase})
+				Lifted: f.lifted, Lift: f.liftBase, Queued: len(f.items)})
 			flows = append(flows, f)
 			f.unsent, f.lifted, f.liftBase = 0, false, 0
 		}
@@ -109,8 +115,8 @@ collect:
 	q.mu.Unlock()
 
 	got, err := q.fleet.Exchange(ctx, ex)
-	if err == nil && len(got.Counters) != len(ex.Flows) {
-		err = fmt.Errorf("fleet answered %d counters for %d flows", len(got.Counters), len(ex.Flows))
+	if err == nil && (len(got.Counters) != len(ex.Flows) || got.Queued != nil && len(got.Queued) != len(ex.Flows)) {
+		err = fmt.Errorf("fleet answered %d counters and %d queued for %d flows", len(got.Counters), len(got.Queued), len(ex.Flows))
 	}
 	if err == nil {
 		for _, v := range got.Counters {
@@ -130,8 +136,19 @@ collect:
 		for c := range q.classes {
 			q.classes[c].fleetFloor = math.Inf(1)
 		}
+		for _, ten := range q.tenants {
+			for _, f := range ten.flows {
+				if f != nil {
+					f.queuedElsewhere = 0
+				}
+			}
+		}
 	} else {
 		for i, f := range flows {
+			f.queuedElsewhere = 0
+			if got.Queued != nil {
+				f.queuedElsewhere = max(got.Queued[i]-ex.Flows[i].Queued, 0)
+			}
 			v := got.Counters[i]
 			if f.lifted {
 				v = max(v, f.liftBase)

@@ -20,6 +20,7 @@ type memFleet struct {
 	mu       sync.Mutex // guards every field
 	counters map[memKey]float64
 	floors   map[string][3]float64 // by replica
+	queued   map[memKey]map[string]int
 	fail     bool
 }
 
@@ -37,7 +38,7 @@ type memKey struct {
 }
 
 func newMemFleet() *memFleet {
-	return &memFleet{counters: map[memKey]float64{}, floors: map[string][3]float64{}}
+	return &memFleet{counters: map[memKey]float64{}, floors: map[string][3]float64{}, queued: map[memKey]map[string]int{}}
 }
 
 func (r memReplica) Exchange(_ context.Context, ex queue.FairShareExchange) (queue.FairShareCounts, error) {
@@ -64,6 +65,15 @@ func (r memReplica) Exchange(_ context.Context, ex queue.FairShareExchange) (que
 		v += f.Charge
 		m.counters[k] = v
 		got.Counters = append(got.Counters, v)
+		if m.queued[k] == nil {
+			m.queued[k] = map[string]int{}
+		}
+		m.queued[k][r.id] = f.Queued
+		n := 0
+		for _, q := range m.queued[k] {
+			n += q
+		}
+		got.Queued = append(got.Queued, n)
 	}
 	return got, nil
 }
@@ -319,5 +329,56 @@ func TestFleetCounterExpiredWhileIdle(t *testing.T) {
 	sync1(t, a)
 	if got := store.counter("x", queue.Standard); got != 600 {
 		t.Errorf("fleet counter of x back after its key expired: %v, want 500 known here + 100 = 600", got)
+	}
+}
+
+// TestBacklogWeighsFlows: Backlog counts the requests queued and sums the weights of the flows
+// with requests queued, once per flow whatever its queue's length: the heavy tenant's five
+// requests weigh what the light one's one does; a flow with nothing queued (all dispatched)
+// weighs nothing.
+func TestBacklogWeighsFlows(t *testing.T) {
+	q, _, _ := newQueue(t, queue.Config{}, queue.Capacity{Requests: 1})
+	granted(t, enqueue(t, q, queue.Request{Tenant: "served", Class: queue.Standard, Weight: 4, MaxTokens: 10}))
+	for range 5 {
+		enqueue(t, q, queue.Request{Tenant: "heavy", Class: queue.Standard, Weight: 1, MaxTokens: 10})
+	}
+	enqueue(t, q, queue.Request{Tenant: "light", Class: queue.Batch, Weight: 2, MaxTokens: 10})
+	enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, Weight: 0.5, MaxTokens: 10})
+	enqueue(t, q, queue.Request{Tenant: "chat", Class: queue.Interactive, Weight: 0.5, MaxTokens: 10})
+	got := q.Backlog()
+	want := queue.Backlog{Interactive: 2, All: 8, InteractiveWeight: 0.5, Weight: 3.5}
+	if got != want {
+		t.Fatalf("Backlog() = %+v, want %+v", got, want)
+	}
+}
+
+// TestBacklogWeighsFlowsInPartAcrossTheFleet: a flow queued on two replicas weighs on each in
+// proportion to its requests queued there (heavy: 3 on A, 1 on B), a flow queued on one alone
+// weighs in full, so over the fleet each weighs its weight once; once the fleet cannot be
+// reached, each replica weighs its flows in full again.
+func TestBacklogWeighsFlowsInPartAcrossTheFleet(t *testing.T) {
+	fleet := newMemFleet()
+	a := newFleetQueue(t, fleet.replica("A"), queue.Capacity{})
+	b := newFleetQueue(t, fleet.replica("B"), queue.Capacity{})
+	for range 3 {
+		enqueue(t, a, std("heavy"))
+	}
+	enqueue(t, a, std("light"))
+	enqueue(t, b, std("heavy"))
+	sync1(t, a)
+	sync1(t, b)
+	sync1(t, a)
+	if got, want := a.Backlog(), (queue.Backlog{All: 4, Weight: 1.75}); got != want {
+		t.Fatalf("A's Backlog() = %+v, want %+v", got, want)
+	}
+	if got, want := b.Backlog(), (queue.Backlog{All: 1, Weight: 0.25}); got != want {
+		t.Fatalf("B's Backlog() = %+v, want %+v", got, want)
+	}
+	fleet.setFail(true)
+	if err := a.SyncFairShare(context.Background()); err == nil {
+		t.Fatal("SyncFairShare with the fleet unreachable: got no error")
+	}
+	if got, want := a.Backlog(), (queue.Backlog{All: 4, Weight: 2}); got != want {
+		t.Fatalf("A's Backlog() with the fleet unreachable = %+v, want %+v", got, want)
 	}
 }

@@ -132,6 +132,9 @@ type flow struct {
 	unsent   float64
 	lifted   bool
 	liftBase float64
+	// queuedElsewhere is, with a fleet, how many of the flow's requests the other replicas had
+	// queued at the last exchange that told (0: none, or not known); see Backlog.
+	queuedElsewhere int
 }
 
 // classQueue is one class: its backlogged flows by virtual counter, and its tickets in arrival

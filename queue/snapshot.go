@@ -49,15 +49,42 @@ type TenantSnapshot struct {
 	VirtualTokens float64
 }
 
-// Backlog is what is queued now: the interactive requests and all of them (passed over by their
-// Placer or not). Cost: the queue's lock, and a sum over the classes.
-func (q *Queue) Backlog() (interactive, all int) {
+// Backlog is what a queue holds now, as a fleet's split of the workers weighs it.
+type Backlog struct {
+	// Interactive and All count the requests queued: interactive, and of every class (passed
+	// over by their Placer or not).
+	Interactive, All int
+	// InteractiveWeight and Weight sum the weights of the flows (tenant and class) with requests
+	// queued: interactive, and of every class. The fair share serves each backlogged flow in
+	// proportion to its weight, whatever the length of its queue, so a replica whose backlog is
+	// two tenants' needs twice the room of one whose backlog is one tenant's. A flow's weight is
+	// that of the request at its head. With a fleet, a flow queued on other replicas too counts
+	// here in part: its weight times its requests queued here over those queued in the fleet
+	// (as of the last exchange), so that over the fleet each flow weighs its weight once.
+	InteractiveWeight, Weight float64
+}
+
+// Backlog returns what is queued now. Cost: the queue's lock, and a pass over the backlogged
+// flows.
+func (q *Queue) Backlog() Backlog {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	var b Backlog
 	for c := range q.classes {
-		all += q.classes[c].queued
+		cls := &q.classes[c]
+		b.All += cls.queued
+		var w float64
+		for _, e := range cls.flows {
+			if n := len(e.f.items); n > 0 {
+				w += e.f.items[0].t.weight * float64(n) / float64(n+e.f.queuedElsewhere)
+			}
+		}
+		b.Weight += w
+		if Class(c) == Interactive {
+			b.Interactive, b.InteractiveWeight = cls.queued, w
+		}
 	}
-	return q.classes[Interactive].queued, all
+	return b
 }
 
 // Snapshot returns the current state. Cost: O(tenants log tenants) under the queue's lock.

@@ -21,8 +21,9 @@
 //     workers report on /metrics (vLLM, SGLang, llama.cpp names), including the load other
 //     gateway replicas put on them.
 //   - share.go, share_redis.go: with several gateway replicas, each worker's concurrency limit
-//     split among them by demand (max-min, interactive first) through Redis, so that together
-//     they never send a worker more than its limit; 1/n of it each when Redis is cut.
+//     split among them by demand (interactive first, weighted by the backlogged tenants as the
+//     fair share weighs them) through Redis, so that together they never send a worker more
+//     than its limit; when Redis is cut, each keeps within its last grant and 1/n of it.
 //   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
 //   - prepare.go: Prepare and Prepared, the I/O a policy needs done before it picks.
 //   - choice.go: one pick as a policy sees it, the request and the protections in force, whose

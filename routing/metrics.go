@@ -91,7 +91,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 		}, []string{"model", "worker", "event"}),
 		shareExchanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_share_exchanges_total",
-			Help: "Exchanges of this replica's demand on the workers with the fleet (SyncShares), by result (ok, failed: each worker's share falls back toward 1/n of its limit).",
+			Help: "Exchanges of this replica's demand on the workers with the fleet (SyncShares), by result (ok, failed: each worker's share stays within its last grant and 1/n of its limit).",
 		}, []string{"result"}),
 	}
 }

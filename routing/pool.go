@@ -427,7 +427,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.resolver = net.DefaultResolver
 	}
 	if opts.Shares != nil {
-		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, lastOK: p.now()}
+		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
 	}
 	p.pins = opts.Pins
 	if p.pins == nil {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -43,6 +45,11 @@ type ShareReport struct {
 	// queued for the worker's models, and all of its requests queued for them plus its
 	// requests in flight on the worker (so Demand >= Interactive).
 	Interactive, Demand int64
+	// InteractiveWeight and Weight weigh the demand as the fair share does: the sums of the
+	// weights of the flows (tenant and class) with requests queued for the worker's models,
+	// interactive and of every class (so Weight >= InteractiveWeight), in thousandths, at
+	// most maxShareWeight (see ModelBacklog).
+	InteractiveWeight, Weight int64
 }
 
 // ShareAnswer is the fleet's answer to one ShareReport.
@@ -54,12 +61,48 @@ type ShareAnswer struct {
 	Fleet []ReplicaDemand
 }
 
-// ReplicaDemand is one replica's demand on one worker in a ShareAnswer.
+// ReplicaDemand is one replica's demand on one worker in a ShareAnswer, as in its ShareReport.
 type ReplicaDemand struct {
 	// Replica names the replica; it orders the replicas the same way on every replica.
-	Replica             string
-	Self                bool
-	Interactive, Demand int64
+	Replica                   string
+	Self                      bool
+	Interactive, Demand       int64
+	InteractiveWeight, Weight int64
+}
+
+// ModelBacklog is what a replica has queued for one model, as SyncShares asks it of the
+// gateway (which reads it from the model's queue).
+type ModelBacklog struct {
+	// Interactive and All count the requests queued: interactive, and of every class.
+	Interactive, All int64
+	// InteractiveWeight and Weight sum the weights of the flows (tenant and class) with
+	// requests queued: interactive, and of every class. The fair share serves every
+	// backlogged flow in proportion to its weight whatever the length of its queue, so the
+	// split gives each replica room in proportion to these, not to its count of requests: a
+	// replica that queues for two tenants gets twice the room of one that queues as many
+	// requests for one.
+	InteractiveWeight, Weight float64
+}
+
+// shareWeightUnit is the fixed point of the weights in ShareReport and ReplicaDemand: a flow
+// of weight 1 counts shareWeightUnit.
+const shareWeightUnit = 1000
+
+// maxShareWeight bounds a replica's weight on one worker (ShareReport, ReplicaDemand): with
+// at most maxShareReplicas replicas and maxSlots slots, the split's arithmetic stays within
+// int64.
+const maxShareWeight = 1 << 32
+
+// weightUnits is w in thousandths, within [0, maxShareWeight]; at least 1 when w > 0, so a
+// backlogged flow of any weight counts.
+func weightUnits(w float64) int64 {
+	switch {
+	case !(w > 0):
+		return 0
+	case w >= maxShareWeight/shareWeightUnit:
+		return maxShareWeight
+	}
+	return max(int64(math.Round(w*shareWeightUnit)), 1)
 }
 
 const (
@@ -90,9 +133,10 @@ type shares struct {
 	// least 1): the n of the fallback 1/n.
 	replicas int
 	failing  bool
-	// lastOK is when the last exchange succeeded (or the pool was made): for ShareReportTTL
-	// after it, the other replicas still count this one's last grants.
-	lastOK time.Time
+	// joined says an exchange has succeeded since the pool was made, at started: from then on a
+	// cut only ever shrinks a share (see SyncShares).
+	joined  bool
+	started time.Time
 	// rejoinUntil: after a failed exchange, the first to succeed starts a ShareReportTTL
 	// during which each worker's share stays within the fallback applied while failing.
 	rejoinUntil time.Time
@@ -126,24 +170,27 @@ func (w *Worker) Share() (n int64, shared bool) {
 
 // SyncShares exchanges this replica's demand on every worker with the fleet (Options.Shares)
 // and sets the share of each worker it places on until the next exchange. demand gives, for a
-// model, the interactive requests and all the requests this replica has queued for it. The
-// gateway calls it every few tens of milliseconds, off the admission path: one round trip.
+// model, what this replica has queued for it. The gateway calls it every few tens of
+// milliseconds, off the admission path: one round trip.
 //
-// A share is the replica's part of a deterministic max-min split of the worker's limit by the
-// replicas' demands (splitShares: interactive demand served first, room nobody asks for spread
-// evenly), computed by each replica from what the last exchange said of the others; the store
+// A share is the replica's part of a deterministic split of the worker's limit by the
+// replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
+// served first, then the rest by the weights of the backlogged flows, room nobody asks for
+// spread evenly), computed by each replica from what the last exchange said of the others; the store
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
 // grows waits until the room is given up, and the worker is never sent more than its limit in
 // all. A share that shrinks applies before the exchange. When the exchange fails, every
-// worker's share falls back to this replica's part of 1/n of its limit, n the replicas of the
-// last successful exchange (or of none: the whole limit): at once for a share below it, and
-// for one above only ShareReportTTL after the last successful exchange (or the pool's start),
-// once the others no longer count this replica's last grants (the failed exchange may have
-// applied them). The first exchange that succeeds again starts ShareReportTTL within the
-// share applied meanwhile, so every live replica has reported its hold again before any
-// grows; then the split by demand resumes. Without a store it does nothing. Calls are
-// serialized; Changes is told when a share changed.
-func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (interactive, all int64)) error {
+// worker's share falls to this replica's part of 1/n of its limit, n the replicas of the last
+// successful exchange, when it is above it, and otherwise stays: a share never grows while the
+// store is cut, since the others' requests in flight above their parts (long answers outlast
+// any report's TTL) end when they end, and nothing tells this replica when; the grants of the
+// last exchanges add up to the limit at most, so the fleet stays within it. (A replica whose
+// exchanges never succeeded takes the whole limit ShareReportTTL after its start.) The first
+// exchange that succeeds again starts ShareReportTTL within the share applied meanwhile, so
+// every live replica has reported its hold again before any grows; then the split by demand
+// resumes. Without a store it does nothing. Calls are serialized; Changes is told when a share
+// changed.
+func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBacklog) error {
 	s := p.shares
 	if s == nil {
 		return nil
@@ -163,13 +210,17 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 	changed := false
 	for i, w := range workers {
 		var inter, all int64
+		var interWeight, weight float64
 		for _, m := range w.spec.Models {
-			mi, ma := demand(m)
-			inter, all = inter+max(mi, 0), all+max(ma, 0)
+			b := demand(m)
+			inter, all = inter+max(b.Interactive, 0), all+max(b.All, 0)
+			interWeight, weight = interWeight+max(b.InteractiveWeight, 0), weight+max(b.Weight, 0)
 		}
 		all += w.inFlight.Load()
 		r := ShareReport{Worker: w.spec.ID, Limit: min(max(w.limit.Load(), 0), maxSlots),
-			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots)}
+			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots),
+			InteractiveWeight: weightUnits(interWeight)}
+		r.Weight = max(weightUnits(weight), r.InteractiveWeight)
 		r.Want = s.target(w.spec.ID, r)
 		if f := s.fleet[w.spec.ID]; rejoining && f != nil && f.fallback >= 0 {
 			r.Want = min(r.Want, f.fallback)
@@ -187,14 +238,16 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 	}
 	if err != nil {
 		s.failing = true
-		// While the others may still count this replica's last grants (the exchange may
-		// only have lost its answer), its shares only shrink toward 1/n; once its reports
-		// have expired everywhere, they are 1/n.
-		counted := now.Sub(s.lastOK) < ShareReportTTL
+		// A share only shrinks toward 1/n: the others' requests in flight above their 1/n
+		// end when they end, which nothing tells this replica while it is cut, so room
+		// beyond its last grant may still be in use. A replica that never exchanged has no
+		// grant to keep within: it takes 1/n of the fleet it knows (the whole worker) once
+		// any reports of an earlier process of its own have expired.
+		grow := !s.joined && now.Sub(s.started) >= ShareReportTTL
 		// A new slice: workers and over share the pool's array.
 		for _, w := range slices.Concat(workers, over) {
 			fb := s.fallback(w.spec.ID, w.limit.Load())
-			if counted {
+			if !grow {
 				fb = min(fb, max(w.share.Load(), 0))
 			}
 			f := s.fleet[w.spec.ID]
@@ -214,7 +267,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) (intera
 	if s.failing {
 		s.failing, s.rejoinUntil, rejoining = false, now.Add(ShareReportTTL), true
 	}
-	s.lastOK = now
+	s.joined = true
 	n := 1
 	seen := make(map[string]bool, len(workers))
 	for i, w := range workers {
@@ -270,7 +323,7 @@ func (w *Worker) setShare(n int64) bool {
 
 // validAnswers checks the store's answers to reports: one per report, each grant within
 // [0, maxSlots] and each fleet of at most maxShareReplicas replicas with counts within
-// [0, maxSlots], this replica listed exactly once.
+// [0, maxSlots] and weights within [0, maxShareWeight], this replica listed exactly once.
 func validAnswers(reports []ShareReport, got []ShareAnswer) error {
 	if len(got) != len(reports) {
 		return fmt.Errorf("%d answers for %d workers", len(got), len(reports))
@@ -281,8 +334,10 @@ func validAnswers(reports []ShareReport, got []ShareAnswer) error {
 		}
 		self := 0
 		for _, d := range a.Fleet {
-			if d.Interactive < 0 || d.Demand < 0 || d.Interactive > maxSlots || d.Demand > maxSlots {
-				return fmt.Errorf("worker %q: demand %d/%d of replica %q", reports[i].Worker, d.Interactive, d.Demand, d.Replica)
+			if d.Interactive < 0 || d.Demand < 0 || d.Interactive > maxSlots || d.Demand > maxSlots ||
+				d.InteractiveWeight < 0 || d.Weight < 0 || d.InteractiveWeight > maxShareWeight || d.Weight > maxShareWeight {
+				return fmt.Errorf("worker %q: demand %d/%d (weights %d/%d) of replica %q", reports[i].Worker,
+					d.Interactive, d.Demand, d.InteractiveWeight, d.Weight, d.Replica)
 			}
 			if d.Self {
 				self++
@@ -303,17 +358,19 @@ func (s *shares) target(id string, r ShareReport) int64 {
 	if f == nil || f.self < 0 {
 		return r.Limit
 	}
-	inter := make([]int64, len(f.demands))
-	all := make([]int64, len(f.demands))
+	n := len(f.demands)
+	inter, all := make([]int64, n), make([]int64, n)
+	interWeight, weight := make([]int64, n), make([]int64, n)
 	for i, d := range f.demands {
-		inter[i], all[i] = d.Interactive, d.Demand
+		inter[i], all[i], interWeight[i], weight[i] = d.Interactive, d.Demand, d.InteractiveWeight, d.Weight
 	}
 	inter[f.self], all[f.self] = r.Interactive, r.Demand
+	interWeight[f.self], weight[f.self] = r.InteractiveWeight, r.Weight
 	ties := tieOrder(id, f.demands)
 	slices.SortStableFunc(ties, func(a, b int) int {
 		return cmp.Or(cmp.Compare(inter[b], inter[a]), cmp.Compare(all[b], all[a]))
 	})
-	return splitShares(r.Limit, inter, all, ties)[f.self]
+	return splitShares(r.Limit, fleetDemand{inter, all, interWeight, weight}, ties)[f.self]
 }
 
 // tieOrder is the order in which the replicas of a worker's fleet take the units a split leaves
@@ -347,26 +404,116 @@ func (s *shares) fallback(id string, limit int64) int64 {
 	return part
 }
 
-// splitShares splits limit among replicas by their demands, max-min fair: first by their
-// interactive demand, then by their whole demand with each keeping at least its interactive
-// part, then what nobody asked for, max-min again, so that a replica with no demand has room
-// for its next request while nobody else needs it. The units left over at a level go in the
-// order ties lists the replicas (nil: by index), so every replica computes the same split.
-// demands[i] >= interactive[i] >= 0; the result sums to limit (at least 0).
-func splitShares(limit int64, interactive, demands []int64, ties []int) []int64 {
+// fleetDemand is the demands of a worker's replicas, by index, as in their ReplicaDemand:
+// demand[i] >= interactive[i] >= 0, weight[i] >= interactiveWeight[i] >= 0.
+type fleetDemand struct {
+	interactive, demand       []int64
+	interactiveWeight, weight []int64
+}
+
+// splitShares splits limit among replicas by their demands as one queue would serve them:
+//
+//  1. Interactive first: the interactive demands, in proportion to the weights of the
+//     interactive flows (weighted max-min: no replica gets more than it asks for, and what it
+//     leaves goes to the others in proportion to theirs).
+//  2. A replica with nothing queued keeps its requests in flight (its demand): it has no flow
+//     to weigh, and the room it holds goes to no one sooner than its requests end; max-min
+//     among such replicas.
+//  3. All demands, in proportion to the weights of all the backlogged flows (weighted max-min,
+//     each replica keeping at least what it has so far), so each backlogged tenant has about
+//     the same room wherever it is queued: the fleet serves the tenants in the order one queue
+//     would. A replica's interactive part counts toward its part here, and its interactive
+//     flows weigh here too, so a replica that queues interactive requests alone keeps room
+//     for those it has in flight. (The classes below interactive are one level here: a
+//     replica's standard and batch flows weigh alike.)
+//  4. What nobody asked for, max-min, so that a replica with no demand has room for its next
+//     request while nobody else needs it.
+//
+// The units left over at a level go in the order ties lists the replicas (nil: by index), so
+// every replica computes the same split. The result sums to limit (at least 0).
+func splitShares(limit int64, d fleetDemand, ties []int) []int64 {
+	n := len(d.demand)
 	if ties == nil {
-		ties = make([]int, len(demands))
+		ties = make([]int, n)
 		for i := range ties {
 			ties[i] = i
 		}
 	}
-	out := waterFill(limit, make([]int64, len(demands)), interactive, ties)
-	out = waterFill(limit, out, demands, ties)
-	all := make([]int64, len(demands))
+	out := weightedFill(limit, make([]int64, n), d.interactive, d.interactiveWeight, ties)
+	idle := slices.Clone(out)
+	for i := range idle {
+		if d.weight[i] == 0 {
+			idle[i] = d.demand[i]
+		}
+	}
+	out = waterFill(limit, out, idle, ties)
+	out = weightedFill(limit, out, d.demand, d.weight, ties)
+	all := make([]int64, n)
 	for i := range all {
 		all[i] = max(limit, 0)
 	}
 	return waterFill(limit, out, all, ties)
+}
+
+// weightedFill raises shares, from base, toward demands, in proportion to weights within
+// capacity (weighted max-min): each i gets max(base[i], min(demands[i], floor(level x
+// weights[i] / the sum of the weights))) at the highest level that fits, and what is left goes
+// one each, in the order of ties, to those the next level would raise. Those without weight
+// keep their base. base must fit in capacity; weights within [0, maxShareWeight], at most
+// maxShareReplicas of them. Cost: O(n log(max demand x sum of weights)), integer arithmetic
+// only, so every replica computes the same.
+func weightedFill(capacity int64, base, demands, weights []int64, ties []int) []int64 {
+	var total uint64
+	for _, w := range weights {
+		total += uint64(max(w, 0))
+	}
+	out := slices.Clone(base)
+	if total == 0 {
+		return out
+	}
+	at := func(i int, level uint64) int64 {
+		w := weights[i]
+		if w <= 0 {
+			return base[i]
+		}
+		hi, lo := bits.Mul64(level, uint64(w))
+		q, _ := bits.Div64(hi, lo, total) // q <= level: w <= total
+		return max(base[i], int64(min(q, uint64(max(demands[i], 0)))))
+	}
+	used := func(level uint64) int64 {
+		var s int64
+		for i := range demands {
+			s += at(i, level)
+		}
+		return s
+	}
+	// At level top every demand is met: floor(top x w / total) >= demand.
+	var top uint64
+	for i, w := range weights {
+		if w > 0 && demands[i] > 0 {
+			top = max(top, (uint64(demands[i])+1)*total/uint64(w)+1)
+		}
+	}
+	lo, hi := uint64(0), top // used(0) = sum(base) <= capacity; find the highest level that fits
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if used(mid) <= capacity {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	for i := range out {
+		out[i] = at(i, lo)
+	}
+	left := capacity - used(lo)
+	for _, i := range ties {
+		if left > 0 && at(i, lo+1) > out[i] {
+			out[i]++
+			left--
+		}
+	}
+	return out
 }
 
 // waterFill raises shares, from base, toward demands, max-min fair within capacity: each i gets

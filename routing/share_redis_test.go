@@ -14,10 +14,10 @@ import (
 // TestSharesOverRedis: two replicas split a worker of 12 slots through a real Redis: a, with a
 // long backlog, gets 10 and b, with two requests, 2. Fields another writer put in the worker's
 // hash (out of bounds, negative, not numbers) are dropped and change nothing. With
-// redis-server stopped each replica keeps within its last grant while the other may still
-// count it, then falls back to half the worker; restarted empty, they keep
-// to their halves for ShareReportTTL and then split by demand again. The two never have more
-// than 12 in flight.
+// redis-server stopped each replica keeps within its last grant and half the worker for as
+// long as it is stopped (b does not grow to its half); restarted empty, they keep within those
+// for ShareReportTTL and then split by demand again. The two never have more than 12 in
+// flight.
 func TestSharesOverRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := &fakeClock{t: time.Unix(1000, 0)}
@@ -70,7 +70,7 @@ func TestSharesOverRedis(t *testing.T) {
 	simRun(t, clock, rs, 25, 10)
 	wantShares("redis-server stopped, the last grants still counted", 6, 2)
 	simRun(t, clock, rs, 35, ttl)
-	wantShares("redis-server stopped", 6, 6)
+	wantShares("redis-server stopped past the reports' TTL", 6, 2)
 	srv.Restart()
 	// go-redis holds back dialing for a while after failed dials: wait until both replicas'
 	// clients reach the server again (the simulated clock does not move meanwhile).
@@ -92,4 +92,64 @@ func TestSharesOverRedis(t *testing.T) {
 	}
 	simRun(t, clock, rs, back+ttl-2, 20)
 	wantShares("rejoined", 10, 2)
+}
+
+// TestShareWeightsOverRedis: a replica's weights reach the others through the worker's hash of
+// weights; fields another writer put there (not numbers, out of bounds, from the future) are
+// dropped; a live replica that reports no weights (an earlier version, which writes only the
+// grants' hash) is answered as one tenant of weight 1 per level it has demand in, and its
+// grant still counts.
+func TestShareWeightsOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := newRedisClient(t, srv)
+	ctx := context.Background()
+	a, b := NewRedisStore(newRedisClient(t, srv), 0), NewRedisStore(newRedisClient(t, srv), 0)
+	if _, err := a.ExchangeShares(ctx, []ShareReport{{Worker: "w0", Limit: 12, Want: 6, Interactive: 1, Demand: 30,
+		InteractiveWeight: 500, Weight: 3000}}); err != nil {
+		t.Fatal(err)
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.UnixMilli()
+	weights := shareKey("w0") + shareWeightsSuffix
+	for field, v := range map[string]string{
+		"nan": fmt.Sprintf("nan 1 %d", at), "huge": fmt.Sprintf("99999999999999 1 %d", at),
+		"future": fmt.Sprintf("1 1 %d", at+60_000), "short": "1 1",
+	} {
+		if err := rdb.HSet(ctx, weights, field, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.HSet(ctx, shareKey("w0"), "old", fmt.Sprintf("4 0 9 %d", at)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ExchangeShares(ctx, []ShareReport{{Worker: "w0", Limit: 12, Want: 12, Demand: 5, Weight: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := got[0].Grant; g != 2 {
+		t.Fatalf("b's grant is %d, want 2: 12 less a's 6 and the old replica's 4", g)
+	}
+	byName := map[string]ReplicaDemand{}
+	for _, d := range got[0].Fleet {
+		byName[d.Replica] = d
+	}
+	want := map[string]ReplicaDemand{
+		a.replica: {Replica: a.replica, Interactive: 1, Demand: 30, InteractiveWeight: 500, Weight: 3000},
+		"old":     {Replica: "old", Demand: 9, Weight: shareWeightUnit},
+		b.replica: {Replica: b.replica, Self: true, Demand: 5, Weight: 1000},
+	}
+	if len(byName) != len(want) {
+		t.Fatalf("b's answer lists %v, want %v", got[0].Fleet, want)
+	}
+	for name, w := range want {
+		if byName[name] != w {
+			t.Fatalf("b's answer lists %+v, want %+v", byName[name], w)
+		}
+	}
+	if n := rdb.HLen(ctx, weights).Val(); n != 2 {
+		t.Fatalf("the worker's hash of weights has %d fields, want a's and b's (%v)", n, rdb.HGetAll(ctx, weights).Val())
+	}
 }

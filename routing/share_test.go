@@ -45,16 +45,81 @@ func TestSplitShares(t *testing.T) {
 		{"by demand, max-min", 12, []int64{0, 0, 0}, []int64{40, 2, 40}, []int64{5, 2, 5}},
 		{"interactive first", 12, []int64{8, 0}, []int64{8, 100}, []int64{8, 4}},
 		{"interactive alone past the limit", 12, []int64{20, 0}, []int64{20, 100}, []int64{12, 0}},
-		{"interactive split, then the rest", 12, []int64{2, 3, 0}, []int64{2, 30, 30}, []int64{2, 5, 5}},
+		// The second replica holds two flows (interactive and standard), the third one: by
+		// weight, 6.7 and 3.3 (one queue would serve the two standard flows 3.5 each on top of
+		// the 3 interactive: 6.5 and 3.5); by the count of requests it was 5 and 5.
+		{"interactive split, then the rest", 12, []int64{2, 3, 0}, []int64{2, 30, 30}, []int64{2, 7, 3}},
 		{"room nobody asks for, max-min too", 12, []int64{0, 0, 0}, []int64{3, 0, 0}, []int64{4, 4, 4}},
 		{"room nobody asks for, to the idle", 12, []int64{0, 0, 0}, []int64{7, 0, 0}, []int64{7, 3, 2}},
 		{"an idle fleet", 4, []int64{0, 0, 0}, []int64{0, 0, 0}, []int64{2, 1, 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := splitShares(tt.limit, tt.interactive, tt.total, nil)
+			// Every replica's requests are one tenant's of weight 1 (one flow per class).
+			d := fleetDemand{interactive: tt.interactive, demand: tt.total,
+				interactiveWeight: make([]int64, len(tt.total)), weight: make([]int64, len(tt.total))}
+			for i := range tt.total {
+				if tt.interactive[i] > 0 {
+					d.interactiveWeight[i] = shareWeightUnit
+				}
+				d.weight[i] = d.interactiveWeight[i]
+				if tt.total[i] > tt.interactive[i] {
+					d.weight[i] += shareWeightUnit
+				}
+			}
+			got := splitShares(tt.limit, d, nil)
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("splitShares(%d, %v, %v) = %v, want %v", tt.limit, tt.interactive, tt.total, got, tt.want)
+			}
+			if s := sum(got); s != tt.limit {
+				t.Fatalf("shares sum to %d, want the limit %d", s, tt.limit)
+			}
+		})
+	}
+}
+
+// TestSplitSharesByWeight: the split weighs each replica's demand by the weights of the flows
+// it has backlogged (in thousandths), as one queue's fair share serves them, not by its count
+// of requests.
+func TestSplitSharesByWeight(t *testing.T) {
+	const u = shareWeightUnit
+	tests := []struct {
+		name                string
+		limit               int64
+		interactive, demand []int64
+		interWeight, weight []int64
+		want                []int64
+	}{
+		// The pinned bench: f1 and f4 on the first replica, f2 and f3 alone on the others;
+		// by the count of requests each replica would get a third (3, 3, 2).
+		{"two tenants on one replica, one on each other", 8, []int64{0, 0, 0}, []int64{60, 60, 60},
+			[]int64{0, 0, 0}, []int64{2 * u, u, u}, []int64{4, 2, 2}},
+		{"a tenant of weight 2", 12, []int64{0, 0}, []int64{100, 100},
+			[]int64{0, 0}, []int64{2 * u, u}, []int64{8, 4}},
+		{"the heavier replica asks for less", 8, []int64{0, 0, 0}, []int64{2, 100, 100},
+			[]int64{0, 0, 0}, []int64{2 * u, u, u}, []int64{2, 3, 3}},
+		{"interactive by weight, first", 12, []int64{20, 20, 0}, []int64{20, 20, 100},
+			[]int64{2 * u, u, 0}, []int64{2 * u, u, 5 * u}, []int64{8, 4, 0}},
+		{"interactive, then the other classes by their own weights", 12, []int64{2, 0}, []int64{30, 30},
+			[]int64{u, 0}, []int64{2 * u, 4 * u}, []int64{4, 8}},
+		// The first replica has one interactive request queued and five in flight: its
+		// interactive flow weighs in the rest too, so it keeps room for those in flight
+		// instead of waiting for all five to end before its next one goes.
+		{"interactive alone keeps room for those in flight", 12, []int64{1, 0}, []int64{6, 400},
+			[]int64{u, 0}, []int64{u, u}, []int64{6, 6}},
+		{"nothing queued keeps its requests in flight", 12, []int64{0, 0, 0}, []int64{3, 100, 100},
+			[]int64{0, 0, 0}, []int64{0, u, u}, []int64{3, 5, 4}},
+		{"leftover units in tie order", 7, []int64{0, 0, 0}, []int64{50, 50, 50},
+			[]int64{0, 0, 0}, []int64{u, u, u}, []int64{3, 2, 2}},
+		{"weights at their bound", maxSlots, []int64{0, 0, 0}, []int64{maxSlots, maxSlots, maxSlots},
+			[]int64{0, 0, 0}, []int64{maxShareWeight, maxShareWeight, 1}, []int64{maxSlots / 2, maxSlots / 2, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := splitShares(tt.limit, fleetDemand{tt.interactive, tt.demand, tt.interWeight, tt.weight}, nil)
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("splitShares(%d, %v, %v, weights %v, %v) = %v, want %v",
+					tt.limit, tt.interactive, tt.demand, tt.interWeight, tt.weight, got, tt.want)
 			}
 			if s := sum(got); s != tt.limit {
 				t.Fatalf("shares sum to %d, want the limit %d", s, tt.limit)
@@ -75,8 +140,9 @@ type memFleet struct {
 }
 
 type memReport struct {
-	grant, interactive, demand int64
-	at                         time.Time
+	d     ReplicaDemand
+	grant int64
+	at    time.Time
 }
 
 func newMemFleet(now func() time.Time) *memFleet {
@@ -132,11 +198,13 @@ func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]S
 				continue
 			}
 			others += e.grant
-			fleet = append(fleet, ReplicaDemand{Replica: name, Interactive: e.interactive, Demand: e.demand})
+			fleet = append(fleet, e.d)
 		}
 		grant := max(r.Hold, min(r.Want, r.Limit-others))
-		held[m.name] = memReport{grant: grant, interactive: r.Interactive, demand: r.Demand, at: now}
-		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, ReplicaDemand{Replica: m.name, Self: true, Interactive: r.Interactive, Demand: r.Demand})}
+		d := ReplicaDemand{Replica: m.name, Interactive: r.Interactive, Demand: r.Demand, InteractiveWeight: r.InteractiveWeight, Weight: r.Weight}
+		held[m.name] = memReport{d: d, grant: grant, at: now}
+		d.Self = true
+		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, d)}
 	}
 	return out, nil
 }
@@ -149,7 +217,10 @@ type simReplica struct {
 	// queued are the requests waiting, interactive and other; life is how many rounds a placed
 	// request stays in flight (0: until the test ends).
 	queued [2]int
-	life   int
+	// tenants is how many tenants of weight 1 the requests queued of each kind are spread
+	// over (0: one).
+	tenants [2]int
+	life    int
 	// keep is the least queued at the start of each round: a backlog that never runs out.
 	keep   [2]int
 	leases []simLease
@@ -177,8 +248,15 @@ func newSimFleet(t *testing.T, clock *fakeClock, fleet *memFleet, names ...strin
 	return rs
 }
 
-func (r *simReplica) demand(string) (int64, int64) {
-	return int64(r.queued[0]), int64(r.queued[0] + r.queued[1])
+func (r *simReplica) demand(string) ModelBacklog {
+	var w [2]float64
+	for k, n := range r.queued {
+		if n > 0 {
+			w[k] = float64(max(r.tenants[k], 1))
+		}
+	}
+	return ModelBacklog{Interactive: int64(r.queued[0]), All: int64(r.queued[0] + r.queued[1]),
+		InteractiveWeight: w[0], Weight: w[0] + w[1]}
 }
 
 // place places queued requests, interactive first, until the pool refuses one.
@@ -294,6 +372,26 @@ func TestSharesSplitByDemand(t *testing.T) {
 	wantInFlight(t, alone, 12, 12, 12)
 }
 
+// TestSharesFollowBackloggedTenants: tenants pinned to replicas (a balancer with client
+// affinity): a queues for two tenants, b and c for one each, all with long backlogs. The worker
+// of 12 slots is split 6/3/3, so each tenant has 3 wherever it is queued, as one queue would
+// serve the four; split by the replicas' counts of requests it would be 4/4/4, and a's two
+// tenants would get 2 each against b's and c's 4.
+func TestSharesFollowBackloggedTenants(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	rs := newSimFleet(t, clock, newMemFleet(clock.Now), "a", "b", "c")
+	for _, r := range rs {
+		r.keep[1], r.life = 400, 2
+	}
+	rs[0].tenants[1] = 2
+	simRun(t, clock, rs, 0, 60)
+	for i, want := range []int64{6, 3, 3} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("%s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+}
+
 // TestSharesServeInteractiveFirst: a replica that always has 8 interactive requests queued gets
 // 8 of the worker's 12 slots from one with a batch flood, though max-min by the count of
 // requests alone would give it 6.
@@ -333,11 +431,12 @@ func TestSharesGrowOnlyIntoFreeRoom(t *testing.T) {
 }
 
 // TestSharesFallBackWhenCutAndRejoin: split 5/5/2 by demand; with the store cut every replica
-// keeps within its last grant and a third of the worker while the others may still count its
-// grant (ShareReportTTL), then falls back to a third (4: a and b place nothing until their
-// requests end below it), from its own counts; restored with its reports lost (a Redis restarted empty),
-// the replicas stay within their thirds for ShareReportTTL, until every one has reported again,
-// and then return to the split by demand. The fleet never has more than the limit in flight.
+// keeps within its last grant and a third of the worker (4: a and b place nothing until their
+// requests end below it), from its own counts, for as long as the cut lasts (c does not grow to
+// its third: it cannot tell when a's and b's requests above theirs end); restored with its
+// reports lost (a Redis restarted empty), the replicas stay within those for ShareReportTTL,
+// until every one has reported again, and then return to the split by demand. The fleet never
+// has more than the limit in flight.
 func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
 	fleet := newMemFleet(clock.Now)
@@ -361,9 +460,9 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 		}
 	}
 	simRun(t, clock, rs, 40+ttl-2, 4)
-	for _, r := range rs {
-		if got := r.share(); got != 4 {
-			t.Fatalf("cut: %s's share is %d, want 4, a third of 12 (%s)", r.name, got, simState(rs))
+	for i, want := range []int64{4, 4, 2} {
+		if got := rs[i].share(); got != want {
+			t.Fatalf("cut past the reports' TTL: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
 		}
 	}
 	if got := rs[0].inFlight(); got != 4 {
@@ -384,6 +483,32 @@ func TestSharesFallBackWhenCutAndRejoin(t *testing.T) {
 		if got := rs[i].share(); got != want {
 			t.Fatalf("rejoined: %s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
 		}
+	}
+}
+
+// TestSharesNeverGrowWhileCut: a holds the whole worker with requests that outlast
+// ShareReportTTL (10 s); b's backlog arrives as the store is cut. b cannot tell when a's
+// requests end, so it stays within its last grant (none) for the whole cut, rather than take
+// its third once its reports have expired: a's requests still run then, and the worker would
+// be sent 16. Once the store is back, b's share grows as a's requests end.
+func TestSharesNeverGrowWhileCut(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleet(t, clock, fleet, "a", "b", "c")
+	rs[0].queued[1], rs[0].life = simLimit, 200
+	simRun(t, clock, rs, 0, 10)
+	wantInFlight(t, rs, simLimit, 0, 0)
+
+	fleet.setCut(true)
+	rs[1].keep[1], rs[1].life = 400, 2
+	ttl := int(ShareReportTTL / (50 * time.Millisecond))
+	simRun(t, clock, rs, 10, 3*ttl)
+	wantInFlight(t, rs, simLimit, 0, 0)
+
+	fleet.setCut(false)
+	simRun(t, clock, rs, 10+3*ttl, 200)
+	if got := rs[1].inFlight(); got == 0 {
+		t.Fatalf("b placed nothing once the store was back and a's requests ended (%s)", simState(rs))
 	}
 }
 

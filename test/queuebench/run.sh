@@ -173,6 +173,9 @@ start_sims() {
   for i in $(seq "$SIMS"); do
     role=()
     if [ "$FLEET" = pd ]; then role=(--role "$(sim_role "$i")"); fi
+    # Removed first: the new process truncates the log only once it starts, and addr_from
+    # would meanwhile read the address of the sim it replaces (stopped, so refusing).
+    rm -f "$tmp/sim-$i.log"
     bin/usher sim --listen 127.0.0.1:0 --time-scale "$TIME_SCALE" --seed "$i" "$@" "${role[@]}" >"$tmp/sim-$i.log" 2>&1 &
     sim_pids+=($!)
     sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
@@ -347,6 +350,7 @@ start_default_gateway() {
 # launch_gateway NAME [BIN]: serves NAME.yaml (with BIN, default the gateway binary); sets GW
 # (host:port) and GWS (GW alone) once it answers a completion.
 launch_gateway() {
+  rm -f "$OUT_DIR/$1.gateway.log" # as in start_sims: a log of an earlier run of that name
   "${2:-$gateway_bin}" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pids+=($!)
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
