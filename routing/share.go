@@ -161,6 +161,19 @@ func (w *Worker) capacity() int64 {
 	return limit
 }
 
+// tokenCapacity is the most tokens this replica may keep in flight on w now: its token limit,
+// or, while the fleet splits w (see ShareStore), the part of it that this replica's share is of
+// w's concurrency limit, so that the replicas together stay within what the engine holds (its
+// KV cache) as they stay within its concurrency limit. Three atomic loads.
+func (w *Worker) tokenCapacity() int64 {
+	tokens := w.tokenLimit.Load()
+	share, limit := w.share.Load(), w.limit.Load()
+	if share < 0 || limit <= 0 || share >= limit {
+		return tokens
+	}
+	return tokens * share / limit
+}
+
 // Share is the most requests this replica may keep in flight on the worker now (see
 // ShareStore), and whether it is a share of a fleet's split: without a ShareStore it is the
 // worker's whole MaxConcurrency.

@@ -551,3 +551,43 @@ func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenCapacityIsTheShares: while the fleet splits a worker, a replica keeps within the part
+// of the worker's token limit that its share is of the worker's concurrency limit, so that the
+// replicas together stay within the engine's KV cache; a replica with nothing there still takes
+// one request of any size, and without a split the whole token limit is its.
+func TestTokenCapacityIsTheShares(t *testing.T) {
+	cfg := Config{}
+	cfg.SetDefaults()
+	w, err := newWorker(WorkerSpec{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 16, MaxTokensInFlight: 4096}, cfg, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Request{Model: "m", Tokens: 600}
+	take := func() bool {
+		t.Helper()
+		if !r.Eligible(w) {
+			return false
+		}
+		if ok, _ := w.tryAcquire(int64(r.Tokens)); !ok {
+			t.Fatal("eligible, but tryAcquire refused")
+		}
+		return true
+	}
+	w.share.Store(4) // a quarter of the worker: 1,024 tokens
+	if !take() {
+		t.Fatal("an idle replica refused a request")
+	}
+	if take() {
+		t.Fatalf("a replica with a quarter of the worker took 1,200 tokens of its 4,096 (capacity %d)", w.tokenCapacity())
+	}
+	w.share.Store(noShare)
+	for range 5 {
+		if !take() {
+			t.Fatalf("without a split, refused at %d tokens in flight of 4,096", w.inFlightTokens.Load())
+		}
+	}
+	if take() {
+		t.Fatal("without a split, took more than the worker's token limit")
+	}
+}
