@@ -230,6 +230,10 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	if err := s.holdToObjective(cl); err != nil {
 		return err
 	}
+	cl.placer = placer{ctx: c.Request().Context(), pool: s.pool, route: &cl.route}
+	if cl.twoStage {
+		cl.placer.decode = &cl.decodeRoute
+	}
 	ticket, err := q.Enqueue(queue.Request{
 		Tenant:       cl.principal.TenantID,
 		Class:        cl.class,
@@ -238,7 +242,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		MaxTokens:    cl.expected,
 		Deadline:     cl.deadline,
 		MaxQueued:    int(cl.tier.MaxQueued),
-		Placer:       cl.placer(c.Request().Context(), s.pool),
+		Placer:       &cl.placer,
 	})
 	if err != nil {
 		return cl.objectiveMissed(err)
@@ -273,6 +277,23 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	rh := c.Response().Header()
 	rh[headerClass] = classHeader[grant.Class]
 	rh[headerServiceTier] = serviceTierHeader[grant.Class]
-	rh[headerQueueMs] = []string{strconv.FormatInt(cl.queued.Milliseconds(), 10)}
+	rh[headerQueueMs] = queueMsHeader(cl.queued)
 	return nil
+}
+
+// queueMsHeaders hold the X-Usher-Queue-Ms values of waits under 100 ms, most calls' on a fleet
+// with room, shared read-only as classHeader.
+var queueMsHeaders = func() (v [100][]string) {
+	for ms := range v {
+		v[ms] = []string{strconv.Itoa(ms)}
+	}
+	return v
+}()
+
+// queueMsHeader is the X-Usher-Queue-Ms value of a wait of d.
+func queueMsHeader(d time.Duration) []string {
+	if ms := d.Milliseconds(); ms >= 0 && ms < int64(len(queueMsHeaders)) {
+		return queueMsHeaders[ms]
+	}
+	return []string{strconv.FormatInt(d.Milliseconds(), 10)}
 }

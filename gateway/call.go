@@ -62,6 +62,7 @@ type call struct {
 	hold      *tenants.Hold  // the tenant's limits held for this call; nil: none
 	spend     *tenants.Spend // the call's reservation in its tenant's budgets, ended by settle; nil: none
 	grant     *queue.Grant   // the queue's capacity held for this call
+	placer    placer         // the call's Placer in its queue, kept here so that it costs no allocation
 	queued    time.Duration  // time waited in the queue, preemptions included
 	// askedTTFT and askedTPOT are the objectives the client's headers ask for (objective.go);
 	// 0: none asked.

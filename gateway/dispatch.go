@@ -215,15 +215,6 @@ type placer struct {
 	decode *routing.Request
 }
 
-// placer is the call's placer in its model's queue.
-func (cl *call) placer(ctx context.Context, pool *routing.Pool) placer {
-	p := placer{ctx: ctx, pool: pool, route: &cl.route}
-	if cl.twoStage {
-		p.decode = &cl.decodeRoute
-	}
-	return p
-}
-
 // prepare does the routing policies' I/O for the call's placements (routing.Pool.Prepare).
 func (s *Server) prepare(c echo.Context, cl *call) {
 	s.pool.Prepare(c.Request().Context(), &cl.route)

@@ -136,3 +136,29 @@ func BenchmarkValidJSON(b *testing.B) {
 		})
 	}
 }
+
+// FuzzStringEndFindsTheClosingQuote holds stringEnd, which skips through a string eight bytes at
+// a time, to its contract: for a valid JSON string followed by anything, the index just past its
+// closing quote; the string as encoding/json writes it, and as the fuzzer writes it when
+// encoding/json finds it valid (escapes of every kind).
+func FuzzStringEndFindsTheClosingQuote(f *testing.F) {
+	for _, s := range []string{``, `a`, `"`, `\`, `\\\"`, "\u2028<>&", strings.Repeat(`ab\"`, 9), `\u00e9\/\n`, "é😀"} {
+		f.Add(s, `,"x":1}`)
+	}
+	f.Fuzz(func(t *testing.T, s, after string) {
+		enc, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forms := [][]byte{enc}
+		if raw := []byte(`"` + s + `"`); json.Valid(raw) {
+			forms = append(forms, raw)
+		}
+		for _, str := range forms {
+			data := append(append([]byte(nil), str...), after...)
+			if got := stringEnd(data, 0); got != len(str) {
+				t.Fatalf("stringEnd(%q): got %d, want %d", data, got, len(str))
+			}
+		}
+	})
+}

@@ -3,10 +3,12 @@ package gateway
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 )
 
@@ -24,97 +26,105 @@ type metrics struct {
 	// prefillPieces counts the leading pieces of standard and batch prompts sent ahead of their
 	// request (see prefill.go).
 	prefillPieces *prometheus.CounterVec
+	// overhead is the time a call spent in usher itself: its whole time less its wait in the
+	// queue and its time at the workers.
+	overhead prometheus.Histogram
 	// stageDuration and stageRequests are the stages of two-staged calls (disagg.go) by model,
 	// stage (prefill; decode: the KV transfer and the decode) and worker; the requests by
 	// result too (see stageResult).
 	stageDuration *prometheus.HistogramVec
 	stageRequests *prometheus.CounterVec
-	// overhead is the time a call spent in usher itself: its whole time less its wait in the
-	// queue and its time at the workers.
-	overhead prometheus.Histogram
 	// attainment counts the calls' verdicts against their objectives (objective.go).
 	attainment *attainment
-	// children caches the data plane's series; their labels come from the config (a model no
-	// worker serves is labelled unservedModel, see Server.modelLabel), never from what a client
-	// sends, so the cache is bounded as the series are.
-	children children
+
+	// models caches the series of each served model (modelSeries); their labels come from the
+	// config (a model no worker serves is labelled unservedModel, see Server.modelLabel), never
+	// from what a client sends, so the cache is bounded as the series are.
+	modelsMu sync.RWMutex // guards models
+	models   map[string]*modelSeries
 }
 
-// children caches children of the data plane's metric vectors by their label values: a call
-// looks each of its series up in one Go map instead of having the vector validate and hash its
-// labels (about a microsecond a series, nine series a call). A child is created, as by
-// WithLabelValues, the first time it is used. Safe for concurrent use.
-type children struct {
-	mu sync.RWMutex // guards m
-	m  map[childKey]prometheus.Metric
+// modelSeries are the children of the data plane's vectors for one model label, each created,
+// as by WithLabelValues, the first time it is used: a call finds them all with one lookup of its
+// model (metrics.of) instead of a label validation and hash of every label of each of its series
+// (about a microsecond a series, six series a call). Safe for concurrent use.
+type modelSeries struct {
+	m        *metrics
+	model    string
+	requests [600 - 100]child[prometheus.Counter] // by status, 100 to 599 (statusLabel)
+	duration child[prometheus.Observer]
+	ttft     [queue.Batch + 1]child[prometheus.Observer] // by class
+	tokens   [len(tokenKinds)]child[prometheus.Counter]  // by kind
 }
 
-// childKey is a vector (its position in vecs) and the label values of one of its children.
-type childKey struct {
-	vec    uint8
-	labels [5]string
-}
-
-// The vectors children caches.
+// The kinds of tokens of usher_tokens_total, in modelSeries.tokens' order.
 const (
-	vecRequests uint8 = iota
-	vecDuration
-	vecTTFT
-	vecTokens
-	vecStageDuration
-	vecStageRequests
-	vecObjectiveTTFT
-	vecObjectiveTPOT
-	vecObjectiveRequests
+	promptTokens = iota
+	completionTokens
+	cachedTokens
 )
 
-// get returns the child of k, creating it with vec's WithLabelValues (n labels) the first time.
-func (c *children) get(k childKey, n int, with func(...string) prometheus.Metric) prometheus.Metric {
-	c.mu.RLock()
-	m, ok := c.m[k]
-	c.mu.RUnlock()
-	if ok {
-		return m
+var tokenKinds = [...]string{promptTokens: "prompt", completionTokens: "completion", cachedTokens: "cached"}
+
+// child is one child of a metric vector, created by the first get. Concurrent first gets may
+// both create it: WithLabelValues hands both the same child.
+type child[M any] struct{ p atomic.Pointer[M] }
+
+// get returns the child, created with create the first time.
+func (c *child[M]) get(create func() M) M {
+	if p := c.p.Load(); p != nil {
+		return *p
 	}
-	labels := make([]string, n)
-	copy(labels, k.labels[:n])
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m, ok := c.m[k]; ok {
-		return m
-	}
-	if c.m == nil {
-		c.m = map[childKey]prometheus.Metric{}
-	}
-	m = with(labels...)
-	c.m[k] = m
+	m := create()
+	c.p.Store(&m)
 	return m
 }
 
-// counter is the child of the counter vector vec (at position id) with labels l, cached.
-func (c *children) counter(vec *prometheus.CounterVec, id uint8, l ...string) prometheus.Counter {
-	k := childKey{vec: id}
-	n := copy(k.labels[:], l)
-	return c.get(k, n, func(lv ...string) prometheus.Metric { return vec.WithLabelValues(lv...) }).(prometheus.Counter)
-}
-
-// observer is counter for a histogram vector.
-func (c *children) observer(vec *prometheus.HistogramVec, id uint8, l ...string) prometheus.Observer {
-	k := childKey{vec: id}
-	n := copy(k.labels[:], l)
-	return c.get(k, n, func(lv ...string) prometheus.Metric { return vec.WithLabelValues(lv...).(prometheus.Histogram) }).(prometheus.Observer)
-}
-
-// forget drops the cached children of the vectors from vec on whose label at position i is v
-// (their series are being deleted).
-func (c *children) forget(vec uint8, i int, v string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.m {
-		if k.vec >= vec && k.labels[i] == v {
-			delete(c.m, k)
-		}
+// of returns the series of the model label model, creating them on first use. Cost: a map
+// lookup under a read lock.
+func (m *metrics) of(model string) *modelSeries {
+	m.modelsMu.RLock()
+	ms := m.models[model]
+	m.modelsMu.RUnlock()
+	if ms != nil {
+		return ms
 	}
+	m.modelsMu.Lock()
+	defer m.modelsMu.Unlock()
+	if ms = m.models[model]; ms == nil {
+		ms = &modelSeries{m: m, model: model}
+		m.models[model] = ms
+	}
+	return ms
+}
+
+// requestsWith is usher_requests_total of the model and status.
+func (ms *modelSeries) requestsWith(status int) prometheus.Counter {
+	if status < 100 || status >= 600 {
+		return ms.m.requests.WithLabelValues(ms.model, statusLabel(status))
+	}
+	return ms.requests[status-100].get(func() prometheus.Counter {
+		return ms.m.requests.WithLabelValues(ms.model, statusLabel(status))
+	})
+}
+
+// durationOf is usher_request_duration_seconds of the model.
+func (ms *modelSeries) durationOf() prometheus.Observer {
+	return ms.duration.get(func() prometheus.Observer { return ms.m.duration.WithLabelValues(ms.model) })
+}
+
+// ttftOf is usher_time_to_first_token_seconds of the model and class.
+func (ms *modelSeries) ttftOf(c queue.Class) prometheus.Observer {
+	if int(c) >= len(ms.ttft) {
+		return ms.m.ttft.WithLabelValues(ms.model, c.String())
+	}
+	return ms.ttft[c].get(func() prometheus.Observer { return ms.m.ttft.WithLabelValues(ms.model, c.String()) })
+}
+
+// tokensOf is usher_tokens_total of the model and kind (promptTokens, completionTokens,
+// cachedTokens).
+func (ms *modelSeries) tokensOf(kind int) prometheus.Counter {
+	return ms.tokens[kind].get(func() prometheus.Counter { return ms.m.tokens.WithLabelValues(ms.model, tokenKinds[kind]) })
 }
 
 // statusLabels are the status label values of 100 to 599, so that a label costs no formatting.
@@ -169,10 +179,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name:    "usher_gateway_overhead_seconds",
 		Help:    "Time an inference request spent in usher itself: from arrival to its answer's end, less its wait in the queue and its time at the workers (from sending to the answer's last byte).",
 		Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3}})
-	m.attainment = newAttainment(&m.children)
+	m.models = map[string]*modelSeries{}
+	m.attainment = newAttainment()
 	for _, c := range append([]prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead,
-		m.stageDuration, m.stageRequests},
-		m.attainment.collectors()...) {
+		m.stageDuration, m.stageRequests}, m.attainment.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -181,9 +191,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // stage counts one stage of a two-staged call on worker, with its result and how long it took.
-// The worker label is the pool's own ID, so the series are bounded by the fleet.
+// The worker label is the pool's own ID, so the series are bounded by the fleet. (Only calls
+// to disaggregated models pay the label lookups here.)
 func (m *metrics) stage(model string, st routing.Stage, worker, result string, took time.Duration) {
 	stage := st.String()
-	m.children.observer(m.stageDuration, vecStageDuration, model, stage, worker).Observe(took.Seconds())
-	m.children.counter(m.stageRequests, vecStageRequests, model, stage, worker, result).Inc()
+	m.stageDuration.WithLabelValues(model, stage, worker).Observe(took.Seconds())
+	m.stageRequests.WithLabelValues(model, stage, worker, result).Inc()
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -261,13 +262,29 @@ func missedIf(b bool) tenants.Verdict {
 // the config's.
 type attainment struct {
 	ttft, tpot, requests *prometheus.CounterVec
-	children             *children // caches the series of calls whose model is served
+
+	// calls caches the series of the calls whose model is served, by everything but the
+	// verdict: a call finds its three series with one lookup.
+	mu    sync.RWMutex // guards calls
+	calls map[attainmentKey]*attainmentSeries
 }
 
-func newAttainment(children *children) *attainment {
+// attainmentKey is the labels of a call's attainment series but the verdict.
+type attainmentKey struct {
+	tier, tenant, model string
+	class               queue.Class
+}
+
+// attainmentSeries are the children of the attainment vectors for one attainmentKey, by
+// verdict, each created the first time it is used.
+type attainmentSeries struct {
+	ttft, tpot, requests [tenants.VerdictMissed + 1]child[prometheus.Counter]
+}
+
+func newAttainment() *attainment {
 	labels := []string{"tier", "tenant", "class", "model", "verdict"}
 	return &attainment{
-		children: children,
+		calls: map[attainmentKey]*attainmentSeries{},
 		ttft: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_objective_ttft_total",
 			Help: "Answered inference requests (and those usher or the worker failed) judged against their TTFT objective: verdict met, missed or unjudged (no objective could be stated, or nothing to measure)."},
@@ -292,22 +309,60 @@ func (a *attainment) count(cl *call, v verdicts) {
 	if !v.judged {
 		return
 	}
-	tier, tenant, class := cl.tier.Name, cl.principal.TenantID, cl.class.String()
+	k := attainmentKey{tier: cl.tier.Name, tenant: cl.principal.TenantID, model: cl.model, class: cl.class}
 	both := tenants.Both(v.ttft, v.tpot)
-	if !cl.classed {
-		a.ttft.WithLabelValues(tier, tenant, class, cl.model, v.ttft.String()).Inc()
-		a.tpot.WithLabelValues(tier, tenant, class, cl.model, v.tpot.String()).Inc()
-		a.requests.WithLabelValues(tier, tenant, class, cl.model, both.String()).Inc()
+	if !cl.classed || !knownVerdict(v.ttft) || !knownVerdict(v.tpot) || !knownVerdict(both) {
+		a.inc(a.ttft, k, v.ttft)
+		a.inc(a.tpot, k, v.tpot)
+		a.inc(a.requests, k, both)
 		return
 	}
-	a.children.counter(a.ttft, vecObjectiveTTFT, tier, tenant, class, cl.model, v.ttft.String()).Inc()
-	a.children.counter(a.tpot, vecObjectiveTPOT, tier, tenant, class, cl.model, v.tpot.String()).Inc()
-	a.children.counter(a.requests, vecObjectiveRequests, tier, tenant, class, cl.model, both.String()).Inc()
+	s := a.seriesOf(k)
+	s.ttft[v.ttft].get(func() prometheus.Counter { return a.with(a.ttft, k, v.ttft) }).Inc()
+	s.tpot[v.tpot].get(func() prometheus.Counter { return a.with(a.tpot, k, v.tpot) }).Inc()
+	s.requests[both].get(func() prometheus.Counter { return a.with(a.requests, k, both) }).Inc()
+}
+
+// knownVerdict says v has a place in attainmentSeries.
+func knownVerdict(v tenants.Verdict) bool { return int(v) < len(attainmentSeries{}.ttft) }
+
+// with is the child of vec labelled by k and v.
+func (a *attainment) with(vec *prometheus.CounterVec, k attainmentKey, v tenants.Verdict) prometheus.Counter {
+	return vec.WithLabelValues(k.tier, k.tenant, k.class.String(), k.model, v.String())
+}
+
+// inc counts one call in the child of vec labelled by k and v, without the cache.
+func (a *attainment) inc(vec *prometheus.CounterVec, k attainmentKey, v tenants.Verdict) {
+	a.with(vec, k, v).Inc()
+}
+
+// seriesOf returns the series of k, creating them on first use. Cost: a map lookup under a read
+// lock.
+func (a *attainment) seriesOf(k attainmentKey) *attainmentSeries {
+	a.mu.RLock()
+	s := a.calls[k]
+	a.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s = a.calls[k]; s == nil {
+		s = &attainmentSeries{}
+		a.calls[k] = s
+	}
+	return s
 }
 
 // forget deletes a tenant's series.
 func (a *attainment) forget(tenant string) {
-	a.children.forget(vecObjectiveTTFT, 1, tenant)
+	a.mu.Lock()
+	for k := range a.calls {
+		if k.tenant == tenant {
+			delete(a.calls, k)
+		}
+	}
+	a.mu.Unlock()
 	for _, c := range []*prometheus.CounterVec{a.ttft, a.tpot, a.requests} {
 		c.DeletePartialMatch(prometheus.Labels{"tenant": tenant})
 	}

@@ -166,6 +166,16 @@ func TestObjectivesJudgeEveryAnswer(t *testing.T) {
 	if n := testutil.CollectAndCount(a.requests); n != 0 {
 		t.Errorf("after the tenant is forgotten: got %d series, want none", n)
 	}
+	// A tenant of the same id counts from zero in series of its own, not in the forgotten ones.
+	engine.delay.Store(0)
+	engine.status.Store(0)
+	resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	eventuallyTrue(t, func() bool { return testutil.CollectAndCount(a.requests) == 1 })
+	if got := testutil.ToFloat64(a.requests.WithLabelValues("pro", "t1", "interactive", testModel, "met")); got != 1 {
+		t.Errorf("after the tenant came back: got %v requests met, want 1", got)
+	}
 }
 
 // A bad objective header is the client's 400, in OpenAI's shape, and counts in no attainment.

@@ -414,7 +414,7 @@ func (s *Server) firstByte(cl *call) {
 		return
 	}
 	cl.ttft = s.now().Sub(cl.start)
-	s.metrics.children.observer(s.metrics.ttft, vecTTFT, cl.model, cl.class.String()).Observe(cl.ttft.Seconds())
+	s.metrics.of(cl.model).ttftOf(cl.class).Observe(cl.ttft.Seconds())
 }
 
 // relayStream passes the worker's server-sent events to the client one by one, flushing each as

@@ -37,15 +37,15 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		status = ErrorFor(err).Status
 		err = WriteError(c, err)
 	}
-	model := s.modelLabel(cl)
-	s.metrics.children.counter(s.metrics.requests, vecRequests, model, statusLabel(status)).Inc()
+	series := s.metrics.of(s.modelLabel(cl))
+	series.requestsWith(status).Inc()
 	s.metrics.attainment.count(cl, judged)
 	if cl.classed {
 		s.traffic.observe(cl.class, status, cl.ttft)
 	}
 	if cl.model != "" {
 		total := end.Sub(cl.start)
-		s.metrics.children.observer(s.metrics.duration, vecDuration, model).Observe(total.Seconds())
+		series.durationOf().Observe(total.Seconds())
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}
@@ -164,10 +164,10 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 	}
 	u = cl.ownCache(u)
 	cl.usage = u
-	m := &s.metrics.children
-	m.counter(s.metrics.tokens, vecTokens, cl.model, "prompt").Add(float64(u.PromptTokens))
-	m.counter(s.metrics.tokens, vecTokens, cl.model, "completion").Add(float64(u.CompletionTokens))
-	m.counter(s.metrics.tokens, vecTokens, cl.model, "cached").Add(float64(u.cachedTokens()))
+	series := s.metrics.of(cl.model)
+	series.tokensOf(promptTokens).Add(float64(u.PromptTokens))
+	series.tokensOf(completionTokens).Add(float64(u.CompletionTokens))
+	series.tokensOf(cachedTokens).Add(float64(u.cachedTokens()))
 	return routing.Outcome{PromptTokens: u.PromptTokens, CachedTokens: u.cachedTokens(), CacheReported: u.PromptTokensDetails != nil,
 		CompletionTokens: u.CompletionTokens, UsageEstimated: u.estimated}
 }

@@ -51,16 +51,28 @@ func (r *round) full() bool { return r.nt+r.nf >= maxPassedOver }
 
 // Retry runs a release round: call it when room may have appeared that Capacity does not show,
 // such as a slot freed on a worker a Placer found full. Cost: that of the requests it releases
-// and at most maxPassedOver refused Place calls.
+// and at most maxPassedOver refused Place calls; with nothing queued, as on a fleet with room
+// (where a slot frees at the end of every request), a lock and no clock read.
 func (q *Queue) Retry() {
-	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
+	if q.closed || q.emptyLocked() {
 		return
 	}
+	now := q.clock.Now()
 	q.dispatchLocked(now)
 	q.armLocked(now)
+}
+
+// emptyLocked reports whether no request is queued: a release round would release none and
+// leave the deadline timer as it is (armLocked keeps it stopped while no deadline is queued).
+func (q *Queue) emptyLocked() bool {
+	for c := range q.classes {
+		if q.classes[c].queued > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // placement outcomes of placeLocked.

@@ -60,6 +60,7 @@ func runServe(args []string) int {
 	defer stop()
 	// After the first signal the default handling comes back: a second one stops at once.
 	context.AfterFunc(ctx, stop)
+	startHeapFloor(ctx, lookupEnv)
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
