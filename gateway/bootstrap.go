@@ -53,7 +53,7 @@ func (s *Server) bootstrapStages(c echo.Context, cl *call) (retry bool, err erro
 	cl.decode = nil
 	clientCtx := c.Request().Context()
 	w := pre.Worker
-	cl.worker, cl.prefillWorker = w.ID(), w.ID()
+	cl.worker, cl.prefillWorker, cl.prefilledOn = w.ID(), w.ID(), w
 	host, port := w.Bootstrap()
 	members := fmt.Appendf(nil, `"bootstrap_host":%s,"bootstrap_port":%d,"bootstrap_room":%d`, jsonString(host), port, rand.Uint64()>>1)
 	body := rebuilt(s.forWorker(cl, pre, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))),
@@ -190,7 +190,9 @@ func (s *Server) sendConcurrentPrefill(ctx context.Context, sendAs *call, lease 
 		p.status, p.refusal = resp.StatusCode, data
 		p.err = fmt.Errorf("prefill worker %s refused the request: %s", w.ID(), resp.Status)
 	default:
-		out := routing.Outcome{Answered: s.now().Sub(sent)}
+		// Its one token came with its answer: the prefill worker's TTFT (see prefillStage).
+		took := s.now().Sub(sent)
+		out := routing.Outcome{Answered: took, TTFT: took}
 		if u, ok := parseUsage(data); ok {
 			out.PromptTokens, out.CachedTokens, out.CompletionTokens = u.PromptTokens, u.cachedTokens(), u.CompletionTokens
 			out.CacheReported = u.PromptTokensDetails != nil

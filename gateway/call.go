@@ -100,7 +100,8 @@ type call struct {
 	// placing its prefill and decodeRoute its decode, by this hand-off ("": whole); decode is
 	// the decode stage's lease while the prefill runs. decoding: the decode stage runs, with
 	// handoff, the members that tell the decode engine where the prompt's KV is (JSON members
-	// without braces). prefillWorker is the worker that last prefilled it, prefillCached the
+	// without braces). prefillWorker is the worker that last prefilled it (prefilledOn, whose
+	// cost model predicts the call's first token: see predictIdle), prefillCached the
 	// cached tokens that worker reported (bounded by the call's scope), prefillTime the time of
 	// its prefill stages. concurrent, while the decode stage runs beside its prefill (SGLang's
 	// flow), is the prefill's end, which the decode's usage waits for; stageCtx ends when that
@@ -112,6 +113,7 @@ type call struct {
 	decode        *routing.Lease
 	handoff       []byte
 	prefillWorker string
+	prefilledOn   *routing.Worker
 	prefillCached int
 	prefillTime   time.Duration
 	concurrent    *concurrentPrefill

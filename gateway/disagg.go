@@ -101,7 +101,7 @@ func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
 func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (params []byte, retry bool, err error) {
 	clientCtx := c.Request().Context()
 	w := lease.Worker
-	cl.worker, cl.prefillWorker = w.ID(), w.ID()
+	cl.worker, cl.prefillWorker, cl.prefilledOn = w.ID(), w.ID(), w
 	body := prefillBody(s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))))
 	// The prompt goes whole: no pieces in the prefill stage.
 	lease.PrefillWhole(cl.promptTokens)
@@ -167,7 +167,10 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	if err != nil {
 		return fail(routing.Outcome{Failed: true}, fmt.Errorf("%w: worker %s: %v", errUpstreamAnswer, w.ID(), err))
 	}
-	out := routing.Outcome{Answered: s.now().Sub(sent)}
+	// The prefill's one token came with its answer: its time is the prefill worker's TTFT, which
+	// its cost model and learned limit learn from (and predictIdle predicts the call's by).
+	took := s.now().Sub(sent)
+	out := routing.Outcome{Answered: took, TTFT: took}
 	cl.prefillCached = 0
 	if u, ok := parseUsage(data); ok {
 		out.PromptTokens, out.CachedTokens, out.CompletionTokens = u.PromptTokens, u.cachedTokens(), u.CompletionTokens

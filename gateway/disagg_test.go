@@ -11,11 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
+	"github.com/usherllm/usher/tenants"
 )
 
 // fakePrefill is a prefill worker of vLLM's KV-connector flow over real HTTP: it answers a
@@ -26,6 +28,7 @@ type fakePrefill struct {
 	status   int // answer this status when non-zero
 	noParams bool
 	hold     chan struct{} // when set, requests wait for it or their client
+	delay    time.Duration // each answer's time
 	started  atomic.Int64
 	gone     atomic.Int64 // requests whose client went away while held
 	requests atomic.Int64
@@ -56,6 +59,9 @@ func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	p.lastBody = body
 	p.mu.Unlock()
+	if p.delay > 0 {
+		time.Sleep(p.delay)
+	}
 	if p.hold != nil {
 		p.started.Add(1)
 		select {
@@ -368,5 +374,37 @@ func TestPoisonousPrefillOpensNoCircuit(t *testing.T) {
 	}
 	if st := workerState(t, g, "p1"); st != routing.StateCircuitOpen {
 		t.Errorf("p1, failing what p3 serves, is %s, want %s", st, routing.StateCircuitOpen)
+	}
+}
+
+// A two-staged call's default TTFT objective is drawn from its prefill worker's cost model, where
+// its first token is made, not from the decode worker's (a decode that receives its KV, a few
+// milliseconds): with a prefill of about 100 ms, calls of about that TTFT meet 3x of it (the
+// standard class's default).
+func TestTwoStagedCallIsJudgedByItsPrefill(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.delay = 100 * time.Millisecond })
+	dec := newFakeWorker(t, nil)
+	ledger := &memLedger{}
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{pre.spec("p1"), decodeSpec(dec, "d1")}, Policy: "round_robin",
+		Disaggregation: routing.DisaggregationConfig{PrefillPolicy: "round_robin", DecodePolicy: "round_robin"}},
+		nil, func(d *Deps) { d.Ledger = ledger })
+	const calls = 45 // past the cost models' 32 answers
+	for i := range calls {
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("call %d: %d", i, resp.StatusCode)
+		}
+	}
+	eventuallyTrue(t, func() bool { return len(ledger.all()) == calls })
+	met := 0
+	for _, r := range ledger.all()[calls-5:] {
+		if r.TTFT == tenants.VerdictMet {
+			met++
+		}
+	}
+	if met < 4 {
+		t.Errorf("%d of the last 5 calls met their TTFT objective, want 4 at least: %+v", met, ledger.all()[calls-5:])
 	}
 }

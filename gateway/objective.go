@@ -119,7 +119,9 @@ func (cl *call) objective() objective {
 
 // predictIdle is what the serving worker's cost model predicts for the call on an idle worker,
 // from the prompt the engine reported (else usher's estimate) and what it found cached; ok is
-// false when the call was never placed or the model cannot predict yet.
+// false when the call was never placed or the model cannot predict yet. A two-staged call's
+// first token comes after its prefill, on another worker: its TTFT is that worker's prediction
+// (the decode worker's is of a decode that receives its KV), its TPOT the decode worker's.
 func (cl *call) predictIdle() (routing.Prediction, bool) {
 	if cl.lease == nil {
 		return routing.Prediction{}, false
@@ -128,7 +130,12 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 	if prompt == 0 {
 		prompt = cl.promptTokens
 	}
-	return cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
+	p, ok := cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
+	if cl.prefilledOn != nil && ok {
+		pre, preOK := cl.prefilledOn.PredictIdle(prompt, cl.usage.cachedTokens())
+		p.TTFT, ok = pre.TTFT, preOK
+	}
+	return p, ok
 }
 
 // objectiveGiven is the call's objective given the idle prediction p (ok false: none).
