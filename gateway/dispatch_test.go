@@ -291,9 +291,14 @@ func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
 	spec := w.spec("w")
 	spec.MaxConcurrency = 4 // of which the interactive reserve is 1
-	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
+	// Pieces off: a prompt routing counts as one piece, but that the gateway then cannot cut
+	// (content parts), counts whole only once the gateway says so (Lease.PrefillWhole), and a
+	// request placed in between sees one piece: under load the second batch request was placed
+	// there now and then, and never queued.
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{spec}, Policy: "round_robin",
+		Concurrency: routing.ConcurrencyConfig{PrefillPieceTokens: -1}}, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
 	// A prompt longer than the prefill budget (512 tokens): a second one cannot join the first
-	// in prefill. In a content part, which usher does not cut into pieces.
+	// in prefill.
 	long := `{"model":"m1","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("word ", 600) + `"}]}]}`
 	post := func(class, body string) <-chan *http.Response {
 		ch := make(chan *http.Response, 1)
