@@ -121,6 +121,9 @@ G_TRACE=${G_TRACE:-../shared/traces/azure_conv_2023.csv}
 G_TOKEN_SCALE=${G_TOKEN_SCALE:-4}
 LOADS=${LOADS:-"0.5 1 2"}
 G_DURATION=${G_DURATION:-40}       # seconds of arrivals of each scenario-5 run
+G_CAP_R=${G_CAP_R:-}               # scenario 5: the capacity R in req/s the loads are of (empty:
+                                   # measured on this fleet); give one fleet's R to compare fleets
+                                   # at the same req/s
 OUT_DIR=${OUT_DIR:-artifacts/queuebench}
 MODEL=demo-7b
 
@@ -701,8 +704,12 @@ if wants 5; then
       NR > 1 { split($1, a, /[ :]/); t = a[2] * 3600 + a[3] * 60 + a[4]; n++; i += $2 / ts; o += $3 / ts }
       END { printf "%.3f %d %d\n", n / (t - t0), i / n, o / n }' "$G_TRACE")
     start_sims --mode kv --max-num-seqs "$KV_SEQS" --kv-cache-tokens "$KV_TOKENS" --max-num-batched-tokens "$KV_BATCHED"
-    start_default_gateway "g5-cap"
-    cap_run "g5-cap" "$g_in" "$g_out"
+    if [ -n "$G_CAP_R" ]; then
+      CAP_R=$G_CAP_R
+    else
+      start_default_gateway "g5-cap"
+      cap_run "g5-cap" "$g_in" "$g_out"
+    fi
     for load in $LOADS; do
       scale=$(calc "$load * $CAP_R / $g_rate" 3)
       rows=$(calc "$g_rate * $scale * $G_DURATION" 0)
