@@ -122,25 +122,35 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-func TestCircuitBreaker(t *testing.T) {
-	clock := newFakeClock()
+// breakerPool is a pool of one worker, w0 of model m, whose circuit opens after 3 failures for
+// 10 s of clock; finish picks it for r and releases the lease with an outcome; state is w0's.
+func breakerPool(t *testing.T) (p *Pool, clock *fakeClock, r *Request, finish func(Outcome) *Worker, state func() WorkerState) {
+	t.Helper()
+	clock = newFakeClock()
 	cfg := Config{Workers: testWorkers(1, "m"), Breaker: BreakerConfig{Failures: 3, Cooldown: 10 * time.Second}}
 	cfg.SetDefaults()
 	p, err := NewPool(cfg, Options{Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	r := &Request{Model: "m"}
-	finish := func(failed bool) {
+	r = &Request{Model: "m"}
+	finish = func(o Outcome) *Worker {
 		t.Helper()
-		l, err := p.Pick(ctx, r)
+		l, err := p.Pick(context.Background(), r)
 		if err != nil {
 			t.Fatalf("Pick: got %v, want a lease", err)
 		}
-		l.Release(Outcome{Failed: failed})
+		l.Release(o)
+		return l.Worker
 	}
-	state := func() WorkerState { st, _ := p.Worker("w0"); return st.State }
+	state = func() WorkerState { st, _ := p.Worker("w0"); return st.State }
+	return p, clock, r, finish, state
+}
+
+func TestCircuitBreaker(t *testing.T) {
+	p, clock, r, release, state := breakerPool(t)
+	ctx := context.Background()
+	finish := func(failed bool) { t.Helper(); release(Outcome{Failed: failed}) }
 
 	finish(true)
 	finish(true)
@@ -185,25 +195,7 @@ func TestCircuitBreaker(t *testing.T) {
 // as a failure nor as a success, until the gateway confirms it; the half-open probe's counts at
 // once.
 func TestSuspectAnswersOpenTheCircuitOnlyOnceConfirmed(t *testing.T) {
-	clock := newFakeClock()
-	cfg := Config{Workers: testWorkers(1, "m"), Breaker: BreakerConfig{Failures: 3, Cooldown: 10 * time.Second}}
-	cfg.SetDefaults()
-	p, err := NewPool(cfg, Options{Now: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	r := &Request{Model: "m"}
-	finish := func(o Outcome) *Worker {
-		t.Helper()
-		l, err := p.Pick(ctx, r)
-		if err != nil {
-			t.Fatalf("Pick: got %v, want a lease", err)
-		}
-		l.Release(o)
-		return l.Worker
-	}
-	state := func() WorkerState { st, _ := p.Worker("w0"); return st.State }
+	p, clock, _, finish, state := breakerPool(t)
 
 	for range 10 {
 		finish(Outcome{Suspect: true})

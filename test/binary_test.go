@@ -93,13 +93,8 @@ type demoProcess struct {
 	banner   string
 }
 
-func startDemo(t *testing.T) *demoProcess {
-	t.Helper()
-	return startDemoWith(t)
-}
-
-// startDemoWith is startDemo with more flags for `usher demo`.
-func startDemoWith(t *testing.T, flags ...string) *demoProcess {
+// startDemo starts `usher demo` on a free port, with flags added to its own.
+func startDemo(t *testing.T, flags ...string) *demoProcess {
 	t.Helper()
 	bin := usherBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -328,7 +323,7 @@ func TestOfficialOpenAINodeClient(t *testing.T) {
 // The same against a disaggregated demo model (issue 29): a request served in two stages is
 // indistinguishable to the SDK.
 func TestOfficialOpenAINodeClientDisaggregated(t *testing.T) {
-	d := startDemoWith(t, "--prefill-workers", "1")
+	d := startDemo(t, "--prefill-workers", "1")
 	runOpenAINodeClient(t, d)
 	if got := gatewayCounter(t, strings.TrimSuffix(d.baseURL, "/v1"), "usher_stage_requests_total", `result="ok",stage="decode"`); got == 0 {
 		t.Fatal("no decode stage was served: the demo model is not disaggregated")

@@ -222,15 +222,22 @@ start_gateway() {
 # fresh redis-server, each with its own database; sets GW (the first) and GWS (all, host:port).
 start_fleet() {
   stop_gateway
+  gateway_config "$@" >"$OUT_DIR/$1.yaml"
+  launch_fleet "$1"
+}
+# launch_fleet NAME [BIN]: REPLICAS gateways NAME-r1.. serving NAME.yaml (with BIN, default the
+# gateway binary), sharing a fresh redis-server, each with its own database; sets GW (the first)
+# and GWS (all, host:port).
+launch_fleet() {
   start_redis
   local all=() r
   for r in $(seq "$REPLICAS"); do
     {
-      gateway_config "$@"
+      cat "$OUT_DIR/$1.yaml"
       echo "redis: {url: \"$redis_url\"}"
       echo "database: {url: \"sqlite:$tmp/$1-r$r.db\"}"
     } >"$OUT_DIR/$1-r$r.yaml"
-    launch_gateway "$1-r$r"
+    launch_gateway "$1-r$r" "${2:-$gateway_bin}"
     all+=("$GW")
   done
   GWS=("${all[@]}")
@@ -333,22 +340,9 @@ start_default_gateway() {
   } >"$OUT_DIR/$1.yaml"
   if [ "$REPLICAS" -le 1 ]; then
     launch_gateway "$1" "$bin"
-    return
+  else
+    launch_fleet "$1" "$bin"
   fi
-  # A fleet: REPLICAS gateways with this config sharing a fresh redis-server, as start_fleet.
-  start_redis
-  local all=() r
-  for r in $(seq "$REPLICAS"); do
-    {
-      cat "$OUT_DIR/$1.yaml"
-      echo "redis: {url: \"$redis_url\"}"
-      echo "database: {url: \"sqlite:$tmp/$1-r$r.db\"}"
-    } >"$OUT_DIR/$1-r$r.yaml"
-    launch_gateway "$1-r$r" "$bin"
-    all+=("$GW")
-  done
-  GWS=("${all[@]}")
-  GW=${GWS[0]}
 }
 # launch_gateway NAME [BIN]: serves NAME.yaml (with BIN, default the gateway binary); sets GW
 # (host:port) and GWS (GW alone) once it answers a completion.
@@ -576,11 +570,19 @@ cap_run() {
 # objective (the default one: 1.5x what the worker's cost model predicts for the prompt on an idle
 # worker), as met/judged (pct%); requests served before the cost model predicts are unjudged.
 int_attainment() {
+  local met judged
+  read -r met judged < <(gateway_judged usher_objective_ttft_total interactive)
+  if [ "$judged" -eq 0 ]; then echo -; else echo "$met/$judged($(calc "100 * $met / $judged" 1)%)"; fi
+}
+
+# gateway_judged SERIES CLASS: the requests of CLASS the current gateway (every replica) counted
+# in SERIES (usher_objective_*_total) as met and as judged (met or missed): "met judged".
+gateway_judged() {
   local g
-  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk '
-    /^usher_objective_ttft_total\{/ && /class="interactive"/ {
+  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk -v series="$1{" -v class="class=\"$2\"" '
+    index($0, series) == 1 && index($0, class) {
       if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
-    END { n = met + missed; if (n == 0) print "-"; else printf "%d/%d(%.1f%%)", met, n, 100 * met / n }'
+    END { printf "%d %d\n", met, met + missed }'
 }
 
 # engine_signals NAME DELAY: after DELAY seconds, the load metrics of both workers, for the report.
@@ -683,15 +685,6 @@ if wants 4; then
   echo "   goals, issue 14: (b) p99/(a) <= 1.5 (moonshot 1.15); b/unused = (batch t/s / C_b) / (1 - int t/s / C_i) >= 0.90)"
 fi
 
-# gateway_judged CLASS: the requests of CLASS the current gateway judged against their objectives
-# (usher_objective_requests_total), as "met judged".
-gateway_judged() {
-  local g
-  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk -v class="class=\"$1\"" '
-    /^usher_objective_requests_total\{/ && index($0, class) {
-      if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
-    END { printf "%d %d\n", met, met + missed }'
-}
 
 if wants 5; then
   if [ ! -f "$G_TRACE" ]; then
@@ -717,7 +710,7 @@ if wants 5; then
       start_default_gateway "$run"
       run_bench "$run" --tenant "trace=$(key bulk)" --workload trace --trace "$G_TRACE" --time-scale "$scale" \
         --token-scale "$G_TOKEN_SCALE" --trace-limit "$rows"
-      read -r met judged < <(gateway_judged standard)
+      read -r met judged < <(gateway_judged usher_objective_requests_total standard)
       stop_gateway
       r="$OUT_DIR/$run.json"
       printf "%-6s %6s %8.2f %8s %7s %8s %10s %9.1f %9.1f %9.1f %9s\n" "$FLEET" "$load" "$(calc "$load * $CAP_R" 2)" "$(jget "$r" '.overall.ok')" \
