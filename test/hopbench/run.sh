@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The cost of the gateway hop, side by side in one run on loopback: the same simulated worker
 # reached directly, through nginx, through Go's own httputil.ReverseProxy with a tuned Transport
-# (test/hopbench/reverseproxy, the limit of the stack usher is built on) and through usher, all
-# three proxies round robin over the same two workers. Closed loop (wrk), per path and mode
+# (test/hopbench/reverseproxy, the limit of the stack usher is built on), through the least a Go
+# net/http proxy can do (test/hopbench/bareproxy: upstream I/O on the handler's own goroutine, no
+# Transport, no work: the floor of the stack) and through usher, all four proxies round robin over
+# the same two workers. Closed loop (wrk), per path and mode
 # (chat: a whole answer; stream: SSE): req/s, latency p50/p99 and CPU seconds per 10,000
 # requests (utime + stime from /proc/PID/stat of the proxy's processes). Then the added latency
 # at a steady open loop (usher bench, Poisson arrivals) at each OPEN_RATES, client side against
-# direct, for the three proxies: nginx's is what the machine itself adds to a hop (two more
-# loopback connections and wake-ups), the floor under any proxy's. Bounded: ROUNDS x MODES x 4 runs of DURATION, then 4 x OPEN_RATES runs of
+# direct, for the four proxies: nginx's is what the machine itself adds to a hop (two more
+# loopback connections and wake-ups), the floor under any proxy's. Bounded: ROUNDS x MODES x 5 runs of DURATION, then 5 x OPEN_RATES runs of
 # OPEN_DURATION.
 #
 #   test/hopbench/run.sh                     # defaults: 3 rounds of 5s, wrk -t1 -c32, chat and stream
@@ -35,12 +37,13 @@ done
 
 go build -o bin/usher ./cmd/usher
 go build -o bin/hop-reverseproxy ./test/hopbench/reverseproxy
+go build -o bin/hop-bareproxy ./test/hopbench/bareproxy
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 
-sim1=$((BASE_PORT + 1)); sim2=$((BASE_PORT + 2)); rp_port=$((BASE_PORT + 85)); nginx_port=$((BASE_PORT + 80)); usher_port=$((BASE_PORT + 90))
+sim1=$((BASE_PORT + 1)); sim2=$((BASE_PORT + 2)); rp_port=$((BASE_PORT + 85)); bare_port=$((BASE_PORT + 86)); nginx_port=$((BASE_PORT + 80)); usher_port=$((BASE_PORT + 90))
 for port in $sim1 $sim2; do
   bin/usher sim --listen 127.0.0.1:$port --time-scale 0.000001 --max-num-seqs 1024 >"$tmp/sim-$port.log" 2>&1 &
   pids+=($!)
@@ -67,6 +70,9 @@ pids+=($usher_pid)
 bin/hop-reverseproxy -listen 127.0.0.1:$rp_port "http://127.0.0.1:$sim1" "http://127.0.0.1:$sim2" >"$tmp/rp.log" 2>&1 &
 rp_pid=$!
 pids+=($rp_pid)
+bin/hop-bareproxy -listen 127.0.0.1:$bare_port "http://127.0.0.1:$sim1" "http://127.0.0.1:$sim2" >"$tmp/bare.log" 2>&1 &
+bare_pid=$!
+pids+=($bare_pid)
 
 cat >"$tmp/nginx.conf" <<NGINX
 worker_processes auto;
@@ -94,7 +100,7 @@ nginx -c "$tmp/nginx.conf" &
 nginx_pid=$!
 pids+=($nginx_pid)
 
-for port in $sim1 $sim2 $nginx_port $rp_port $usher_port; do
+for port in $sim1 $sim2 $nginx_port $rp_port $bare_port $usher_port; do
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 || curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 done
 sleep 1
@@ -106,13 +112,14 @@ procs_of() { # name: the PIDs whose CPU a path costs (nginx: its master and work
     direct) echo ;;
     nginx) echo "$nginx_pid $(pgrep -P "$nginx_pid" | tr '\n' ' ')" ;;
     reverseproxy) echo "$rp_pid" ;;
+    bare) echo "$bare_pid" ;;
     usher) echo "$usher_pid" ;;
   esac
 }
 url_of() { case $1 in direct) echo "http://127.0.0.1:$sim1";; nginx) echo "http://127.0.0.1:$nginx_port";;
-  reverseproxy) echo "http://127.0.0.1:$rp_port";; usher) echo "http://127.0.0.1:$usher_port";; esac; }
+  reverseproxy) echo "http://127.0.0.1:$rp_port";; bare) echo "http://127.0.0.1:$bare_port";; usher) echo "http://127.0.0.1:$usher_port";; esac; }
 hz=$(getconf CLK_TCK)
-paths="direct nginx reverseproxy usher"
+paths="direct nginx reverseproxy bare usher"
 
 declare -A rps p50 p99 cpu
 run() { # mode name
@@ -168,7 +175,7 @@ if [ "$OPEN_RATES" != 0 ]; then
     echo "open loop at $rate req/s for $OPEN_DURATION (chat, $TOKENS tokens): E2E latency, and added over direct"
     read -r ok bad d50 d99 <<<"$(open_bench direct "$rate")"
     printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs\n" direct "$ok" "$bad" "$d50" "$d99"
-    for name in nginx reverseproxy usher; do
+    for name in nginx reverseproxy bare usher; do
       read -r ok bad q50 q99 <<<"$(open_bench "$name" "$rate")"
       printf "  %-13s %6s ok %4s failed  p50 %6s µs  p99 %7s µs  added p50 %5s µs  p99 %6s µs\n" "$name" "$ok" "$bad" "$q50" "$q99" $((q50 - d50)) $((q99 - d99))
     done
