@@ -118,6 +118,9 @@ type call struct {
 	prefillTime   time.Duration
 	concurrent    *concurrentPrefill
 	stageCtx      context.Context
+	// decodeFirst and decodeRest are the last relayed decode attempt's time to its first event
+	// beyond its prefill and from there to its end (see callParts); 0: not measured.
+	decodeFirst, decodeRest time.Duration
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.

@@ -182,6 +182,9 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if err == nil {
 		out.Answered = s.now().Sub(sent)
 	}
+	if cl.decoding {
+		cl.decodeFirst, cl.decodeRest = decodeParts(out, cl.concurrent)
+	}
 	lease.Release(out)
 	cl.measured = out
 	cl.predicted, cl.predictedOK = lease.Predicted(out)

@@ -49,6 +49,9 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}
+		if cl.twoStage && cl.decodeRest > 0 {
+			s.metrics.observeParts(cl)
+		}
 	}
 	if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
 		return err
@@ -57,6 +60,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		"id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
 		"prefill_worker", cl.prefillWorker, "prefill_ms", msOrNil(cl.prefillTime),
+		"decode_first_ms", msOrNil(cl.decodeFirst), "decode_ms", msOrNil(cl.decodeRest),
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"ttft_objective_ms", judged.objective.ttft.Milliseconds(), "tpot_objective_ms", judged.objective.tpot.Milliseconds(),
