@@ -182,6 +182,8 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	}
 	lease.Release(out)
 	cl.prefillTime += out.Answered
+	cl.prefillMeasured = took
+	cl.prefillPredicted, cl.prefillPredictedOK = lease.Predicted(out)
 	s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), "ok", out.Answered)
 	return params, false, nil
 }
@@ -300,4 +302,21 @@ func decodeParts(o routing.Outcome, beside *concurrentPrefill) (first, rest time
 		return 0, max(o.Answered-overlap, 0)
 	}
 	return max(o.TTFT-overlap, 0), max(o.Answered-o.TTFT, 0)
+}
+
+// stagedFirstToken is the time to a two-staged call's first token at its workers, as its answering
+// attempt took it (measured: its prefill's time, then its decode's first event beyond that
+// prefill; 0 when the decode's was not measured) and as the workers' models predicted it when
+// the stages were placed (predicted: the prefill worker's cost model's TTFT plus the decode
+// worker's hand-off; ok false when either could not say). The access log's engine_ttft_ms and
+// ttft_pred_ms of a two-staged call are these, so that its prediction is of what the client
+// waits for at the workers, the hand-off included.
+func (cl *call) stagedFirstToken() (measured, predicted time.Duration, ok bool) {
+	if cl.decodeFirst > 0 {
+		measured = cl.prefillMeasured + cl.decodeFirst
+	}
+	if cl.prefillPredictedOK && cl.handoffPredictedOK {
+		predicted, ok = cl.prefillPredicted.TTFT+cl.handoffPredicted, true
+	}
+	return measured, predicted, ok
 }
