@@ -53,10 +53,52 @@ func (con *console) overviewLive(c echo.Context) error {
 	return con.render(c, http.StatusOK, "overview", "overview-live", v)
 }
 
-// workersView is the Workers page: the workers and how many pins each holds.
+// workersView is the Workers page: the workers by pool and how many pins each holds.
 type workersView struct {
 	Workers []routing.WorkerStatus
-	Pinned  map[string]int
+	// Pools are the workers by role, prefill, decode then both, each holding some; a fleet
+	// without prefill or decode workers is one pool (the page then shows no pool headings).
+	Pools  []workerPool
+	Pinned map[string]int
+}
+
+// workerPool is the workers of one role (routing.WorkerSpec.Role: the stage of a disaggregated
+// model they serve) and their load together: the requests in flight on them all, and the sum
+// of the limits of those that take requests now (healthy), which is the room the pool has.
+type workerPool struct {
+	Role     routing.Role
+	Workers  []routing.WorkerStatus
+	InFlight int64
+	Limit    int64
+	Taking   int // the workers that take requests now
+}
+
+// poolsOf groups ws (sorted) by role, prefill, decode then both, leaving out the empty pools.
+func poolsOf(ws []routing.WorkerStatus) []workerPool {
+	pools := []workerPool{{Role: routing.RolePrefill}, {Role: routing.RoleDecode}, {Role: routing.RoleBoth}}
+	for _, w := range ws {
+		i := 2
+		switch w.Role {
+		case routing.RolePrefill:
+			i = 0
+		case routing.RoleDecode:
+			i = 1
+		}
+		p := &pools[i]
+		p.Workers = append(p.Workers, w)
+		p.InFlight += w.InFlight
+		if w.State == routing.StateHealthy {
+			p.Limit += w.MaxConcurrency
+			p.Taking++
+		}
+	}
+	out := pools[:0]
+	for _, p := range pools {
+		if len(p.Workers) > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (con *console) workersView(c echo.Context) (workersView, error) {
@@ -69,6 +111,7 @@ func (con *console) workersView(c echo.Context) (workersView, error) {
 		v.Pinned[p.Worker]++
 	}
 	sortWorkers(v.Workers)
+	v.Pools = poolsOf(v.Workers)
 	return v, nil
 }
 

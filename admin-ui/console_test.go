@@ -663,4 +663,29 @@ func TestConsoleWorkersShowTheirRole(t *testing.T) {
 	if strings.Contains(body, `id="role-b1"`) {
 		t.Error("a worker of role both is marked with a role")
 	}
+	// Each pool heads its workers with their load together: in flight / the limits of those
+	// taking requests.
+	for _, role := range []string{"prefill", "decode", "both"} {
+		pool := body[strings.Index(body, `id="pool-`+role+`"`):]
+		pool = pool[:strings.Index(pool, "</tbody>")]
+		if !strings.Contains(pool, role+` pool</span>`) || !regexp.MustCompile(`id="pool-load-`+role+`"[^>]*>0 / \d+<`).MatchString(pool) {
+			t.Errorf("pool %s: %.1500s; want its heading and its load", role, pool)
+		}
+		id := map[string]string{"prefill": "p1", "decode": "d1", "both": "b1"}[role]
+		if !strings.Contains(pool, `id="worker-`+id+`"`) || strings.Count(pool, `<tr id="worker-`) != 1 {
+			t.Errorf("pool %s: want %s alone in it: %.1500s", role, id, pool)
+		}
+	}
+}
+
+// A fleet of one pool (no prefill or decode workers) shows no pool headings.
+func TestConsoleWorkersOnePoolHasNoHeading(t *testing.T) {
+	w := newFakeWorker(t)
+	g := startGateway(t, []routing.WorkerSpec{w.spec("a1"), w.spec("a2")}, nil)
+	b := newBrowser(t, g.url)
+	b.signIn(adminToken)
+	_, body := b.do("GET", "/admin/workers", nil)
+	if !strings.Contains(body, `id="worker-a1"`) || !strings.Contains(body, `id="worker-a2"`) || strings.Contains(body, `class="pool-head"`) {
+		t.Errorf("one pool: %.3000s; want both workers and no pool heading", body)
+	}
 }

@@ -42,6 +42,10 @@ type concurrentPrefill struct {
 	status  int
 	refusal []byte
 	took    time.Duration
+	// predicted is its worker's cost model's prediction for it when placed (predictedOK: it
+	// could say), for an answer that came.
+	predicted   routing.Prediction
+	predictedOK bool
 	// suspect is the status of a server error its worker answered with, its lease released
 	// as suspect (suspect.go); "" otherwise.
 	suspect string
@@ -83,6 +87,9 @@ func (s *Server) bootstrapStages(c echo.Context, cl *call) (retry bool, err erro
 	<-p.done
 	cl.handoff, cl.decoding, cl.concurrent, cl.stageCtx = nil, false, nil, nil
 	cl.prefillTime += p.took
+	if p.err == nil {
+		cl.prefillMeasured, cl.prefillPredicted, cl.prefillPredictedOK = p.took, p.predicted, p.predictedOK
+	}
 	if !errors.Is(p.err, errDecodeEnded) && clientCtx.Err() == nil {
 		s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), stageResult(p.err, p.err != nil, p.status != 0), p.took)
 	}
@@ -201,5 +208,6 @@ func (s *Server) sendConcurrentPrefill(ctx context.Context, sendAs *call, lease 
 			}
 		}
 		lease.Release(out)
+		p.predicted, p.predictedOK = lease.Predicted(out)
 	}
 }

@@ -118,6 +118,17 @@ type call struct {
 	prefillTime   time.Duration
 	concurrent    *concurrentPrefill
 	stageCtx      context.Context
+	// decodeFirst and decodeRest are the last relayed decode attempt's time to its first event
+	// beyond its prefill and from there to its end (see decodeParts); 0: not measured.
+	decodeFirst, decodeRest time.Duration
+	// The parts of a two-staged call's first token at its workers (see stagedFirstToken): the
+	// answering prefill's time and its worker's prediction for it when placed, and what the
+	// decode worker's hand-off model predicted for the decode when placed (routing's
+	// PredictedHandoff); each OK says the model could say.
+	prefillMeasured                        time.Duration
+	prefillPredicted                       routing.Prediction
+	handoffPredicted                       time.Duration
+	prefillPredictedOK, handoffPredictedOK bool
 
 	// pieces is how many leading pieces of the prompt the current attempt sent first (see
 	// prefill.go); cachedBeforePieces what the engine held of the prompt before the first.

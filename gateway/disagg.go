@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -181,6 +182,8 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	}
 	lease.Release(out)
 	cl.prefillTime += out.Answered
+	cl.prefillMeasured = took
+	cl.prefillPredicted, cl.prefillPredictedOK = lease.Predicted(out)
 	s.metrics.stage(cl.model, routing.StagePrefill, w.ID(), "ok", out.Answered)
 	return params, false, nil
 }
@@ -253,4 +256,67 @@ func withMembers(b, members []byte) []byte {
 	}
 	out = append(out, members...)
 	return append(out, b[end:]...)
+}
+
+// Where a two-staged call's time went, as far as the gateway sees it (the access log's fields,
+// and usher_disaggregated_part_seconds by part):
+//
+//	queue         queued_ms: from arrival to placement, the one wait (both stages are placed
+//	              at once, PickStages), a preempted or retried call's later waits included
+//	prefill       prefill_ms: from sending the prefill to its worker's answer, every attempt
+//	decode_first  decode_first_ms: from sending the decode to its worker's first event, less
+//	              the time of a prefill that ran beside it (SGLang's flow): the KV transfer,
+//	              the decode engine's queue and its first step
+//	decode        decode_ms: from that first event to the answer's end; for a whole answer,
+//	              whose first bytes come with its end, from sending the decode (less a prefill
+//	              beside it) to the end, and decode_first is not measured
+//
+// The parts add up to at most the call's whole time (ms); the rest is usher's own time and
+// attempts that failed before a decode answered. decode_first is one part, not a transfer
+// and a decode queue: the engines report neither the transfer's end nor their queue, and the
+// decode worker's cost model cannot split them either, since what it predicts for a decode's
+// first token is learnt from these very times, the transfer in them: subtracting it would
+// leave the model's error, not the transfer. In SGLang's flow the decode engine may send its
+// first token before its prefill worker answers (the prefill answers once its KV has gone):
+// decode_first is then 0, not measured.
+
+// decodeParts splits a decode attempt's time at its worker, o (TTFT: from sending to its first
+// event, 0 for a whole answer; Answered: to its end, 0 when it did not end well), into the time
+// to its first event and the rest, each less the part of a prefill that ran beside it (beside,
+// SGLang's flow; nil for vLLM's, whose prefill ended before the decode was sent) and 0 when not
+// measured. A prefill beside it whose end is not known yet leaves both unmeasured.
+func decodeParts(o routing.Outcome, beside *concurrentPrefill) (first, rest time.Duration) {
+	var overlap time.Duration
+	if beside != nil {
+		select {
+		case <-beside.done:
+			overlap = beside.took
+		default:
+			return 0, 0
+		}
+	}
+	if o.Answered <= 0 {
+		return 0, 0
+	}
+	if o.TTFT <= 0 {
+		return 0, max(o.Answered-overlap, 0)
+	}
+	return max(o.TTFT-overlap, 0), max(o.Answered-o.TTFT, 0)
+}
+
+// stagedFirstToken is the time to a two-staged call's first token at its workers, as its answering
+// attempt took it (measured: its prefill's time, then its decode's first event beyond that
+// prefill; 0 when the decode's was not measured) and as the workers' models predicted it when
+// the stages were placed (predicted: the prefill worker's cost model's TTFT plus the decode
+// worker's hand-off; ok false when either could not say). The access log's engine_ttft_ms and
+// ttft_pred_ms of a two-staged call are these, so that its prediction is of what the client
+// waits for at the workers, the hand-off included.
+func (cl *call) stagedFirstToken() (measured, predicted time.Duration, ok bool) {
+	if cl.decodeFirst > 0 {
+		measured = cl.prefillMeasured + cl.decodeFirst
+	}
+	if cl.prefillPredictedOK && cl.handoffPredictedOK {
+		predicted, ok = cl.prefillPredicted.TTFT+cl.handoffPredicted, true
+	}
+	return measured, predicted, ok
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -408,3 +409,45 @@ func TestTwoStagedCallIsJudgedByItsPrefill(t *testing.T) {
 		t.Errorf("%d of the last 5 calls met their TTFT objective, want 4 at least: %+v", met, ledger.all()[calls-5:])
 	}
 }
+
+// A two-staged call's first token comes after its prefill and the hand-off of its KV to the
+// decode worker: once the decode worker has learnt its hand-offs, the call's predicted TTFT
+// (ttft_pred_ms) and its default objective hold both, not the prefill's time alone. Each stage
+// here takes at least 100 ms (the prefill's answer, the decode's first event), so both
+// predictions, learnt from those times, are above 2 x 100 ms, and the standard class's default
+// objective (3x the idle prediction) above 3 x 200 ms (a tenth below for the fits' spread).
+func TestTwoStagedPredictionHoldsTheHandoff(t *testing.T) {
+	const stage = 100 * time.Millisecond
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.delay = stage })
+	dec := newFakeWorker(t, func(w *fakeWorker) { w.firstGap = stage })
+	logs := &lockedBuffer{}
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{pre.spec("p1"), decodeSpec(dec, "d1")}, Policy: "round_robin",
+		Disaggregation: routing.DisaggregationConfig{PrefillPolicy: "round_robin", DecodePolicy: "round_robin"}},
+		nil, func(d *Deps) { d.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
+	const calls = 36 // past the models' 32 answers
+	body := `{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`
+	for i := range calls {
+		resp := g.post(t, "/v1/chat/completions", testKey, body, nil)
+		readEvents(t, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("call %d: %d", i, resp.StatusCode)
+		}
+	}
+	var lines []map[string]any
+	eventuallyTrue(t, func() bool { lines = logs.requestLines(t); return len(lines) == calls })
+	last := lines[calls-1]
+	pred, _ := last["ttft_pred_ms"].(float64)
+	objective, _ := last["ttft_objective_ms"].(float64)
+	if least := 0.9 * 2 * ms(stage); pred < least {
+		t.Errorf("ttft_pred_ms %v, want at least %v: the prefill and the hand-off", last["ttft_pred_ms"], least)
+	}
+	if least := 0.9 * 3 * 2 * ms(stage); objective < least {
+		t.Errorf("ttft_objective_ms %v, want at least %v: 3x the prefill and the hand-off", last["ttft_objective_ms"], least)
+	}
+	if got, _ := last["engine_ttft_ms"].(float64); got < 2*ms(stage) {
+		t.Errorf("engine_ttft_ms %v, want the prefill's and the decode's first event, at least %v", last["engine_ttft_ms"], 2*ms(stage))
+	}
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -34,6 +34,9 @@ type metrics struct {
 	// result too (see stageResult).
 	stageDuration *prometheus.HistogramVec
 	stageRequests *prometheus.CounterVec
+	// partDuration is where the time of two-staged calls answered went, by model and part (queue,
+	// prefill, decode_first, decode: see disagg.go).
+	partDuration *prometheus.HistogramVec
 	// attainment counts the calls' verdicts against their objectives (objective.go).
 	attainment *attainment
 
@@ -174,6 +177,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stageRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_stage_requests_total", Help: "Stages of requests served disaggregated, by model, stage (prefill, decode), worker and result (ok; failed: before the worker answered, tried again; refused: the engine answered 4xx, relayed to the client; preempted; cancelled: the client left)."},
 			[]string{"model", "stage", "worker", "result"}),
+		partDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "usher_disaggregated_part_seconds", Help: "Where the time of requests served disaggregated went, by model and part: queue (arrival to placement of both stages), prefill (sending to the prefill worker to its answer, every attempt), decode_first (sending to the decode worker to its first event, less a prefill beside it: KV transfer, decode queue and first step, one part; not observed for whole answers), decode (from there to the answer's end).",
+			Buckets: latencyBuckets}, []string{"model", "part"}),
 	}
 	m.overhead = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "usher_gateway_overhead_seconds",
@@ -182,7 +188,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.models = map[string]*modelSeries{}
 	m.attainment = newAttainment()
 	for _, c := range append([]prometheus.Collector{m.requests, m.duration, m.ttft, m.tokens, m.retries, m.preempted, m.prefillPieces, m.overhead,
-		m.stageDuration, m.stageRequests}, m.attainment.collectors()...) {
+		m.stageDuration, m.stageRequests, m.partDuration}, m.attainment.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -197,4 +203,16 @@ func (m *metrics) stage(model string, st routing.Stage, worker, result string, t
 	stage := st.String()
 	m.stageDuration.WithLabelValues(model, stage, worker).Observe(took.Seconds())
 	m.stageRequests.WithLabelValues(model, stage, worker, result).Inc()
+}
+
+// observeParts observes where the time of cl, a two-staged call a decode worker answered, went (see
+// disagg.go); decode_first only when it was measured. The label values are the model's, from
+// the config, and four fixed names.
+func (m *metrics) observeParts(cl *call) {
+	m.partDuration.WithLabelValues(cl.model, "queue").Observe(cl.queued.Seconds())
+	m.partDuration.WithLabelValues(cl.model, "prefill").Observe(cl.prefillTime.Seconds())
+	if cl.decodeFirst > 0 {
+		m.partDuration.WithLabelValues(cl.model, "decode_first").Observe(cl.decodeFirst.Seconds())
+	}
+	m.partDuration.WithLabelValues(cl.model, "decode").Observe(cl.decodeRest.Seconds())
 }

@@ -120,8 +120,11 @@ func (cl *call) objective() objective {
 // predictIdle is what the serving worker's cost model predicts for the call on an idle worker,
 // from the prompt the engine reported (else usher's estimate) and what it found cached; ok is
 // false when the call was never placed or the model cannot predict yet. A two-staged call's
-// first token comes after its prefill, on another worker: its TTFT is that worker's prediction
-// (the decode worker's is of a decode that receives its KV), its TPOT the decode worker's.
+// first token comes after its prefill, on another worker, and the hand-off of its KV to the
+// decode worker: its TTFT is the prefill worker's prediction plus the decode worker's hand-off
+// (routing's PredictHandoffIdle), so that a disaggregated fleet is held to the time its clients
+// wait; until the decode worker has learnt its hand-offs (from 32 streamed decodes), the
+// prefill's alone. Its TPOT is the decode worker's.
 func (cl *call) predictIdle() (routing.Prediction, bool) {
 	if cl.lease == nil {
 		return routing.Prediction{}, false
@@ -134,6 +137,10 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 	if cl.prefilledOn != nil && ok {
 		pre, preOK := cl.prefilledOn.PredictIdle(prompt, cl.usage.cachedTokens())
 		p.TTFT, ok = pre.TTFT, preOK
+		// The lease is the prefill's when no decode was sent: no hand-off then.
+		if h, learnt := cl.lease.Worker.PredictHandoffIdle(prompt); learnt && cl.lease.Worker != cl.prefilledOn {
+			p.TTFT += h
+		}
 	}
 	return p, ok
 }

@@ -182,9 +182,17 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if err == nil {
 		out.Answered = s.now().Sub(sent)
 	}
+	if cl.decoding {
+		// Its first event beyond its prefill teaches the decode worker's hand-off model.
+		cl.decodeFirst, cl.decodeRest = decodeParts(out, cl.concurrent)
+		out.Handoff = cl.decodeFirst
+	}
 	lease.Release(out)
 	cl.measured = out
 	cl.predicted, cl.predictedOK = lease.Predicted(out)
+	if cl.decoding {
+		cl.handoffPredicted, cl.handoffPredictedOK = lease.PredictedHandoff(out.PromptTokens)
+	}
 	if err != nil && out.Failed && !c.Response().Committed && clientCtx.Err() == nil {
 		// The worker broke off (it answered, then closed or went silent) before anything
 		// reached the client: another worker may serve the call.

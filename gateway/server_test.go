@@ -47,8 +47,9 @@ type fakeWorker struct {
 	// the client goes away: a hung engine.
 	hangAfter int
 
-	// tokenGap, when non-zero, is slept between a stream's chunks: an engine's decode steps.
-	tokenGap time.Duration
+	// tokenGap, when non-zero, is slept between a stream's chunks: an engine's decode steps;
+	// firstGap before its first chunk: a decode engine pulling a prompt's KV.
+	tokenGap, firstGap time.Duration
 
 	// slots, when non-zero, is reported at GET /props as llama.cpp's server reports its slots.
 	slots int
@@ -119,6 +120,9 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 		if i > 0 && w.tokenGap > 0 {
 			time.Sleep(w.tokenGap)
+		}
+		if i == 0 && w.firstGap > 0 {
+			time.Sleep(w.firstGap)
 		}
 		fmt.Fprintf(rw, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", i)
 		flusher.Flush()

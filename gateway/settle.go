@@ -49,22 +49,30 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}
+		if cl.twoStage && cl.decodeRest > 0 {
+			s.metrics.observeParts(cl)
+		}
 	}
 	if !s.log.Enabled(c.Request().Context(), slog.LevelInfo) {
 		return err
+	}
+	engineTTFT, ttftPred, ttftPredOK := cl.measured.TTFT, cl.predicted.TTFT, cl.predictedOK
+	if cl.twoStage {
+		engineTTFT, ttftPred, ttftPredOK = cl.stagedFirstToken()
 	}
 	s.log.Info("request",
 		"id", headerValue(c.Response().Header(), headerRequestID),
 		"tenant", cl.principal.TenantID, "model", cl.model, "class", cl.class.String(), "worker", cl.worker,
 		"prefill_worker", cl.prefillWorker, "prefill_ms", msOrNil(cl.prefillTime),
+		"decode_first_ms", msOrNil(cl.decodeFirst), "decode_ms", msOrNil(cl.decodeRest),
 		"status", status, "attempts", cl.attempts, "preempted", cl.preempts, "prefill_pieces", cl.pieces, "ms", end.Sub(cl.start).Milliseconds(),
 		"queued_ms", cl.queued.Milliseconds(), "ttft_ms", cl.ttft.Milliseconds(),
 		"ttft_objective_ms", judged.objective.ttft.Milliseconds(), "tpot_objective_ms", judged.objective.tpot.Milliseconds(),
 		"ttft_verdict", judged.ttft.String(), "tpot_verdict", judged.tpot.String(),
 		"prompt_tokens", cl.usage.PromptTokens, "completion_tokens", cl.usage.CompletionTokens,
 		"cached_tokens", cl.usage.cachedTokens(), "usage_estimated", cl.usage.estimated,
-		"engine_ttft_ms", msOrNil(cl.measured.TTFT), "engine_tpot_ms", msOrNil(measuredTPOT(cl.measured)),
-		"ttft_pred_ms", predictedMs(cl.predicted.TTFT, cl.predictedOK),
+		"engine_ttft_ms", msOrNil(engineTTFT), "engine_tpot_ms", msOrNil(measuredTPOT(cl.measured)),
+		"ttft_pred_ms", predictedMs(ttftPred, ttftPredOK),
 		"tpot_pred_ms", predictedMs(cl.predicted.TPOT, cl.predictedOK && cl.predicted.TPOT > 0))
 	return err
 }
@@ -103,6 +111,8 @@ func (s *Server) modelLabel(cl *call) string {
 // the answering attempt to its first event, as the cost model learns it; engine_tpot_ms: the
 // rest of the answer per further output token) beside what the worker's cost model predicted
 // for them when the attempt was placed (ttft_pred_ms, tpot_pred_ms), null where there is none.
+// A two-staged call's TTFT fields are its prefill's and its decode's first event together (see
+// stagedFirstToken); its TPOT fields are its decode worker's.
 
 // msOrNil is d in milliseconds (to the µs), or nil for 0.
 func msOrNil(d time.Duration) any {

@@ -124,6 +124,11 @@ type Outcome struct {
 	// measured. With TTFT and CompletionTokens it teaches the cost model the time per output
 	// token (of a whole answer too, less the model's own TTFT).
 	Answered time.Duration
+	// Handoff, for a decode stage's lease (Request.Stage), is the time from sending the decode
+	// to its first event beyond a prefill that ran beside it (the gateway's measure, as TTFT
+	// less that prefill's time): the KV transfer, the engine's queue and its first step. It
+	// teaches the worker's hand-off model (see PredictHandoffIdle); 0 when not measured.
+	Handoff time.Duration
 	// UsageEstimated: the engine reported no usage and the tokens above are the gateway's
 	// estimate; they feed the cache counters but not the learned token limit.
 	UsageEstimated bool
@@ -163,6 +168,11 @@ type Lease struct {
 	placed        placement
 	coef          costCoefficients
 	prefillPrompt int64
+	// decode: the lease is a decode stage's (Request.Stage), whose first event teaches its
+	// worker's hand-off model; handoff is that model's fit when it was placed (see
+	// PredictedHandoff), the zero value for other stages.
+	decode  bool
+	handoff handoffCoefficients
 }
 
 // YieldsPrefill reports whether the lease is a standard or batch request placed while
@@ -188,6 +198,9 @@ func (l *Lease) Release(o Outcome) {
 		// A prompt sent in pieces waited between them for interactive prompts: its times are
 		// usher's, not the engine's.
 		w.cost.observe(l.placed, w.placementNow(w.inFlight.Load()).running, o)
+	}
+	if l.decode && !o.Failed && !o.UsageEstimated {
+		w.handoff.observe(l.placed.running, o.PromptTokens, o.Handoff)
 	}
 	defer p.roomOn(w)
 	if o.TTFT > 0 && !w.fixed {
@@ -705,6 +718,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 	w.scopes.note(l.namespace)
 	if r.Stage == StageDecode {
 		// Its prompt is prefilled elsewhere: the lease holds no prefill here.
+		l.decode, l.handoff = true, w.handoff.coefficients()
 		return l
 	}
 	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))

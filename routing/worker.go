@@ -74,6 +74,9 @@ type Worker struct {
 	promptsInPrefill atomic.Int64
 	// cost is the worker's cost model, learnt from its answers (see cost.go).
 	cost *costModel
+	// handoff is the worker's hand-off model, learnt from the decode stages it served (see
+	// handoff.go).
+	handoff *handoffModel
 	// scopes is the cache scopes sent to the worker: whether its engine's cache holds any
 	// scope's prompts but one's (see Lease.OwnCached).
 	scopes scopeRecord
@@ -112,6 +115,7 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 	w.breaker = breaker{now: now, failuresToOpen: int64(cfg.Breaker.Failures), cooldown: cfg.Breaker.Cooldown}
 	w.learner = newLearner(cfg.Concurrency, int64(cfg.MaxConcurrency), int64(cfg.MaxTokensInFlight))
 	w.cost = newCostModel(now, cfg.Scrape.MaxAge, cfg.Concurrency.KVHold)
+	w.handoff = newHandoffModel()
 	if spec.MaxConcurrency > 0 {
 		w.fixed = true
 		w.limit.Store(int64(spec.MaxConcurrency))

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -30,12 +31,16 @@ const (
 	consoleAdminToken  = "console-admin-token-of-24-chars-or-more"
 	consoleViewerToken = "console-viewer-token-of-24-chars-or-more"
 	chromiumPath       = "/usr/bin/chromium"
+	// pdModel is the console stack's disaggregated model.
+	pdModel = "pd-model"
 )
 
 // consoleStack is a gateway with the real admin service (SQLite in a temporary directory) in
 // front of two simulated workers, sim-0 (real time: about 12 ms a token) and sim-1 (20 times
-// faster); the model pins sessions (sticky_session). It returns the gateway's URL and its store
-// (where a test may write earlier usage).
+// faster); the model pins sessions (sticky_session). Beside them, a second model, pdModel, is
+// served disaggregated by sim-2 (prefill) and sim-3 (decode), so that the Workers page has its
+// three pools. It returns the gateway's URL and its store (where a test may write earlier
+// usage).
 func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -51,6 +56,12 @@ func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 		}
 		_, srv := simtest.Start(t, cfg)
 		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprintf("sim-%d", i), URL: srv.URL, Models: []string{model}})
+	}
+	for i, role := range []routing.Role{routing.RolePrefill, routing.RoleDecode} {
+		cfg := sim.DefaultConfig()
+		cfg.Model, cfg.TimeScale, cfg.Mode, cfg.Role = pdModel, 0.05, sim.ModeKV, string(role)
+		_, srv := simtest.Start(t, cfg)
+		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprintf("sim-%d", 2+i), URL: srv.URL, Models: []string{pdModel}, Role: role})
 	}
 	rcfg := routing.Config{Workers: specs, Policy: "least_request", Models: map[string]routing.ModelConfig{model: {Policy: "sticky_session"}}}
 	rcfg.SetDefaults()
@@ -293,6 +304,15 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		defer func() { stopLoad(); load.Wait() }()
 		do(t, ctx, "workers page", chromedp.Navigate(base+"/admin/workers"), chromedp.WaitVisible(chromedp.CSS("#drain-sim-0")))
+		// Issue 29: the workers by pool, each headed by its load together.
+		for pool, worker := range map[string]string{"prefill": "sim-2", "decode": "sim-3", "both": "sim-0"} {
+			do(t, ctx, "the "+pool+" pool", chromedp.WaitVisible(chromedp.CSS("#pool-"+pool+" #worker-"+worker)))
+		}
+		for _, pool := range []string{"prefill", "decode"} {
+			if got := text(t, ctx, "#pool-load-"+pool); !regexp.MustCompile(`^0 / \d+$`).MatchString(got) {
+				t.Errorf("the %s pool's load: got %q, want 0 in flight / its limit", pool, got)
+			}
+		}
 		screenshot(t, ctx, "02-workers")
 		// The config file's workers can be drained, not removed: the page says where they live.
 		removable, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector('#remove-sim-0') !== null`))
@@ -322,6 +342,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		do(t, ctx, "drain sim-0",
 			chromedp.Click(chromedp.CSS("#drain-sim-0")), chromedp.WaitVisible(chromedp.CSS("#flash")),
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="draining"]`)))
+		// While sim-0 drains, the long stream is in flight on it: its pool's load counts it.
+		do(t, ctx, "the both pool's load counts the stream", chromedp.WaitVisible(chromedp.CSS(`#pool-load-both:not([data-in-flight="0"])`)))
 		screenshot(t, ctx, "02-workers-draining")
 		do(t, ctx, "watch sim-0 reach drained as the page refreshes itself",
 			chromedp.WaitVisible(chromedp.CSS(`#worker-sim-0 [data-state="drained"]`)))

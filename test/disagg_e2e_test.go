@@ -51,16 +51,18 @@ func (b *engineBodies) of(i int) []map[string]any {
 // robin, so that a test knows both prefill workers are tried.
 func startDisaggregatedStack(t *testing.T) (*stack, *engineBodies) {
 	t.Helper()
-	return startDisaggregatedStackWith(t, routing.ProtocolVLLM)
+	return startDisaggregatedStackWith(t, routing.ProtocolVLLM, nil)
 }
 
-// startDisaggregatedStackWith is startDisaggregatedStack with the hand-off protocol given; each
-// prefill sim's HTTP port is its SGLang bootstrap port.
-func startDisaggregatedStackWith(t *testing.T, protocol routing.Protocol) (*stack, *engineBodies) {
+// startDisaggregatedStackWith is startDisaggregatedStack with the hand-off protocol given, and
+// the gateway's log written to logs when not nil; each prefill sim's HTTP port is its SGLang
+// bootstrap port.
+func startDisaggregatedStackWith(t *testing.T, protocol routing.Protocol, logs io.Writer) (*stack, *engineBodies) {
 	t.Helper()
 	rec := &engineBodies{bodies: map[int][]map[string]any{}}
 	s := startStack(t, stackOptions{
 		workers: 4,
+		logs:    logs,
 		sim: func(i int, c *sim.Config) {
 			c.Mode = sim.ModeKV
 			c.Role = sim.RolePrefill
@@ -123,7 +125,7 @@ func TestDisaggregatedServing(t *testing.T) {
 // SGLang's flow: the prefill and the decode worker get the request at once, with the same
 // bootstrap room and the prefill worker's bootstrap address.
 func TestDisaggregatedServingSGLang(t *testing.T) {
-	s, rec := startDisaggregatedStackWith(t, routing.ProtocolSGLang)
+	s, rec := startDisaggregatedStackWith(t, routing.ProtocolSGLang, nil)
 	clientPrompt, clientCached := serveChatAndStream(t, s)
 	prefillRooms, decodeRooms := map[float64]string{}, map[float64]string{}
 	for i := range 4 {
@@ -154,7 +156,7 @@ func TestDisaggregatedServingSGLang(t *testing.T) {
 // A prefill that fails in SGLang's flow ends the decode waiting for its room, and the call goes
 // to the other prefill worker.
 func TestDisaggregatedSGLangPrefillFails(t *testing.T) {
-	s, _ := startDisaggregatedStackWith(t, routing.ProtocolSGLang)
+	s, _ := startDisaggregatedStackWith(t, routing.ProtocolSGLang, nil)
 	if err := s.engines[0].SetFaults(sim.Faults{ErrorRate: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -296,4 +298,67 @@ func TestDisaggregatedTenantTransferParamsNeverReachAWorker(t *testing.T) {
 	if seen != 2 {
 		t.Fatalf("the workers got %d requests, want a prefill and a decode", seen)
 	}
+}
+
+// Issue 29, where a request's time went: the access log of a call served disaggregated splits
+// its time into the queue, the prefill, the decode's first event (KV transfer, decode queue,
+// first step: one part) and the rest of the decode, which add up to no more than the whole;
+// usher_disaggregated_part_seconds counts each part of each call. A whole answer's first bytes
+// come with its end: its decode_first is not measured.
+func TestDisaggregatedTimeParts(t *testing.T) {
+	for _, protocol := range []routing.Protocol{routing.ProtocolVLLM, routing.ProtocolSGLang} {
+		t.Run(string(protocol), func(t *testing.T) {
+			logs := &lockedBuffer{}
+			s, _ := startDisaggregatedStackWith(t, protocol, logs)
+			serveChatAndStream(t, s) // a whole answer, then a stream
+			var calls []map[string]any
+			eventually(t, 5*time.Second, "two access log lines", func() bool {
+				calls = accessLines(t, logs.String())
+				return len(calls) == 2
+			})
+			for i, line := range calls {
+				stream := i == 1
+				parts := map[string]float64{}
+				for _, f := range []string{"queued_ms", "prefill_ms", "decode_first_ms", "decode_ms"} {
+					v, ok := line[f].(float64)
+					if !ok && (f != "decode_first_ms" || stream) {
+						t.Errorf("stream %v: %s is %v, want a number", stream, f, line[f])
+					}
+					parts[f] = v
+				}
+				if !stream && line["decode_first_ms"] != nil {
+					t.Errorf("whole answer: decode_first_ms %v, want null (its first bytes came with its end)", line["decode_first_ms"])
+				}
+				if parts["prefill_ms"] <= 0 || parts["decode_ms"] <= 0 || stream && protocol == routing.ProtocolVLLM && parts["decode_first_ms"] <= 0 {
+					t.Errorf("stream %v: parts %v, want the prefill, the decode and (vLLM's stream) its first event measured", stream, parts)
+				}
+				sum := parts["queued_ms"] + parts["prefill_ms"] + parts["decode_first_ms"] + parts["decode_ms"]
+				// ms and queued_ms are whole milliseconds, rounded down.
+				if total, _ := line["ms"].(float64); sum > total+1 {
+					t.Errorf("stream %v: the parts %v add up to %.3f ms, more than the whole call's %v ms", stream, parts, sum, total)
+				}
+			}
+			for part, want := range map[string]float64{"queue": 2, "prefill": 2, "decode": 2} {
+				if got := gatewayCounter(t, s.url, "usher_disaggregated_part_seconds_count", `part="`+part+`"`); got != want {
+					t.Errorf("usher_disaggregated_part_seconds_count{part=%q}: got %v, want %v", part, got, want)
+				}
+			}
+			if got := gatewayCounter(t, s.url, "usher_disaggregated_part_seconds_count", `part="decode_first"`); protocol == routing.ProtocolVLLM && got != 1 {
+				t.Errorf("usher_disaggregated_part_seconds_count{part=\"decode_first\"}: got %v, want 1 (the stream's)", got)
+			}
+		})
+	}
+}
+
+// accessLines are the access log's lines (msg "request") in logs, JSON lines.
+func accessLines(t *testing.T, logs string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range strings.Split(logs, "\n") {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) == nil && line["msg"] == "request" {
+			out = append(out, line)
+		}
+	}
+	return out
 }

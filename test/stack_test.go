@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -46,6 +47,8 @@ type stackOptions struct {
 	engineHandler func(i int, h http.Handler) http.Handler
 	// tenants are more tenants beside "e2e" (apiKey).
 	tenants []tenants.TenantSpec
+	// logs, when not nil, receives the gateway's log as JSON lines, the access log included.
+	logs io.Writer
 }
 
 func startStack(t *testing.T, o stackOptions) *stack {
@@ -107,7 +110,11 @@ func startStack(t *testing.T, o stackOptions) *stack {
 		o.server(&gcfg)
 	}
 	gcfg.SetDefaults()
-	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg,
+	var logger *slog.Logger
+	if o.logs != nil {
+		logger = slog.New(slog.NewJSONHandler(o.logs, nil))
+	}
+	gw, err := gateway.New(gcfg, gateway.Deps{Pool: pool, Auth: auth, Registerer: s.reg, Gatherer: s.reg, Logger: logger,
 		Admin: func(live *gateway.Server) (http.Handler, error) {
 			return adminui.New(defaultAdminConfig(), adminui.Deps{Fleet: pool, Live: live, Admins: testAdmins{}})
 		}})
