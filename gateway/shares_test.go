@@ -89,3 +89,65 @@ func TestFleetKeepsWorkerWithinItsLimit(t *testing.T) {
 		t.Fatalf("the engine held %d requests at once, over the worker's limit 4", peak)
 	}
 }
+
+// TestFleetReserveServesInteractiveAtAnyReplica: two replicas on one Redis, each with a backlog
+// of batch requests for one worker of limit 8 and 400 tokens, the fleet's interactive reserve a
+// quarter of it (2 requests, 100 tokens). Each replica's batch fills its part of the worker's
+// tokens (its share of the limit less the reserve), and the engine holds the requests; an
+// interactive request that arrives at b then reaches the engine at once, on room b takes from
+// the reserve (preemption off), and a second one, at a, finds the reserve's tokens taken and
+// waits. Without the fleet's reserve each replica's batch fills its whole part of the worker's
+// tokens (a replica's queue keeps a tenth of the whole worker's, more than its part leaves), and
+// b's interactive request waits for b's batch to end.
+func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
+	srv := redistest.Start(t)
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency, spec.MaxTokensInFlight = 8, 400
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
+	var gws []*testGateway
+	for range 2 {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.25},
+			func(c *Config) { c.DisablePreemption = true }, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.srv.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		gws = append(gws, g)
+	}
+	// Released before the gateways stop (cleanups run last first): they wait for the requests
+	// the engine holds.
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) })
+	a, b := gws[0], gws[1]
+	const body = `{"model":"m1","max_tokens":90,"messages":[{"role":"user","content":"hello"}]}`
+	answers := make(chan *http.Response, 10)
+	send := func(g *testGateway, class string) {
+		go func() {
+			answers <- g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
+		}()
+	}
+	for range 4 {
+		send(a, "batch")
+		send(b, "batch")
+	}
+	waitFor(t, "batch requests at the engine", func() bool { return w.started.Load() >= 2 })
+	time.Sleep(300 * time.Millisecond) // six exchanges: the shares settle
+	batch := w.started.Load()
+	send(b, "interactive")
+	waitFor(t, "b's interactive request at the engine beside the batch", func() bool { return w.started.Load() == batch+1 })
+	send(a, "interactive")
+	time.Sleep(200 * time.Millisecond)
+	if got := w.started.Load(); got != batch+1 {
+		t.Fatalf("the engine holds %d requests at once, want %d: the second interactive request had room", got, batch+1)
+	}
+	release.Do(func() { close(hold) })
+	for range 10 {
+		if resp := <-answers; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
+		}
+	}
+}
