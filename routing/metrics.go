@@ -97,7 +97,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 		}, []string{"result"}),
 		reserveTakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_reserve_takes_total",
-			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), busy (an exchange was under way), failed (the store failed, or the split is cut or rejoining).",
+			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), failed (the store failed, or the split is cut or rejoining).",
 		}, []string{"result"}),
 	}
 }

@@ -204,8 +204,8 @@ func (w *Worker) Share() (n int64, shared bool) {
 // model, what this replica has queued for it. The gateway calls it every few tens of
 // milliseconds, off the admission path: one round trip.
 //
-// A share is the replica's part of a deterministic split of the worker's limit by the
-// replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
+// A share is the replica's part of a deterministic split of the worker's limit (less the
+// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
 // served first, then the rest by the weights of the backlogged flows, room nobody asks for
 // spread evenly), computed by each replica from what the last exchange said of the others; the store
 // grants it only as far as the other replicas' holds leave room, so a replica whose share

@@ -222,14 +222,15 @@ func (s *RedisStore) TakeReserve(ctx context.Context, claims []ReserveClaim) (in
 		return -1, nil
 	}
 	keys := make([]string, len(claims))
-	args := make([]any, 0, 4+3*len(claims))
+	args := make([]any, 0, 4+4*len(claims))
 	args = append(args, s.replica, ShareReportTTL.Milliseconds(), maxSlots, int64(maxReserveTokens))
 	for i, c := range claims {
-		if c.Requests < 1 || c.Requests > maxSlots || c.Tokens < 0 || c.Tokens > maxReserveTokens || c.Want < 0 || c.Want > c.Tokens {
-			return -1, fmt.Errorf("reserve: worker %q: claim %d/%d of %d tokens out of bounds", c.Worker, c.Requests, c.Tokens, c.Want)
+		if c.Requests < 1 || c.Requests > maxSlots || c.Tokens < 0 || c.Tokens > maxReserveTokens || c.Want < 0 || c.Want > c.Tokens ||
+			c.WantRequests < 1 || c.WantRequests > c.Requests {
+			return -1, fmt.Errorf("reserve: worker %q: claim of %d/%d out of %d/%d out of bounds", c.Worker, c.WantRequests, c.Want, c.Requests, c.Tokens)
 		}
 		keys[i] = shareKey(c.Worker) + shareReserveSuffix
-		args = append(args, c.Requests, c.Tokens, c.Want)
+		args = append(args, c.Requests, c.Tokens, c.Want, c.WantRequests)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
 	defer cancel()
@@ -245,9 +246,9 @@ func (s *RedisStore) TakeReserve(ctx context.Context, claims []ReserveClaim) (in
 
 // reserveScript: KEYS are the claims' reserve hashes; ARGV[1] is this replica, ARGV[2] the
 // holds' TTL (ms), ARGV[3] and ARGV[4] the largest counts of requests and tokens, then per claim
-// requests, tokens, want. It drops the fields that are malformed, out of bounds or expired,
-// picks the claim whose live holds leave one request and want tokens and the most tokens, adds
-// them to this replica's hold there, and answers its index from 1 (0: none).
+// requests, tokens, want (tokens), want (requests). It drops the fields that are malformed, out
+// of bounds or expired, picks the claim whose live holds leave what it wants and the most
+// tokens, adds that to this replica's hold there, and answers its index from 1 (0: none).
 var reserveScript = redis.NewScript(`
 local me = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -257,8 +258,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local best, bestLeft, mine = 0, -1, {0, 0}
 for i = 1, #KEYS do
-  local a = 4 + (i - 1) * 3
-  local n, tokens, want = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local a = 4 + (i - 1) * 4
+  local n, tokens, want, wantN = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local usedN, usedT, own = 0, 0, {0, 0}
   local all = redis.call('HGETALL', KEYS[i])
   for j = 1, #all, 2 do
@@ -271,13 +272,14 @@ for i = 1, #KEYS do
       if all[j] == me then own = {rn, rt} end
     end
   end
-  if usedN + 1 <= n and usedT + want <= tokens and tokens - usedT > bestLeft then
+  if usedN + wantN <= n and usedT + want <= tokens and tokens - usedT > bestLeft then
     best, bestLeft, mine = i, tokens - usedT, own
   end
 end
 if best > 0 then
-  local want = tonumber(ARGV[4 + (best - 1) * 3 + 3])
-  redis.call('HSET', KEYS[best], me, string.format('%d %d %d', mine[1] + 1, mine[2] + want, now))
+  local a = 4 + (best - 1) * 4
+  local want, wantN = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  redis.call('HSET', KEYS[best], me, string.format('%d %d %d', mine[1] + wantN, mine[2] + want, now))
   redis.call('PEXPIRE', KEYS[best], 4 * ttl)
 end
 return best`)

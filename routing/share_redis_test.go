@@ -169,7 +169,7 @@ func TestReserveOverRedis(t *testing.T) {
 	if _, err := a.ExchangeShares(ctx, []ShareReport{report("w0", 1, 100), report("w1", 0, 0)}); err != nil {
 		t.Fatal(err)
 	}
-	claims := []ReserveClaim{{Worker: "w0", Requests: 2, Tokens: 400, Want: 150}, {Worker: "w1", Requests: 2, Tokens: 400, Want: 150}}
+	claims := []ReserveClaim{{Worker: "w0", Requests: 2, Tokens: 400, Want: 150, WantRequests: 1}, {Worker: "w1", Requests: 2, Tokens: 400, Want: 150, WantRequests: 1}}
 	take := func(s *RedisStore, claims []ReserveClaim, want int) {
 		t.Helper()
 		got, err := s.TakeReserve(ctx, claims)

@@ -26,8 +26,11 @@ type ReserveClaim struct {
 	// the live replicas' holds of it may add up to. Requests is within [1, maxSlots], Tokens
 	// within [0, maxReserveTokens].
 	Requests, Tokens int64
-	// Want is the tokens the request holds in flight, within [0, Tokens].
-	Want int64
+	// Want and WantRequests are the room to take: the request's tokens and one request, and
+	// what this replica holds on the worker beyond its share and its hold of the reserve (its
+	// share shrank below its requests in flight), which the request needs too. Want is within
+	// [0, Tokens], WantRequests within [1, Requests].
+	Want, WantRequests int64
 }
 
 // maxReserveTokens bounds the tokens of a worker's reserve and of a replica's hold of it, so
@@ -109,14 +112,15 @@ func (w *Worker) settleReserve(now time.Time) (requests, tokens int64) {
 // TakeReserve takes room for r, an interactive request that found none, from the fleet's
 // interactive reserve of one of the workers it may use (see Options.InteractiveReserve): one
 // round trip to the store, which answers with the worker whose reserve has the most tokens
-// left, if any has room for one request of r.Tokens. It reports whether it took some; the pool
-// then tells Changes, and the room, on that worker, takes only interactive requests.
+// left, if any has room for one request of r.Tokens (and for what this replica holds there
+// beyond its share and its hold of the reserve). It reports whether it took some; the pool then
+// tells Changes, and the room, on that worker, takes only interactive requests.
 //
 // It takes nothing for a request of another class, without a ShareStore or a reserve, while
 // the last exchange failed or the fleet's split is rejoining after a cut (until every live
-// replica has reported its hold again, see SyncShares), and while an exchange is under way (it
-// does not wait for one: the caller falls back on preemption). So the fleet never holds more
-// than a worker's limit: the shares add up to the limit less the reserve, and the holds of the
+// replica has reported its hold again, see SyncShares). It waits for an exchange under way
+// (one round trip, at most the exchange's timeout). So the fleet never holds more than a
+// worker's limit: the shares add up to the limit less the reserve, and the holds of the
 // reserve to the reserve at most. Safe for concurrent use.
 func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 	s := p.shares
@@ -130,10 +134,7 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 	if ms == nil {
 		return false
 	}
-	if !s.mu.TryLock() {
-		p.metrics.reserveTakes.WithLabelValues("busy").Inc()
-		return false
-	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := p.now()
 	if !s.joined || s.failing || now.Before(s.rejoinUntil) {
@@ -153,10 +154,13 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 			continue
 		}
 		n, tokens := reserveSize(p.reserveShare, w.limit.Load(), w.tokenLimit.Load())
-		if n == 0 || want > tokens {
+		over := max(w.inFlight.Load()-w.capacity()-w.reserve.Load(), 0)
+		overTokens := max(w.inFlightTokens.Load()-w.tokenCapacity()-w.reserveTokens.Load(), 0)
+		c := ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want + overTokens, WantRequests: 1 + over}
+		if c.WantRequests > n || c.Want > tokens {
 			continue
 		}
-		claims = append(claims, ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want})
+		claims = append(claims, c)
 		workers = append(workers, w)
 	}
 	if len(claims) == 0 {
@@ -174,8 +178,8 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 	}
 	w := workers[i]
 	w.reserveAt.Store(now.UnixNano())
-	w.reserve.Add(1)
-	w.reserveTokens.Add(want)
+	w.reserve.Add(claims[i].WantRequests)
+	w.reserveTokens.Add(claims[i].Want)
 	p.metrics.reserveTakes.WithLabelValues("taken").Inc()
 	p.changes.notify()
 	return true

@@ -132,3 +132,25 @@ func TestInteractiveReserveWhileCut(t *testing.T) {
 		t.Fatalf("a took nothing of the reserve after the rejoin (%s)", simState(rs))
 	}
 }
+
+// TestInteractiveReserveCoversAShrunkShare: a replica whose share shrank below its requests in
+// flight (here by 2, its batch not yet ended) takes that excess from the reserve with the
+// interactive request's room, so the request is placed at once; the fleet never has more than
+// the worker's limit in flight.
+func TestInteractiveReserveCoversAShrunkShare(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 0.25, "a", "b")
+	a := rs[0]
+	a.keep[1] = 400
+	simRun(t, clock, rs, 0, 10)
+	wantInFlight(t, rs, 9, 0)
+	modelWorkersOf(a.pool).share.Store(7) // as SyncShares shrinks it, before a's batch ends
+	if !a.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) || pickNow(t, a, true) == nil {
+		t.Fatalf("a's interactive request found no room after taking the reserve (%s)", simState(rs))
+	}
+	if got := fleet.reserveHeld("w0"); got != 3 {
+		t.Fatalf("a holds %d of the reserve, want 3: the request and the 2 above its share", got)
+	}
+	fleetInFlight(t, rs)
+}

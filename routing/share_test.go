@@ -182,14 +182,14 @@ func (m memShares) TakeReserve(_ context.Context, claims []ReserveClaim) (int, e
 		for _, e := range f.holdsOf(c.Worker) {
 			n, t = n+e.requests, t+e.tokens
 		}
-		if n+1 <= c.Requests && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
+		if n+c.WantRequests <= c.Requests && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
 			best, bestLeft = i, c.Tokens-t
 		}
 	}
 	if best >= 0 {
 		h := f.holdsOf(claims[best].Worker)
 		e := h[m.name]
-		h[m.name] = memHold{requests: e.requests + 1, tokens: e.tokens + claims[best].Want, at: f.now()}
+		h[m.name] = memHold{requests: e.requests + claims[best].WantRequests, tokens: e.tokens + claims[best].Want, at: f.now()}
 	}
 	return best, nil
 }
