@@ -318,7 +318,8 @@ func (c *CacheAware) pick(r choice, workers []*Worker) (*Worker, Route, predicti
 	defer c.mu.Unlock()
 	v := c.viewOf(workers)
 	namespace := c.scope.namespace(r.Request)
-	root := c.tree.scopeRoot(namespace, len(r.Prompt) > 0)
+	// A new scope gets its root only once a worker takes the prompt: none may take it.
+	root := c.tree.scopeRoot(namespace, false)
 	d := c.tree.descend(root, r.Prompt)
 
 	chosen, route := c.fastest(r, workers, v, d), RoutePredictedTTFT
@@ -336,6 +337,10 @@ func (c *CacheAware) pick(r choice, workers []*Worker) (*Worker, Route, predicti
 	pred := prediction{worker: workers[chosen.i].ID(), prompt: len(r.Prompt)}
 	pred.held, pred.last = c.tree.heldBy(d, slot, c.tree.workers[slot].horizon)
 	if p := r.Prompt; len(p) > 0 {
+		if root == &c.tree.none {
+			root = c.tree.scopeRoot(namespace, true)
+			d = c.tree.descend(root, p)
+		}
 		if int64(len(p)) > c.cfg.MaxBytesPerWorker {
 			// Mirror only the head of a prompt longer than the bound, rather than the tail of it
 			// at the cost of everything else the worker holds. A rare second descent.
