@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -229,6 +230,7 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 		name       string
 		warm, cold *costLaw // the laws each worker's model learnt; nil: it learnt nothing
 		warmLoad   int64    // requests in flight on w0 (4 slots); w1 has none
+		placement  string   // CacheAwareConfig.Placement; empty: predicted_ttft
 		want       int
 		route      Route
 	}{
@@ -244,10 +246,13 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 			warm: &steps, cold: &slowPrefill, warmLoad: 12, want: 0, route: RoutePredictedTTFT},
 		{name: "while a worker cannot predict, the thresholds decide",
 			warm: &steps, warmLoad: 6, want: 0, route: RouteCacheHit},
+		{name: "by default the thresholds decide though every worker predicts",
+			warm: &steps, cold: &steps, warmLoad: 6, placement: PlacementThresholds, want: 0, route: RouteCacheHit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, clock := newTestCacheAware(t, CacheAwareConfig{})
+			placement := cmp.Or(tt.placement, PlacementPredictedTTFT)
+			c, clock := newTestCacheAware(t, CacheAwareConfig{Placement: placement})
 			ws := cacheWorkers(t, 2)
 			rng := rand.New(rand.NewPCG(1, 2))
 			for i, law := range []*costLaw{tt.warm, tt.cold} {

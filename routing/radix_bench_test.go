@@ -249,6 +249,7 @@ func BenchmarkCacheAwarePickParallel(b *testing.B) {
 // Pick over the number of workers.
 func BenchmarkCacheAwarePickPredicted(b *testing.B) {
 	f := cacheFixture(b)
+	f.c.cfg.Placement = PlacementPredictedTTFT
 	for _, n := range []int{benchWorkers, 1000} {
 		b.Run(strconv.Itoa(n)+"workers", func(b *testing.B) {
 			ws := cacheWorkers(b, n)
