@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -209,6 +210,71 @@ func TestCacheAwarePick(t *testing.T) {
 			}
 			if got := treeHoldings(c.tree, tt.prompt)[w.ID()]; got != len(tt.prompt) {
 				t.Errorf("after the pick %s holds %d bytes of the prompt, want %d", w.ID(), got, len(tt.prompt))
+			}
+			checkTree(t, c.tree)
+		})
+	}
+}
+
+// slowPrefill is a law like steps but with a CPU engine's prefill: 8 s per thousand prompt tokens.
+var slowPrefill = func() costLaw { l := steps; l.perKToken = 8 * time.Second; return l }()
+
+// TestCacheAwarePredictedTTFT: once both workers' cost models predict, a warm worker with a
+// queue and a cold idle one are weighed in predicted TTFT, whatever the balance thresholds say.
+// w0 holds all but the question of the prompt on a 4-slot engine; w1 holds nothing and is idle.
+// Without the cost models (a cold start), the heuristic decides as before.
+func TestCacheAwarePredictedTTFT(t *testing.T) {
+	doc := strings.Repeat("d", 4000)
+	prompt := doc + " question?"
+	tests := []struct {
+		name       string
+		warm, cold *costLaw // the laws each worker's model learnt; nil: it learnt nothing
+		warmLoad   int64    // requests in flight on w0 (4 slots); w1 has none
+		placement  string   // CacheAwareConfig.Placement; empty: predicted_ttft
+		want       int
+		route      Route
+	}{
+		// Balanced by the thresholds (a gap of 6 <= 8): the heuristic keeps the cache hit on
+		// w0, where the request waits 3 requests' service (~1.2 s) to save ~100 ms of prefill.
+		{name: "a warm worker whose queue costs more than the prefill it saves loses to a cold idle one",
+			warm: &steps, cold: &steps, warmLoad: 6, want: 1, route: RoutePredictedTTFT},
+		// Imbalanced by the thresholds (12 against 0): the heuristic sends it to w1, where its
+		// prefill takes ~8 s; behind w0's queue of 9 (~3.6 s) the cached prompt costs little.
+		{name: "a warm worker whose saved prefill is worth more than its queue wins over a cold idle one",
+			warm: &slowPrefill, cold: &slowPrefill, warmLoad: 12, want: 0, route: RoutePredictedTTFT},
+		{name: "the cold worker prefills slowly: the queued warm one wins",
+			warm: &steps, cold: &slowPrefill, warmLoad: 12, want: 0, route: RoutePredictedTTFT},
+		{name: "while a worker cannot predict, the thresholds decide",
+			warm: &steps, warmLoad: 6, want: 0, route: RouteCacheHit},
+		{name: "by default the thresholds decide though every worker predicts",
+			warm: &steps, cold: &steps, warmLoad: 6, placement: PlacementThresholds, want: 0, route: RouteCacheHit},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			placement := cmp.Or(tt.placement, PlacementPredictedTTFT)
+			c, clock := newTestCacheAware(t, CacheAwareConfig{Placement: placement})
+			ws := cacheWorkers(t, 2)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i, law := range []*costLaw{tt.warm, tt.cold} {
+				for range 400 {
+					if law == nil {
+						break
+					}
+					pl := randomPlacement(rng)
+					ws[i].cost.observe(pl, pl.running, law.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
+				}
+				ws[i].slots.Store(4)
+			}
+			clock.advance(time.Second)
+			treePutIn(c.tree, anonymous, ws[0].ID(), doc, clock.now().UnixNano())
+			ws[0].inFlight.Store(tt.warmLoad)
+			r := &Request{Model: "m", Prompt: prompt, PromptTokens: 1000}
+			w, route := c.Pick(context.Background(), choice{Request: r}, ws)
+			if w == nil {
+				t.Fatalf("got no worker, want w%d", tt.want)
+			}
+			if w != ws[tt.want] || route != tt.route {
+				t.Errorf("got %s by %s, want w%d by %s", w.ID(), route, tt.want, tt.route)
 			}
 			checkTree(t, c.tree)
 		})

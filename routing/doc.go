@@ -44,7 +44,7 @@
 //
 // Each Lease carries a Route, the value of the X-Usher-Route response header, saying why its
 // worker was picked: the policy's name for the load-only policies, "cache_hit", "cache_miss",
-// "cache_rebalance" or "cache_affinity" for cache_aware, "hash" or "spill" for the
+// "cache_rebalance", "cache_affinity" or "predicted_ttft" for cache_aware, "hash" or "spill" for the
 // rings, "bucket" or "load_fallback", "sticky", "pinned", "assigned", "repinned", and "target"
 // for a request that named its worker.
 package routing

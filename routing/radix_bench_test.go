@@ -242,3 +242,38 @@ func BenchmarkCacheAwarePickParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCacheAwarePickPredicted: cached 4 KB prompts picked by predicted TTFT (every worker's
+// cost model has learnt) among 8 and 1,000 loaded workers: the descent, one walk up the matched
+// path and, per worker, its eligibility test and one Predict. ns/candidate is the CPU time of a
+// Pick over the number of workers.
+func BenchmarkCacheAwarePickPredicted(b *testing.B) {
+	f := cacheFixture(b)
+	f.c.cfg.Placement = PlacementPredictedTTFT
+	for _, n := range []int{benchWorkers, 1000} {
+		b.Run(strconv.Itoa(n)+"workers", func(b *testing.B) {
+			ws := cacheWorkers(b, n)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i, w := range ws {
+				for range 2 * costMinAnswers {
+					pl := randomPlacement(rng)
+					w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
+				}
+				w.slots.Store(4)
+				w.inFlight.Store(int64(i % 7))
+			}
+			reqs := make([]Request, len(f.hits))
+			for i, p := range f.hits {
+				reqs[i] = Request{Model: "m", Prompt: p, PromptTokens: len(p) / 4}
+			}
+			b.ReportAllocs()
+			cpu := cpuTime(b)
+			for i := 0; b.Loop(); i++ {
+				if w, route := f.c.Pick(context.Background(), choice{Request: &reqs[i%len(reqs)]}, ws); w == nil || route != RoutePredictedTTFT {
+					b.Fatalf("got %v by %s, want a pick by predicted TTFT", w, route)
+				}
+			}
+			b.ReportMetric(float64(cpuTime(b)-cpu)/float64(b.N)/float64(n), "cpu-ns/candidate")
+		})
+	}
+}

@@ -18,6 +18,7 @@
 #   USHER=/path/to/usher test/policybench/run.sh              # that binary, not bin/usher built here
 #   POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
 #   REPLICAS=3 POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
+#   BENCH_FLAGS="--objective standard=300ms/30ms" MC_CEILING=0 MC_TIME_SCALE=24 ...  # goodput; no ceiling run
 #
 # kv_aware's workers publish their KV events (`usher sim --kv-events-port`, vLLM's format) and
 # the gateway subscribes to each. REPLICAS=N (default 1) runs N gateway replicas in front of the
@@ -36,6 +37,9 @@ OUT=${OUT:-artifacts/policybench}
 SEED=${SEED:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}  # seconds, bound on one bench run
 REPLICAS=${REPLICAS:-1}
+# BENCH_FLAGS: more flags for every `usher bench` run, split on spaces (e.g. an --objective, whose
+# attainment and goodput the report then gives).
+BENCH_FLAGS=${BENCH_FLAGS:-}
 
 # shared-prefix: GROUPS x PROMPTS prompts, one pass, open loop at SP_RATE req/s (~43 s); round
 # robin keeps the workers busy at that rate without collapsing (at 16 req/s it queues for
@@ -59,6 +63,7 @@ MC_TOKEN_SCALE=${MC_TOKEN_SCALE:-16}
 MC_LIMIT=${MC_LIMIT:-1800}
 MC_KV=${MC_KV:-65536}
 MC_SIM_SCALE=${MC_SIM_SCALE:-0.5}
+MC_CEILING=${MC_CEILING:-1} # 0: no shared-cache ceiling run (%ceil is then "-")
 
 # cache_aware mirrors at most max_bytes_per_worker of prompt text per worker; its documentation
 # says to size it to the worker's prefix cache. Bench text runs ~5.3 bytes a token, so KV tokens
@@ -239,7 +244,7 @@ bench() {
   for u in $rest; do replicas+=(--replica-url "$u"); done
   # shellcheck disable=SC2046 # workload_flags is split on purpose; its values have no spaces
   if ! timeout "$RUN_TIMEOUT" "$usher" bench --url "$url" "${replicas[@]}" --model demo-7b --api-key "$key" --seed "$SEED" \
-    --quiet --timeout 2m --drain 60s --out "$OUT/$name.json" "${scrape[@]}" $(workload_flags "$workload") \
+    --quiet --timeout 2m --drain 60s --out "$OUT/$name.json" "${scrape[@]}" $(workload_flags "$workload") $BENCH_FLAGS \
     >"$OUT/$name.txt" 2>"$OUT/$name.log"; then
     echo "policybench: $name: bench failed or timed out (see $OUT/$name.log)" >&2
     rm -f "$OUT/$name.json"
@@ -252,13 +257,17 @@ for wl in $WORKLOADS; do
   mooncake)
     kv=$MC_KV scale=$MC_SIM_SCALE
     if [ ! -f "$MC_TRACE" ]; then echo "policybench: skipping mooncake: no trace at $MC_TRACE"; continue; fi
-    # The ceiling: one worker with the fleet's KV cache and compute (WORKERS times faster).
-    kv_events=0
-    sims 1 $((kv * WORKERS)) "$(awk -v s="$scale" -v n="$WORKERS" 'BEGIN{print s/n}')" \
-      --max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS))
-    echo "policybench: $wl: shared-cache ceiling run (one worker, KV $((kv * WORKERS)) tokens)"
-    bench "$wl-shared-cache" "http://${sim_addrs[0]}/v1" "$wl" "${sim_addrs[0]}"
-    stop_all
+    if [ "$MC_CEILING" = 0 ]; then
+      rm -f "$OUT/$wl-shared-cache.json"
+    else
+      # The ceiling: one worker with the fleet's KV cache and compute (WORKERS times faster).
+      kv_events=0
+      sims 1 $((kv * WORKERS)) "$(awk -v s="$scale" -v n="$WORKERS" 'BEGIN{print s/n}')" \
+        --max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS))
+      echo "policybench: $wl: shared-cache ceiling run (one worker, KV $((kv * WORKERS)) tokens)"
+      bench "$wl-shared-cache" "http://${sim_addrs[0]}/v1" "$wl" "${sim_addrs[0]}"
+      stop_all
+    fi
     ;;
   *) echo "policybench: unknown workload $wl" >&2; exit 1 ;;
   esac
