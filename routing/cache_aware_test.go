@@ -41,7 +41,8 @@ func TestCacheAwareConfig(t *testing.T) {
 	var def CacheAwareConfig
 	def.SetDefaults()
 	want := CacheAwareConfig{Threshold: 0.5, BalanceAbsThreshold: 8, BalanceRelThreshold: 1.5,
-		MaxBytesPerWorker: 1 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2, ShareInterval: 50 * time.Millisecond}
+		MaxBytesPerWorker: 1 << 20, EvictionInterval: 10 * time.Second, EvictNowFactor: 2, ShareInterval: 50 * time.Millisecond,
+		Placement: PlacementThresholds}
 	if def != want {
 		t.Errorf("defaults: got %+v, want %+v", def, want)
 	}
@@ -57,6 +58,9 @@ func TestCacheAwareConfig(t *testing.T) {
 			wantErr: []string{"cache_aware.threshold: must be in (0, 1]"}},
 		{name: "negative threshold", cfg: CacheAwareConfig{Threshold: -0.1},
 			wantErr: []string{"cache_aware.threshold: must be in (0, 1]"}},
+		{name: "placement by prediction", cfg: CacheAwareConfig{Placement: PlacementPredictedTTFT}},
+		{name: "unknown placement", cfg: CacheAwareConfig{Placement: "fastest"},
+			wantErr: []string{"cache_aware.placement: must be thresholds or predicted_ttft"}},
 		{name: "everything negative", cfg: CacheAwareConfig{BalanceAbsThreshold: -1, BalanceRelThreshold: 0.5,
 			MaxBytesPerWorker: -1, EvictionInterval: -time.Second, EvictNowFactor: 0.9, ShareInterval: -time.Second},
 			wantErr: []string{
