@@ -261,10 +261,33 @@ type costModel struct {
 	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
 	warnedAt atomic.Int64
 
-	// published is the fit as of the last answer: ttft's coefficients, then tpot's, as
-	// math.Float64bits; ttftOK and tpotOK say whether each has learnt enough.
-	published      [ttftInputs + tpotInputs]atomic.Uint64
-	ttftOK, tpotOK atomic.Bool
+	// ttftPub and tpotPub are the fits as of the last answer, as predictions read them.
+	ttftPub, tpotPub publishedFit
+}
+
+// publishedFit is a fit as predictions read it, without the lock its model learns under: its
+// coefficients as math.Float64bits, and whether it has learnt from costMinAnswers answers.
+type publishedFit struct {
+	theta [maxInputs]atomic.Uint64
+	ok    atomic.Bool
+}
+
+// publish makes the first n coefficients of f, and whether it has learnt enough, visible to
+// load; the caller holds the lock f is learnt under.
+func (p *publishedFit) publish(f *costFit, n int) {
+	for i := range n {
+		p.theta[i].Store(math.Float64bits(f.theta[i]))
+	}
+	p.ok.Store(f.answers >= costMinAnswers)
+}
+
+// load is the first n coefficients published and whether they predict. No lock.
+func (p *publishedFit) load(n int) (theta [maxInputs]float64, ok bool) {
+	ok = p.ok.Load()
+	for i := range n {
+		theta[i] = math.Float64frombits(p.theta[i].Load())
+	}
+	return theta, ok
 }
 
 func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *costModel {
@@ -276,13 +299,8 @@ func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *c
 
 func (c *costModel) coefficients() costCoefficients {
 	var k costCoefficients
-	k.ttftOK, k.tpotOK = c.ttftOK.Load(), c.tpotOK.Load()
-	for i := range ttftInputs {
-		k.ttft[i] = math.Float64frombits(c.published[i].Load())
-	}
-	for i := range tpotInputs {
-		k.tpot[i] = math.Float64frombits(c.published[ttftInputs+i].Load())
-	}
+	k.ttft, k.ttftOK = c.ttftPub.load(ttftInputs)
+	k.tpot, k.tpotOK = c.tpotPub.load(tpotInputs)
 	return k
 }
 
@@ -327,14 +345,8 @@ func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
 
 // publish makes the fit visible to coefficients; c.mu is held.
 func (c *costModel) publish() {
-	for i := range ttftInputs {
-		c.published[i].Store(math.Float64bits(c.ttft.theta[i]))
-	}
-	for i := range tpotInputs {
-		c.published[ttftInputs+i].Store(math.Float64bits(c.tpot.theta[i]))
-	}
-	c.ttftOK.Store(c.ttft.answers >= costMinAnswers)
-	c.tpotOK.Store(c.tpot.answers >= costMinAnswers)
+	c.ttftPub.publish(&c.ttft, ttftInputs)
+	c.tpotPub.publish(&c.tpot, tpotInputs)
 }
 
 func validDuration(d time.Duration) time.Duration {

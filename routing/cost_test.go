@@ -479,7 +479,7 @@ func TestCostModelSlotEngineDecode(t *testing.T) {
 				t.Fatalf("seed %d, after %d answers: got TPOT %v, want %v within 25%%", seed, i+1, got.TPOT, want)
 			}
 		}
-		if !w.cost.tpotOK.Load() {
+		if !w.cost.tpotPub.ok.Load() {
 			t.Errorf("seed %d: no TPOT prediction after 300 answers", seed)
 		}
 	}

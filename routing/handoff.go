@@ -1,9 +1,7 @@
 package routing
 
 import (
-	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -41,10 +39,8 @@ var handoffPrior = [maxInputs]float64{1e6, 1e8, 1e4}
 type handoffModel struct {
 	mu  sync.Mutex // guards fit
 	fit costFit
-	// published is the fit as of the last answer, as math.Float64bits; ok: it has learnt from
-	// costMinAnswers answers.
-	published [handoffInputs]atomic.Uint64
-	ok        atomic.Bool
+	// pub is the fit as of the last answer, as predictions read it.
+	pub publishedFit
 }
 
 func newHandoffModel() *handoffModel {
@@ -75,19 +71,12 @@ func (h *handoffModel) observe(running float64, promptTokens int, took time.Dura
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.fit.update(&x, ms(took))
-	for i := range handoffInputs {
-		h.published[i].Store(math.Float64bits(h.fit.theta[i]))
-	}
-	h.ok.Store(h.fit.answers >= costMinAnswers)
+	h.pub.publish(&h.fit, handoffInputs)
 }
 
 func (h *handoffModel) coefficients() handoffCoefficients {
-	var c handoffCoefficients
-	c.ok = h.ok.Load()
-	for i := range handoffInputs {
-		c.theta[i] = math.Float64frombits(h.published[i].Load())
-	}
-	return c
+	theta, ok := h.pub.load(handoffInputs)
+	return handoffCoefficients{theta: theta, ok: ok}
 }
 
 // predict is the hand-off of a prompt of promptTokens beside running sequences; ok is false
