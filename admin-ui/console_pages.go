@@ -55,7 +55,6 @@ func (con *console) overviewLive(c echo.Context) error {
 
 // workersView is the Workers page: the workers by pool and how many pins each holds.
 type workersView struct {
-	Workers []routing.WorkerStatus
 	// Pools are the workers by role, prefill, decode then both, each holding some; a fleet
 	// without prefill or decode workers is one pool (the page then shows no pool headings).
 	Pools  []workerPool
@@ -102,7 +101,7 @@ func poolsOf(ws []routing.WorkerStatus) []workerPool {
 }
 
 func (con *console) workersView(c echo.Context) (workersView, error) {
-	v := workersView{Workers: con.p.fleet.Workers(), Pinned: map[string]int{}}
+	v := workersView{Pinned: map[string]int{}}
 	pins, err := con.p.fleet.Pins(c.Request().Context(), routing.PinFilter{})
 	if err != nil {
 		return v, err
@@ -110,8 +109,9 @@ func (con *console) workersView(c echo.Context) (workersView, error) {
 	for _, p := range pins {
 		v.Pinned[p.Worker]++
 	}
-	sortWorkers(v.Workers)
-	v.Pools = poolsOf(v.Workers)
+	ws := con.p.fleet.Workers()
+	sortWorkers(ws)
+	v.Pools = poolsOf(ws)
 	return v, nil
 }
 
