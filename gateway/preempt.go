@@ -7,6 +7,7 @@ import (
 	"net/http/httptrace"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
@@ -158,16 +159,28 @@ type attempt struct {
 	trace  httptrace.ClientTrace
 	reused bool
 	body   bytes.Reader // what the worker is sent
+	// lastHeard is when the worker was last heard (silenceBound.heard's time); longestGap the
+	// longest time between two hearings since its first event (see routing.Outcome.LongestGap).
+	// Read and written by the goroutine that reads the answer only.
+	lastHeard, longestGap time.Duration
+	decoding              bool // its first event came
 }
 
 // gotConn is the attempt's httptrace.ClientTrace.GotConn.
 func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
-func (a *attempt) heard() { a.quiet.heard() }
+func (a *attempt) heard() {
+	at := a.quiet.heard()
+	if a.decoding {
+		a.longestGap = max(a.longestGap, at-a.lastHeard)
+	}
+	a.lastHeard = at
+}
 
 // firstToken reports the first event that carries the answer's data.
 func (a *attempt) firstToken() {
+	a.decoding = true
 	a.lease.Prefilled()
 	a.watched.decoding()
 }

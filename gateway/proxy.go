@@ -181,6 +181,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	if err == nil {
 		out.Answered = s.now().Sub(sent)
+		out.LongestGap = at.longestGap
 	}
 	if cl.decoding {
 		// Its first event beyond its prefill teaches the decode worker's hand-off model.
@@ -221,8 +222,12 @@ func (b *silenceBound) arm(d time.Duration, cancel context.CancelCauseFunc) {
 	b.t = time.AfterFunc(d, b.check)
 }
 
-// heard restarts the bound.
-func (b *silenceBound) heard() { b.last.Store(int64(time.Since(b.start))) }
+// heard restarts the bound; it returns when it heard, as time since the bound was armed.
+func (b *silenceBound) heard() time.Duration {
+	at := time.Since(b.start)
+	b.last.Store(int64(at))
+	return at
+}
 
 // stop ends the bound: past it, the attempt is cancelled only by a check already under way.
 func (b *silenceBound) stop() {

@@ -256,6 +256,10 @@ type costModel struct {
 	// largestPrompt is the largest uncached prompt among the worker's answers lately (each answer
 	// discounts it by costForget), meanPrompt a moving mean of them (tokens); both guarded by mu.
 	largestPrompt, meanPrompt float64
+	// longestGap is the longest time between two events of a stream among the worker's streamed
+	// answers lately (ms, each streamed answer discounts it by costForget; 0: none seen); guarded
+	// by mu.
+	longestGap float64
 	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
 	arrivals arrivalRate
 	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
@@ -321,6 +325,9 @@ func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
 	defer c.mu.Unlock()
 	c.largestPrompt = max(u, c.largestPrompt*costForget)
 	c.meanPrompt += (u - c.meanPrompt) / 32
+	if gap := validDuration(o.LongestGap); gap > 0 {
+		c.longestGap = max(ms(gap), c.longestGap*costForget)
+	}
 	if ttft > 0 {
 		x := pl.ttftInputs(u)
 		c.ttft.update(&x, ms(ttft))
@@ -558,9 +565,14 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 // leaves beside the interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker and
 // an objective of f·TTFT, a step of k prompt tokens costs about tp·k, so k must stay within
 // (f-1)·TTFT/tp. A step's prompt tokens are bounded by the engine (llama-server --batch-size and
-// --ubatch-size, vLLM max_num_batched_tokens), which the gateway cannot read; the largest prompt
-// the worker prefilled lately bounds them as seen. The check runs at every scrape of the worker
-// and warns at most once per costWarnEvery.
+// --ubatch-size, vLLM max_num_batched_tokens), which the gateway cannot read. Two things bound a
+// step as seen: the largest prompt the worker prefilled lately (its whole prefill in one step,
+// as an engine that does not chunk runs it), and the longest pause between two events of the
+// streams it answered lately (a chunking engine's step: each of its steps decodes the running
+// streams beside a piece of prefill). The step is the smaller: a pause can be longer than a step
+// only when the gateway itself was slow to read (a slow client), so it never raises the bound;
+// while no stream was seen, the prompt alone bounds it. The check runs at every scrape of the
+// worker and warns at most once per costWarnEvery.
 
 // costWarnEvery is the least time between two warnings of one worker's unreachable objective.
 const costWarnEvery = time.Hour
@@ -571,13 +583,15 @@ type objectiveReach struct {
 	idle      time.Duration // its predicted TTFT on an idle worker
 	objective time.Duration // its default objective
 	largest   int           // the largest prompt prefilled lately, uncached tokens
-	step      time.Duration // the prefill of largest in one step: what an interactive prompt waits for
-	perK      time.Duration // prefill time per thousand uncached prompt tokens (tp)
-	chunk     int           // the most prompt tokens a step may prefill for the objective to hold
+	step      time.Duration // one engine step as seen: what an interactive prompt waits for
+	// stepSeen: step is the longest pause of a stream lately, shorter than the prefill of
+	// largest in one step (which step is otherwise).
+	stepSeen bool
+	perK     time.Duration // prefill time per thousand uncached prompt tokens (tp)
+	chunk    int           // the most prompt tokens a step may prefill for the objective to hold
 }
 
-// unreachable reports whether one step of the largest prompt alone takes longer than the
-// objective.
+// unreachable reports whether one engine step as seen alone takes longer than the objective.
 func (r objectiveReach) unreachable() bool { return r.step > r.objective }
 
 // reach is what the model says of the default interactive objective for an interactive prompt
@@ -585,7 +599,7 @@ func (r objectiveReach) unreachable() bool { return r.step > r.objective }
 // model cannot predict or has learnt no prefill time. Takes the model's mutex; no allocation.
 func (c *costModel) reach(prompt int) (r objectiveReach, ok bool) {
 	c.mu.Lock()
-	largest, mean := c.largestPrompt, c.meanPrompt
+	largest, mean, gap := c.largestPrompt, c.meanPrompt, c.longestGap
 	c.mu.Unlock()
 	k := c.coefficients()
 	if prompt <= 0 {
@@ -600,13 +614,16 @@ func (c *costModel) reach(prompt int) (r objectiveReach, ok bool) {
 	r.idle = idle.TTFT
 	r.objective = InteractiveObjective(r.idle)
 	r.step = msDuration(tp * largest / 1000)
+	if seen := msDuration(gap); gap > 0 && seen < r.step {
+		r.step, r.stepSeen = seen, true
+	}
 	r.chunk = int(max(ms(r.objective-r.idle), 0) / tp * 1000)
 	return r, true
 }
 
 // checkObjective, run at every scrape of w, warns at most once per costWarnEvery when w's cost
-// model says the default interactive TTFT objective cannot hold there: one engine step
-// prefilling the largest prompt w took lately would alone take longer. The warning names the
+// model says the default interactive TTFT objective cannot hold there: one engine step as seen
+// (see objectiveReach) would alone take longer. The warning names the
 // worker, the figures and the engine setting to lower.
 func (p *Pool) checkObjective(w *Worker) {
 	r, ok := w.cost.reach(int(p.interactivePrompt.Load()))
@@ -625,5 +642,6 @@ func (p *Pool) checkObjective(w *Worker) {
 	p.logger.Warn("interactive TTFT objective unreachable on worker: one engine step of a long prompt takes longer",
 		"worker", w.spec.ID, "interactive_prompt_tokens", r.prompt, "idle_ttft_ms", r.idle.Milliseconds(),
 		"ttft_objective_ms", r.objective.Milliseconds(), "largest_prompt_tokens", r.largest, "step_ms", r.step.Milliseconds(),
+		"step_seen_in_streams", r.stepSeen,
 		"prefill_ms_per_1k_tokens", float64(r.perK.Microseconds())/1000, "step_tokens_within_objective", r.chunk, "fix", fix)
 }

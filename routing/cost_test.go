@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"log/slog"
 	"math"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -509,61 +511,19 @@ func TestCostFitNonNegative(t *testing.T) {
 // in one step slower than the default interactive objective allows is warned of once, with its
 // figures and the setting to change, and again only an hour later; a fast worker beside it never.
 func TestUnreachableObjectiveWarnsOnce(t *testing.T) {
-	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/metrics" {
-			w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
-			return
-		}
-		http.NotFound(w, r)
-	}))
-	t.Cleanup(engine.Close)
-	now := time.Unix(1_700_000_000, 0)
-	clock := func() time.Time { return now }
-	var log bytes.Buffer
-	cfg := Config{Policy: "round_robin", Workers: []WorkerSpec{
-		{ID: "slow", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4},
-		{ID: "fast", URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4}}}
-	cfg.SetDefaults()
-	p, err := NewPool(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&log, nil)), Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.observeInteractivePrompt(200)
 	// slow: 20 ms + 100 ms per thousand prompt tokens (a CPU engine), prompts up to 4000 tokens
 	// in one step (400 ms), against an objective of 1.5 x 40 ms for 200 tokens. fast: 10 ms per
 	// thousand, the same prompts' step is 40 ms, within its objective of 50 ms (the floor).
-	rng := rand.New(rand.NewPCG(16, 17))
 	slow := costLaw{base: 20 * time.Millisecond, perKToken: 100 * time.Millisecond, step: 12 * time.Millisecond}
 	fast := costLaw{base: 20 * time.Millisecond, perKToken: 10 * time.Millisecond, step: 12 * time.Millisecond}
-	workers := modelWorkers(t, p, "m")
-	for i := range 200 {
-		prompt := 100 + rng.IntN(3900)
-		if i == 100 {
-			prompt = 4000
-		}
-		workers[0].cost.observe(placement{}, 0, slow.answer(rng, prompt, 0, 20, placement{}, 0.02))
-		workers[1].cost.observe(placement{}, 0, fast.answer(rng, prompt, 0, 20, placement{}, 0.02))
-	}
-	warnings := func() (lines []map[string]any) {
-		for _, l := range bytes.Split(bytes.TrimSpace(log.Bytes()), []byte("\n")) {
-			var m map[string]any
-			if json.Unmarshal(l, &m) == nil && m["level"] == "WARN" {
-				lines = append(lines, m)
-			}
-		}
-		return lines
-	}
-	scrapes := func(d time.Duration) { // a scrape every 20 s: fewer than the worker gets, enough
-		for end := now.Add(d); now.Before(end); now = now.Add(20 * time.Second) {
-			for _, w := range workers {
-				p.scrapeOnce(context.Background(), w)
-			}
-		}
-	}
-	scrapes(10 * time.Minute)
-	got := warnings()
+	c := newObjectiveCheck(t, map[string]func(rng *rand.Rand, prompt int) Outcome{
+		"slow": func(rng *rand.Rand, prompt int) Outcome { return slow.answer(rng, prompt, 0, 20, placement{}, 0.02) },
+		"fast": func(rng *rand.Rand, prompt int) Outcome { return fast.answer(rng, prompt, 0, 20, placement{}, 0.02) },
+	})
+	c.scrapes(10 * time.Minute)
+	got := c.warnings()
 	if len(got) != 1 {
-		t.Fatalf("after 10 minutes of scrapes: got %d warnings, want 1 (the slow worker's):\n%s", len(got), log.String())
+		t.Fatalf("after 10 minutes of scrapes: got %d warnings, want 1 (the slow worker's):\n%s", len(got), c.log.String())
 	}
 	w := got[0]
 	if w["worker"] != "slow" {
@@ -580,8 +540,103 @@ func TestUnreachableObjectiveWarnsOnce(t *testing.T) {
 	if fix, _ := w["fix"].(string); !bytes.Contains([]byte(fix), []byte("llama-server -b")) || !bytes.Contains([]byte(fix), []byte("--max-num-batched-tokens")) {
 		t.Errorf("warning's fix: got %q, want the llama-server and vLLM settings", fix)
 	}
-	scrapes(time.Hour)
-	if got := warnings(); len(got) != 2 || got[1]["worker"] != "slow" {
-		t.Errorf("an hour later: got %d warnings, want a second one of the slow worker:\n%s", len(got), log.String())
+	c.scrapes(time.Hour)
+	if got = c.warnings(); len(got) != 2 || got[1]["worker"] != "slow" {
+		t.Errorf("an hour later: got %d warnings, want a second one of the slow worker:\n%s", len(got), c.log.String())
+	}
+}
+
+// TestChunkingEngineObjectiveWarning: the step an interactive prompt waits for is what the
+// streams saw. An engine that prefills the same long prompts in pieces (its streams never paused
+// longer than 30 ms, within the 60 ms objective) is not warned of; one whose streams paused
+// 200 ms (steps of about 2000 prompt tokens) is, with the step seen rather than the 400 ms
+// prefill of its largest prompt.
+func TestChunkingEngineObjectiveWarning(t *testing.T) {
+	law := costLaw{base: 20 * time.Millisecond, perKToken: 100 * time.Millisecond, step: 12 * time.Millisecond}
+	paused := func(gap time.Duration) func(rng *rand.Rand, prompt int) Outcome {
+		return func(rng *rand.Rand, prompt int) Outcome {
+			o := law.answer(rng, prompt, 0, 20, placement{}, 0.02)
+			o.LongestGap = gap
+			return o
+		}
+	}
+	c := newObjectiveCheck(t, map[string]func(rng *rand.Rand, prompt int) Outcome{
+		"chunked": paused(30 * time.Millisecond), "coarse": paused(200 * time.Millisecond)})
+	c.scrapes(10 * time.Minute)
+	got := c.warnings()
+	if len(got) != 1 || got[0]["worker"] != "coarse" {
+		t.Fatalf("got %d warnings, want 1, of the coarse worker:\n%s", len(got), c.log.String())
+	}
+	if got[0]["step_ms"] != 200.0 || got[0]["step_seen_in_streams"] != true {
+		t.Errorf("warning: step_ms %v, step_seen_in_streams %v, want 200 and true", got[0]["step_ms"], got[0]["step_seen_in_streams"])
+	}
+}
+
+// objectiveCheck is a pool of workers of model m whose cost models learnt 200 answers each
+// (prompts of 100 to 4000 tokens, 4000 once), with a JSON log and a clock the test moves.
+type objectiveCheck struct {
+	t       *testing.T
+	pool    *Pool
+	workers []*Worker
+	log     bytes.Buffer
+	now     time.Time
+}
+
+// newObjectiveCheck makes the pool of one worker per entry of answers (sorted by ID), each
+// worker's answers made by its function, for interactive prompts of 200 tokens.
+func newObjectiveCheck(t *testing.T, answers map[string]func(rng *rand.Rand, prompt int) Outcome) *objectiveCheck {
+	t.Helper()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(engine.Close)
+	c := &objectiveCheck{t: t, now: time.Unix(1_700_000_000, 0)}
+	ids := slices.Sorted(maps.Keys(answers))
+	cfg := Config{Policy: "round_robin"}
+	for _, id := range ids {
+		cfg.Workers = append(cfg.Workers, WorkerSpec{ID: id, URL: engine.URL, Models: []string{"m"}, MaxConcurrency: 4})
+	}
+	cfg.SetDefaults()
+	p, err := NewPool(cfg, Options{Logger: slog.New(slog.NewJSONHandler(&c.log, nil)), Now: func() time.Time { return c.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.pool = p
+	p.observeInteractivePrompt(200)
+	c.workers = modelWorkers(t, p, "m")
+	rng := rand.New(rand.NewPCG(16, 17))
+	for i := range 200 {
+		prompt := 100 + rng.IntN(3900)
+		if i == 100 {
+			prompt = 4000
+		}
+		for _, w := range c.workers {
+			w.cost.observe(placement{}, 0, answers[w.spec.ID](rng, prompt))
+		}
+	}
+	return c
+}
+
+// warnings are the pool's WARN lines so far.
+func (c *objectiveCheck) warnings() (lines []map[string]any) {
+	for _, l := range bytes.Split(bytes.TrimSpace(c.log.Bytes()), []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(l, &m) == nil && m["level"] == "WARN" {
+			lines = append(lines, m)
+		}
+	}
+	return lines
+}
+
+// scrapes scrapes every worker every 20 s for d: fewer scrapes than a worker gets, enough.
+func (c *objectiveCheck) scrapes(d time.Duration) {
+	for end := c.now.Add(d); c.now.Before(end); c.now = c.now.Add(20 * time.Second) {
+		for _, w := range c.workers {
+			c.pool.scrapeOnce(context.Background(), w)
+		}
 	}
 }

@@ -129,6 +129,11 @@ type Outcome struct {
 	// less that prefill's time): the KV transfer, the engine's queue and its first step. It
 	// teaches the worker's hand-off model (see PredictHandoffIdle); 0 when not measured.
 	Handoff time.Duration
+	// LongestGap, for a streamed answer, is the longest time between two of its events after the
+	// first: while it decoded, the longest engine step it waited through (a step that prefilled
+	// another prompt beside its decode, as a chunking engine runs them). 0 when not streamed.
+	// It bounds what the cost model says one step takes (see Pool.checkObjective).
+	LongestGap time.Duration
 	// UsageEstimated: the engine reported no usage and the tokens above are the gateway's
 	// estimate; they feed the cache counters but not the learned token limit.
 	UsageEstimated bool
