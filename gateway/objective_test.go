@@ -231,8 +231,8 @@ func TestDefaultObjectiveWithoutPredictionIsUnjudged(t *testing.T) {
 	}
 }
 
-// The defaults: 1.5x the idle prediction for interactive, 3x for standard, none for batch, never
-// below the floors; a tier's own objective wins; a client's header tightens either.
+// The defaults: for interactive TTFT 2x the idle prediction plus one idle step (its TPOT), TPOT
+// 2x; for standard 3x; none for batch; never below the floors; a tier's own objective wins; a client's header tightens either.
 func TestDefaultObjectives(t *testing.T) {
 	tier := &tenants.Tier{Name: "t", Objectives: tenants.ClassObjectives{Standard: tenants.Objective{TTFT: 2 * time.Second}}}
 	p := routing.Prediction{TTFT: 400 * time.Millisecond, TPOT: 40 * time.Millisecond}
@@ -245,11 +245,11 @@ func TestDefaultObjectives(t *testing.T) {
 		askTTFT time.Duration
 		want    objective
 	}{
-		{"interactive", queue.Interactive, p, true, 0, objective{600 * time.Millisecond, 60 * time.Millisecond}},
-		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{minTTFTObjective, minTPOTObjective}},
+		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}},
+		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{routing.MinTTFTObjective, minTPOTObjective}},
 		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}},
-		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 60 * time.Millisecond}},
-		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{600 * time.Millisecond, 60 * time.Millisecond}},
+		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 80 * time.Millisecond}},
+		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 80 * time.Millisecond}},
 		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}},
 		{"standard, no prediction: the tier's", queue.Standard, p, false, 0, objective{2 * time.Second, 0}},
 		{"batch: none", queue.Batch, p, true, 0, objective{}},

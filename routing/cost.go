@@ -560,10 +560,10 @@ func (a *arrivalRate) perSecond(now time.Time) float64 {
 
 // An engine runs in steps and does not stop one: an interactive prompt that arrives while a
 // step prefills a long lower-class prompt waits for that step, then needs its own prefill. So
-// the default interactive TTFT objective (InteractiveObjective: a factor of the idle prediction)
-// holds only while one step prefills no more than the objective
-// leaves beside the interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker and
-// an objective of f·TTFT, a step of k prompt tokens costs about tp·k, so k must stay within
+// the default interactive TTFT objective (InteractiveObjective: a factor of the idle prediction
+// plus one step) holds only while one step prefills no more than the objective leaves beside the
+// interactive prompt's own time: with TTFT = t0 + tp·U on an idle worker, a step of s, and an
+// objective of f·TTFT + s, a step of k prompt tokens costs about s + tp·k, so k must stay within
 // (f-1)·TTFT/tp. A step's prompt tokens are bounded by the engine (llama-server --batch-size and
 // --ubatch-size, vLLM max_num_batched_tokens), which the gateway cannot read. Two things bound a
 // step as seen: the largest prompt the worker prefilled lately (its whole prefill in one step,
@@ -612,12 +612,12 @@ func (c *costModel) reach(prompt int) (r objectiveReach, ok bool) {
 	r = objectiveReach{prompt: min(prompt, maxCostTokens), largest: int(largest), perK: msDuration(tp)}
 	idle, _ := k.predict(float64(r.prompt), placement{})
 	r.idle = idle.TTFT
-	r.objective = InteractiveObjective(r.idle)
+	r.objective = InteractiveObjective(idle)
 	r.step = msDuration(tp * largest / 1000)
 	if seen := msDuration(gap); gap > 0 && seen < r.step {
 		r.step, r.stepSeen = seen, true
 	}
-	r.chunk = int(max(ms(r.objective-r.idle), 0) / tp * 1000)
+	r.chunk = int(max(ms(r.objective-r.idle-max(idle.TPOT, 0)), 0) / tp * 1000)
 	return r, true
 }
 

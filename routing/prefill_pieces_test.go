@@ -8,7 +8,7 @@ import (
 
 // The size of a lower-class prompt's pieces: none without interactive traffic, for interactive
 // requests, for prompts no longer than a piece and a half, or when off; else the configured size or,
-// learnt, half the average interactive prompt (the default objective's slack), at least 64
+// learnt, the average interactive prompt (the default objective's slack), at least 64
 // tokens; and at least a sixteenth of the prompt either way.
 func TestPrefillPieceSize(t *testing.T) {
 	for _, tt := range []struct {
@@ -26,8 +26,8 @@ func TestPrefillPieceSize(t *testing.T) {
 		{"a piece ahead and half a piece after", 100, []int{10}, false, 151, 100},
 		{"off", -1, []int{10}, false, 1000, 0},
 		{"an interactive request goes whole", 100, []int{10}, true, 1000, 0},
-		{"learnt: half the interactive prompt", 0, []int{300}, false, 1000, 150},
-		{"learnt: half a moving average", 0, []int{300, 1100}, false, 3000, 200},
+		{"learnt: the interactive prompt", 0, []int{300}, false, 1000, 300},
+		{"learnt: a moving average", 0, []int{300, 1100}, false, 3000, 400},
 		{"learnt: at least 64 tokens", 0, []int{10}, false, 1000, 64},
 		{"learnt: at most 16 pieces", 0, []int{10}, false, 16000, 1000},
 		{"configured: at most 16 pieces too", 100, []int{10}, false, 16001, 1001},

@@ -195,7 +195,7 @@ run() {
 }
 
 # judged NAME: the interactive requests the current gateway judged against their TTFT objective
-# (the default: 1.5x the serving worker's idle prediction), as met/judged.
+# (the default: 2x the serving worker's idle prediction plus one step), as met/judged.
 judged() {
   curl -fs "http://$GW/metrics" | awk '
     index($0, "usher_objective_ttft_total{") == 1 && index($0, "class=\"interactive\"") {
