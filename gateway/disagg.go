@@ -81,8 +81,10 @@ func (cl *call) exclude(worker string) {
 // retry as proxy's.
 func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
 	if cl.local {
-		// Served whole where it is decoded (routing's StageLocal): nothing to hand off.
+		// Served whole where it is decoded (routing's StageLocal): nothing to hand off, and no
+		// prefill worker of an earlier attempt named.
 		cl.prefillWorker, cl.prefilledOn = "", nil
+		c.Response().Header().Del(headerPrefillWorker)
 		return s.proxy(c, cl, cl.lease)
 	}
 	if cl.protocol == routing.ProtocolSGLang {
