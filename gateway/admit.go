@@ -273,6 +273,8 @@ func (s *Server) await(c echo.Context, cl *call, ticket *queue.Ticket) error {
 	cl.grant = grant
 	pl := grant.Placement.(placement)
 	cl.lease, cl.decode = pl.Lease, pl.decode
+	// A two-staged call placed with no decode lease is served whole on a decode worker.
+	cl.local = cl.twoStage && pl.decode == nil
 	cl.queued += grant.Waited
 	rh := c.Response().Header()
 	rh[headerClass] = classHeader[grant.Class]

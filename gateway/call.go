@@ -106,8 +106,11 @@ type call struct {
 	// its prefill stages. concurrent, while the decode stage runs beside its prefill (SGLang's
 	// flow), is the prefill's end, which the decode's usage waits for; stageCtx ends when that
 	// prefill failed (errPrefillFailed), and the decode attempt with it.
+	// local: the attempt placed last serves the call whole on a decode worker, prefilled there
+	// (routing.StageLocal), as any whole call: no prefill stage, no hand-off.
 	protocol      routing.Protocol
 	twoStage      bool
+	local         bool
 	decoding      bool
 	decodeRoute   routing.Request
 	decode        *routing.Lease

@@ -62,9 +62,14 @@ func (s *Server) planStages(cl *call) {
 	cl.route.Tokens = addTokens(cl.promptTokens, 1)
 }
 
-// exclude keeps worker out of the next placement of the stage the call is in.
+// staged reports whether the call was served in two stages: planned so (planStages), and not
+// served whole on a decode worker instead (local).
+func (cl *call) staged() bool { return cl.twoStage && !cl.local }
+
+// exclude keeps worker out of the next placement of the stage the call is in (a call served
+// locally is in its decode stage's pool).
 func (cl *call) exclude(worker string) {
-	if cl.decoding {
+	if cl.decoding || cl.local {
 		cl.decodeRoute.Exclude = append(cl.decodeRoute.Exclude, worker)
 		return
 	}
@@ -72,8 +77,16 @@ func (cl *call) exclude(worker string) {
 }
 
 // twoStages is proxy for a two-staged call: the prefill on cl.lease, then the decode on
-// cl.decode; retry as proxy's.
+// cl.decode, or the whole call on cl.lease when the pool placed it on a decode worker (local);
+// retry as proxy's.
 func (s *Server) twoStages(c echo.Context, cl *call) (retry bool, err error) {
+	if cl.local {
+		// Served whole where it is decoded (routing's StageLocal): nothing to hand off, and no
+		// prefill worker of an earlier attempt named.
+		cl.prefillWorker, cl.prefilledOn = "", nil
+		c.Response().Header().Del(headerPrefillWorker)
+		return s.proxy(c, cl, cl.lease)
+	}
 	if cl.protocol == routing.ProtocolSGLang {
 		return s.bootstrapStages(c, cl)
 	}

@@ -451,3 +451,45 @@ func TestTwoStagedPredictionHoldsTheHandoff(t *testing.T) {
 
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// While the prefill worker is prefilling a batch prompt, an interactive call is served whole by
+// the decode worker, which prefills it itself: the prefill worker never sees it, the decode
+// worker gets it as the client sent it (no kv_transfer_params), and the answer names no prefill
+// worker. The batch call still goes in two stages.
+func TestInteractiveCallIsServedLocallyBesideABusyPrefill(t *testing.T) {
+	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.hold = make(chan struct{}) })
+	dec := newFakeWorker(t, nil)
+	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
+	batch := make(chan *http.Response, 1)
+	go func() {
+		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	}()
+	waitFor(t, "the batch prefill to reach its worker", func() bool { return pre.started.Load() == 1 })
+
+	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("interactive: status %d: %s", resp.StatusCode, data)
+	}
+	if got, gotPre := resp.Header.Get(headerWorker), resp.Header.Get(headerPrefillWorker); got != "d1" || gotPre != "" {
+		t.Fatalf("interactive: served by %q, prefilled by %q; want d1 and no prefill worker", got, gotPre)
+	}
+	if n := pre.requests.Load(); n != 1 {
+		t.Fatalf("the prefill worker got %d requests, want the batch call's alone", n)
+	}
+	if db := dec.body(); db["kv_transfer_params"] != nil || db["max_tokens"] == float64(1) {
+		t.Fatalf("the decode worker got %v: want the interactive call as sent, to prefill itself", db)
+	}
+
+	close(pre.hold)
+	resp = <-batch
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(headerPrefillWorker) != "p1" {
+		t.Fatalf("batch: status %d, prefilled by %q: %s; want 200 in two stages", resp.StatusCode, resp.Header.Get(headerPrefillWorker), data)
+	}
+	if dkv, _ := dec.body()["kv_transfer_params"].(map[string]any); dkv["remote_engine_id"] != "p1" {
+		t.Fatalf("batch: the decode worker got kv_transfer_params %v, want the prefill answer's", dkv)
+	}
+}

@@ -49,7 +49,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		if cl.attempts > 0 {
 			s.metrics.overhead.Observe(max(0, total-cl.queued-cl.atWorker).Seconds())
 		}
-		if cl.twoStage && cl.decodeRest > 0 {
+		if cl.staged() && cl.decodeRest > 0 {
 			s.metrics.observeParts(cl)
 		}
 	}
@@ -57,7 +57,7 @@ func (s *Server) settle(c echo.Context, cl *call, err error) error {
 		return err
 	}
 	engineTTFT, ttftPred, ttftPredOK := cl.measured.TTFT, cl.predicted.TTFT, cl.predictedOK
-	if cl.twoStage {
+	if cl.staged() {
 		engineTTFT, ttftPred, ttftPredOK = cl.stagedFirstToken()
 	}
 	s.log.Info("request",

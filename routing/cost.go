@@ -312,6 +312,17 @@ func (c *costModel) coefficients() costCoefficients {
 // when it ended. An answer that failed, or whose usage the gateway estimated, or that took no
 // measurable time, teaches nothing.
 func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
+	c.observeStage(pl, runningAtEnd, o, nil)
+}
+
+// observeStage is observe for an answer of a decode stage when handoff is not nil: the fit, when
+// placed, of its worker's hand-off model (handoff.go). The first token of a decode comes after
+// the KV transfer, not after a prefill of its uncached tokens (one), so a whole answer's TPOT is
+// what follows the hand-off that model predicts; while it cannot say, the answer teaches no
+// TPOT. The TTFT law has no say there: it is learnt from the prompts the worker prefills
+// itself, and its extrapolation to one token taught a decode worker serving interactive prompts
+// whole (StageLocal) beside batch decodes a TPOT below its decode step.
+func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, handoff *handoffCoefficients) {
 	if o.Failed || o.UsageEstimated || o.PromptTokens <= 0 {
 		return
 	}
@@ -334,7 +345,17 @@ func (c *costModel) observe(pl placement, runningAtEnd float64, o Outcome) {
 	}
 	if outputs >= 2 && answered > 0 {
 		first := ms(ttft)
-		if ttft == 0 {
+		switch {
+		case ttft > 0:
+		case handoff != nil:
+			// A decode's whole answer: its first token came after the hand-off.
+			h, ok := handoff.predict(o.PromptTokens, pl.running)
+			if !ok {
+				c.publish()
+				return
+			}
+			first = ms(h)
+		default:
 			// A whole answer: its first token came when the model says it would.
 			if c.ttft.answers < costMinAnswers {
 				c.publish()

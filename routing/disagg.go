@@ -57,6 +57,11 @@ const (
 	// lease holds no prefill: the prefill protections (budget, pieces, interactive spread) do
 	// not apply to it.
 	StageDecode
+	// StageLocal: the whole request on the decode pool, prefilled where it is decoded, as a
+	// vLLM engine with a KV connector serves a request without kv_transfer_params. PickStages
+	// places an interactive request so when the prefill pool would make its prompt wait (see
+	// there); its lease holds its prefill as a whole request's does.
+	StageLocal
 )
 
 // String is the stage's name in metrics and logs.
@@ -66,6 +71,8 @@ func (s Stage) String() string {
 		return "prefill"
 	case StageDecode:
 		return "decode"
+	case StageLocal:
+		return "local"
 	}
 	return "whole"
 }
@@ -246,7 +253,7 @@ func (ms *modelSet) stageSet(s Stage) *modelSet {
 	switch s {
 	case StagePrefill:
 		return ms.prefill
-	case StageDecode:
+	case StageDecode, StageLocal:
 		return ms.decode
 	}
 	return ms
@@ -274,9 +281,20 @@ func (ms *modelSet) allWorkers() []*Worker {
 // other stage is given back as though never placed, without telling OnRoom's function, so it may
 // be called under a lock that function takes (the queue's). A decode request naming in
 // TargetWorker a worker of the prefill pool only picks by policy, and the reverse.
+//
+// An interactive request may instead be served whole on the decode pool (see servedLocally):
+// then pre is its lease (Stage StageLocal, on a decode worker) and dec is nil.
 func (p *Pool) PickStages(ctx context.Context, prefill, decode *Request) (pre, dec *Lease, err error) {
 	if prefill.Stage != StagePrefill || decode.Stage != StageDecode {
 		return nil, nil, fmt.Errorf("model %q: PickStages needs a prefill and a decode request: %w", prefill.Model, ErrNoWorker)
+	}
+	if p.servedLocally(prefill) {
+		local := *decode
+		local.Stage = StageLocal
+		if l, err := p.Pick(ctx, &local); err == nil {
+			return l, nil, nil
+		}
+		// No decode worker has room: neither stage could be placed either.
 	}
 	// The decode pool first: its leases last the whole answer, so it is the pool more often
 	// full, and a prefill picked in vain would have taught its policy a prompt it never saw.
@@ -290,6 +308,37 @@ func (p *Pool) PickStages(ctx context.Context, prefill, decode *Request) (pre, d
 		return nil, nil, err
 	}
 	return pre, dec, nil
+}
+
+// servedLocally reports whether prefill, the prefill stage of a request of a disaggregated
+// model, is to be served whole on the decode pool, prefilled there (StageLocal): an interactive
+// request of the vLLM protocol whose prompt is within ConcurrencyConfig.LowerPrefillTokens, when
+// no prefill worker it may use is free of prompts in prefill.
+//
+// An engine does not stop a step: on a prefill worker busy with other prompts (a batch flood
+// keeps every one busy, back to back) an interactive prompt waits for the step in progress,
+// up to a whole lower-class prompt's prefill, and its hand-off comes after that; a decode
+// worker's steps are one token per sequence, a few milliseconds, so there it waits for little
+// more than its own prefill. What that costs the decode worker's sequences is one step longer
+// by this prompt's prefill, which the bound on the prompt keeps within what the prefill budget
+// lets a lower-class prompt cost an interactive one. NVIDIA Dynamo's disaggregated serving
+// decides the same way, prefilling in the decode engine a short prompt or one the prefill
+// queue would delay. SGLang's engines in a disaggregation mode refuse a request without a
+// bootstrap room, so its protocol never does. Cost: a few atomic loads per prefill worker.
+func (p *Pool) servedLocally(prefill *Request) bool {
+	if !prefill.Interactive || prefill.TargetWorker != "" || prefill.PromptTokens > p.cfg.Concurrency.LowerPrefillTokens {
+		return false
+	}
+	ms := p.snap.Load().models[prefill.Model]
+	if ms == nil || ms.prefill == nil || ms.protocol != ProtocolVLLM {
+		return false
+	}
+	for _, w := range ms.prefill.workers {
+		if prefill.Eligible(w) && w.promptsInPrefill.Load() <= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // cancel gives back a lease whose request was never sent, as though it had not been placed:

@@ -218,3 +218,89 @@ func TestSGLangBothWorkersServeWholeRequestsOnly(t *testing.T) {
 		t.Fatalf("whole requests go to %v, want w4", ms.workers)
 	}
 }
+
+// An interactive request is served whole on a decode worker (StageLocal) while every prefill
+// worker is prefilling other prompts, where its prompt would wait for the step in progress; with
+// a prefill worker free, a long prompt, SGLang's protocol or a lower class, it goes in two
+// stages.
+func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
+	ctx := context.Background()
+	stages := func(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
+		return p.PickStages(ctx, &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
+			&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
+	}
+	decodeWorker := func(id string) bool { return id == "w2" || id == "w3" }
+	// on names the workers of a placement: prefill, then decode ("-": none).
+	on := func(pre, dec *Lease) string {
+		name := func(l *Lease) string {
+			if l == nil {
+				return "-"
+			}
+			return l.Worker.ID()
+		}
+		return name(pre) + ", " + name(dec)
+	}
+	for _, proto := range []Protocol{ProtocolVLLM, ProtocolSGLang} {
+		t.Run(string(proto), func(t *testing.T) {
+			p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4],
+				Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", Protocol: proto}})
+			pre, dec, err := stages(p, true, 200)
+			if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
+				t.Fatalf("prefill pool idle: got %s, %v; want two stages, the prefill on w0 or w1", on(pre, dec), err)
+			}
+			pre.Release(Outcome{})
+			dec.Release(Outcome{})
+			// A batch prompt in prefill on each prefill worker, their leases held.
+			var batch []*Lease
+			for range 2 {
+				pre, dec, err := stages(p, false, 300)
+				if err != nil || dec == nil {
+					t.Fatalf("batch: got %s, %v; want two stages", on(pre, dec), err)
+				}
+				batch = append(batch, pre)
+			}
+			if batch[0].Worker == batch[1].Worker {
+				t.Fatalf("both batch prefills went to %s; the test wants one on each prefill worker", batch[0].Worker.ID())
+			}
+			pre, dec, err = stages(p, true, 200)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if proto == ProtocolSGLang {
+				if dec == nil || decodeWorker(pre.Worker.ID()) {
+					t.Fatalf("sglang, prefill pool busy: got %s; want two stages (its decode engines refuse whole requests)", on(pre, dec))
+				}
+				return
+			}
+			if dec != nil || !decodeWorker(pre.Worker.ID()) {
+				t.Fatalf("prefill pool busy: got %s; want the whole request on w2 or w3, no decode lease", on(pre, dec))
+			}
+			if pre.Worker.promptsInPrefill.Load() != 200 || pre.Worker.interactivePrefills.Load() != 1 {
+				t.Fatalf("the local lease counts %d prompt tokens and %d interactive prompts in prefill on %s, want 200 and 1",
+					pre.Worker.promptsInPrefill.Load(), pre.Worker.interactivePrefills.Load(), pre.Worker.ID())
+			}
+			pre.Release(Outcome{})
+			for _, tc := range []struct {
+				name        string
+				interactive bool
+				prompt      int
+			}{
+				{"batch", false, 100},
+				{"prompt above the prefill budget", true, DefaultLowerPrefillTokens + 1},
+			} {
+				pre, dec, err := stages(p, tc.interactive, tc.prompt)
+				if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
+					t.Fatalf("%s: got %s, %v; want two stages", tc.name, on(pre, dec), err)
+				}
+				pre.Release(Outcome{})
+				dec.Release(Outcome{})
+			}
+			// One prefill worker free again: interactive prompts go to it.
+			batch[0].Release(Outcome{})
+			pre, dec, err = stages(p, true, 200)
+			if err != nil || dec == nil || pre.Worker != batch[0].Worker {
+				t.Fatalf("a prefill worker free: got %s, %v; want two stages, the prefill on %s", on(pre, dec), err, batch[0].Worker.ID())
+			}
+		})
+	}
+}

@@ -120,3 +120,38 @@ func TestHandoffModelAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per observe and predict, want 0", n)
 	}
 }
+
+// A decode stage's whole answer teaches its worker's TPOT with its first token where the
+// hand-off model puts it, and nothing while that model cannot say: not where the TTFT law,
+// learnt from the prompts the worker prefilled itself (interactive requests served whole there),
+// puts a prompt of one uncached token. Else the decodes' answers, less that extrapolation, teach
+// a TPOT below the worker's decode step, and the objectives judged against it.
+func TestDecodeStageWholeAnswersTeachTPOTAfterTheHandoff(t *testing.T) {
+	p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4]})
+	ctx := context.Background()
+	const step = 13 * time.Millisecond
+	for i := range 200 {
+		if i%5 == 0 {
+			// An interactive request served whole: TTFT 40 ms + 100 µs per prompt token.
+			prompt := 128 + (i*37)%256
+			l, err := p.Pick(ctx, &Request{Model: "m", Stage: StageLocal, TargetWorker: "w2", Interactive: true, PromptTokens: prompt, Tokens: prompt + 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ttft := 40*time.Millisecond + time.Duration(prompt)*100*time.Microsecond
+			l.Release(Outcome{PromptTokens: prompt, CompletionTokens: 64, CacheReported: true, TTFT: ttft, Answered: ttft + 63*step})
+			continue
+		}
+		// A batch decode, answered whole: the KV transfer and a step (20 ms), then 6 more steps.
+		l, err := p.Pick(ctx, &Request{Model: "m", Stage: StageDecode, TargetWorker: "w2", PromptTokens: 520, Tokens: 527})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release(Outcome{PromptTokens: 520, CachedTokens: 519, CompletionTokens: 7, CacheReported: true, Answered: 20*time.Millisecond + 6*step})
+	}
+	w := p.snap.Load().models["m"].decode.byID["w2"]
+	got, ok := w.PredictIdle(256, 0)
+	if !ok || got.TPOT < step-time.Millisecond || got.TPOT > step+time.Millisecond {
+		t.Fatalf("w2's idle TPOT: got %v (ok %v), want its decode step, %v", got.TPOT, ok, step)
+	}
+}

@@ -202,7 +202,11 @@ func (l *Lease) Release(o Outcome) {
 	if l.piece == 0 {
 		// A prompt sent in pieces waited between them for interactive prompts: its times are
 		// usher's, not the engine's.
-		w.cost.observe(l.placed, w.placementNow(w.inFlight.Load()).running, o)
+		var handoff *handoffCoefficients
+		if l.decode {
+			handoff = &l.handoff
+		}
+		w.cost.observeStage(l.placed, w.placementNow(w.inFlight.Load()).running, o, handoff)
 	}
 	if l.decode && !o.Failed && !o.UsageEstimated {
 		w.handoff.observe(l.placed.running, o.PromptTokens, o.Handoff)
