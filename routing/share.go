@@ -27,14 +27,28 @@ type ShareStore interface {
 	// is not live). The answer lists the demands of every live replica, this one included. On
 	// an error no answer is to be taken as given, and the reports may or may not be applied.
 	// Safe for concurrent use.
+	//
+	// It also records, for each worker, the report's hold of the worker's interactive reserve
+	// (Reserve, ReserveTokens) as this replica's, replacing the one before, for TakeReserve to
+	// count until the report expires.
 	ExchangeShares(ctx context.Context, reports []ShareReport) ([]ShareAnswer, error)
+	// TakeReserve takes room for one interactive request from the interactive reserve of one
+	// of claims' workers, in one round trip, atomically: of the workers whose live replicas'
+	// holds (as the last exchange of each, and TakeReserve since, recorded them) leave at least
+	// one request and Want tokens of the claim's Requests and Tokens, the one with the most
+	// tokens left; it adds one request and Want tokens to this replica's hold there and returns
+	// the claim's index. -1: no worker has room. On an error nothing is to be taken as held.
+	// Safe for concurrent use.
+	TakeReserve(ctx context.Context, claims []ReserveClaim) (int, error)
 }
 
 // ShareReport is one replica's state on one worker, as it sends it in an exchange. Every count
 // is at least 0 and at most maxSlots.
 type ShareReport struct {
 	Worker string
-	// Limit is the worker's concurrency limit as this replica knows it (learned or fixed).
+	// Limit is the worker's concurrency limit as this replica knows it (learned or fixed), less
+	// the fleet's interactive reserve of it (see Options.InteractiveReserve): what the split
+	// divides.
 	Limit int64
 	// Hold is the room this replica keeps whatever the answer: what it may still use until the
 	// exchange is answered, at least its requests in flight there.
@@ -50,6 +64,10 @@ type ShareReport struct {
 	// interactive and of every class (so Weight >= InteractiveWeight), in thousandths, at
 	// most maxShareWeight (see ModelBacklog).
 	InteractiveWeight, Weight int64
+	// Reserve and ReserveTokens are the room this replica holds of the worker's interactive
+	// reserve (see TakeReserve), within [0, maxSlots] and [0, maxReserveTokens]; Hold does
+	// not count the requests in flight on it.
+	Reserve, ReserveTokens int64
 }
 
 // ShareAnswer is the fleet's answer to one ShareReport.
@@ -186,8 +204,8 @@ func (w *Worker) Share() (n int64, shared bool) {
 // model, what this replica has queued for it. The gateway calls it every few tens of
 // milliseconds, off the admission path: one round trip.
 //
-// A share is the replica's part of a deterministic split of the worker's limit by the
-// replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
+// A share is the replica's part of a deterministic split of the worker's limit (less the
+// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
 // served first, then the rest by the weights of the backlogged flows, room nobody asks for
 // spread evenly), computed by each replica from what the last exchange said of the others; the store
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
@@ -230,7 +248,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			interWeight, weight = interWeight+max(b.InteractiveWeight, 0), weight+max(b.Weight, 0)
 		}
 		all += w.inFlight.Load()
-		r := ShareReport{Worker: w.spec.ID, Limit: min(max(w.limit.Load(), 0), maxSlots),
+		r := ShareReport{Worker: w.spec.ID, Limit: min(max(p.shareLimit(w), 0), maxSlots),
 			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots),
 			InteractiveWeight: weightUnits(interWeight)}
 		r.Weight = max(weightUnits(weight), r.InteractiveWeight)
@@ -242,7 +260,10 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		// what the share left in flight.
 		keep := min(max(w.share.Load(), 0), r.Want)
 		changed = w.setShare(keep) || changed
-		r.Hold = min(max(keep, w.inFlight.Load()), maxSlots)
+		reserve := w.reserve.Load()
+		r.Reserve, r.ReserveTokens = w.settleReserve(now)
+		changed = changed || w.reserve.Load() != reserve
+		r.Hold = min(max(keep, w.inFlight.Load()-r.Reserve), maxSlots)
 		reports[i] = r
 	}
 	got, err := s.store.ExchangeShares(ctx, reports)
@@ -259,7 +280,10 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		grow := !s.joined && now.Sub(s.started) >= ShareReportTTL
 		// A new slice: workers and over share the pool's array.
 		for _, w := range slices.Concat(workers, over) {
-			fb := s.fallback(w.spec.ID, w.limit.Load())
+			reserve := w.reserve.Load()
+			w.settleReserve(now)
+			changed = changed || w.reserve.Load() != reserve
+			fb := s.fallback(w.spec.ID, p.shareLimit(w))
 			if !grow {
 				fb = min(fb, max(w.share.Load(), 0))
 			}
@@ -304,7 +328,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		changed = w.setShare(share) || changed
 	}
 	for _, w := range over {
-		changed = w.setShare(s.fallback(w.spec.ID, w.limit.Load())) || changed
+		changed = w.setShare(s.fallback(w.spec.ID, p.shareLimit(w))) || changed
 	}
 	maps.DeleteFunc(s.fleet, func(id string, _ *workerFleet) bool { return !seen[id] })
 	if rejoining {

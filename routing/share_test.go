@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -137,6 +138,8 @@ type memFleet struct {
 	mu      sync.Mutex
 	cut     bool
 	reports map[string]map[string]memReport // by worker, then replica
+	// reserve is, by worker, then replica, the holds of the worker's interactive reserve.
+	reserve map[string]map[string]memHold
 }
 
 type memReport struct {
@@ -145,8 +148,61 @@ type memReport struct {
 	at    time.Time
 }
 
+type memHold struct {
+	requests, tokens int64
+	at               time.Time
+}
+
 func newMemFleet(now func() time.Time) *memFleet {
-	return &memFleet{now: now, reports: map[string]map[string]memReport{}}
+	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{}}
+}
+
+// holdsOf is the worker's live reserve holds, the expired ones dropped. f.mu must be held.
+func (f *memFleet) holdsOf(worker string) map[string]memHold {
+	h := f.reserve[worker]
+	if h == nil {
+		h = map[string]memHold{}
+		f.reserve[worker] = h
+	}
+	maps.DeleteFunc(h, func(_ string, e memHold) bool { return f.now().Sub(e.at) > ShareReportTTL })
+	return h
+}
+
+// TakeReserve has the semantics of RedisStore's script.
+func (m memShares) TakeReserve(_ context.Context, claims []ReserveClaim) (int, error) {
+	f := m.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cut {
+		return -1, errCut
+	}
+	best, bestLeft := -1, int64(-1)
+	for i, c := range claims {
+		var n, t int64
+		for _, e := range f.holdsOf(c.Worker) {
+			n, t = n+e.requests, t+e.tokens
+		}
+		if n+c.WantRequests <= c.Requests && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
+			best, bestLeft = i, c.Tokens-t
+		}
+	}
+	if best >= 0 {
+		h := f.holdsOf(claims[best].Worker)
+		e := h[m.name]
+		h[m.name] = memHold{requests: e.requests + claims[best].WantRequests, tokens: e.tokens + claims[best].Want, at: f.now()}
+	}
+	return best, nil
+}
+
+// reserveHeld is the requests the live replicas hold of the worker's reserve.
+func (f *memFleet) reserveHeld(worker string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n int64
+	for _, e := range f.holdsOf(worker) {
+		n += e.requests
+	}
+	return n
 }
 
 // replica is the ShareStore of one replica of the fleet.
@@ -162,6 +218,7 @@ func (f *memFleet) setCut(cut bool) {
 func (f *memFleet) forget() {
 	f.mu.Lock()
 	clear(f.reports)
+	clear(f.reserve)
 	f.mu.Unlock()
 }
 
@@ -203,6 +260,11 @@ func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]S
 		grant := max(r.Hold, min(r.Want, r.Limit-others))
 		d := ReplicaDemand{Replica: m.name, Interactive: r.Interactive, Demand: r.Demand, InteractiveWeight: r.InteractiveWeight, Weight: r.Weight}
 		held[m.name] = memReport{d: d, grant: grant, at: now}
+		if h := f.holdsOf(r.Worker); r.Reserve > 0 || r.ReserveTokens > 0 {
+			h[m.name] = memHold{requests: r.Reserve, tokens: r.ReserveTokens, at: now}
+		} else {
+			delete(h, m.name)
+		}
 		d.Self = true
 		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, d)}
 	}
@@ -235,10 +297,16 @@ const simLimit = 12
 
 func newSimFleet(t *testing.T, clock *fakeClock, fleet *memFleet, names ...string) []*simReplica {
 	t.Helper()
+	return newSimFleetWith(t, clock, fleet, 0, names...)
+}
+
+// newSimFleetWith is newSimFleet with Options.InteractiveReserve set to reserve.
+func newSimFleetWith(t *testing.T, clock *fakeClock, fleet *memFleet, reserve float64, names ...string) []*simReplica {
+	t.Helper()
 	var rs []*simReplica
 	for _, name := range names {
 		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
-		opts := Options{Now: clock.Now}
+		opts := Options{Now: clock.Now, InteractiveReserve: reserve}
 		if fleet != nil {
 			opts.Shares = fleet.replica(name)
 		}
@@ -569,7 +637,7 @@ func TestTokenCapacityIsTheShares(t *testing.T) {
 		if !r.Eligible(w) {
 			return false
 		}
-		if ok, _ := w.tryAcquire(int64(r.Tokens)); !ok {
+		if ok, _ := w.tryAcquire(int64(r.Tokens), r.Interactive); !ok {
 			t.Fatal("eligible, but tryAcquire refused")
 		}
 		return true
