@@ -252,7 +252,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots),
 			InteractiveWeight: weightUnits(interWeight)}
 		r.Weight = max(weightUnits(weight), r.InteractiveWeight)
-		r.Want = s.target(w.spec.ID, r)
+		r.Want = s.target(w.spec.ID, r, now)
 		if f := s.fleet[w.spec.ID]; rejoining && f != nil && f.fallback >= 0 {
 			r.Want = min(r.Want, f.fallback)
 		}
@@ -321,7 +321,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		}
 		n = max(n, len(a.Fleet))
 		seen[w.spec.ID] = true
-		share := min(a.Grant, s.target(w.spec.ID, reports[i]))
+		share := min(a.Grant, s.target(w.spec.ID, reports[i], now))
 		if f.fallback >= 0 {
 			share = min(share, f.fallback)
 		}
@@ -388,14 +388,23 @@ func validAnswers(reports []ShareReport, got []ShareAnswer) error {
 }
 
 // target is this replica's part of the split of r's worker by the demands of the last
-// exchange, with its own demand as in r. Without a last exchange (or with the worker's fleet
-// not known) it asks for the worker's whole limit: the grant leaves the others' holds alone.
-func (s *shares) target(id string, r ShareReport) int64 {
+// exchange, with its own demand as in r, at now. Without a last exchange (or with the worker's
+// fleet not known) it asks for the worker's whole limit: the grant leaves the others' holds alone.
+//
+// The split is computed in fractions of a request (splitShares on limit x unit) and rounded by
+// roundShare, which gives each replica the floor or the ceiling of its exact part, the ceiling
+// for a part of the shareRound periods equal to the fraction: 7 requests split 2:1:1 are 3.5,
+// 1.75 and 1.75 over time, where whole units left over in a fixed order gave 4, 2 and 1 (the
+// replica with the most demand first) at every exchange, so the heavier replica's tenants took
+// more than their part for as long as the backlog lasted.
+func (s *shares) target(id string, r ShareReport, now time.Time) int64 {
 	f := s.fleet[id]
 	if f == nil || f.self < 0 {
 		return r.Limit
 	}
 	n := len(f.demands)
+	limit := max(r.Limit, 0)
+	unit := shareUnit(limit)
 	inter, all := make([]int64, n), make([]int64, n)
 	interWeight, weight := make([]int64, n), make([]int64, n)
 	for i, d := range f.demands {
@@ -407,7 +416,57 @@ func (s *shares) target(id string, r ShareReport) int64 {
 	slices.SortStableFunc(ties, func(a, b int) int {
 		return cmp.Or(cmp.Compare(inter[b], inter[a]), cmp.Compare(all[b], all[a]))
 	})
-	return splitShares(r.Limit, fleetDemand{inter, all, interWeight, weight}, ties)[f.self]
+	// A demand above the limit splits as the limit does (no part exceeds it), and keeps the
+	// split in fractions within maxSlots.
+	for i := range n {
+		inter[i], all[i] = min(inter[i], limit)*unit, min(all[i], limit)*unit
+	}
+	parts := splitShares(limit*unit, fleetDemand{inter, all, interWeight, weight}, ties)
+	return roundShare(parts, f.self, unit, roundOffset(id, unit, now))
+}
+
+// shareRound is how long one rounding of the fleet's split lasts (see roundShare): long enough
+// that a share which shrinks has time to give up a request before it grows again, short
+// against the windows over which tenants compare what they were served.
+const shareRound = time.Second
+
+// maxShareUnit is the finest fraction of a request the split computes in.
+const maxShareUnit = 1 << 10
+
+// shareUnit is the fractions of a request the split of limit computes in: at most
+// maxShareUnit, and limit x unit within maxSlots, so the split's arithmetic stays as bounded as
+// in whole requests.
+func shareUnit(limit int64) int64 {
+	return min(max(maxSlots/max(limit, 1), 1), maxShareUnit)
+}
+
+// roundOffset is where the rounding of worker id's split starts in the shareRound period of
+// now, in [0, unit): the golden-ratio sequence over the periods, shifted by a hash of the
+// worker, so that over any few periods each replica's ceiling comes up in proportion to its
+// fraction, and workers round differently from one another. The same on every replica whose
+// clock agrees.
+func roundOffset(id string, unit int64, now time.Time) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	// FNV leaves the high bits of names that differ in their last bytes alike: mixed
+	// (splitmix64's finalizer) before they place the worker's start.
+	x := h.Sum64()
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	period := uint64(now.UnixNano() / int64(shareRound))
+	hi, _ := bits.Mul64(x+period*0x9e3779b97f4a7c15, uint64(unit))
+	return int64(hi)
+}
+
+// roundShare is the whole requests of replica self in a split in parts of unit (parts in
+// the order of the fleet's demands, by Replica): the replicas lie end to end from offset, and
+// each takes the unit boundaries that fall within its parts. So each gets the floor or the
+// ceiling of its exact part, the whole parts add up to the limit whatever the offset, and
+// with the offset uniform each gets its exact part on average. offset within [0, unit).
+func roundShare(parts []int64, self int, unit, offset int64) int64 {
+	from := offset + sum(parts[:self])
+	return (from+parts[self])/unit - from/unit
 }
 
 // tieOrder is the order in which the replicas of a worker's fleet take the units a split leaves

@@ -607,7 +607,7 @@ func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
 			f := &workerFleet{demands: slices.Clone(fleet), self: self}
 			f.demands[self].Self = true
 			s.fleet[id] = f
-			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50})
+			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50}, time.Unix(1000, 0))
 		}
 	}
 	if sum(got) != 240 {
@@ -616,6 +616,67 @@ func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
 	for i, n := range got {
 		if n < 72 || n > 88 {
 			t.Errorf("replica %s holds %d of the 240 slots, want about a third, 72..88 (all: %v)", fleet[i].Replica, n, got)
+		}
+	}
+}
+
+// TestFractionalSharesCarryOverTime: the pinned bench with the fleet's interactive reserve
+// out of the split: two workers of 7 requests each (8 less the reserve) split among a replica
+// queueing for two tenants and two queueing for one each (weights 2:1:1), 3.5, 1.75 and 1.75 of
+// each worker. At every moment the parts add up to each worker's 7; over 60 rounds each
+// replica holds its exact part, so each tenant a quarter of the workers. With the units left
+// over in a fixed order (the replica with the most demand first) the first replica held 4 of
+// every 7, 8 of the 14 slots, and each of its tenants 29% of the service.
+func TestFractionalSharesCarryOverTime(t *testing.T) {
+	const u = shareWeightUnit
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 128, Weight: 2 * u}, {Replica: "b", Demand: 64, Weight: u},
+		{Replica: "c", Demand: 64, Weight: u}}
+	workers := []string{"sim-1", "sim-2"}
+	const rounds = 60
+	held := make([]int64, len(fleet))
+	start := time.Unix(1000, 0)
+	for r := range rounds {
+		now := start.Add(time.Duration(r) * shareRound)
+		for _, id := range workers {
+			var total int64
+			for self, d := range fleet {
+				f := &workerFleet{demands: slices.Clone(fleet), self: self}
+				f.demands[self].Self = true
+				s := &shares{fleet: map[string]*workerFleet{id: f}}
+				n := s.target(id, ShareReport{Limit: 7, Demand: d.Demand, Weight: d.Weight}, now)
+				if n < 1 || n > 4 {
+					t.Fatalf("round %d, %s: replica %s's share is %d, want the floor or the ceiling of its part", r, id, d.Replica, n)
+				}
+				total += n
+				held[self] += n
+			}
+			if total != 7 {
+				t.Fatalf("round %d, %s: the shares add up to %d, want the 7 the split divides", r, id, total)
+			}
+		}
+	}
+	for i, want := range []float64{7, 3.5, 3.5} {
+		if got := float64(held[i]) / rounds; got < want-0.1 || got > want+0.1 {
+			t.Errorf("replica %s held %.2f of the 14 slots on average, want %.1f (all: %v over %d rounds)", fleet[i].Replica, got, want, held, rounds)
+		}
+	}
+}
+
+// TestWholeSharesStayPut: a split that divides the limit exactly (8 requests 2:1:1) gives the
+// same shares in every round, so nothing churns.
+func TestWholeSharesStayPut(t *testing.T) {
+	const u = shareWeightUnit
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 128, Weight: 2 * u}, {Replica: "b", Demand: 64, Weight: u},
+		{Replica: "c", Demand: 64, Weight: u}}
+	for r := range 20 {
+		now := time.Unix(1000, 0).Add(time.Duration(r) * shareRound)
+		for self, d := range fleet {
+			f := &workerFleet{demands: slices.Clone(fleet), self: self}
+			f.demands[self].Self = true
+			s := &shares{fleet: map[string]*workerFleet{"w": f}}
+			if got, want := s.target("w", ShareReport{Limit: 8, Demand: d.Demand, Weight: d.Weight}, now), []int64{4, 2, 2}[self]; got != want {
+				t.Fatalf("round %d: replica %s's share is %d, want %d", r, d.Replica, got, want)
+			}
 		}
 	}
 }
