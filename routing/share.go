@@ -207,7 +207,8 @@ func (w *Worker) Share() (n int64, shared bool) {
 // A share is the replica's part of a deterministic split of the worker's limit (less the
 // fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
 // served first, then the rest by the weights of the backlogged flows, room nobody asks for
-// spread evenly), computed by each replica from what the last exchange said of the others; the store
+// spread evenly; in fractions of a request, each replica's part rounded up or down in turn over
+// shareRound periods, see target), computed by each replica from what the last exchange said of the others; the store
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
 // grows waits until the room is given up, and the worker is never sent more than its limit in
 // all. A share that shrinks applies before the exchange. When the exchange fails, every
