@@ -247,13 +247,17 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 	if err != nil {
 		return cl.objectiveMissed(err)
 	}
-	if cl.class == queue.Interactive && !s.cfg.DisablePreemption {
+	if cl.class == queue.Interactive {
 		select {
 		case <-ticket.Ready():
 		default:
-			// No room for an interactive call: a standard or batch call whose answer has not
-			// begun gives it its capacity.
-			s.preemption.preemptOne(cl.model)
+			// No room for an interactive call: in a fleet, room taken for it from the fleet's
+			// interactive reserve (one round trip; the queue places it there once the pool
+			// tells of the change); else a standard or batch call whose answer has not begun
+			// gives it its capacity.
+			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) && !s.cfg.DisablePreemption {
+				s.preemption.preemptOne(cl.model)
+			}
 		}
 	}
 	return s.await(c, cl, ticket)

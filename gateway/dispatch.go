@@ -79,6 +79,7 @@ func (d *dispatcher) addQueueLocked(model string, workers []routing.WorkerStatus
 		return nil, err
 	}
 	d.caps[model], d.shared[model] = capacityOf(workers, model, d.disaggregated(model))
+	q.SetReserveOutside(d.shared[model] && d.pool.FleetReserve())
 	q.SetCapacity(d.caps[model])
 	d.queues[model] = q
 	return q, nil
@@ -127,6 +128,9 @@ func (d *dispatcher) refresh() {
 	for model, q := range d.queues {
 		c, shared := capacityOf(workers, model, d.disaggregated(model))
 		d.shared[model] = shared
+		// The fleet keeps the interactive reserve of the workers it splits (their shares
+		// exclude it), the queue none of its own.
+		q.SetReserveOutside(shared && d.pool.FleetReserve())
 		if c != d.caps[model] {
 			d.caps[model] = c
 			q.SetCapacity(c)
@@ -181,7 +185,8 @@ func (d *dispatcher) disaggregated(model string) bool {
 // whole answer and its prefill worker only for its prefill, so the decode pool bounds the calls
 // in flight, and a full prefill pool makes the placement wait (routing.ErrNoRoom). A worker split by the fleet (WorkerStatus.Shared)
 // counts this replica's share of it, which may be 0 while other replicas need the worker more
-// (requests then wait here, in order, for the next exchange to give room). Any other counts its
+// (requests then wait here, in order, for the next exchange to give room), and the room it holds
+// of the fleet's interactive reserve, which routing gives interactive requests only. Any other counts its
 // concurrency limit less the requests other replicas have on it as its /metrics last reported
 // (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
 // healthy worker and a worker the others fill makes requests wait here, in order, instead of in
@@ -194,7 +199,7 @@ func capacityOf(workers []routing.WorkerStatus, model string, disaggregated bool
 		}
 		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
 			if w.Shared {
-				c.Requests += int(w.Share)
+				c.Requests += int(w.Share + w.Reserve)
 				shared = true
 			} else {
 				c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))

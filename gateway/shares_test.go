@@ -89,3 +89,74 @@ func TestFleetKeepsWorkerWithinItsLimit(t *testing.T) {
 		t.Fatalf("the engine held %d requests at once, over the worker's limit 4", peak)
 	}
 }
+
+// TestFleetReserveServesInteractiveAtAnyReplica: two replicas on one Redis, each with a backlog
+// of batch requests for one worker of limit 8 and 400 tokens, the fleet's interactive reserve
+// half of it (4 requests, 200 tokens). Each replica's batch fills its part of the worker's
+// tokens (its share of the limit less the reserve; a replica that placed more while the shares
+// settled holds the excess), and the engine holds the requests; an interactive request that
+// arrives at b then reaches the engine at once, on room b takes from the reserve (for itself,
+// and for what b holds beyond its share), preemption off; with two more interactive requests,
+// one at each replica, the replicas together never hold more than the worker's limits. Without
+// the fleet's reserve each replica's batch fills its whole part of the worker's tokens (a
+// replica's queue keeps a tenth of the whole worker's, less than one request), and b's
+// interactive request waits for b's batch to end.
+func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
+	srv := redistest.Start(t)
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency, spec.MaxTokensInFlight = 8, 400
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
+	var gws []*testGateway
+	for range 2 {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.5},
+			func(c *Config) { c.DisablePreemption = true }, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.srv.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		gws = append(gws, g)
+	}
+	// Released before the gateways stop (cleanups run last first): they wait for the requests
+	// the engine holds.
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) })
+	a, b := gws[0], gws[1]
+	const body = `{"model":"m1","max_tokens":90,"messages":[{"role":"user","content":"hello"}]}`
+	answers := make(chan *http.Response, 11)
+	send := func(g *testGateway, class string) {
+		go func() {
+			answers <- g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
+		}()
+	}
+	for range 4 {
+		send(a, "batch")
+		send(b, "batch")
+	}
+	waitFor(t, "batch requests at the engine", func() bool { return w.started.Load() >= 2 })
+	time.Sleep(300 * time.Millisecond) // six exchanges: the shares settle
+	batch := w.started.Load()
+	send(b, "interactive")
+	waitFor(t, "b's interactive request at the engine beside the batch", func() bool { return w.started.Load() == batch+1 })
+	send(a, "interactive")
+	send(b, "interactive")
+	time.Sleep(200 * time.Millisecond) // four exchanges
+	var requests, tokens int64
+	for _, g := range gws {
+		st := g.srv.pool.Workers()[0]
+		requests, tokens = requests+st.InFlight, tokens+st.InFlightTokens
+	}
+	if requests > 8 || tokens > 400 || w.started.Load() != requests {
+		t.Fatalf("the replicas hold %d requests of %d tokens on the worker (the engine %d), over its limits 8 and 400",
+			requests, tokens, w.started.Load())
+	}
+	release.Do(func() { close(hold) })
+	for range 11 {
+		if resp := <-answers; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
+		}
+	}
+}

@@ -86,6 +86,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// ReserveShare is the share of capacity held for interactive requests as the queue applies it:
+// InteractiveReserve, or its default when unset; 0 in FIFO mode. A gateway fleet keeps the same
+// share of each worker out of its replicas' shares (routing.Options.InteractiveReserve).
+func (c Config) ReserveShare() float64 {
+	if c.FIFO {
+		return 0
+	}
+	return *c.withDefaults().InteractiveReserve
+}
+
 // withDefaults returns c with every unset field set to its default; c is not modified.
 func (c Config) withDefaults() Config {
 	orDefault := func(p *float64, d float64) *float64 {

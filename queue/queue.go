@@ -96,6 +96,9 @@ type Queue struct {
 	lowerTok    int64
 	serviceTime float64 // EWMA of seconds from dispatch to Done; 0 until measured
 	expired     int64   // deadline misses
+	// reserveOutside: the interactive reserve is kept outside capacity (SetReserveOutside), and
+	// reserveReq and reserveTok are 0.
+	reserveOutside bool
 }
 
 // ewmaWeight is the weight of the newest sample in the service-time average.
@@ -268,13 +271,42 @@ func (q *Queue) SetCapacity(c Capacity) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.capacity = c
-	share := *q.cfg.InteractiveReserve
-	q.reserveReq = min(int(math.Ceil(share*float64(c.Requests)-1e-9)), max(c.Requests-1, 0))
-	q.reserveTok = min(int64(math.Ceil(share*float64(c.Tokens)-1e-9)), max(int64(c.Tokens)-1, 0))
+	q.setReserveLocked()
 	q.log.Debug("queue capacity set", "requests", c.Requests, "tokens", c.Tokens,
 		"reserve_requests", q.reserveReq, "reserve_tokens", q.reserveTok)
 	q.dispatchLocked(now)
 	q.armLocked(now)
+}
+
+// SetReserveOutside says whether the interactive reserve is kept outside the capacity the queue
+// is given: a gateway fleet keeps it whole in the split of its workers, so each replica's
+// capacity is its share less the reserve, and the room of the reserve comes on top of it for an
+// interactive request that needs it. Then Standard and Batch may fill the whole capacity. False
+// by default; a call that changes nothing costs a lock.
+func (q *Queue) SetReserveOutside(outside bool) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.reserveOutside == outside {
+		return
+	}
+	q.reserveOutside = outside
+	q.setReserveLocked()
+	q.dispatchLocked(now)
+	q.armLocked(now)
+}
+
+// setReserveLocked sets the reserve from the capacity: ceil(InteractiveReserve x capacity) in
+// each dimension, at most all but one request slot; none when it is kept outside. q.mu must be
+// held.
+func (q *Queue) setReserveLocked() {
+	c := q.capacity
+	share := *q.cfg.InteractiveReserve
+	if q.reserveOutside {
+		share = 0
+	}
+	q.reserveReq = min(int(math.Ceil(share*float64(c.Requests)-1e-9)), max(c.Requests-1, 0))
+	q.reserveTok = min(int64(math.Ceil(share*float64(c.Tokens)-1e-9)), max(int64(c.Tokens)-1, 0))
 }
 
 // Close shuts the queue down: every queued ticket ends with a Shutdown Rejection (its Wait

@@ -24,6 +24,8 @@
 //     split among them by demand (interactive first, weighted by the backlogged tenants as the
 //     fair share weighs them) through Redis, so that together they never send a worker more
 //     than its limit; when Redis is cut, each keeps within its last grant and 1/n of it.
+//   - share_reserve.go: the fleet's interactive reserve, the part of each worker the split
+//     leaves out, which a replica takes room of for one interactive request that finds none.
 //   - policy.go: the Policy interface, Request.Eligible and the registry of policies by name.
 //   - prepare.go: Prepare and Prepared, the I/O a policy needs done before it picks.
 //   - choice.go: one pick as a policy sees it, the request and the protections in force, whose

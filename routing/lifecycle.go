@@ -53,6 +53,9 @@ type WorkerStatus struct {
 	// or, with a fleet's split (Shared, see ShareStore), this replica's share of it.
 	Share  int64 `json:"share"`
 	Shared bool  `json:"shared,omitempty"`
+	// Reserve is the room this replica holds of the fleet's interactive reserve of the worker,
+	// for its interactive requests only (see Pool.TakeReserve).
+	Reserve int64 `json:"reserve,omitempty"`
 	// PromptTokens and CachedTokens sum the usage of the worker's responses; their ratio is the
 	// worker's prefix-cache hit rate as the gateway saw it.
 	PromptTokens int64 `json:"prompt_tokens"`
@@ -100,6 +103,7 @@ func (w *Worker) status() WorkerStatus {
 		CachedTokens:      w.cachedTokens.Load(),
 	}
 	st.Share, st.Shared = w.Share()
+	st.Reserve = w.reserve.Load()
 	return st
 }
 

@@ -106,8 +106,9 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 
 // Eligible reports whether w may take r now, whatever the pick: healthy, not draining, circuit
 // not open, not in r.Exclude, below its request cap (its limit, or this replica's share of it
-// in a fleet: see ShareStore), and with room for r.Tokens under its token
-// cap (likewise this replica's part of it in a fleet; an idle worker takes a request of any size). The protections of one pick filter further
+// in a fleet: see ShareStore, with the room this replica holds of the fleet's interactive reserve
+// for an interactive request), and with room for r.Tokens under its token cap (likewise this
+// replica's part of it in a fleet; an idle worker takes a request of any size). The protections of one pick filter further
 // (see choice.Eligible, which every policy filters with). It costs a few atomic loads plus a
 // scan of r.Exclude (and a clock read while the worker's circuit is open); it modifies nothing.
 func (r *Request) Eligible(w *Worker) bool {
@@ -115,10 +116,10 @@ func (r *Request) Eligible(w *Worker) bool {
 		return false
 	}
 	n := w.inFlight.Load()
-	if n >= w.capacity() {
+	if n >= w.capacityFor(r.Interactive) {
 		return false
 	}
-	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.tokenCapacity() {
+	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.tokenCapacityFor(r.Interactive) {
 		return false
 	}
 	return !slices.Contains(r.Exclude, w.spec.ID)

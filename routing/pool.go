@@ -62,6 +62,12 @@ type Options struct {
 	// RedisStore; see SyncShares, which the gateway calls); nil: this replica places up to each
 	// worker's whole limit.
 	Shares ShareStore
+	// InteractiveReserve is the share of each worker's limit, in requests and in tokens, that
+	// the fleet's split (Shares) keeps out of every replica's share and lends to a replica, one
+	// interactive request at a time, when one finds no room there (TakeReserve): the queue's
+	// queue.interactive_reserve kept whole across the fleet. 0: none, the split divides each
+	// whole limit. Without Shares it does nothing.
+	InteractiveReserve float64
 }
 
 // Request is what a policy knows about the request it routes. Pick never modifies it; Prepare
@@ -373,6 +379,8 @@ type Pool struct {
 	resolver Resolver
 	metrics  *poolMetrics
 	salts    saltCache
+	// reserveShare is Options.InteractiveReserve with a ShareStore, else 0.
+	reserveShare float64
 
 	// registry and announcer share the admin API's workers (nil: local); see registry.go.
 	registry  WorkerRegistry
@@ -450,6 +458,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	if opts.Shares != nil {
 		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
+		p.reserveShare = min(max(opts.InteractiveReserve, 0), 1)
 	}
 	p.pins = opts.Pins
 	if p.pins == nil {
@@ -636,7 +645,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			return nil, fmt.Errorf("worker %q for model %q: %w", r.TargetWorker, r.Model, ErrUnknownWorker)
 		}
 		if c.Eligible(w) {
-			if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
+			if ok, probe := w.tryAcquire(int64(r.Tokens), r.Interactive); ok {
 				return p.lease(ms, w, RouteTarget, &c, probe), nil
 			}
 		}
@@ -663,7 +672,7 @@ func (p *Pool) Pick(ctx context.Context, r *Request) (*Lease, error) {
 			p.metrics.decided(ms, r.Model, "none")
 			return nil, fmt.Errorf("model %q: %w", r.Model, noWorker(r, ms.workers...))
 		}
-		if ok, probe := w.tryAcquire(int64(r.Tokens)); ok {
+		if ok, probe := w.tryAcquire(int64(r.Tokens), r.Interactive); ok {
 			l := p.lease(ms, w, route, &c, probe)
 			if lp != nil {
 				l.learner, l.pred = lp, pred

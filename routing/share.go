@@ -27,14 +27,28 @@ type ShareStore interface {
 	// is not live). The answer lists the demands of every live replica, this one included. On
 	// an error no answer is to be taken as given, and the reports may or may not be applied.
 	// Safe for concurrent use.
+	//
+	// It also records, for each worker, the report's hold of the worker's interactive reserve
+	// (Reserve, ReserveTokens) as this replica's, replacing the one before, for TakeReserve to
+	// count until the report expires.
 	ExchangeShares(ctx context.Context, reports []ShareReport) ([]ShareAnswer, error)
+	// TakeReserve takes room for one interactive request from the interactive reserve of one
+	// of claims' workers, in one round trip, atomically: of the workers whose live replicas'
+	// holds (as the last exchange of each, and TakeReserve since, recorded them) leave at least
+	// one request and Want tokens of the claim's Requests and Tokens, the one with the most
+	// tokens left; it adds one request and Want tokens to this replica's hold there and returns
+	// the claim's index. -1: no worker has room. On an error nothing is to be taken as held.
+	// Safe for concurrent use.
+	TakeReserve(ctx context.Context, claims []ReserveClaim) (int, error)
 }
 
 // ShareReport is one replica's state on one worker, as it sends it in an exchange. Every count
 // is at least 0 and at most maxSlots.
 type ShareReport struct {
 	Worker string
-	// Limit is the worker's concurrency limit as this replica knows it (learned or fixed).
+	// Limit is the worker's concurrency limit as this replica knows it (learned or fixed), less
+	// the fleet's interactive reserve of it (see Options.InteractiveReserve): what the split
+	// divides.
 	Limit int64
 	// Hold is the room this replica keeps whatever the answer: what it may still use until the
 	// exchange is answered, at least its requests in flight there.
@@ -50,6 +64,10 @@ type ShareReport struct {
 	// interactive and of every class (so Weight >= InteractiveWeight), in thousandths, at
 	// most maxShareWeight (see ModelBacklog).
 	InteractiveWeight, Weight int64
+	// Reserve and ReserveTokens are the room this replica holds of the worker's interactive
+	// reserve (see TakeReserve), within [0, maxSlots] and [0, maxReserveTokens]; Hold does
+	// not count the requests in flight on it.
+	Reserve, ReserveTokens int64
 }
 
 // ShareAnswer is the fleet's answer to one ShareReport.
@@ -186,10 +204,11 @@ func (w *Worker) Share() (n int64, shared bool) {
 // model, what this replica has queued for it. The gateway calls it every few tens of
 // milliseconds, off the admission path: one round trip.
 //
-// A share is the replica's part of a deterministic split of the worker's limit by the
-// replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
+// A share is the replica's part of a deterministic split of the worker's limit (less the
+// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
 // served first, then the rest by the weights of the backlogged flows, room nobody asks for
-// spread evenly), computed by each replica from what the last exchange said of the others; the store
+// spread evenly; in fractions of a request, each replica's part rounded up or down in turn over
+// shareRound periods, see target), computed by each replica from what the last exchange said of the others; the store
 // grants it only as far as the other replicas' holds leave room, so a replica whose share
 // grows waits until the room is given up, and the worker is never sent more than its limit in
 // all. A share that shrinks applies before the exchange. When the exchange fails, every
@@ -230,11 +249,11 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			interWeight, weight = interWeight+max(b.InteractiveWeight, 0), weight+max(b.Weight, 0)
 		}
 		all += w.inFlight.Load()
-		r := ShareReport{Worker: w.spec.ID, Limit: min(max(w.limit.Load(), 0), maxSlots),
+		r := ShareReport{Worker: w.spec.ID, Limit: min(max(p.shareLimit(w), 0), maxSlots),
 			Interactive: min(inter, maxSlots), Demand: min(max(all, inter), maxSlots),
 			InteractiveWeight: weightUnits(interWeight)}
 		r.Weight = max(weightUnits(weight), r.InteractiveWeight)
-		r.Want = s.target(w.spec.ID, r)
+		r.Want = s.target(w.spec.ID, r, now)
 		if f := s.fleet[w.spec.ID]; rejoining && f != nil && f.fallback >= 0 {
 			r.Want = min(r.Want, f.fallback)
 		}
@@ -242,7 +261,10 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		// what the share left in flight.
 		keep := min(max(w.share.Load(), 0), r.Want)
 		changed = w.setShare(keep) || changed
-		r.Hold = min(max(keep, w.inFlight.Load()), maxSlots)
+		reserve := w.reserve.Load()
+		r.Reserve, r.ReserveTokens = w.settleReserve(now)
+		changed = changed || w.reserve.Load() != reserve
+		r.Hold = min(max(keep, w.inFlight.Load()-r.Reserve), maxSlots)
 		reports[i] = r
 	}
 	got, err := s.store.ExchangeShares(ctx, reports)
@@ -259,7 +281,10 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		grow := !s.joined && now.Sub(s.started) >= ShareReportTTL
 		// A new slice: workers and over share the pool's array.
 		for _, w := range slices.Concat(workers, over) {
-			fb := s.fallback(w.spec.ID, w.limit.Load())
+			reserve := w.reserve.Load()
+			w.settleReserve(now)
+			changed = changed || w.reserve.Load() != reserve
+			fb := s.fallback(w.spec.ID, p.shareLimit(w))
 			if !grow {
 				fb = min(fb, max(w.share.Load(), 0))
 			}
@@ -297,14 +322,14 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		}
 		n = max(n, len(a.Fleet))
 		seen[w.spec.ID] = true
-		share := min(a.Grant, s.target(w.spec.ID, reports[i]))
+		share := min(a.Grant, s.target(w.spec.ID, reports[i], now))
 		if f.fallback >= 0 {
 			share = min(share, f.fallback)
 		}
 		changed = w.setShare(share) || changed
 	}
 	for _, w := range over {
-		changed = w.setShare(s.fallback(w.spec.ID, w.limit.Load())) || changed
+		changed = w.setShare(s.fallback(w.spec.ID, p.shareLimit(w))) || changed
 	}
 	maps.DeleteFunc(s.fleet, func(id string, _ *workerFleet) bool { return !seen[id] })
 	if rejoining {
@@ -364,14 +389,23 @@ func validAnswers(reports []ShareReport, got []ShareAnswer) error {
 }
 
 // target is this replica's part of the split of r's worker by the demands of the last
-// exchange, with its own demand as in r. Without a last exchange (or with the worker's fleet
-// not known) it asks for the worker's whole limit: the grant leaves the others' holds alone.
-func (s *shares) target(id string, r ShareReport) int64 {
+// exchange, with its own demand as in r, at now. Without a last exchange (or with the worker's
+// fleet not known) it asks for the worker's whole limit: the grant leaves the others' holds alone.
+//
+// The split is computed in fractions of a request (splitShares on limit x unit) and rounded by
+// roundShare, which gives each replica the floor or the ceiling of its exact part, the ceiling
+// for a part of the shareRound periods equal to the fraction: 7 requests split 2:1:1 are 3.5,
+// 1.75 and 1.75 over time, where whole units left over in a fixed order gave 4, 2 and 1 (the
+// replica with the most demand first) at every exchange, so the heavier replica's tenants took
+// more than their part for as long as the backlog lasted.
+func (s *shares) target(id string, r ShareReport, now time.Time) int64 {
 	f := s.fleet[id]
 	if f == nil || f.self < 0 {
 		return r.Limit
 	}
 	n := len(f.demands)
+	limit := max(r.Limit, 0)
+	unit := shareUnit(limit)
 	inter, all := make([]int64, n), make([]int64, n)
 	interWeight, weight := make([]int64, n), make([]int64, n)
 	for i, d := range f.demands {
@@ -383,7 +417,57 @@ func (s *shares) target(id string, r ShareReport) int64 {
 	slices.SortStableFunc(ties, func(a, b int) int {
 		return cmp.Or(cmp.Compare(inter[b], inter[a]), cmp.Compare(all[b], all[a]))
 	})
-	return splitShares(r.Limit, fleetDemand{inter, all, interWeight, weight}, ties)[f.self]
+	// A demand above the limit splits as the limit does (no part exceeds it), and keeps the
+	// split in fractions within maxSlots.
+	for i := range n {
+		inter[i], all[i] = min(inter[i], limit)*unit, min(all[i], limit)*unit
+	}
+	parts := splitShares(limit*unit, fleetDemand{inter, all, interWeight, weight}, ties)
+	return roundShare(parts, f.self, unit, roundOffset(id, unit, now))
+}
+
+// shareRound is how long one rounding of the fleet's split lasts (see roundShare): long enough
+// that a share which shrinks has time to give up a request before it grows again, short
+// against the windows over which tenants compare what they were served.
+const shareRound = time.Second
+
+// maxShareUnit is the finest fraction of a request the split computes in.
+const maxShareUnit = 1 << 10
+
+// shareUnit is the fractions of a request the split of limit computes in: at most
+// maxShareUnit, and limit x unit within maxSlots, so the split's arithmetic stays as bounded as
+// in whole requests.
+func shareUnit(limit int64) int64 {
+	return min(max(maxSlots/max(limit, 1), 1), maxShareUnit)
+}
+
+// roundOffset is where the rounding of worker id's split starts in the shareRound period of
+// now, in [0, unit): the golden-ratio sequence over the periods, shifted by a hash of the
+// worker, so that over any few periods each replica's ceiling comes up in proportion to its
+// fraction, and workers round differently from one another. The same on every replica whose
+// clock agrees.
+func roundOffset(id string, unit int64, now time.Time) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	// FNV leaves the high bits of names that differ in their last bytes alike: mixed
+	// (splitmix64's finalizer) before they place the worker's start.
+	x := h.Sum64()
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	period := uint64(now.UnixNano() / int64(shareRound))
+	hi, _ := bits.Mul64(x+period*0x9e3779b97f4a7c15, uint64(unit))
+	return int64(hi)
+}
+
+// roundShare is the whole requests of replica self in a split in parts of unit (parts in
+// the order of the fleet's demands, by Replica): the replicas lie end to end from offset, and
+// each takes the unit boundaries that fall within its parts. So each gets the floor or the
+// ceiling of its exact part, the whole parts add up to the limit whatever the offset, and
+// with the offset uniform each gets its exact part on average. offset within [0, unit).
+func roundShare(parts []int64, self int, unit, offset int64) int64 {
+	from := offset + sum(parts[:self])
+	return (from+parts[self])/unit - from/unit
 }
 
 // tieOrder is the order in which the replicas of a worker's fleet take the units a split leaves

@@ -19,9 +19,12 @@ var _ ShareStore = (*RedisStore)(nil)
 // version, which reads only the first hash (and drops what it cannot parse there), still
 // counts every grant while a fleet is upgraded. The hash tag keeps every worker's hashes in one
 // Cluster slot, so one script covers them all.
+// The same key + shareReserveSuffix holds, per replica, its hold of the worker's interactive
+// reserve, "requests tokens at" (see TakeReserve).
 const (
 	shareKeyPrefix     = "usher:share:{workers}:"
 	shareWeightsSuffix = ":weights"
+	shareReserveSuffix = ":reserve"
 )
 
 // shareTimeout bounds one exchange of shares; past it the exchange fails and the replica falls
@@ -49,8 +52,8 @@ func (s *RedisStore) ExchangeShares(ctx context.Context, reports []ShareReport) 
 	if len(reports) == 0 {
 		return nil, nil
 	}
-	keys := make([]string, 0, 2*len(reports))
-	args := make([]any, 0, 5+7*len(reports))
+	keys := make([]string, 0, 3*len(reports))
+	args := make([]any, 0, 5+9*len(reports))
 	args = append(args, s.replica, ShareReportTTL.Milliseconds(), maxSlots, maxShareReplicas, maxShareWeight)
 	for _, r := range reports {
 		for _, v := range [...]int64{r.Limit, r.Hold, r.Want, r.Interactive, r.Demand} {
@@ -61,9 +64,12 @@ func (s *RedisStore) ExchangeShares(ctx context.Context, reports []ShareReport) 
 		if r.InteractiveWeight < 0 || r.Weight < 0 || r.InteractiveWeight > maxShareWeight || r.Weight > maxShareWeight {
 			return nil, fmt.Errorf("shares: worker %q: weights %d/%d out of [0, %d]", r.Worker, r.InteractiveWeight, r.Weight, maxShareWeight)
 		}
+		if r.Reserve < 0 || r.Reserve > maxSlots || r.ReserveTokens < 0 || r.ReserveTokens > maxReserveTokens {
+			return nil, fmt.Errorf("shares: worker %q: reserve hold %d/%d out of bounds", r.Worker, r.Reserve, r.ReserveTokens)
+		}
 		k := shareKey(r.Worker)
-		keys = append(keys, k, k+shareWeightsSuffix)
-		args = append(args, r.Limit, r.Hold, r.Want, r.Interactive, r.Demand, r.InteractiveWeight, r.Weight)
+		keys = append(keys, k, k+shareWeightsSuffix, k+shareReserveSuffix)
+		args = append(args, r.Limit, r.Hold, r.Want, r.Interactive, r.Demand, r.InteractiveWeight, r.Weight, r.Reserve, r.ReserveTokens)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
 	defer cancel()
@@ -130,14 +136,15 @@ func parseShareAnswer(v any) (ShareAnswer, error) {
 	return a, nil
 }
 
-// shareScript: KEYS are, per worker, its hash of grants and its hash of weights; ARGV[1] is
-// this replica, ARGV[2] the reports' TTL (ms), ARGV[3] the largest count, ARGV[4] the most
-// replicas listed, ARGV[5] the largest weight, then per worker limit, hold, want, interactive,
-// demand, interactive weight, weight. Per worker it drops the fields that are malformed, out of
-// bounds or expired, grants max(hold, min(want, limit - the others' grants)), records the
-// grant and the demand under this replica, and the weights in the other hash, and answers
-// {grant, {replica, interactive, demand, interactive weight, weight, ...}} of the others (-1
-// for weights a replica did not report).
+// shareScript: KEYS are, per worker, its hash of grants, its hash of weights and its hash of
+// reserve holds; ARGV[1] is this replica, ARGV[2] the reports' TTL (ms), ARGV[3] the largest
+// count, ARGV[4] the most replicas listed, ARGV[5] the largest weight, then per worker limit,
+// hold, want, interactive, demand, interactive weight, weight, reserve, reserve tokens. Per
+// worker it drops the fields that are malformed, out of bounds or expired, grants max(hold,
+// min(want, limit - the others' grants)), records the grant and the demand under this replica,
+// the weights in the second hash and the reserve hold in the third (none: the field deleted),
+// and answers {grant, {replica, interactive, demand, interactive weight, weight, ...}} of the
+// others (-1 for weights a replica did not report).
 var shareScript = redis.NewScript(`
 local me = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -147,9 +154,9 @@ local maxw = tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-for i = 1, #KEYS / 2 do
-  local grants, wkey = KEYS[2 * i - 1], KEYS[2 * i]
-  local a = 5 + (i - 1) * 7
+for i = 1, #KEYS / 3 do
+  local grants, wkey, rkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local a = 5 + (i - 1) * 9
   local limit, hold, want = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local weights = {}
   local ws = redis.call('HGETALL', wkey)
@@ -193,6 +200,86 @@ for i = 1, #KEYS / 2 do
   redis.call('PEXPIRE', grants, 4 * ttl)
   redis.call('HSET', wkey, me, string.format('%d %d %d', ARGV[a + 6], ARGV[a + 7], now))
   redis.call('PEXPIRE', wkey, 4 * ttl)
+  if tonumber(ARGV[a + 8]) > 0 or tonumber(ARGV[a + 9]) > 0 then
+    redis.call('HSET', rkey, me, string.format('%d %d %d', ARGV[a + 8], ARGV[a + 9], now))
+    redis.call('PEXPIRE', rkey, 4 * ttl)
+  else
+    redis.call('HDEL', rkey, me)
+  end
   out[i] = {grant, fleet}
 end
 return out`)
+
+// TakeReserve implements ShareStore with one script call over the claims' reserve hashes.
+// Claims are checked first (at most MaxShareWorkers, each within the bounds of ReserveClaim); in
+// Redis, a field that is not three counts within those bounds, or whose hold is older than
+// ShareReportTTL, is deleted and counts for nothing.
+func (s *RedisStore) TakeReserve(ctx context.Context, claims []ReserveClaim) (int, error) {
+	if len(claims) > MaxShareWorkers {
+		return -1, fmt.Errorf("reserve: %d workers in one claim, at most %d", len(claims), MaxShareWorkers)
+	}
+	if len(claims) == 0 {
+		return -1, nil
+	}
+	keys := make([]string, len(claims))
+	args := make([]any, 0, 4+4*len(claims))
+	args = append(args, s.replica, ShareReportTTL.Milliseconds(), maxSlots, int64(maxReserveTokens))
+	for i, c := range claims {
+		if c.Requests < 1 || c.Requests > maxSlots || c.Tokens < 0 || c.Tokens > maxReserveTokens || c.Want < 0 || c.Want > c.Tokens ||
+			c.WantRequests < 1 || c.WantRequests > c.Requests {
+			return -1, fmt.Errorf("reserve: worker %q: claim of %d/%d out of %d/%d out of bounds", c.Worker, c.WantRequests, c.Want, c.Requests, c.Tokens)
+		}
+		keys[i] = shareKey(c.Worker) + shareReserveSuffix
+		args = append(args, c.Requests, c.Tokens, c.Want, c.WantRequests)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
+	defer cancel()
+	got, err := reserveScript.Run(ctx, s.client, keys, args...).Int64()
+	if err != nil {
+		return -1, fmt.Errorf("reserve: %w", err)
+	}
+	if got < 0 || got > int64(len(claims)) {
+		return -1, fmt.Errorf("reserve: answer %d for %d workers", got, len(claims))
+	}
+	return int(got) - 1, nil
+}
+
+// reserveScript: KEYS are the claims' reserve hashes; ARGV[1] is this replica, ARGV[2] the
+// holds' TTL (ms), ARGV[3] and ARGV[4] the largest counts of requests and tokens, then per claim
+// requests, tokens, want (tokens), want (requests). It drops the fields that are malformed, out
+// of bounds or expired, picks the claim whose live holds leave what it wants and the most
+// tokens, adds that to this replica's hold there, and answers its index from 1 (0: none).
+var reserveScript = redis.NewScript(`
+local me = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local maxn = tonumber(ARGV[3])
+local maxt = tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local best, bestLeft, mine = 0, -1, {0, 0}
+for i = 1, #KEYS do
+  local a = 4 + (i - 1) * 4
+  local n, tokens, want, wantN = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local usedN, usedT, own = 0, 0, {0, 0}
+  local all = redis.call('HGETALL', KEYS[i])
+  for j = 1, #all, 2 do
+    local rn, rt, at = string.match(all[j + 1], '^(%d+) (%d+) (%d+)$')
+    rn, rt, at = tonumber(rn), tonumber(rt), tonumber(at)
+    if rn == nil or rt == nil or at == nil or rn > maxn or rt > maxt or now - at > ttl or at - now > ttl then
+      redis.call('HDEL', KEYS[i], all[j])
+    else
+      usedN, usedT = usedN + rn, usedT + rt
+      if all[j] == me then own = {rn, rt} end
+    end
+  end
+  if usedN + wantN <= n and usedT + want <= tokens and tokens - usedT > bestLeft then
+    best, bestLeft, mine = i, tokens - usedT, own
+  end
+end
+if best > 0 then
+  local a = 4 + (best - 1) * 4
+  local want, wantN = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  redis.call('HSET', KEYS[best], me, string.format('%d %d %d', mine[1] + wantN, mine[2] + want, now))
+  redis.call('PEXPIRE', KEYS[best], 4 * ttl)
+end
+return best`)

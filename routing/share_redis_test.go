@@ -153,3 +153,61 @@ func TestShareWeightsOverRedis(t *testing.T) {
 		t.Fatalf("the worker's hash of weights has %d fields, want a's and b's (%v)", n, rdb.HGetAll(ctx, weights).Val())
 	}
 }
+
+// TestReserveOverRedis: the fleet's interactive reserve through a real Redis. A hold that a
+// replica reports in its exchange counts against the reserve; a take goes to the worker with
+// the most tokens left that has room for one request of its tokens, and none when no worker has;
+// junk another writer put in a reserve hash counts for nothing; a hold reported as none is
+// dropped.
+func TestReserveOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := NewRedisStore(newRedisClient(t, srv), 0), NewRedisStore(newRedisClient(t, srv), 0)
+	report := func(worker string, reserve, tokens int64) ShareReport {
+		return ShareReport{Worker: worker, Limit: 10, Hold: 1, Want: 5, Demand: 1, Reserve: reserve, ReserveTokens: tokens}
+	}
+	if _, err := a.ExchangeShares(ctx, []ShareReport{report("w0", 1, 100), report("w1", 0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	claims := []ReserveClaim{{Worker: "w0", Requests: 2, Tokens: 400, Want: 150, WantRequests: 1}, {Worker: "w1", Requests: 2, Tokens: 400, Want: 150, WantRequests: 1}}
+	take := func(s *RedisStore, claims []ReserveClaim, want int) {
+		t.Helper()
+		got, err := s.TakeReserve(ctx, claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("took the reserve of claim %d, want %d", got, want)
+		}
+	}
+	take(b, claims, 1)      // w0 has 300 tokens left, w1 400
+	take(b, claims, 0)      // w0 300, w1 250
+	take(b, claims[:1], -1) // w0: a's request and b's, of 2
+	take(a, claims, 1)      // w1: b's request, of 2
+
+	rdb := newRedisClient(t, srv)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := shareKey("w1") + shareReserveSuffix
+	for field, v := range map[string]string{
+		"huge": fmt.Sprintf("99999999 0 %d", now.UnixMilli()), "nan": "nan 1 1", "old": fmt.Sprintf("1 1 %d", now.UnixMilli()-60_000),
+	} {
+		if err := rdb.HSet(ctx, key, field, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.ExchangeShares(ctx, []ShareReport{report("w0", 1, 150), report("w1", 0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	take(a, claims[1:], 0) // w1: a's request, of 2; b gave its own back, the junk counts for nothing
+	take(b, claims[1:], -1)
+	if _, err := a.ExchangeShares(ctx, []ShareReport{report("w0", 0, 0), report("w1", 2, 300)}); err != nil {
+		t.Fatal(err)
+	}
+	take(b, claims[:1], 0) // w0: b's request, of 2; a gave its own back
+	if n, err := rdb.HLen(ctx, key).Result(); err != nil || n != 1 {
+		t.Fatalf("w1's reserve hash has %d fields (%v), want a's alone", n, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -137,6 +138,8 @@ type memFleet struct {
 	mu      sync.Mutex
 	cut     bool
 	reports map[string]map[string]memReport // by worker, then replica
+	// reserve is, by worker, then replica, the holds of the worker's interactive reserve.
+	reserve map[string]map[string]memHold
 }
 
 type memReport struct {
@@ -145,8 +148,61 @@ type memReport struct {
 	at    time.Time
 }
 
+type memHold struct {
+	requests, tokens int64
+	at               time.Time
+}
+
 func newMemFleet(now func() time.Time) *memFleet {
-	return &memFleet{now: now, reports: map[string]map[string]memReport{}}
+	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{}}
+}
+
+// holdsOf is the worker's live reserve holds, the expired ones dropped. f.mu must be held.
+func (f *memFleet) holdsOf(worker string) map[string]memHold {
+	h := f.reserve[worker]
+	if h == nil {
+		h = map[string]memHold{}
+		f.reserve[worker] = h
+	}
+	maps.DeleteFunc(h, func(_ string, e memHold) bool { return f.now().Sub(e.at) > ShareReportTTL })
+	return h
+}
+
+// TakeReserve has the semantics of RedisStore's script.
+func (m memShares) TakeReserve(_ context.Context, claims []ReserveClaim) (int, error) {
+	f := m.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cut {
+		return -1, errCut
+	}
+	best, bestLeft := -1, int64(-1)
+	for i, c := range claims {
+		var n, t int64
+		for _, e := range f.holdsOf(c.Worker) {
+			n, t = n+e.requests, t+e.tokens
+		}
+		if n+c.WantRequests <= c.Requests && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
+			best, bestLeft = i, c.Tokens-t
+		}
+	}
+	if best >= 0 {
+		h := f.holdsOf(claims[best].Worker)
+		e := h[m.name]
+		h[m.name] = memHold{requests: e.requests + claims[best].WantRequests, tokens: e.tokens + claims[best].Want, at: f.now()}
+	}
+	return best, nil
+}
+
+// reserveHeld is the requests the live replicas hold of the worker's reserve.
+func (f *memFleet) reserveHeld(worker string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var n int64
+	for _, e := range f.holdsOf(worker) {
+		n += e.requests
+	}
+	return n
 }
 
 // replica is the ShareStore of one replica of the fleet.
@@ -162,6 +218,7 @@ func (f *memFleet) setCut(cut bool) {
 func (f *memFleet) forget() {
 	f.mu.Lock()
 	clear(f.reports)
+	clear(f.reserve)
 	f.mu.Unlock()
 }
 
@@ -203,6 +260,11 @@ func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]S
 		grant := max(r.Hold, min(r.Want, r.Limit-others))
 		d := ReplicaDemand{Replica: m.name, Interactive: r.Interactive, Demand: r.Demand, InteractiveWeight: r.InteractiveWeight, Weight: r.Weight}
 		held[m.name] = memReport{d: d, grant: grant, at: now}
+		if h := f.holdsOf(r.Worker); r.Reserve > 0 || r.ReserveTokens > 0 {
+			h[m.name] = memHold{requests: r.Reserve, tokens: r.ReserveTokens, at: now}
+		} else {
+			delete(h, m.name)
+		}
 		d.Self = true
 		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, d)}
 	}
@@ -224,6 +286,8 @@ type simReplica struct {
 	// keep is the least queued at the start of each round: a backlog that never runs out.
 	keep   [2]int
 	leases []simLease
+	// placed counts the requests placed.
+	placed int
 }
 
 type simLease struct {
@@ -235,10 +299,16 @@ const simLimit = 12
 
 func newSimFleet(t *testing.T, clock *fakeClock, fleet *memFleet, names ...string) []*simReplica {
 	t.Helper()
+	return newSimFleetWith(t, clock, fleet, 0, names...)
+}
+
+// newSimFleetWith is newSimFleet with Options.InteractiveReserve set to reserve.
+func newSimFleetWith(t *testing.T, clock *fakeClock, fleet *memFleet, reserve float64, names ...string) []*simReplica {
+	t.Helper()
 	var rs []*simReplica
 	for _, name := range names {
 		cfg := Config{Workers: []WorkerSpec{{ID: "w0", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: simLimit}}}
-		opts := Options{Now: clock.Now}
+		opts := Options{Now: clock.Now, InteractiveReserve: reserve}
 		if fleet != nil {
 			opts.Shares = fleet.replica(name)
 		}
@@ -276,6 +346,7 @@ func (r *simReplica) place(t *testing.T, round int) {
 			done = round + r.life
 		}
 		r.leases = append(r.leases, simLease{l, done})
+		r.placed++
 		if interactive {
 			r.queued[0]--
 		} else {
@@ -388,6 +459,32 @@ func TestSharesFollowBackloggedTenants(t *testing.T) {
 	for i, want := range []int64{6, 3, 3} {
 		if got := rs[i].share(); got != want {
 			t.Fatalf("%s's share is %d, want %d (%s)", rs[i].name, got, want, simState(rs))
+		}
+	}
+}
+
+// TestPinnedTenantsServedAlikeBesideTheReserve: the pinned bench with the fleet's interactive
+// reserve: a queues for two tenants, b and c for one each, all with long backlogs, on a worker
+// of 12 slots of which the reserve keeps 1 (nobody interactive takes it), so the split divides
+// 11 by 2:1:1. Over 30 s of requests of half a second, a places half of the requests and b and c
+// a quarter each, as one queue would serve the four tenants. With the units left over in a
+// fixed order the split was 6/3/2 at every exchange, and c placed 18% of them.
+func TestPinnedTenantsServedAlikeBesideTheReserve(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	rs := newSimFleetWith(t, clock, newMemFleet(clock.Now), 1.0/simLimit, "a", "b", "c")
+	for _, r := range rs {
+		r.keep[1], r.life = 400, 10
+	}
+	rs[0].tenants[1] = 2
+	simRun(t, clock, rs, 0, 40) // the shares settle
+	for _, r := range rs {
+		r.placed = 0
+	}
+	simRun(t, clock, rs, 40, 600)
+	total := rs[0].placed + rs[1].placed + rs[2].placed
+	for i, want := range []float64{0.5, 0.25, 0.25} {
+		if got := float64(rs[i].placed) / float64(total); got < want-0.02 || got > want+0.02 {
+			t.Errorf("%s placed %d of the %d requests (%.3f), want %.2f (%s)", rs[i].name, rs[i].placed, total, got, want, simState(rs))
 		}
 	}
 }
@@ -539,7 +636,7 @@ func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
 			f := &workerFleet{demands: slices.Clone(fleet), self: self}
 			f.demands[self].Self = true
 			s.fleet[id] = f
-			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50})
+			got[self] += s.target(id, ShareReport{Limit: 8, Demand: 50}, time.Unix(1000, 0))
 		}
 	}
 	if sum(got) != 240 {
@@ -548,6 +645,67 @@ func TestLeftoverUnitsRotateOverWorkers(t *testing.T) {
 	for i, n := range got {
 		if n < 72 || n > 88 {
 			t.Errorf("replica %s holds %d of the 240 slots, want about a third, 72..88 (all: %v)", fleet[i].Replica, n, got)
+		}
+	}
+}
+
+// TestFractionalSharesCarryOverTime: the pinned bench with the fleet's interactive reserve
+// out of the split: two workers of 7 requests each (8 less the reserve) split among a replica
+// queueing for two tenants and two queueing for one each (weights 2:1:1), 3.5, 1.75 and 1.75 of
+// each worker. At every moment the parts add up to each worker's 7; over 60 rounds each
+// replica holds its exact part, so each tenant a quarter of the workers. With the units left
+// over in a fixed order (the replica with the most demand first) the first replica held 4 of
+// every 7, 8 of the 14 slots, and each of its tenants 29% of the service.
+func TestFractionalSharesCarryOverTime(t *testing.T) {
+	const u = shareWeightUnit
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 128, Weight: 2 * u}, {Replica: "b", Demand: 64, Weight: u},
+		{Replica: "c", Demand: 64, Weight: u}}
+	workers := []string{"sim-1", "sim-2"}
+	const rounds = 60
+	held := make([]int64, len(fleet))
+	start := time.Unix(1000, 0)
+	for r := range rounds {
+		now := start.Add(time.Duration(r) * shareRound)
+		for _, id := range workers {
+			var total int64
+			for self, d := range fleet {
+				f := &workerFleet{demands: slices.Clone(fleet), self: self}
+				f.demands[self].Self = true
+				s := &shares{fleet: map[string]*workerFleet{id: f}}
+				n := s.target(id, ShareReport{Limit: 7, Demand: d.Demand, Weight: d.Weight}, now)
+				if n < 1 || n > 4 {
+					t.Fatalf("round %d, %s: replica %s's share is %d, want the floor or the ceiling of its part", r, id, d.Replica, n)
+				}
+				total += n
+				held[self] += n
+			}
+			if total != 7 {
+				t.Fatalf("round %d, %s: the shares add up to %d, want the 7 the split divides", r, id, total)
+			}
+		}
+	}
+	for i, want := range []float64{7, 3.5, 3.5} {
+		if got := float64(held[i]) / rounds; got < want-0.1 || got > want+0.1 {
+			t.Errorf("replica %s held %.2f of the 14 slots on average, want %.1f (all: %v over %d rounds)", fleet[i].Replica, got, want, held, rounds)
+		}
+	}
+}
+
+// TestWholeSharesStayPut: a split that divides the limit exactly (8 requests 2:1:1) gives the
+// same shares in every round, so nothing churns.
+func TestWholeSharesStayPut(t *testing.T) {
+	const u = shareWeightUnit
+	fleet := []ReplicaDemand{{Replica: "a", Demand: 128, Weight: 2 * u}, {Replica: "b", Demand: 64, Weight: u},
+		{Replica: "c", Demand: 64, Weight: u}}
+	for r := range 20 {
+		now := time.Unix(1000, 0).Add(time.Duration(r) * shareRound)
+		for self, d := range fleet {
+			f := &workerFleet{demands: slices.Clone(fleet), self: self}
+			f.demands[self].Self = true
+			s := &shares{fleet: map[string]*workerFleet{"w": f}}
+			if got, want := s.target("w", ShareReport{Limit: 8, Demand: d.Demand, Weight: d.Weight}, now), []int64{4, 2, 2}[self]; got != want {
+				t.Fatalf("round %d: replica %s's share is %d, want %d", r, d.Replica, got, want)
+			}
 		}
 	}
 }
@@ -569,7 +727,7 @@ func TestTokenCapacityIsTheShares(t *testing.T) {
 		if !r.Eligible(w) {
 			return false
 		}
-		if ok, _ := w.tryAcquire(int64(r.Tokens)); !ok {
+		if ok, _ := w.tryAcquire(int64(r.Tokens), r.Interactive); !ok {
 			t.Fatal("eligible, but tryAcquire refused")
 		}
 		return true

@@ -51,6 +51,11 @@ type Worker struct {
 	// share is, with a ShareStore, the most requests this replica may keep in flight on the
 	// worker, its part of the fleet's split of limit (see Pool.SyncShares); noShare without one.
 	share atomic.Int64
+	// reserve and reserveTokens are the room this replica took from the fleet's interactive
+	// reserve of the worker (Pool.TakeReserve), which only its interactive requests use;
+	// reserveAt is when it last took some (unix ns). SyncShares gives back what they no longer
+	// use (settleReserve); only calls under shares.mu write them.
+	reserve, reserveTokens, reserveAt atomic.Int64
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
@@ -211,15 +216,17 @@ func (w *Worker) takesRequests() bool {
 }
 
 // tryAcquire counts one more request of tokens in flight unless the worker is at its request cap
-// (its limit, or this replica's share of it) or its circuit refuses it. probe says the request is the half-open probe of the circuit.
-func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
+// (its limit, or this replica's share of it, and for an interactive request the room this
+// replica holds of the fleet's reserve) or its circuit refuses it. probe says the request is the
+// half-open probe of the circuit.
+func (w *Worker) tryAcquire(tokens int64, interactive bool) (ok, probe bool) {
 	probe, ok = w.breaker.acquire()
 	if !ok {
 		return false, false
 	}
 	for {
 		n := w.inFlight.Load()
-		if n >= w.capacity() {
+		if n >= w.capacityFor(interactive) {
 			if probe {
 				w.breaker.probing.Store(false)
 			}
@@ -230,7 +237,7 @@ func (w *Worker) tryAcquire(tokens int64) (ok, probe bool) {
 			// reads the requests in flight as what it holds) must not be overrun: counted
 			// first, checked again, the request is either within the share or seen by
 			// SyncShares.
-			if n+1 > w.capacity() {
+			if n+1 > w.capacityFor(interactive) {
 				w.inFlight.Add(-1)
 				if probe {
 					w.breaker.probing.Store(false)

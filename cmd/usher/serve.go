@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, hooks serveHook
 	if rdb != nil {
 		rs := routing.NewRedisStore(rdb, cfg.Routing.MaxPinsPerTenant)
 		popts.Pins, popts.Drains, popts.Announcer, popts.Prefixes, popts.Shares = rs, rs, rs, rs, rs
+		popts.InteractiveReserve = cfg.Queue.ReserveShare()
 	}
 	pool, err := routing.NewPool(cfg.Routing, popts)
 	if err != nil {

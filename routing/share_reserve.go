@@ -1,0 +1,193 @@
+package routing
+
+import (
+	"context"
+	"math"
+	"slices"
+	"time"
+)
+
+// The fleet's interactive reserve (Options.InteractiveReserve): the queue's interactive reserve
+// kept fleet-wide instead of inside each replica's share. One replica's queue keeps the last
+// tenth of the pool for interactive requests, so one that arrives finds room at once. Split
+// among replicas, that tenth would be a sliver of each replica's share of each worker, smaller
+// than one request, and a replica whose share its own batch fills would have none: its
+// interactive request would wait for its batch to end, or for the next exchange, while another
+// replica's batch held the rest of the worker. So the split divides each worker's limit less
+// its reserve, and the reserve stays whole in the store: a replica where an interactive request
+// finds no room takes room for that one request from it (TakeReserve, one round trip), and
+// gives it back at the exchanges that follow once its interactive requests no longer need it.
+
+// ReserveClaim asks the fleet's interactive reserve of one worker for room for one interactive
+// request (ShareStore.TakeReserve).
+type ReserveClaim struct {
+	Worker string
+	// Requests and Tokens are the worker's reserve as this replica knows it (reserveSize): what
+	// the live replicas' holds of it may add up to. Requests is within [1, maxSlots], Tokens
+	// within [0, maxReserveTokens].
+	Requests, Tokens int64
+	// Want and WantRequests are the room to take: the request's tokens and one request, and
+	// what this replica holds on the worker beyond its share and its hold of the reserve (its
+	// share shrank below its requests in flight), which the request needs too. Want is within
+	// [0, Tokens], WantRequests within [1, Requests].
+	Want, WantRequests int64
+}
+
+// maxReserveTokens bounds the tokens of a worker's reserve and of a replica's hold of it, so
+// the store's arithmetic stays exact (Lua's numbers are doubles).
+const maxReserveTokens = 1 << 40
+
+// reserveKeep is how long room taken from the reserve stays this replica's whatever it holds
+// in flight: the interactive request it was taken for is placed by the queue's next round,
+// which an exchange in between must not find unused and give back.
+const reserveKeep = 200 * time.Millisecond
+
+// reserveSize is a worker's interactive reserve in the fleet: ceil(share x limit) requests, at
+// most all but one, and the same part of its token limit.
+func reserveSize(share float64, limit, tokens int64) (requests, reserveTokens int64) {
+	if !(share > 0) || limit <= 1 {
+		return 0, 0
+	}
+	requests = min(int64(math.Ceil(share*float64(limit)-1e-9)), limit-1)
+	tokens = min(max(tokens, 0), maxReserveTokens)
+	// tokens x requests / limit without overflow: requests < limit <= maxSlots.
+	return requests, int64(float64(tokens) * float64(requests) / float64(limit))
+}
+
+// FleetReserve reports whether the fleet's split keeps an interactive reserve of each worker
+// out of every replica's share (Options.InteractiveReserve, with a ShareStore): the queues of
+// this replica then keep none of their own.
+func (p *Pool) FleetReserve() bool { return p.reserveShare > 0 }
+
+// shareLimit is what the fleet's split divides of w's limit: the limit less the fleet's
+// interactive reserve of w.
+func (p *Pool) shareLimit(w *Worker) int64 {
+	limit := max(w.limit.Load(), 0)
+	n, _ := reserveSize(p.reserveShare, limit, w.tokenLimit.Load())
+	return limit - n
+}
+
+// capacityFor is the most requests this replica may keep in flight on w now for a request of
+// the interactive class (interactive) or another: its share (capacity), and for an interactive
+// one the room it holds of the fleet's reserve too. Two to four atomic loads.
+func (w *Worker) capacityFor(interactive bool) int64 {
+	c := w.capacity()
+	if interactive {
+		if r := w.reserve.Load(); r > 0 {
+			c = min(c+r, w.limit.Load())
+		}
+	}
+	return c
+}
+
+// tokenCapacityFor is tokenCapacity, and for an interactive request the tokens this replica
+// holds of the fleet's reserve of w too.
+func (w *Worker) tokenCapacityFor(interactive bool) int64 {
+	c := w.tokenCapacity()
+	if interactive {
+		if r := w.reserveTokens.Load(); r > 0 {
+			c = min(c+r, w.tokenLimit.Load())
+		}
+	}
+	return c
+}
+
+// settleReserve gives back the room of the fleet's reserve of w that this replica's requests no
+// longer use (in flight beyond its share: its interactive requests placed on the reserve), once
+// reserveKeep has passed since it last took some, and returns what it still holds, to report.
+// Tokens in flight beyond the replica's part of w's token limit count as held of the reserve
+// whatever placed them (a share that shrank below what its requests hold: the split counts
+// requests, not tokens), so that no other replica is lent them. SyncShares calls it under
+// shares.mu, after setting the share, so a request placed meanwhile is either within what is
+// returned or counted in the requests in flight it reads after.
+func (w *Worker) settleReserve(now time.Time) (requests, tokens int64) {
+	excess := max(w.inFlightTokens.Load()-w.tokenCapacity(), 0)
+	if now.UnixNano()-w.reserveAt.Load() >= int64(reserveKeep) {
+		if used := max(w.inFlight.Load()-w.capacity(), 0); used < w.reserve.Load() {
+			w.reserve.Store(used)
+		}
+		if excess < w.reserveTokens.Load() {
+			w.reserveTokens.Store(excess)
+		}
+	}
+	if excess > w.reserveTokens.Load() {
+		w.reserveTokens.Store(min(excess, maxReserveTokens))
+	}
+	return min(w.reserve.Load(), maxSlots), min(w.reserveTokens.Load(), maxReserveTokens)
+}
+
+// TakeReserve takes room for r, an interactive request that found none, from the fleet's
+// interactive reserve of one of the workers it may use (see Options.InteractiveReserve): one
+// round trip to the store, which answers with the worker whose reserve has the most tokens
+// left, if any has room for one request of r.Tokens (and for what this replica holds there
+// beyond its share and its hold of the reserve). It reports whether it took some; the pool then
+// tells Changes, and the room, on that worker, takes only interactive requests.
+//
+// It takes nothing for a request of another class, without a ShareStore or a reserve, while
+// the last exchange failed or the fleet's split is rejoining after a cut (until every live
+// replica has reported its hold again, see SyncShares). It waits for an exchange under way
+// (one round trip, at most the exchange's timeout). So the fleet never holds more than a
+// worker's limit: the shares add up to the limit less the reserve, and the holds of the
+// reserve to the reserve at most. Safe for concurrent use.
+func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
+	s := p.shares
+	if s == nil || !(p.reserveShare > 0) || !r.Interactive {
+		return false
+	}
+	ms := p.snap.Load().models[r.Model]
+	if ms != nil {
+		ms = ms.stageSet(r.Stage)
+	}
+	if ms == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := p.now()
+	if !s.joined || s.failing || now.Before(s.rejoinUntil) {
+		p.metrics.reserveTakes.WithLabelValues("failed").Inc()
+		return false
+	}
+	want := int64(max(r.Tokens, 0))
+	var claims []ReserveClaim
+	var workers []*Worker
+	for _, w := range ms.workers {
+		id := w.spec.ID
+		if !w.takesRequests() || slices.Contains(r.Exclude, id) || r.TargetWorker != "" && r.TargetWorker != id {
+			continue
+		}
+		if f := s.fleet[id]; f == nil || f.self < 0 {
+			// Not in the last exchange: its reserve is nobody's to take.
+			continue
+		}
+		n, tokens := reserveSize(p.reserveShare, w.limit.Load(), w.tokenLimit.Load())
+		over := max(w.inFlight.Load()-w.capacity()-w.reserve.Load(), 0)
+		overTokens := max(w.inFlightTokens.Load()-w.tokenCapacity()-w.reserveTokens.Load(), 0)
+		c := ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want + overTokens, WantRequests: 1 + over}
+		if c.WantRequests > n || c.Want > tokens {
+			continue
+		}
+		claims = append(claims, c)
+		workers = append(workers, w)
+	}
+	if len(claims) == 0 {
+		p.metrics.reserveTakes.WithLabelValues("refused").Inc()
+		return false
+	}
+	i, err := s.store.TakeReserve(ctx, claims)
+	switch {
+	case err != nil || i >= len(workers):
+		p.metrics.reserveTakes.WithLabelValues("failed").Inc()
+		return false
+	case i < 0:
+		p.metrics.reserveTakes.WithLabelValues("refused").Inc()
+		return false
+	}
+	w := workers[i]
+	w.reserveAt.Store(now.UnixNano())
+	w.reserve.Add(claims[i].WantRequests)
+	w.reserveTokens.Add(claims[i].Want)
+	p.metrics.reserveTakes.WithLabelValues("taken").Inc()
+	p.changes.notify()
+	return true
+}

@@ -1,0 +1,156 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// pickNow places one request of m on r's pool at once, or says it found no room.
+func pickNow(t *testing.T, r *simReplica, interactive bool) *Lease {
+	t.Helper()
+	l, err := r.pool.Pick(context.Background(), &Request{Model: "m", Interactive: interactive})
+	if errors.Is(err, ErrNoRoom) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("%s: pick: %v", r.name, err)
+	}
+	return l
+}
+
+// fleetInFlight fails the test when the replicas have more than the worker's limit in flight.
+func fleetInFlight(t *testing.T, rs []*simReplica) int64 {
+	t.Helper()
+	var total int64
+	for _, r := range rs {
+		total += r.inFlight()
+	}
+	if total > simLimit {
+		t.Fatalf("the fleet has %d in flight on w0, over its limit %d (%s)", total, simLimit, simState(rs))
+	}
+	return total
+}
+
+// TestInteractiveReserveIsTheFleets: replica a's batch backlog fills its share of a worker of 12
+// slots; b has nothing queued, so the split gives a everything but the fleet's interactive
+// reserve (a quarter: 3) and b nothing. An interactive request arriving at b is placed at
+// once on room b takes from the fleet's reserve, three of them, and a fourth finds none, while
+// a's batch never gets the reserve; the fleet never has more than 12 in flight. Once b's
+// interactive requests end, the next exchanges give the reserve back, and an interactive
+// request arriving at a takes it. Without the fleet's reserve a's batch holds the whole worker
+// and b's interactive request waits.
+func TestInteractiveReserveIsTheFleets(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 0.25, "a", "b")
+	a, b := rs[0], rs[1]
+	a.keep[1] = 400
+	simRun(t, clock, rs, 0, 10)
+	wantInFlight(t, rs, 9, 0)
+
+	var held []*Lease
+	for i := range 3 {
+		if pickNow(t, b, true) != nil {
+			t.Fatalf("b's interactive request %d placed within b's share of 0 (%s)", i, simState(rs))
+		}
+		if !b.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) {
+			t.Fatalf("b's interactive request %d took nothing of the fleet's reserve (%s)", i, simState(rs))
+		}
+		if l := pickNow(t, a, false); l != nil {
+			t.Fatalf("a's batch request placed on the fleet's reserve (%s)", simState(rs))
+		}
+		l := pickNow(t, b, true)
+		if l == nil {
+			t.Fatalf("b's interactive request %d found no room after taking the reserve (%s)", i, simState(rs))
+		}
+		held = append(held, l)
+		fleetInFlight(t, rs)
+	}
+	if b.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) {
+		t.Fatalf("b took a fourth request of a reserve of 3 (%s)", simState(rs))
+	}
+	if a.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) {
+		t.Fatalf("a took room of the reserve b holds (%s)", simState(rs))
+	}
+	if got := fleetInFlight(t, rs); got != simLimit {
+		t.Fatalf("the fleet has %d in flight, want %d", got, simLimit)
+	}
+
+	for _, l := range held {
+		l.Release(Outcome{})
+	}
+	simRun(t, clock, rs, 10, 6) // past reserveKeep: b gives the reserve back
+	if got := fleet.reserveHeld("w0"); got != 0 {
+		t.Fatalf("the fleet's reserve holds %d after b's interactive requests ended, want 0 (%s)", got, simState(rs))
+	}
+	wantInFlight(t, rs, 9, 0)
+	if !a.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) || pickNow(t, a, true) == nil {
+		t.Fatalf("a's interactive request got no room of the reserve b gave back (%s)", simState(rs))
+	}
+	fleetInFlight(t, rs)
+	simRun(t, clock, rs, 16, 10)
+}
+
+// TestInteractiveReserveWhileCut: while the store is cut no replica takes the reserve, and
+// after it comes back empty none does until every live replica has reported its hold again
+// (ShareReportTTL), so a hold that a restarted store forgot is never lent twice; then a takes
+// what b does not hold, and the fleet never has more than the worker's limit in flight.
+func TestInteractiveReserveWhileCut(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 0.25, "a", "b")
+	a, b := rs[0], rs[1]
+	a.keep[1], a.life = 400, 2
+	simRun(t, clock, rs, 0, 10)
+	interactive := &Request{Model: "m", Interactive: true}
+	if !b.pool.TakeReserve(context.Background(), interactive) || pickNow(t, b, true) == nil {
+		t.Fatalf("b's interactive request got no room of the reserve (%s)", simState(rs))
+	}
+	fleet.setCut(true)
+	simRun(t, clock, rs, 10, 4)
+	if a.pool.TakeReserve(context.Background(), interactive) {
+		t.Fatalf("a took the reserve while the store was cut (%s)", simState(rs))
+	}
+	fleet.forget()
+	fleet.setCut(false)
+	simRun(t, clock, rs, 14, 1)
+	if a.pool.TakeReserve(context.Background(), interactive) {
+		t.Fatalf("a took the reserve while rejoining (%s)", simState(rs))
+	}
+	simRun(t, clock, rs, 15, int(ShareReportTTL/(50*time.Millisecond))+1)
+	taken := 0
+	for a.pool.TakeReserve(context.Background(), interactive) {
+		if pickNow(t, a, true) == nil {
+			t.Fatalf("a's interactive request found no room after taking the reserve (%s)", simState(rs))
+		}
+		fleetInFlight(t, rs)
+		taken++
+	}
+	if taken == 0 {
+		t.Fatalf("a took nothing of the reserve after the rejoin (%s)", simState(rs))
+	}
+}
+
+// TestInteractiveReserveCoversAShrunkShare: a replica whose share shrank below its requests in
+// flight (here by 2, its batch not yet ended) takes that excess from the reserve with the
+// interactive request's room, so the request is placed at once; the fleet never has more than
+// the worker's limit in flight.
+func TestInteractiveReserveCoversAShrunkShare(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 0.25, "a", "b")
+	a := rs[0]
+	a.keep[1] = 400
+	simRun(t, clock, rs, 0, 10)
+	wantInFlight(t, rs, 9, 0)
+	modelWorkersOf(a.pool).share.Store(7) // as SyncShares shrinks it, before a's batch ends
+	if !a.pool.TakeReserve(context.Background(), &Request{Model: "m", Interactive: true}) || pickNow(t, a, true) == nil {
+		t.Fatalf("a's interactive request found no room after taking the reserve (%s)", simState(rs))
+	}
+	if got := fleet.reserveHeld("w0"); got != 3 {
+		t.Fatalf("a holds %d of the reserve, want 3: the request and the 2 above its share", got)
+	}
+	fleetInFlight(t, rs)
+}
