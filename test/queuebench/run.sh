@@ -76,7 +76,8 @@ SEED=${SEED:-1}
 SCENARIOS=${SCENARIOS:-"1 2 3"}
 SIMS=${SIMS:-2}                    # workers (usher sim), each with the settings below
 FLEET=${FLEET:-mixed}              # scenario 4, kv mode: mixed (every sim serves whole requests) or pd
-                                   # (disaggregated: the first SIMS/2 sims --role prefill, the rest decode)
+                                   # (disaggregated: the first PREFILL_SIMS sims --role prefill, the rest decode)
+PREFILL_SIMS=${PREFILL_SIMS:-$((SIMS / 2))} # FLEET=pd: how many of the sims prefill
 REPLICAS=${REPLICAS:-1}            # scenarios 2 and 4: gateway replicas sharing one redis-server
 REPLICA_SPREAD=${REPLICA_SPREAD:-even} # with REPLICAS > 1: even (round robin), skewed (half to the
                                    # first replica) or pinned (each tenant to one replica: f1 alone
@@ -139,7 +140,7 @@ mkdir -p "$OUT_DIR"
 echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPREAD CAP_DURATION=$CAP_DURATION DURATION=$DURATION" \
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
-  "SCENARIOS=\"$SCENARIOS\" SIMS=$SIMS FLEET=$FLEET REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
+  "SCENARIOS=\"$SCENARIOS\" SIMS=$SIMS FLEET=$FLEET PREFILL_SIMS=$PREFILL_SIMS REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
   "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
@@ -184,8 +185,9 @@ start_sims() {
     sims+=("$(addr_from "$tmp/sim-$i.log" 'usher sim serving')")
   done
 }
-# sim_role I: the role of sim I (1-based) in a FLEET=pd fleet: the first half prefill, the rest decode.
-sim_role() { if [ "$1" -le $((SIMS / 2)) ]; then echo prefill; else echo decode; fi; }
+# sim_role I: the role of sim I (1-based) in a FLEET=pd fleet: the first PREFILL_SIMS prefill, the
+# rest decode.
+sim_role() { if [ "$1" -le "$PREFILL_SIMS" ]; then echo prefill; else echo decode; fi; }
 # worker_lines EXTRA: the config's worker list, one line per sim (EXTRA: more members of each).
 worker_lines() {
   local i role
