@@ -85,6 +85,9 @@ func startConsoleStack(t *testing.T) (string, *tenants.Store) {
 		t.Fatal(err)
 	}
 	store := openMigratedStore(t, ctx, tcfg.Database.URL)
+	// Again after the store's Close is registered, so it runs before it: no goroutine uses the
+	// store once it is closed.
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	dir, err := tenants.NewDirectory(ctx, tcfg, store, tenants.DirectoryOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -37,7 +37,6 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	cfg := tenants.Config{
 		Tiers:   []tenants.Tier{tier},
@@ -51,6 +50,10 @@ func startMeteredGateway(t *testing.T, dbURL string, rdb redis.UniversalClient, 
 		t.Fatal(err)
 	}
 	store := openMigratedStore(t, ctx, dbURL)
+	// Registered after the store's Close, so it runs first: the ledger's last flush and every
+	// other goroutine on the store end before the store closes (a flush on a closed SQLite
+	// store panicked in modernc's driver).
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	dir, err := tenants.NewDirectory(ctx, cfg, store, tenants.DirectoryOptions{Redis: rdb})
 	if err != nil {
 		t.Fatal(err)

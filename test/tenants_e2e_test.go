@@ -45,6 +45,9 @@ func startTenantReplica(t *testing.T, dbURL string, rdb redis.UniversalClient, w
 		t.Fatal(err)
 	}
 	store := openMigratedStore(t, ctx, dbURL)
+	// Again after the store's Close is registered, so it runs before it: no goroutine uses the
+	// store once it is closed.
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	dopts := tenants.DirectoryOptions{Redis: rdb}
 	if !hearing {
 		dopts = tenants.DirectoryOptions{PollInterval: time.Hour}
