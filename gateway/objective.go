@@ -39,8 +39,8 @@ const (
 // loaded but healthy worker costs, and no more: a request queued behind a second one, or placed
 // away from its cached prefix, misses. The step is the engine's: it does not stop a step in
 // progress, so on a busy worker every prompt may wait for one, wherever the gateway places it.
-// Measured (docs/benchmarks.md, "The default objective"), 1.5x without the step left 8-44% of
-// interactive requests missed beside a batch flood on simulated vLLM-like engines even with
+// Measured (docs/benchmarks.md, "The default objective, 2026-12-05"), 1.5x without the step left
+// 12-53% of interactive requests missed beside a batch flood on simulated vLLM-like engines with
 // nothing waiting in usher: their misses were that step and their share of the engine's steps.
 // Standard: 3x plus the step, room for the queue of a busy pool (a couple of requests ahead)
 // without calling that a failure. Batch: none; its promise is its deadline.

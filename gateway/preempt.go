@@ -159,28 +159,33 @@ type attempt struct {
 	trace  httptrace.ClientTrace
 	reused bool
 	body   bytes.Reader // what the worker is sent
-	// lastHeard is when the worker was last heard (silenceBound.heard's time); longestGap the
-	// longest time between two hearings since its first event (see routing.Outcome.LongestGap).
-	// Read and written by the goroutine that reads the answer only.
-	lastHeard, longestGap time.Duration
-	decoding              bool // its first event came
+	gaps   streamGaps   // read and written by the goroutine that reads the answer only
+}
+
+// streamGaps measures an answer's longest gap (routing.Outcome.LongestGap): the longest time
+// between two hearings of the worker after its first event. The zero value is ready.
+type streamGaps struct {
+	last, longest time.Duration // the last hearing's time, the longest gap so far
+	decoding      bool          // the first event came
+}
+
+// heard records a hearing at at (time since a fixed start, non-decreasing).
+func (g *streamGaps) heard(at time.Duration) {
+	if g.decoding {
+		g.longest = max(g.longest, at-g.last)
+	}
+	g.last = at
 }
 
 // gotConn is the attempt's httptrace.ClientTrace.GotConn.
 func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
-func (a *attempt) heard() {
-	at := a.quiet.heard()
-	if a.decoding {
-		a.longestGap = max(a.longestGap, at-a.lastHeard)
-	}
-	a.lastHeard = at
-}
+func (a *attempt) heard() { a.gaps.heard(a.quiet.heard()) }
 
 // firstToken reports the first event that carries the answer's data.
 func (a *attempt) firstToken() {
-	a.decoding = true
+	a.gaps.decoding = true
 	a.lease.Prefilled()
 	a.watched.decoding()
 }

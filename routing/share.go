@@ -205,13 +205,13 @@ func (w *Worker) Share() (n int64, shared bool) {
 // milliseconds, off the admission path: one round trip.
 //
 // A share is the replica's part of a deterministic split of the worker's limit (less the
-// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share weighs them (splitShares: interactive demand
-// served first, then the rest by the weights of the backlogged flows, room nobody asks for
-// spread evenly; in fractions of a request, each replica's part rounded up or down in turn over
-// shareRound periods, see target), computed by each replica from what the last exchange said of the others; the store
-// grants it only as far as the other replicas' holds leave room, so a replica whose share
-// grows waits until the room is given up, and the worker is never sent more than its limit in
-// all. A share that shrinks applies before the exchange. When the exchange fails, every
+// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the
+// fair share weighs them (splitShares: interactive demand served first, then the rest by the
+// weights of the backlogged flows, room nobody asks for spread evenly; in fractions of a
+// request, each replica's part rounded up or down in turn over shareRound periods, see target),
+// computed by each replica from what the last exchange said of the others; the store grants it
+// only as far as the other replicas' holds leave room, so a replica whose share grows waits
+// until the room is given up, and the worker is never sent more than its limit in all. A share that shrinks applies before the exchange. When the exchange fails, every
 // worker's share falls to this replica's part of 1/n of its limit, n the replicas of the last
 // successful exchange, when it is above it, and otherwise stays: a share never grows while the
 // store is cut, since the others' requests in flight above their parts (long answers outlast
