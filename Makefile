@@ -5,7 +5,7 @@ PKGS      := ./...
 # PostgreSQL tests run against $USHER_TEST_POSTGRES_DSN (.ci/run sets it); without it they are
 # skipped outside CI and fail in CI (CI=true).
 
-.PHONY: build run test test-deps lint lint-deps bench bench-engine bench-hop bench-cost bench-limit bench-policies bench-queue bench-slow clean
+.PHONY: build run test test-deps lint lint-deps bench bench-engine bench-hop bench-cost bench-limit bench-policies bench-queue bench-slow bench-demo clean
 
 # `usher version` of a make build; a plain `go build` reports Go's build information instead.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null)
@@ -84,6 +84,12 @@ bench-queue:
 # minutes after the engine is built; see the script for its knobs.
 bench-engine:
 	./test/enginebench/run.sh
+
+# The demo against its own banner's bench line: interactive alone, beside the batch tenant twice,
+# then again after IDLE (10 minutes by default) of nothing, with the learned limits' moves (about
+# 13 minutes; see the script).
+bench-demo:
+	./test/demobench/run.sh
 
 # The slow-body attack: 20,000 trickling connections from 100 loopback addresses beside
 # real requests, whose p99 it prints (about a minute); see the script for its knobs.
