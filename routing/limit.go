@@ -111,7 +111,8 @@ type ConcurrencyConfig struct {
 	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average
 	// interactive prompt (the default interactive objective's slack beyond the step in progress,
 	// InteractiveObjectiveFactor - 1: an interactive prompt then waits for no more lower-class
-	// prefill than that), at least 64 tokens; either way at least a sixteenth of the prompt.
+	// prefill than that), at most LowerPrefillTokens, at least 64 tokens; either way at least a
+	// sixteenth of the prompt.
 	// -1: off, prompts go whole.
 	PrefillPieceTokens int `yaml:"prefill_piece_tokens"`
 	// PiecesEverywhere is the knob of a removed choice: pieces went to one worker of several

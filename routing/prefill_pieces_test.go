@@ -29,6 +29,7 @@ func TestPrefillPieceSize(t *testing.T) {
 		{"learnt: the interactive prompt", 0, []int{300}, false, 1000, 300},
 		{"learnt: a moving average", 0, []int{300, 1100}, false, 3000, 400},
 		{"learnt: at least 64 tokens", 0, []int{10}, false, 1000, 64},
+		{"learnt: no larger than the prefill budget", 0, []int{2000}, false, 4000, DefaultLowerPrefillTokens},
 		{"learnt: at most 16 pieces", 0, []int{10}, false, 16000, 1000},
 		{"configured: at most 16 pieces too", 100, []int{10}, false, 16001, 1001},
 	} {
