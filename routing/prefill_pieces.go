@@ -20,7 +20,8 @@ package routing
 // average one let a lower-class prompt of up to a piece and a half (1,536 tokens) into one step,
 // and the shorter interactive prompts, whose slack is shorter, missed the default objective
 // (193 of 213 met); capped at the budget, 393 of 393 met over six runs, for a sixth of batch's
-// throughput there. Where interactive prompts are short (bench-queue's 128-384), the cap does not bind.
+// throughput there. Where interactive prompts are short (bench-queue's 128-384), the cap does
+// not bind. The request's own last part may still be up to half a piece more than the budget.
 //
 // Measured against pieces the size of the interactive prompt on one worker of several (the others
 // taking such prompts whole), with no yield of the request itself and none on workers that
