@@ -179,19 +179,19 @@ func (d *dispatcher) disaggregated(model string) bool {
 	return ok
 }
 
-// capacityOf sums what model's healthy workers can take from this gateway, and says whether
-// some are split among the fleet's replicas. For a model served disaggregated (disaggregated)
-// it sums its workers of role decode and both only: a call holds its decode worker for its
-// whole answer and its prefill worker only for its prefill, so the decode pool bounds the calls
-// in flight, and a full prefill pool makes the placement wait (routing.ErrNoRoom). A worker split by the fleet (WorkerStatus.Shared)
-// counts this replica's share of it, which may be 0 while other replicas need the worker more
-// (requests then wait here, in order, for the next exchange to give room), and the room it holds
-// of the fleet's interactive reserve, which routing gives interactive requests only. Any other counts its
-// concurrency limit less the requests other replicas have on it as its /metrics last reported
-// (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
-// healthy worker and a worker the others fill makes requests wait here, in order, instead of in
-// the worker's own queue. Token budgets are not reduced: they bound what one request may hold,
-// and a fleet-wide reading must not turn a request away as too large.
+// capacityOf sums what model's healthy workers can take from this gateway, and says whether some
+// are split among the fleet's replicas. For a model served disaggregated (disaggregated) it sums
+// its workers of role decode and both only: a call holds its decode worker for its whole answer and
+// its prefill worker only for its prefill, so the decode pool bounds the calls in flight, and a
+// full prefill pool makes the placement wait (routing.ErrNoRoom). A worker split by the fleet
+// (WorkerStatus.Shared) counts this replica's share of it, which may be 0 while other replicas need
+// the worker more (requests then wait here, in order, for the next exchange to give room), and the
+// room it holds of the fleet's interactive reserve, which routing gives interactive requests only.
+// Any other counts its concurrency limit less the requests other replicas have on it as its
+// /metrics last reported (WorkerStatus.OthersInFlight), but at least one, so that every replica
+// keeps a slot on every healthy worker and a worker the others fill makes requests wait here, in
+// order, instead of in the worker's own queue. Token budgets are not reduced: they bound what one
+// request may hold, and a fleet-wide reading must not turn a request away as too large.
 func capacityOf(workers []routing.WorkerStatus, model string, disaggregated bool) (c queue.Capacity, shared bool) {
 	for _, w := range workers {
 		if disaggregated && w.Role == routing.RolePrefill {

@@ -231,8 +231,9 @@ func TestDefaultObjectiveWithoutPredictionIsUnjudged(t *testing.T) {
 	}
 }
 
-// The defaults: for interactive TTFT 2x the idle prediction plus one idle step (its TPOT), TPOT
-// 2x; for standard 3x; none for batch; never below the floors; a tier's own objective wins; a client's header tightens either.
+// The defaults: for interactive TTFT 2x the idle prediction plus one idle step (its TPOT), TPOT 2x;
+// for standard 3x; none for batch; never below the floors; a tier's own objective wins; a client's
+// header tightens either.
 func TestDefaultObjectives(t *testing.T) {
 	tier := &tenants.Tier{Name: "t", Objectives: tenants.ClassObjectives{Standard: tenants.Objective{TTFT: 2 * time.Second}}}
 	p := routing.Prediction{TTFT: 400 * time.Millisecond, TPOT: 40 * time.Millisecond}

@@ -104,16 +104,15 @@ type ConcurrencyConfig struct {
 	// interactive tail, and was off by default; figures in docs/benchmarks.md). Kept only so
 	// that a config that sets it is told so, not a parse error about an unknown field.
 	ClearWithin time.Duration `yaml:"clear_within"`
-	// PrefillPieceTokens is the size of the pieces in which a standard or batch prompt longer
-	// than a piece and a half reaches an engine while interactive requests are present (see
+	// PrefillPieceTokens is the size of the pieces in which a standard or batch prompt longer than
+	// a piece and a half reaches an engine while interactive requests are present (see
 	// Lease.PrefillPiece): the gateway has the engine prefill the prompt's leading pieces, one
-	// request each, then sends the request, whose prompt the engine finds cached but for its
-	// last piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average
-	// interactive prompt (the default interactive objective's slack beyond the step in progress,
+	// request each, then sends the request, whose prompt the engine finds cached but for its last
+	// piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average interactive
+	// prompt (the default interactive objective's slack beyond the step in progress,
 	// InteractiveObjectiveFactor - 1: an interactive prompt then waits for no more lower-class
 	// prefill than that), at most LowerPrefillTokens, at least 64 tokens; either way at least a
-	// sixteenth of the prompt.
-	// -1: off, prompts go whole.
+	// sixteenth of the prompt. -1: off, prompts go whole.
 	PrefillPieceTokens int `yaml:"prefill_piece_tokens"`
 	// PiecesEverywhere is the knob of a removed choice: pieces went to one worker of several
 	// while the others took long prompts whole. Pieces now go to every worker (the demo's

@@ -104,13 +104,14 @@ func (r *Request) mayWaitFor(w *Worker) bool {
 	return w.takesRequests() && !slices.Contains(r.Exclude, w.spec.ID)
 }
 
-// Eligible reports whether w may take r now, whatever the pick: healthy, not draining, circuit
-// not open, not in r.Exclude, below its request cap (its limit, or this replica's share of it
-// in a fleet: see ShareStore, with the room this replica holds of the fleet's interactive reserve
-// for an interactive request), and with room for r.Tokens under its token cap (likewise this
-// replica's part of it in a fleet; an idle worker takes a request of any size). The protections of one pick filter further
-// (see choice.Eligible, which every policy filters with). It costs a few atomic loads plus a
-// scan of r.Exclude (and a clock read while the worker's circuit is open); it modifies nothing.
+// Eligible reports whether w may take r now, whatever the pick: healthy, not draining, circuit not
+// open, not in r.Exclude, below its request cap (its limit, or this replica's share of it in a
+// fleet: see ShareStore, with the room this replica holds of the fleet's interactive reserve for an
+// interactive request), and with room for r.Tokens under its token cap (likewise this replica's
+// part of it in a fleet; an idle worker takes a request of any size). The protections of one pick
+// filter further (see choice.Eligible, which every policy filters with). It costs a few atomic
+// loads plus a scan of r.Exclude (and a clock read while the worker's circuit is open); it modifies
+// nothing.
 func (r *Request) Eligible(w *Worker) bool {
 	if !w.takesRequests() {
 		return false

@@ -204,24 +204,24 @@ func (w *Worker) Share() (n int64, shared bool) {
 // model, what this replica has queued for it. The gateway calls it every few tens of
 // milliseconds, off the admission path: one round trip.
 //
-// A share is the replica's part of a deterministic split of the worker's limit (less the
-// fleet's interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the
-// fair share weighs them (splitShares: interactive demand served first, then the rest by the
-// weights of the backlogged flows, room nobody asks for spread evenly; in fractions of a
-// request, each replica's part rounded up or down in turn over shareRound periods, see target),
-// computed by each replica from what the last exchange said of the others; the store grants it
-// only as far as the other replicas' holds leave room, so a replica whose share grows waits
-// until the room is given up, and the worker is never sent more than its limit in all. A share that shrinks applies before the exchange. When the exchange fails, every
-// worker's share falls to this replica's part of 1/n of its limit, n the replicas of the last
-// successful exchange, when it is above it, and otherwise stays: a share never grows while the
-// store is cut, since the others' requests in flight above their parts (long answers outlast
-// any report's TTL) end when they end, and nothing tells this replica when; the grants of the
-// last exchanges add up to the limit at most, so the fleet stays within it. (A replica whose
-// exchanges never succeeded takes the whole limit ShareReportTTL after its start.) The first
-// exchange that succeeds again starts ShareReportTTL within the share applied meanwhile, so
-// every live replica has reported its hold again before any grows; then the split by demand
-// resumes. Without a store it does nothing. Calls are serialized; Changes is told when a share
-// changed.
+// A share is the replica's part of a deterministic split of the worker's limit (less the fleet's
+// interactive reserve of it, see TakeReserve) by the replicas' demands, weighted as the fair share
+// weighs them (splitShares: interactive demand served first, then the rest by the weights of the
+// backlogged flows, room nobody asks for spread evenly; in fractions of a request, each replica's
+// part rounded up or down in turn over shareRound periods, see target), computed by each replica
+// from what the last exchange said of the others; the store grants it only as far as the other
+// replicas' holds leave room, so a replica whose share grows waits until the room is given up, and
+// the worker is never sent more than its limit in all. A share that shrinks applies before the
+// exchange. When the exchange fails, every worker's share falls to this replica's part of 1/n of
+// its limit, n the replicas of the last successful exchange, when it is above it, and otherwise
+// stays: a share never grows while the store is cut, since the others' requests in flight above
+// their parts (long answers outlast any report's TTL) end when they end, and nothing tells this
+// replica when; the grants of the last exchanges add up to the limit at most, so the fleet stays
+// within it. (A replica whose exchanges never succeeded takes the whole limit ShareReportTTL after
+// its start.) The first exchange that succeeds again starts ShareReportTTL within the share applied
+// meanwhile, so every live replica has reported its hold again before any grows; then the split by
+// demand resumes. Without a store it does nothing. Calls are serialized; Changes is told when a
+// share changed.
 func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBacklog) error {
 	s := p.shares
 	if s == nil {
@@ -261,9 +261,9 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		// what the share left in flight.
 		keep := min(max(w.share.Load(), 0), r.Want)
 		changed = w.setShare(keep) || changed
-		reserve := w.reserve.Load()
-		r.Reserve, r.ReserveTokens = w.settleReserve(now)
-		changed = changed || w.reserve.Load() != reserve
+		var settled bool
+		r.Reserve, r.ReserveTokens, settled = w.settleReserve(now)
+		changed = settled || changed
 		r.Hold = min(max(keep, w.inFlight.Load()-r.Reserve), maxSlots)
 		reports[i] = r
 	}
@@ -281,9 +281,8 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		grow := !s.joined && now.Sub(s.started) >= ShareReportTTL
 		// A new slice: workers and over share the pool's array.
 		for _, w := range slices.Concat(workers, over) {
-			reserve := w.reserve.Load()
-			w.settleReserve(now)
-			changed = changed || w.reserve.Load() != reserve
+			_, _, settled := w.settleReserve(now)
+			changed = settled || changed
 			fb := s.fallback(w.spec.ID, p.shareLimit(w))
 			if !grow {
 				fb = min(fb, max(w.share.Load(), 0))

@@ -94,17 +94,19 @@ func (w *Worker) tokenCapacityFor(interactive bool) int64 {
 
 // settleReserve gives back the room of the fleet's reserve of w that this replica's requests no
 // longer use (in flight beyond its share: its interactive requests placed on the reserve), once
-// reserveKeep has passed since it last took some, and returns what it still holds, to report.
+// reserveKeep has passed since it last took some, and returns what it still holds, to report,
+// and whether the requests it holds changed (the pool then tells Changes).
 // Tokens in flight beyond the replica's part of w's token limit count as held of the reserve
 // whatever placed them (a share that shrank below what its requests hold: the split counts
 // requests, not tokens), so that no other replica is lent them. SyncShares calls it under
 // shares.mu, after setting the share, so a request placed meanwhile is either within what is
 // returned or counted in the requests in flight it reads after.
-func (w *Worker) settleReserve(now time.Time) (requests, tokens int64) {
+func (w *Worker) settleReserve(now time.Time) (requests, tokens int64, changed bool) {
 	excess := max(w.inFlightTokens.Load()-w.tokenCapacity(), 0)
 	if now.UnixNano()-w.reserveAt.Load() >= int64(reserveKeep) {
 		if used := max(w.inFlight.Load()-w.capacity(), 0); used < w.reserve.Load() {
 			w.reserve.Store(used)
+			changed = true
 		}
 		if excess < w.reserveTokens.Load() {
 			w.reserveTokens.Store(excess)
@@ -113,7 +115,7 @@ func (w *Worker) settleReserve(now time.Time) (requests, tokens int64) {
 	if excess > w.reserveTokens.Load() {
 		w.reserveTokens.Store(min(excess, maxReserveTokens))
 	}
-	return min(w.reserve.Load(), maxSlots), min(w.reserveTokens.Load(), maxReserveTokens)
+	return min(w.reserve.Load(), maxSlots), min(w.reserveTokens.Load(), maxReserveTokens), changed
 }
 
 // TakeReserve takes room for r, an interactive request that found none, from the fleet's
