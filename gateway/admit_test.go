@@ -291,6 +291,11 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 		w.Share, w.Shared = share, true
 		return w
 	}
+	lowered := func(share, inFlight int64) routing.WorkerStatus {
+		w := shared(share)
+		w.InFlight = inFlight
+		return w
+	}
 	tests := []struct {
 		name    string
 		workers []routing.WorkerStatus
@@ -301,6 +306,9 @@ func TestCapacityLeavesRoomForOtherReplicas(t *testing.T) {
 		{"others fill one: a slot stays", []routing.WorkerStatus{worker(routing.StateHealthy, "m", 20), worker(routing.StateHealthy, "m", 0)}, queue.Capacity{Requests: 9, Tokens: 2000}},
 		{"unhealthy, draining and other models count nothing", []routing.WorkerStatus{worker(routing.StateUnhealthy, "m", 0), worker(routing.StateDraining, "m", 0), worker(routing.StateHealthy, "n", 0)}, queue.Capacity{}},
 		{"split by the fleet: this replica's shares, 0 included", []routing.WorkerStatus{shared(3), shared(0), worker(routing.StateHealthy, "m", 5)}, queue.Capacity{Requests: 6, Tokens: 3000}},
+		// Five in flight on a share lowered to 2 must not hide the other worker's free slot
+		// (2 + 3 counted, 6 in flight: the queue would never try the placer).
+		{"split by the fleet: a share lowered under its requests in flight", []routing.WorkerStatus{lowered(2, 5), shared(3)}, queue.Capacity{Requests: 8, Tokens: 2000}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -186,7 +186,9 @@ func (d *dispatcher) disaggregated(model string) bool {
 // full prefill pool makes the placement wait (routing.ErrNoRoom). A worker split by the fleet
 // (WorkerStatus.Shared) counts this replica's share of it, which may be 0 while other replicas need
 // the worker more (requests then wait here, in order, for the next exchange to give room), and the
-// room it holds of the fleet's interactive reserve, which routing gives interactive requests only.
+// room it holds of the fleet's interactive reserve, which routing gives interactive requests only;
+// or its requests in flight there when more (a share lowered under them), so that they do not hide
+// another worker's room from the queue: the placer tests each worker's own.
 // Any other counts its concurrency limit less the requests other replicas have on it as its
 // /metrics last reported (WorkerStatus.OthersInFlight), but at least one, so that every replica
 // keeps a slot on every healthy worker and a worker the others fill makes requests wait here, in
@@ -199,7 +201,7 @@ func capacityOf(workers []routing.WorkerStatus, model string, disaggregated bool
 		}
 		if w.State == routing.StateHealthy && slices.Contains(w.Models, model) {
 			if w.Shared {
-				c.Requests += int(w.Share + w.Reserve)
+				c.Requests += int(max(w.Share+w.Reserve, w.InFlight))
 				shared = true
 			} else {
 				c.Requests += int(max(1, w.MaxConcurrency-w.OthersInFlight))
