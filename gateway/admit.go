@@ -253,10 +253,13 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		default:
 			// No room for an interactive call: in a fleet, room taken for it from the fleet's
 			// interactive reserve (one round trip; the queue places it there once the pool
-			// tells of the change); else a standard or batch call whose answer has not begun
-			// gives it its capacity.
+			// tells of the change); else standard or batch calls whose answers have not begun
+			// give it their room on a worker, which nothing but interactive calls take until
+			// this one is placed.
 			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) && !s.cfg.DisablePreemption {
-				s.preemption.preemptOne(cl.model)
+				if w := s.preemption.preemptFor(cl.model, s.pool.Shortfalls(&cl.route)); w != nil {
+					defer w.HoldForInteractive()()
+				}
 			}
 		}
 	}

@@ -526,9 +526,10 @@ func TestSilentWorkerIsCutOffAndCountedFailed(t *testing.T) {
 // engine).
 func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	var p preemption
+	w := &routing.Worker{}
 	var cancelled []int
 	add := func(i int) *victim {
-		v := &victim{cancel: func(error) { cancelled = append(cancelled, i) }}
+		v := &victim{worker: w, tokens: 100, cancel: func(error) { cancelled = append(cancelled, i) }}
 		p.add("m", v)
 		return v
 	}
@@ -536,13 +537,78 @@ func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	second := add(1)
 	add(2)
 	p.decoding(second)
-	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1}) {
+	short := []routing.Shortfall{{Worker: w, Requests: 1, InFlight: 3}}
+	if p.preemptFor("m", short) != w || !slices.Equal(cancelled, []int{1}) {
 		t.Fatalf("cancelled %v, want the decoding attempt 1", cancelled)
 	}
-	if !p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2}) {
+	short[0].InFlight = 2
+	if p.preemptFor("m", short) != w || !slices.Equal(cancelled, []int{1, 2}) {
 		t.Fatalf("cancelled %v, then want the newest, 2", cancelled)
 	}
-	if !p.preemptOne("m") || p.preemptOne("m") || !slices.Equal(cancelled, []int{1, 2, 0}) {
+	short[0].InFlight = 1
+	if p.preemptFor("m", short) != w || p.preemptFor("m", short) != nil || !slices.Equal(cancelled, []int{1, 2, 0}) {
 		t.Fatalf("cancelled %v, want 0 last and then nothing", cancelled)
+	}
+}
+
+// An interactive call that finds no room cancels the fewest attempts that make room for it on
+// one worker, in requests and in tokens (a replica's share of a worker lowered under its
+// requests in flight, a long prompt in its tokens), and none where that would not give it room.
+func TestPreemptionMakesRoomOnOneWorker(t *testing.T) {
+	a, b := &routing.Worker{}, &routing.Worker{}
+	type attempt struct {
+		worker *routing.Worker
+		tokens int64
+	}
+	cases := []struct {
+		name     string
+		attempts []attempt // oldest first
+		short    []routing.Shortfall
+		want     []int
+	}{
+		{"the worker that takes the fewest", []attempt{{a, 100}, {a, 100}, {b, 100}, {b, 100}},
+			[]routing.Shortfall{{Worker: a, Requests: 1, InFlight: 2}, {Worker: b, Requests: 2, InFlight: 2}},
+			[]int{1}},
+		{"more than one, where the share is two short", []attempt{{a, 100}, {b, 100}, {b, 100}, {b, 100}},
+			[]routing.Shortfall{{Worker: b, Requests: 2, InFlight: 3}},
+			[]int{3, 2}},
+		{"tokens: as many as the tokens lacking take", []attempt{{a, 400}, {a, 300}, {a, 200}},
+			[]routing.Shortfall{{Worker: a, Tokens: 450, InFlight: 4}},
+			[]int{2, 1}},
+		{"tokens: an idle worker takes any request", []attempt{{a, 100}, {a, 100}},
+			[]routing.Shortfall{{Worker: a, Tokens: 5000, InFlight: 2}},
+			[]int{1, 0}},
+		{"nothing while a worker has room", []attempt{{a, 100}, {b, 100}},
+			[]routing.Shortfall{{Worker: a, Requests: 1, InFlight: 1}, {Worker: b}},
+			nil},
+		{"nothing where the attempts cannot make room", []attempt{{a, 100}, {a, 100}, {b, 100}},
+			[]routing.Shortfall{{Worker: a, Tokens: 5000, InFlight: 3}, {Worker: b, Requests: 2, InFlight: 2}},
+			nil},
+		{"nothing to preempt, none ever preemptible", nil,
+			[]routing.Shortfall{{Worker: a, Requests: 1, InFlight: 1}},
+			nil},
+		{"at most maxPreempted", []attempt{{a, 1}, {a, 1}, {a, 1}, {a, 1}, {a, 1}, {a, 1}},
+			[]routing.Shortfall{{Worker: a, Requests: maxPreempted + 1, InFlight: 6}},
+			nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var p preemption
+			var cancelled []int
+			for i, at := range tc.attempts {
+				p.add("m", &victim{worker: at.worker, tokens: at.tokens,
+					cancel: func(error) { cancelled = append(cancelled, i) }})
+			}
+			at := p.preemptFor("m", tc.short)
+			if !slices.Equal(cancelled, tc.want) {
+				t.Fatalf("cancelled %v, want %v", cancelled, tc.want)
+			}
+			if (at != nil) != (tc.want != nil) || at != nil && at != tc.attempts[tc.want[0]].worker {
+				t.Errorf("preempted on %p, want the worker of attempt(s) %v", at, tc.want)
+			}
+			if left := len(p.running["m"]); left != len(tc.attempts)-len(tc.want) {
+				t.Errorf("%d attempts still preemptible, want %d", left, len(tc.attempts)-len(tc.want))
+			}
+		})
 	}
 }

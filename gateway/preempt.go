@@ -40,8 +40,10 @@ type preemption struct {
 // victim is one preemptible attempt.
 type victim struct {
 	cancel   context.CancelCauseFunc
-	taken    bool // chosen: its attempt is being cancelled
-	decoding bool // its engine is generating tokens: it notices a cancel at its next one
+	worker   *routing.Worker // where it runs
+	tokens   int64           // what it counts in the worker's tokens in flight
+	taken    bool            // chosen: its attempt is being cancelled
+	decoding bool            // its engine is generating tokens: it notices a cancel at its next one
 }
 
 // add registers v, an attempt of model; done must be called when its answer begins or it ends.
@@ -75,30 +77,73 @@ func (p *preemption) decoding(v *victim) {
 	p.mu.Unlock()
 }
 
-// preemptOne cancels a preemptible attempt of model, if there is one, for an interactive call
-// the queue could not release at once (no capacity, or no room on a worker it may use): the
-// newest attempt whose engine is generating tokens, which stops at its next token; else the
-// newest attempt (the one that has cost the engine the least so far). An engine notices a cancel
-// during prefill only when the prefill ends: llama.cpp takes half a second for a 500-token
-// prompt on a CPU core. The cancelled call gives its lease and grant back and waits in the queue
-// again, behind the interactive call.
-func (p *preemption) preemptOne(model string) bool {
+// maxPreempted bounds the attempts one interactive call may cancel: room one request's worth
+// short on a worker (its share of the fleet's split lowered by one request, a long batch prompt in
+// its tokens) takes one to three lower-class attempts; a worker further short (its learned limit
+// halved) is overloaded, and cancelling more would lose their engine's work for one call.
+const maxPreempted = 4
+
+// preemptFor cancels, for an interactive call the queue could not release at once (no room on a
+// worker it may use), the fewest preemptible attempts of model that make room for it on one
+// worker, short as short says (Pool.Shortfalls): on each worker, the attempts whose engine is
+// generating tokens first (they stop at their next token), newest first (they have cost their
+// engine the least so far), until the requests and tokens they hold cover what the worker lacks;
+// of the workers where at most maxPreempted do, the one that takes the fewest. An engine notices
+// a cancel during prefill only when the prefill ends: llama.cpp takes half a second for a
+// 500-token prompt on a CPU core. Cancelled calls give their leases and grants back and wait in
+// the queue again, behind the interactive call. It cancels nothing where a worker has room
+// already, or where none can be made so: room freed elsewhere would not take the call. It
+// returns the worker where it cancelled some, for the call to hold (Worker.HoldForInteractive),
+// or nil.
+func (p *preemption) preemptFor(model string, short []routing.Shortfall) *routing.Worker {
 	p.mu.Lock()
 	list := p.running[model]
-	i := newest(list, func(v *victim) bool { return v.decoding })
-	if i < 0 {
-		i = len(list) - 1
+	var chosen []int
+	var at *routing.Worker
+	for _, s := range short {
+		if s.Requests <= 0 && s.Tokens <= 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		if c := cover(list, s); c != nil && (chosen == nil || len(c) < len(chosen)) {
+			chosen, at = c, s.Worker
+		}
 	}
-	if i < 0 {
-		p.mu.Unlock()
-		return false
+	victims := make([]*victim, len(chosen))
+	for k, i := range chosen {
+		victims[k] = list[i]
+		list[i].taken = true
 	}
-	v := list[i]
-	p.running[model] = slices.Delete(list, i, i+1)
-	v.taken = true
+	if len(victims) > 0 {
+		p.running[model] = slices.DeleteFunc(list, func(v *victim) bool { return v.taken })
+	}
 	p.mu.Unlock()
-	v.cancel(errPreempted)
-	return true
+	for _, v := range victims {
+		v.cancel(errPreempted)
+	}
+	return at
+}
+
+// cover is the indexes in list of the attempts on s's worker whose end makes the room s lacks,
+// in preemptFor's order of preference, at most maxPreempted of them; nil if they cannot.
+func cover(list []*victim, s routing.Shortfall) []int {
+	var out []int
+	var requests, tokens int64
+	fits := func() bool {
+		return requests >= s.Requests && (tokens >= s.Tokens || requests >= s.InFlight)
+	}
+	for _, decoding := range []bool{true, false} {
+		for i := len(list) - 1; i >= 0 && len(out) < maxPreempted && !fits(); i-- {
+			if v := list[i]; v.worker == s.Worker && v.decoding == decoding {
+				out = append(out, i)
+				requests, tokens = requests+1, tokens+v.tokens
+			}
+		}
+	}
+	if !fits() {
+		return nil
+	}
+	return out
 }
 
 // newest is the index of the last victim of list that is, or -1.
@@ -114,11 +159,12 @@ func newest(list []*victim, is func(*victim) bool) int {
 // watch registers an attempt of cl that cancel ends, if cl is preemptible: a standard or batch
 // call, with preemption on. nil otherwise; the methods of a nil *watched do what an attempt
 // nobody may preempt needs. The attempt's end must be reported (watched.ended).
-func (s *Server) watch(cl *call, cancel context.CancelCauseFunc) *watched {
+func (s *Server) watch(cl *call, lease *routing.Lease, cancel context.CancelCauseFunc) *watched {
 	if cl.class == queue.Interactive || s.cfg.DisablePreemption {
 		return nil
 	}
-	a := &watched{p: &s.preemption, model: cl.model, v: victim{cancel: cancel}}
+	a := &watched{p: &s.preemption, model: cl.model,
+		v: victim{cancel: cancel, worker: lease.Worker, tokens: lease.Tokens()}}
 	s.preemption.add(cl.model, &a.v)
 	return a
 }

@@ -65,7 +65,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
-	watched := s.watch(cl, cancel)
+	watched := s.watch(cl, lease, cancel)
 	defer watched.ended()
 	preemptible := watched != nil
 	preempted := func() bool { return context.Cause(ctx) == errPreempted && clientCtx.Err() == nil }

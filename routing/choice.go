@@ -35,7 +35,7 @@ type choice struct {
 // more and a scan of full; it modifies nothing.
 func (c *choice) Eligible(w *Worker) bool {
 	return c.Request.Eligible(w) && c.withinPrefillBudget(w) && c.clearOfInteractivePrefill(w) &&
-		!slices.Contains(c.full, w.spec.ID)
+		c.notHeldForInteractive(w) && !slices.Contains(c.full, w.spec.ID)
 }
 
 // protect sets the protections of interactive requests that are in force for c now, among

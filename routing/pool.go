@@ -263,6 +263,10 @@ func (p *Pool) breakerDone(w *Worker, failed, probe bool) {
 	}
 }
 
+// Tokens is what the request counts in its worker's tokens in flight (Request.Tokens) until the
+// lease is released.
+func (l *Lease) Tokens() int64 { return l.tokens }
+
 // PrefillPiece is the size, in estimated prompt tokens, of the pieces in which the request's
 // prompt should reach the engine: 0 to send it whole. An engine runs in steps and does not stop
 // one: an interactive prompt that arrives waits for the step in progress, so a long lower-class

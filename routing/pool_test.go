@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -378,5 +379,79 @@ func TestNewPoolErrors(t *testing.T) {
 	_, reg := newTestPool(t, Config{Workers: testWorkers(1, "m")})
 	if _, err := NewPool(Config{}, Options{Registerer: reg}); err == nil {
 		t.Errorf("second pool on one registry: got no error, want a registration error")
+	}
+}
+
+// Shortfalls says what each worker a request may wait for lacks for it, in requests and in
+// tokens by the room test Pick applies, and leaves out a worker the request may not use.
+func TestShortfalls(t *testing.T) {
+	specs := testWorkers(3, "m")
+	for i := range specs {
+		specs[i].MaxConcurrency, specs[i].MaxTokensInFlight = 2, 1000
+	}
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: specs})
+	ctx := context.Background()
+	// w0: two requests of 300 tokens (full); w1: one of 800 (tokens short); w2 excluded.
+	for _, pick := range []struct {
+		worker string
+		tokens int
+	}{{"w0", 300}, {"w0", 300}, {"w1", 800}} {
+		if _, err := p.Pick(ctx, &Request{Model: "m", Tokens: pick.tokens, TargetWorker: pick.worker}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &Request{Model: "m", Tokens: 400, Exclude: []string{"w2"}}
+	if _, err := p.Pick(ctx, r); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("pick: got %v, want ErrNoRoom", err)
+	}
+	got := map[string]Shortfall{}
+	for _, s := range p.Shortfalls(r) {
+		got[s.Worker.ID()] = s
+	}
+	want := map[string][3]int64{"w0": {1, 0, 2}, "w1": {0, 200, 1}}
+	if len(got) != len(want) {
+		t.Fatalf("shortfalls on %v, want on w0 and w1 only", slices.Collect(maps.Keys(got)))
+	}
+	for id, w := range want {
+		if s := got[id]; [3]int64{s.Requests, s.Tokens, s.InFlight} != w {
+			t.Errorf("%s: requests, tokens, in flight short %d, %d, %d; want %v", id, s.Requests, s.Tokens, s.InFlight, w)
+		}
+	}
+	if s := p.Shortfalls(&Request{Model: "m", Tokens: 100, Exclude: []string{"w0"}}); len(s) != 2 ||
+		s[0].Requests+s[0].Tokens+s[1].Requests+s[1].Tokens != 0 {
+		t.Errorf("a request with room on w1 and w2: shortfalls %+v, want none short", s)
+	}
+}
+
+// A worker held for interactive requests takes no standard or batch request until the hold
+// ends, and interactive ones all the while.
+func TestHoldForInteractive(t *testing.T) {
+	p, _ := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(2, "m")})
+	ctx := context.Background()
+	held := p.snap.Load().models["m"].workers[0]
+	if held.ID() != "w0" {
+		t.Fatalf("first worker %s, want w0", held.ID())
+	}
+	stop := held.HoldForInteractive()
+	again := held.HoldForInteractive()
+	for i := range 4 {
+		l, err := p.Pick(ctx, &Request{Model: "m"})
+		if err != nil || l.Worker.ID() != "w1" {
+			t.Fatalf("batch pick %d beside the held w0: %v on %v, want w1", i, err, l)
+		}
+	}
+	if _, err := p.Pick(ctx, &Request{Model: "m", TargetWorker: "w0"}); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("batch pick sent to the held w0: got %v, want ErrNoRoom", err)
+	}
+	if l, err := p.Pick(ctx, &Request{Model: "m", Interactive: true, TargetWorker: "w0"}); err != nil || l.Worker.ID() != "w0" {
+		t.Fatalf("interactive pick on the held w0: %v", err)
+	}
+	stop()
+	if _, err := p.Pick(ctx, &Request{Model: "m", TargetWorker: "w0"}); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("batch pick while one of two holds stays: got %v, want ErrNoRoom", err)
+	}
+	again()
+	if l, err := p.Pick(ctx, &Request{Model: "m", TargetWorker: "w0"}); err != nil || l.Worker.ID() != "w0" {
+		t.Fatalf("batch pick on w0 once its holds ended: %v", err)
 	}
 }

@@ -63,9 +63,12 @@ type Worker struct {
 	// not come back (see Request.Interactive); prefill counts the prompt tokens the other classes
 	// have in prefill there (see prefill_budget.go).
 	interactivePrefills atomic.Int64
-	prefill             lowerPrefill
-	health              atomic.Int32 // a healthState
-	draining            atomic.Bool
+	// interactiveHolds counts the holds of the worker for interactive requests (see
+	// HoldForInteractive).
+	interactiveHolds atomic.Int64
+	prefill          lowerPrefill
+	health           atomic.Int32 // a healthState
+	draining         atomic.Bool
 	// retiring: the worker is leaving the pool (Retire) and takes no new requests whatever the
 	// shared drain state says; the pool removes it once nothing is in flight.
 	retiring atomic.Bool
