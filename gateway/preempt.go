@@ -146,16 +146,6 @@ func cover(list []*victim, s routing.Shortfall) []int {
 	return out
 }
 
-// newest is the index of the last victim of list that is, or -1.
-func newest(list []*victim, is func(*victim) bool) int {
-	for i := len(list) - 1; i >= 0; i-- {
-		if is(list[i]) {
-			return i
-		}
-	}
-	return -1
-}
-
 // watch registers an attempt of cl that cancel ends, if cl is preemptible: a standard or batch
 // call, with preemption on. nil otherwise; the methods of a nil *watched do what an attempt
 // nobody may preempt needs. The attempt's end must be reported (watched.ended).

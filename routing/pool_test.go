@@ -421,6 +421,10 @@ func TestShortfalls(t *testing.T) {
 		s[0].Requests+s[0].Tokens+s[1].Requests+s[1].Tokens != 0 {
 		t.Errorf("a request with room on w1 and w2: shortfalls %+v, want none short", s)
 	}
+	// An idle worker takes a request of any size.
+	if s := p.Shortfalls(&Request{Model: "m", Tokens: 5000, TargetWorker: "w2"}); len(s) != 1 || s[0] != (Shortfall{Worker: s[0].Worker}) {
+		t.Errorf("a request over the token cap, the idle w2: shortfalls %+v, want none short", s)
+	}
 }
 
 // A worker held for interactive requests takes no standard or batch request until the hold
