@@ -63,7 +63,8 @@ DL_DURATION=${DL_DURATION:-20}     # seconds of the deadline burst
 WINDOW=${WINDOW:-5}                # seconds: throughput windows of scenarios 0 and 1
 FAIR_WINDOW=${FAIR_WINDOW:-10}     # seconds: fairness windows
 QUEUE_CAP=${QUEUE_CAP:-64}         # queue.max_queued_per_tenant
-RESERVE=${RESERVE:-}               # queue.interactive_reserve (empty: the default, 0.10)
+RESERVE=${RESERVE:-}               # queue.interactive_reserve (empty: the default, 0.10; scenario 4
+                                   # too, but for its no-reserve variant)
 HANDOFF=${HANDOFF:-0}              # 1: sims schedule by priority, the gateway hands the class down
                                    #    (priority_handoff) and admits OVERCOMMIT x SEQS per worker,
                                    #    so an interactive request takes a batch request's slot
@@ -325,6 +326,7 @@ start_default_gateway() {
     *=*) bin=${v#*=} ;;
     *) echo "queuebench: unknown variant $v" >&2; exit 1 ;;
   esac
+  if [ -z "$v_queue" ] && [ -n "$RESERVE" ]; then v_queue="interactive_reserve: $RESERVE"; fi
   {
     echo "server: {listen: \"127.0.0.1:0\"$v_server}"
     if [ -n "$v_queue" ]; then echo "queue: {$v_queue}"; fi
