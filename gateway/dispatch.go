@@ -188,12 +188,12 @@ func (d *dispatcher) disaggregated(model string) bool {
 // the worker more (requests then wait here, in order, for the next exchange to give room), and the
 // room it holds of the fleet's interactive reserve, which routing gives interactive requests only;
 // or its requests in flight there when more (a share lowered under them), so that they do not hide
-// another worker's room from the queue: the placer tests each worker's own.
-// Any other counts its concurrency limit less the requests other replicas have on it as its
-// /metrics last reported (WorkerStatus.OthersInFlight), but at least one, so that every replica
-// keeps a slot on every healthy worker and a worker the others fill makes requests wait here, in
-// order, instead of in the worker's own queue. Token budgets are not reduced: they bound what one
-// request may hold, and a fleet-wide reading must not turn a request away as too large.
+// another worker's room from the queue: the placer tests each worker's own. Any other counts its
+// concurrency limit less the requests other replicas have on it as its /metrics last reported
+// (WorkerStatus.OthersInFlight), but at least one, so that every replica keeps a slot on every
+// healthy worker and a worker the others fill makes requests wait here, in order, instead of in
+// the worker's own queue. Token budgets are not reduced: they bound what one request may hold, and
+// a fleet-wide reading must not turn a request away as too large.
 func capacityOf(workers []routing.WorkerStatus, model string, disaggregated bool) (c queue.Capacity, shared bool) {
 	for _, w := range workers {
 		if disaggregated && w.Role == routing.RolePrefill {

@@ -116,12 +116,21 @@ func (r *Request) Eligible(w *Worker) bool {
 	if !w.takesRequests() {
 		return false
 	}
-	n := w.inFlight.Load()
-	if n >= w.capacityFor(r.Interactive) {
-		return false
-	}
-	if t := w.inFlightTokens.Load(); n > 0 && t+int64(r.Tokens) > w.tokenCapacityFor(r.Interactive) {
+	if requests, tokens, _ := r.shortfall(w); requests > 0 || tokens > 0 {
 		return false
 	}
 	return !slices.Contains(r.Exclude, w.spec.ID)
+}
+
+// shortfall is Eligible's room test: how many of the requests and tokens in flight on w would
+// have to end before r fits there (both 0: it fits), and the requests in flight, n. In requests,
+// those beyond w's request cap less one; in tokens, those in flight plus r's beyond its token cap,
+// none while w is idle (it takes a request of any size). Cost: up to six atomic loads.
+func (r *Request) shortfall(w *Worker) (requests, tokens, n int64) {
+	n = w.inFlight.Load()
+	requests = max(n+1-w.capacityFor(r.Interactive), 0)
+	if n > 0 {
+		tokens = max(w.inFlightTokens.Load()+int64(r.Tokens)-w.tokenCapacityFor(r.Interactive), 0)
+	}
+	return requests, tokens, n
 }

@@ -19,11 +19,9 @@ type Shortfall struct {
 
 // Shortfalls is, for each worker of r's model (of r's stage) that may take r by waiting for room
 // (healthy, not draining, circuit not open, not excluded, r's target if it has one), what it lacks
-// for r now by the room test of Request.Eligible: in requests, those in flight beyond the
-// worker's request cap less one, and in tokens, those in flight plus r's beyond its token cap
-// (none on an idle worker).
-// For a caller that can end requests in flight to make room. Nil when r's model has no such
-// worker. Cost: an allocation and a few atomic loads a worker.
+// for r now by the room test of Request.Eligible (Request.shortfall), for a caller that can end
+// requests in flight to make room. Nil when r's model has no such worker. Cost: an allocation and
+// a few atomic loads a worker.
 func (p *Pool) Shortfalls(r *Request) []Shortfall {
 	ms := p.snap.Load().models[r.Model]
 	if ms != nil {
@@ -37,11 +35,8 @@ func (p *Pool) Shortfalls(r *Request) []Shortfall {
 		if !r.mayWaitFor(w) || r.TargetWorker != "" && r.TargetWorker != w.spec.ID {
 			continue
 		}
-		n, t := w.inFlight.Load(), w.inFlightTokens.Load()
-		s := Shortfall{Worker: w, InFlight: n, Requests: max(n+1-w.capacityFor(r.Interactive), 0)}
-		if n > 0 {
-			s.Tokens = max(t+int64(r.Tokens)-w.tokenCapacityFor(r.Interactive), 0)
-		}
+		s := Shortfall{Worker: w}
+		s.Requests, s.Tokens, s.InFlight = r.shortfall(w)
 		out = append(out, s)
 	}
 	return out
