@@ -612,3 +612,53 @@ func TestPreemptionMakesRoomOnOneWorker(t *testing.T) {
 		})
 	}
 }
+
+// TestYieldEndsRequestsBeyondTheShare: the room this replica keeps beyond its share for other
+// replicas' interactive requests (routing.Pool.Yields) goes back by preemption: the newest
+// attempts on each worker named, of any model, as many as it names, over all no more than the
+// interactive requests waiting and maxPreempted.
+func TestYieldEndsRequestsBeyondTheShare(t *testing.T) {
+	a, b := &routing.Worker{}, &routing.Worker{}
+	type attempt struct {
+		model  string
+		worker *routing.Worker
+	}
+	cases := []struct {
+		name     string
+		attempts []attempt // oldest first
+		yields   []routing.Yield
+		want     []int
+	}{
+		{"the newest on the worker, as many as named", []attempt{{"m", a}, {"m", a}, {"m", a}, {"m", b}},
+			[]routing.Yield{{Worker: a, Requests: 2, Waiting: 2}}, []int{2, 1}},
+		{"no more than the interactive requests waiting", []attempt{{"m", a}, {"m", a}, {"m", b}, {"m", b}},
+			[]routing.Yield{{Worker: a, Requests: 2, Waiting: 2}, {Worker: b, Requests: 2, Waiting: 2}}, []int{1, 0}},
+		{"every model on the worker", []attempt{{"m", a}, {"n", a}, {"n", b}},
+			[]routing.Yield{{Worker: a, Requests: 2, Waiting: 3}}, []int{0, 1}},
+		{"at most maxPreempted", []attempt{{"m", a}, {"m", a}, {"m", a}, {"m", a}, {"m", a}, {"m", a}},
+			[]routing.Yield{{Worker: a, Requests: 6, Waiting: 6}}, []int{5, 4, 3, 2}},
+		{"nothing named", []attempt{{"m", a}}, nil, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var p preemption
+			var cancelled []int
+			for i, at := range tc.attempts {
+				p.add(at.model, &victim{worker: at.worker, cancel: func(error) { cancelled = append(cancelled, i) }})
+			}
+			p.yield(tc.yields)
+			slices.Sort(cancelled)
+			want := slices.Sorted(slices.Values(tc.want))
+			if !slices.Equal(cancelled, want) {
+				t.Fatalf("cancelled %v, want %v", cancelled, want)
+			}
+			left := 0
+			for _, list := range p.running {
+				left += len(list)
+			}
+			if left != len(tc.attempts)-len(tc.want) {
+				t.Errorf("%d attempts still preemptible, want %d", left, len(tc.attempts)-len(tc.want))
+			}
+		})
+	}
+}

@@ -160,3 +160,70 @@ func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaYieldsRoomToAnotherReplicasInteractive: two replicas on one Redis, no interactive
+// reserve anywhere; a's two batch requests fill the worker's two slots, held by the engine. An
+// interactive request that arrives at b has nothing of b's to preempt, and the split gives it a's
+// second slot at once; a ends its newest batch request there (routing.Pool.Yields), and b's
+// request reaches the engine while a's first batch request is still held. The request a ended
+// is served after, once: every answer is 200. Without the yield, b's request waits for a's batch
+// to end, here for as long as the engine holds it.
+func TestReplicaYieldsRoomToAnotherReplicasInteractive(t *testing.T) {
+	srv := redistest.Start(t)
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 2
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
+	none := 0.0
+	var gws []*testGateway
+	for range 2 {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0)}, nil,
+			func(d *Deps) { d.Auth = tierAuth{everyClassTier}; d.Queue.InteractiveReserve = &none })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.srv.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		gws = append(gws, g)
+	}
+	// Released, and every answer awaited, before the gateways stop (cleanups run last first),
+	// also when the test fails: a request still queued at a stopped replica would hold it.
+	var release sync.Once
+	answers := make(chan *http.Response, 3)
+	var answered int
+	t.Cleanup(func() {
+		release.Do(func() { close(hold) })
+		for ; answered < 3; answered++ {
+			select {
+			case <-answers:
+			case <-time.After(10 * time.Second):
+				return
+			}
+		}
+	})
+	a, b := gws[0], gws[1]
+	send := func(g *testGateway, class string) {
+		go func() {
+			answers <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: class})
+		}()
+	}
+	send(a, "batch")
+	send(a, "batch")
+	waitFor(t, "a's batch requests at the engine", func() bool { return w.started.Load() == 2 })
+	send(b, "interactive")
+	waitFor(t, "b's interactive request at the engine beside a's batch", func() bool { return w.started.Load() == 3 })
+	if n := a.srv.pool.Workers()[0].InFlight; n != 1 {
+		t.Fatalf("a has %d requests on the worker, want 1: the one it yielded waits in its queue", n)
+	}
+	release.Do(func() { close(hold) })
+	for ; answered < 3; answered++ {
+		if resp := <-answers; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
+		}
+	}
+	if got := w.started.Load(); got != 4 {
+		t.Fatalf("the engine started %d requests, want 4: two batch, the interactive, the yielded batch again", got)
+	}
+}

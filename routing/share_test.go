@@ -749,3 +749,53 @@ func TestTokenCapacityIsTheShares(t *testing.T) {
 		t.Fatal("without a split, took more than the worker's token limit")
 	}
 }
+
+// TestYieldsGiveRoomToOthersInteractive: a holds the whole worker with batch requests that never
+// end; b queues two interactive requests. The split moves two of a's share to b at once, but b
+// places nothing while a's requests hold the room; Yields tells a that two of its requests there
+// are beyond its share for others' interactive requests (none before b queued, none once b is
+// served, none while the store is cut), and once a ends them b places both within two rounds.
+func TestYieldsGiveRoomToOthersInteractive(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleet(t, clock, fleet, "a", "b")
+	a, b := rs[0], rs[1]
+	a.queued[1] = 400
+	simRun(t, clock, rs, 0, 5)
+	wantInFlight(t, rs, simLimit, 0)
+	if ys := a.pool.Yields(); ys != nil {
+		t.Fatalf("a yields %+v with nobody else queued", ys)
+	}
+
+	b.queued[0] = 2
+	simRun(t, clock, rs, 5, 3)
+	wantInFlight(t, rs, simLimit, 0)
+	if ys := b.pool.Yields(); ys != nil {
+		t.Fatalf("b yields %+v holding nothing", ys)
+	}
+	ys := a.pool.Yields()
+	if len(ys) != 1 || ys[0].Worker != modelWorkersOf(a.pool) || ys[0].Requests != 2 || ys[0].Waiting != 2 {
+		t.Fatalf("a yields %+v, want 2 requests on w0 for 2 waiting (%s)", ys, simState(rs))
+	}
+
+	// What the gateway's preemption does with them: a's two newest end, and wait in its queue.
+	for _, s := range a.leases[len(a.leases)-2:] {
+		s.l.Release(Outcome{})
+	}
+	a.leases = a.leases[:len(a.leases)-2]
+	a.queued[1] += 2
+	simRun(t, clock, rs, 8, 2)
+	if b.placed != 2 || b.queued[0] != 0 {
+		t.Fatalf("b placed %d of its 2 interactive requests two rounds after a gave their room back (%s)", b.placed, simState(rs))
+	}
+	if ys := a.pool.Yields(); ys != nil {
+		t.Fatalf("a yields %+v with b's interactive requests served", ys)
+	}
+
+	b.queued[0] = 1
+	fleet.setCut(true)
+	simRun(t, clock, rs, 10, 2)
+	if ys := a.pool.Yields(); ys != nil {
+		t.Fatalf("a yields %+v while the store is cut", ys)
+	}
+}
