@@ -241,6 +241,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 		PromptTokens: cl.promptTokens,
 		MaxTokens:    cl.expected,
 		Deadline:     cl.deadline,
+		Due:          s.due(cl),
 		MaxQueued:    int(cl.tier.MaxQueued),
 		Placer:       &cl.placer,
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/usherllm/usher/queue"
+	"github.com/usherllm/usher/routing"
 )
 
 // A client that would rather be told at once than served late says so with
@@ -67,6 +68,11 @@ func (cl *call) askedMissPolicy(h http.Header) error {
 // is not moved by it. A tier's fixed objective is then judged a little pessimistically for a
 // prompt whose prefix a worker holds.
 func (s *Server) objectiveSlack(cl *call) (slack time.Duration, best *objectiveRefusal, ok bool) {
+	return s.slack(cl, func(wp routing.WorkerPrediction) routing.Prediction { return wp.Now })
+}
+
+// slack is objectiveSlack with the prediction of each worker that pred picks.
+func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Prediction) (slack time.Duration, best *objectiveRefusal, ok bool) {
 	if ttft, _ := cl.stated(); !ttft {
 		return 0, nil, false
 	}
@@ -76,12 +82,26 @@ func (s *Server) objectiveSlack(cl *call) (slack time.Duration, best *objectiveR
 		if o == 0 {
 			continue
 		}
-		if left := o - spent - wp.Now.TTFT; !ok || left > slack {
-			slack, ok = left, true
-			best = &objectiveRefusal{objective: o, predicted: wp.Now.TTFT}
+		if p := pred(wp).TTFT; !ok || o-spent-p > slack {
+			slack, ok = o-spent-p, true
+			best = &objectiveRefusal{objective: o, predicted: p}
 		}
 	}
 	return slack, best, ok
+}
+
+// due is the last moment the call, about to queue, can be sent and still meet its TTFT
+// objective: now plus its slack on the worker that leaves the most, each worker's TTFT taken as
+// on it idle (the least it can be once sent, so a call past its due can meet its objective
+// nowhere); zero when that cannot be told (see objectiveSlack). The queue serves a tenant's calls
+// past theirs after those that can still meet theirs (queue.Request.Due), so that a model
+// overloaded serves most calls in time rather than every one late.
+func (s *Server) due(cl *call) time.Time {
+	slack, _, ok := s.slack(cl, func(wp routing.WorkerPrediction) routing.Prediction { return wp.Idle })
+	if !ok {
+		return time.Time{}
+	}
+	return s.now().Add(slack)
 }
 
 // holdToObjective applies X-Usher-Objective-Miss: reject to a call about to queue: refused now

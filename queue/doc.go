@@ -42,7 +42,12 @@
 // charge to (prompt + 2 x completion) / weight of the real usage. A tenant that comes back from
 // idle starts at the least counter of the backlogged tenants (or of the last served one), so
 // idling earns no credit. Within one tenant and class, the earliest deadline goes first (then
-// arrival).
+// arrival), except that a request found past its due (Request.Due: the last moment its dispatch
+// meets its latency objective) goes after those not past theirs: late last. Under overload, an
+// order by arrival makes every request late (each waits for all the late ones before it); late
+// last serves most in time, and the late ones once none of the others waits, or their deadline
+// ends them (adaptive LIFO, Maurer, "Fail at Scale", 2015). Without dues, or with none past, the
+// order is by deadline and arrival alone.
 //
 // The next request is head of line: when it does not fit, nothing behind it in this order is
 // released, except that when a Standard or Batch request is held back only by the reserve,

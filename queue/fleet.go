@@ -107,7 +107,7 @@ collect:
 				break collect
 			}
 			ex.Flows = append(ex.Flows, FlowCharge{Tenant: ten.name, Class: f.class, Charge: f.unsent,
-				Lifted: f.lifted, Lift: f.liftBase, Queued: len(f.items)})
+				Lifted: f.lifted, Lift: f.liftBase, Queued: f.queued()})
 			flows = append(flows, f)
 			f.unsent, f.lifted, f.liftBase = 0, false, 0
 		}

@@ -125,6 +125,9 @@ func TestNoRequestLostOrDispatchedTwice(t *testing.T) {
 						if rng.IntN(3) == 0 {
 							r.Deadline = clk.Now().Add(time.Duration(rng.IntN(50)) * time.Millisecond)
 						}
+						if rng.IntN(3) == 0 {
+							r.Due = clk.Now().Add(time.Duration(rng.IntN(20)) * time.Millisecond)
+						}
 						tk, err := q.Enqueue(r)
 						if err != nil {
 							if !errors.Is(err, queue.ErrDeadlineUnreachable) {
@@ -721,4 +724,65 @@ func TestFIFOServesInArrivalOrder(t *testing.T) {
 		}
 		g.Done(queue.Usage{CompletionTokens: 1})
 	}
+}
+
+// TestLateLast: within one tenant and class, a request found past its due (the last moment its
+// dispatch meets its latency objective) goes after the requests not past theirs, which keep
+// their order (deadline, then arrival; no due: never late); the late ones go in that order too,
+// once none of the others waits. A late request still ends at its deadline while others are
+// served before it.
+func TestLateLast(t *testing.T) {
+	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{})
+	now := clk.Now()
+	due := func(d time.Duration) queue.Request {
+		return queue.Request{Tenant: "a", Class: queue.Standard, MaxTokens: 1, Due: now.Add(d)}
+	}
+	names := map[*queue.Ticket]string{}
+	for _, r := range []struct {
+		name string
+		r    queue.Request
+	}{
+		{"a", due(100 * time.Millisecond)}, {"b", due(100 * time.Millisecond)}, {"c", due(10 * time.Second)},
+		{"d", queue.Request{Tenant: "a", Class: queue.Standard, MaxTokens: 1}}, {"e", due(50 * time.Millisecond)},
+	} {
+		names[enqueue(t, q, r.r)] = r.name
+	}
+	clk.Advance(200 * time.Millisecond)
+	q.SetCapacity(queue.Capacity{Requests: 1})
+	var got string
+	for range len(names) {
+		var g *queue.Grant
+		for tk, name := range names {
+			if ready(tk) {
+				got += name
+				g = granted(t, tk)
+				delete(names, tk)
+				break
+			}
+		}
+		if g == nil {
+			t.Fatalf("nothing dispatched after %q", got)
+		}
+		g.Done(queue.Usage{CompletionTokens: 1})
+	}
+	if got != "cdabe" {
+		t.Fatalf("served %q, want cdabe: the two on time in arrival order, then the three late", got)
+	}
+
+	q.SetCapacity(queue.Capacity{})
+	now = clk.Now()
+	late := enqueue(t, q, queue.Request{Tenant: "a", Class: queue.Standard, MaxTokens: 1,
+		Due: now.Add(10 * time.Millisecond), Deadline: now.Add(time.Second)})
+	onTime := enqueue(t, q, due(time.Minute))
+	clk.Advance(20 * time.Millisecond)
+	q.SetCapacity(queue.Capacity{Requests: 1})
+	g := granted(t, onTime)
+	if ready(late) {
+		t.Fatal("the late request was served with the worker's one slot taken")
+	}
+	clk.Advance(time.Second)
+	if err := ended(t, late); !errors.Is(err, queue.ErrDeadlineExceeded) {
+		t.Fatalf("the late request ended with %v at its deadline, want ErrDeadlineExceeded", err)
+	}
+	g.Done(queue.Usage{CompletionTokens: 1})
 }

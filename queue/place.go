@@ -110,14 +110,14 @@ func (q *Queue) passOverLocked(t *Ticket, r *round) {
 	f.refused++
 	if !q.cfg.FIFO && f.refused >= maxRefusedPerFlow {
 		cls.flows.remove(f.idx)
-		f.passedItems = len(f.items)
+		f.passedItems = f.queued()
 		cls.passed += f.passedItems
 		r.flows[r.nf] = f
 		r.nf++
 		return
 	}
-	f.items.remove(t.flowIdx)
-	if len(f.items) == 0 {
+	f.heapOf(t).remove(t.flowIdx)
+	if f.queued() == 0 {
 		cls.flows.remove(f.idx)
 	}
 	t.passed = true
@@ -140,11 +140,11 @@ func (q *Queue) restoreLocked(r *round) {
 		f.refused = 0
 		t.passed = false
 		cls.passed--
-		f.items.push(t)
+		f.heapOf(t).push(t)
 		if f.idx < 0 {
 			cls.flows.push(f)
 		}
-		head := f.items[0].t.deadline
+		head := f.earliest().deadline
 		switch {
 		case f.deadlineIdx < 0:
 			f.headDeadline = head

@@ -24,6 +24,10 @@ type Request struct {
 	PromptTokens, MaxTokens int
 	// Deadline is when the request is no longer worth dispatching. The zero time means none.
 	Deadline time.Time
+	// Due is the last moment a dispatch can still meet the request's latency objective (the
+	// gateway's estimate); the zero time means none. Past it, the request goes after its
+	// tenant's requests in the class that are not past theirs (see Order, "late last").
+	Due time.Time
 	// MaxQueued caps the requests the tenant may have waiting (its tier's cap); 0 or less
 	// takes Config.MaxQueuedPerTenant. The lower of the two applies.
 	MaxQueued int
@@ -120,12 +124,13 @@ type tenant struct {
 type flow struct {
 	tenant       *tenant
 	class        Class
-	fairShare    float64 // weighted tokens charged so far: the fair-share (virtual token) counter
-	stamp        uint64  // when it last entered or was charged: equal counters go round-robin
-	items        ticketHeap
-	idx          int   // position in its class's flow heap; -1 when it has nothing queued
-	deadlineIdx  int   // position in the queue's deadline heap; -1 when it has nothing queued
-	headDeadline int64 // deadline of its head request (unix ns; math.MaxInt64 for none)
+	fairShare    float64    // weighted tokens charged so far: the fair-share (virtual token) counter
+	stamp        uint64     // when it last entered or was charged: equal counters go round-robin
+	items        ticketHeap // its requests not yet found past their due, by deadline then arrival
+	late         ticketHeap // its requests found past their due, by deadline then arrival
+	idx          int        // position in its class's flow heap; -1 when it has nothing queued
+	deadlineIdx  int        // position in the queue's deadline heap; -1 when it has nothing queued
+	headDeadline int64      // the earliest deadline of its requests (unix ns; math.MaxInt64 for none)
 	queuedTokens int64
 	inflight     int
 	refused      int // requests refused by their Placer in the current release round
@@ -248,11 +253,14 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	}
 
 	t := &Ticket{q: q, flow: f, ch: make(chan struct{}), cost: cost, weight: r.Weight,
-		deadline: math.MaxInt64, enqueuedAt: now.UnixNano(), placer: r.Placer}
+		deadline: math.MaxInt64, due: math.MaxInt64, enqueuedAt: now.UnixNano(), placer: r.Placer}
 	t.charge = float64(r.PromptTokens+2*r.MaxTokens) / r.Weight
 	t.grant.t = t
 	if !r.Deadline.IsZero() {
 		t.deadline = r.Deadline.UnixNano()
+	}
+	if !r.Due.IsZero() {
+		t.due = r.Due.UnixNano()
 	}
 	q.pushLocked(t)
 	q.dispatchLocked(now)
@@ -382,6 +390,57 @@ func (q *Queue) newFlow(ten *tenant, c Class) *flow {
 	return f
 }
 
+// queued is how many of the flow's requests wait, on time and late.
+func (f *flow) queued() int { return len(f.items) + len(f.late) }
+
+// next is the flow's next request in its order: the earliest deadline (then arrival) of those not
+// found past their due, else of those found late; nil when it has none queued.
+func (f *flow) next() *Ticket {
+	switch {
+	case len(f.items) > 0:
+		return f.items[0].t
+	case len(f.late) > 0:
+		return f.late[0].t
+	}
+	return nil
+}
+
+// earliest is the flow's queued request with the earliest deadline, on time or late (the one the
+// deadline timer ends first); nil when it has none queued.
+func (f *flow) earliest() *Ticket {
+	switch {
+	case len(f.late) == 0:
+		return f.next()
+	case len(f.items) == 0 || f.late[0].before(&f.items[0]):
+		return f.late[0].t
+	}
+	return f.items[0].t
+}
+
+// heapOf is the heap t is filed in, or is to be filed in: the flow's late ones or the others.
+func (f *flow) heapOf(t *Ticket) *ticketHeap {
+	if t.late {
+		return &f.late
+	}
+	return &f.items
+}
+
+// demoteLate files the flow's next requests that are past their due at now (unix ns) among its
+// late ones, until its next is not or none is left: late last. A request that can no longer
+// meet its objective waits behind those of its tenant and class that still can, so that under
+// overload most are served in time instead of every one of them late, in the way of adaptive
+// LIFO (Maurer, "Fail at Scale", 2015). Those it passes are still served before it whenever
+// they arrive within their own due; it is served once none of them waits, or its deadline ends
+// it. Each request is filed at most once: O(log n) each.
+func (f *flow) demoteLate(now int64) {
+	for len(f.items) > 0 && f.items[0].t.due <= now {
+		t := f.items[0].t
+		f.items.remove(0)
+		t.late = true
+		f.late.push(t)
+	}
+}
+
 func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejection {
 	q.m.shed[c][r].Inc()
 	if r != TooLarge {
@@ -417,14 +476,14 @@ func (q *Queue) pushLocked(t *Ticket) {
 		f.stamp = q.seq
 		cls.flows.push(f)
 	}
-	f.items.push(t)
+	f.heapOf(t).push(t)
 	f.queuedTokens += t.cost
 	f.tenant.queued++
 	switch {
 	case f.deadlineIdx < 0:
 		f.headDeadline = t.deadline
 		q.deadlines.push(f)
-	case t.flowIdx == 0:
+	case t.deadline < f.headDeadline:
 		f.headDeadline = t.deadline
 		q.deadlines.fix(f.deadlineIdx)
 	}
@@ -443,15 +502,14 @@ func (q *Queue) pushLocked(t *Ticket) {
 // removeLocked takes a queued ticket out of every structure it is filed in.
 func (q *Queue) removeLocked(t *Ticket) {
 	f, cls := t.flow, &q.classes[t.flow.class]
-	wasHead := t.flowIdx == 0
-	f.items.remove(t.flowIdx)
+	f.heapOf(t).remove(t.flowIdx)
 	f.queuedTokens -= t.cost
 	switch {
-	case len(f.items) == 0:
+	case f.queued() == 0:
 		cls.flows.remove(f.idx)
 		q.deadlines.remove(f.deadlineIdx)
-	case wasHead:
-		f.headDeadline = f.items[0].t.deadline
+	case t.deadline == f.headDeadline:
+		f.headDeadline = f.earliest().deadline
 		q.deadlines.fix(f.deadlineIdx)
 	}
 	f.tenant.queued--
@@ -564,7 +622,9 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 				t = t.next
 			}
 		} else {
-			t = cls.flows.peek().items[0].t
+			f := cls.flows.peek()
+			f.demoteLate(nowNano)
+			t = f.next()
 		}
 		switch {
 		case t.deadline <= nowNano:
@@ -767,7 +827,7 @@ func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Dura
 			toks += q.classes[k].queuedTokens
 		}
 		cls := &q.classes[c]
-		own, ownTok := int64(len(f.items)), f.queuedTokens
+		own, ownTok := int64(f.queued()), f.queuedTokens
 		others := int64(cls.flows.len())
 		if f.idx >= 0 {
 			others--
@@ -823,7 +883,7 @@ func (q *Queue) onTimer() {
 		return
 	}
 	for q.deadlines.len() > 0 && q.deadlines.peek().headDeadline <= now.UnixNano() {
-		q.endLocked(q.deadlines.peek().items[0].t, ErrDeadlineExceeded, shedDeadlineExceeded)
+		q.endLocked(q.deadlines.peek().earliest(), ErrDeadlineExceeded, shedDeadlineExceeded)
 	}
 	q.dispatchLocked(now)
 	q.armLocked(now)

@@ -75,8 +75,8 @@ func (q *Queue) Backlog() Backlog {
 		b.All += cls.queued
 		var w float64
 		for _, e := range cls.flows {
-			if n := len(e.f.items); n > 0 {
-				w += e.f.items[0].t.weight * float64(n) / float64(n+e.f.queuedElsewhere)
+			if n := e.f.queued(); n > 0 {
+				w += e.f.next().weight * float64(n) / float64(n+e.f.queuedElsewhere)
 			}
 		}
 		b.Weight += w
@@ -116,11 +116,11 @@ func (q *Queue) Snapshot() Snapshot {
 	}
 	for _, ten := range q.tenants {
 		for _, f := range ten.flows {
-			if f == nil || len(f.items) == 0 && f.inflight == 0 {
+			if f == nil || f.queued() == 0 && f.inflight == 0 {
 				continue
 			}
 			s.Tenants = append(s.Tenants, TenantSnapshot{Tenant: ten.name, Class: f.class,
-				Queued: len(f.items), InFlight: f.inflight, VirtualTokens: f.fairShare})
+				Queued: f.queued(), InFlight: f.inflight, VirtualTokens: f.fairShare})
 		}
 	}
 	slices.SortFunc(s.Tenants, func(a, b TenantSnapshot) int {

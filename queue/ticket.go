@@ -26,6 +26,7 @@ type Ticket struct {
 	charge     float64       // estimated fair-share charge: (prompt + 2 x output) / weight
 	weight     float64       // the request's weight, defaulted
 	deadline   int64         // unix nanoseconds; math.MaxInt64 when none
+	due        int64         // unix nanoseconds; math.MaxInt64 when none (Request.Due)
 	seq        uint64
 	enqueuedAt int64  // unix nanoseconds
 	placer     Placer // nil: placed by Capacity alone
@@ -34,7 +35,8 @@ type Ticket struct {
 	// Guarded by q.mu. err is written before ch is closed and read only after.
 	state      ticketState
 	err        error
-	flowIdx    int
+	flowIdx    int     // position in its flow's items or late
+	late       bool    // filed in its flow's late: found past its due
 	passed     bool    // passed over in the current release round (see passOverLocked)
 	prev, next *Ticket // arrival list of its class
 }
