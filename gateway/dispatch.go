@@ -34,11 +34,6 @@ type dispatcher struct {
 	// model's healthy workers, which may all be 0 for a moment (see capacityOf).
 	shared map[string]bool
 	closed bool
-
-	// yield, when set, ends lower-class requests of this replica on the workers where it keeps
-	// room beyond its share that other replicas' interactive requests wait for (see
-	// routing.Pool.Yields); set before run.
-	yield func([]routing.Yield)
 }
 
 func newDispatcher(cfg queue.Config, opts queue.Options, pool *routing.Pool) (*dispatcher, error) {

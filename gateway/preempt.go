@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"maps"
 	"net/http/httptrace"
 	"slices"
 	"sync"
@@ -133,72 +132,18 @@ func cover(list []*victim, s routing.Shortfall) []int {
 	fits := func() bool {
 		return requests >= s.Requests && (tokens >= s.Tokens || requests >= s.InFlight)
 	}
-	for _, i := range preferred(list, s.Worker) {
-		if len(out) == maxPreempted || fits() {
-			break
+	for _, decoding := range []bool{true, false} {
+		for i := len(list) - 1; i >= 0 && len(out) < maxPreempted && !fits(); i-- {
+			if v := list[i]; v.worker == s.Worker && v.decoding == decoding {
+				out = append(out, i)
+				requests, tokens = requests+1, tokens+v.tokens
+			}
 		}
-		out = append(out, i)
-		requests, tokens = requests+1, tokens+list[i].tokens
 	}
 	if !fits() {
 		return nil
 	}
 	return out
-}
-
-// preferred is the indexes in list of the attempts on w not chosen yet, in the order preemption
-// takes them: those whose engine is generating tokens first (they stop at their next token),
-// newest first (they have cost their engine the least so far).
-func preferred(list []*victim, w *routing.Worker) []int {
-	var out []int
-	for _, decoding := range []bool{true, false} {
-		for i := len(list) - 1; i >= 0; i-- {
-			if v := list[i]; v.worker == w && v.decoding == decoding && !v.taken {
-				out = append(out, i)
-			}
-		}
-	}
-	return out
-}
-
-// yield cancels, for the interactive requests other replicas of the fleet wait with, preemptible
-// attempts on the workers where this replica keeps more than its share of the fleet's split
-// (routing.Pool.Yields): on each worker up to its Requests, in preemptFor's order of preference,
-// over all at most the most interactive requests any worker is waited for by, and maxPreempted.
-// Without it the room moves only when those attempts end, a long batch answer later (measured:
-// docs/benchmarks.md, "Room given back to the fleet"). The cancelled calls wait in this
-// replica's queue again; its share keeps them from the worker until the others' requests are
-// served.
-func (p *preemption) yield(ys []routing.Yield) {
-	var budget int64
-	for _, y := range ys {
-		budget = max(budget, y.Waiting)
-	}
-	budget = min(budget, maxPreempted)
-	p.mu.Lock()
-	var victims []*victim
-	models := slices.Sorted(maps.Keys(p.running))
-	for _, y := range ys {
-		n := min(y.Requests, budget-int64(len(victims)))
-		for _, m := range models {
-			list := p.running[m]
-			for _, i := range preferred(list, y.Worker) {
-				if n == 0 {
-					break
-				}
-				list[i].taken = true
-				victims = append(victims, list[i])
-				n--
-			}
-		}
-	}
-	for _, m := range models {
-		p.running[m] = slices.DeleteFunc(p.running[m], func(v *victim) bool { return v.taken })
-	}
-	p.mu.Unlock()
-	for _, v := range victims {
-		v.cancel(errPreempted)
-	}
 }
 
 // watch registers an attempt of cl that cancel ends, if cl is preemptible: a standard or batch

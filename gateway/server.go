@@ -135,9 +135,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 		bodies:     newBodyBytes(cfg.MaxBodyBytesHeld, cfg.MaxBodyBytesPerTenant),
 		trusted:    trusted,
 	}
-	if !cfg.DisablePreemption {
-		disp.yield = s.preemption.yield
-	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = httpErrorHandler

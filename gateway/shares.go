@@ -15,9 +15,7 @@ const sharesEvery = 50 * time.Millisecond
 // shareWorkers exchanges this replica's demand on the workers with the fleet at once and then
 // every sharesEvery until ctx ends: its demand on a model is what the model's queue holds. It
 // logs when the exchanges start failing (each worker's share then stays within its last grant
-// and 1/n of its limit) and when they succeed again. After each exchange it hands yield the room
-// this replica keeps beyond its shares for other replicas' interactive requests. The
-// dispatcher's run owns it.
+// and 1/n of its limit) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareWorkers(ctx context.Context) {
 	backlog := map[string]routing.ModelBacklog{}
 	demand := func(model string) routing.ModelBacklog { return backlog[model] }
@@ -31,13 +29,7 @@ func (d *dispatcher) shareWorkers(ctx context.Context) {
 					InteractiveWeight: b.InteractiveWeight, Weight: b.Weight}
 			}
 			d.mu.Unlock()
-			if err := d.pool.SyncShares(ctx, demand); err != nil {
-				return err
-			}
-			if d.yield != nil {
-				d.yield(d.pool.Yields())
-			}
-			return nil
+			return d.pool.SyncShares(ctx, demand)
 		})
 }
 

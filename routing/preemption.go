@@ -1,10 +1,5 @@
 package routing
 
-import (
-	"cmp"
-	"slices"
-)
-
 // The routing side of preemption (the gateway's, see gateway/preempt.go): an interactive request
 // that finds no room ends lower-class requests in flight to make it some. Shortfalls tells the
 // gateway what each worker lacks, so it ends the fewest requests on one worker rather than any;
@@ -60,58 +55,4 @@ func (w *Worker) HoldForInteractive() (end func()) {
 // an interactive request always. Cost: an atomic load.
 func (c *choice) notHeldForInteractive(w *Worker) bool {
 	return c.Interactive || w.interactiveHolds.Load() == 0
-}
-
-// Yield is room this replica keeps on a worker beyond its share of the fleet's split while other
-// replicas queue interactive requests for the worker (see Pool.Yields).
-type Yield struct {
-	Worker *Worker
-	// Requests is how many of this replica's requests in flight on the worker are beyond its
-	// share and its hold of the fleet's reserve, at most Waiting.
-	Requests int64
-	// Waiting is the interactive requests the other replicas queued for the worker's models at
-	// their last exchanges (the same requests count on every worker of a model).
-	Waiting int64
-}
-
-// Yields is, after an exchange of the fleet's split (SyncShares), each worker on which this
-// replica keeps more requests in flight than its share because the split moved room to other
-// replicas' queued interactive requests, most requests beyond the share first. Those requests
-// hold the room until they end (a long batch answer, seconds) while the others' interactive
-// requests wait for it: a caller that can end some of its lower-class requests there (the
-// gateway's preemption) gives the room back at its next exchange, and the others take it at
-// theirs. Nil without a ShareStore, while the last exchange failed, or while the split rejoins
-// after a cut. Cost: a few atomic loads a worker, under the exchange's lock.
-func (p *Pool) Yields() []Yield {
-	s := p.shares
-	if s == nil {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.failing || p.now().Before(s.rejoinUntil) {
-		return nil
-	}
-	p.mu.Lock()
-	workers := p.workers
-	p.mu.Unlock()
-	var out []Yield
-	for _, w := range workers {
-		f := s.fleet[w.spec.ID]
-		if f == nil || f.self < 0 {
-			continue
-		}
-		var waiting int64
-		for i, d := range f.demands {
-			if i != f.self {
-				waiting += max(d.Interactive, 0)
-			}
-		}
-		over := w.inFlight.Load() - w.capacity() - w.reserve.Load()
-		if waiting > 0 && over > 0 {
-			out = append(out, Yield{Worker: w, Requests: min(over, waiting), Waiting: waiting})
-		}
-	}
-	slices.SortStableFunc(out, func(a, b Yield) int { return cmp.Compare(b.Requests, a.Requests) })
-	return out
 }
