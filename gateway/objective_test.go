@@ -430,3 +430,49 @@ func TestObjectiveMissedInTheQueue(t *testing.T) {
 		})
 	}
 }
+
+// A call's due (queue.Request.Due) is the last moment its dispatch meets its TTFT objective:
+// its start plus, on the worker that leaves the most, its objective there less the worker's idle
+// prediction for its prompt; none before any worker can predict, and none for a class without an
+// objective (batch by default).
+func TestDueIsTheLastDispatchThatMeetsTheObjective(t *testing.T) {
+	clock := &testClock{now: time.Now()}
+	slow := &slowEngine{clock: clock}
+	slow.delay.Store(int64(40 * time.Millisecond))
+	fast := &slowEngine{clock: clock}
+	fast.delay.Store(int64(10 * time.Millisecond))
+	var specs []routing.WorkerSpec
+	for i, e := range []*slowEngine{slow, fast} {
+		srv := httptest.NewServer(e)
+		t.Cleanup(srv.Close)
+		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprint("w", i), URL: srv.URL, Models: []string{testModel}})
+	}
+	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier}; d.Now = clock.Now })
+	cl := &call{model: testModel, promptTokens: 5, tier: everyClassTier, class: queue.Standard, start: clock.Now()}
+	if due := g.srv.due(cl); !due.IsZero() {
+		t.Fatalf("before any worker can predict: due %v, want none", due)
+	}
+	for range 80 {
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	var want time.Duration
+	n := 0
+	for wp := range g.srv.pool.Predictions(testModel, 5, 0) {
+		n++
+		o := routing.TTFTObjective(wp.Idle, standardObjectiveFactor, tenants.MaxObjectiveTTFT)
+		want = max(want, o-wp.Idle.TTFT)
+	}
+	if n != 2 {
+		t.Fatalf("%d workers predict after 80 answers, want 2", n)
+	}
+	cl.start = clock.Now().Add(-30 * time.Millisecond) // it has waited 30 ms already
+	if due, wantDue := g.srv.due(cl), cl.start.Add(want); !due.Equal(wantDue) {
+		t.Fatalf("due %v after its start, want %v", due.Sub(cl.start), want)
+	}
+	cl.class = queue.Batch
+	if due := g.srv.due(cl); !due.IsZero() {
+		t.Fatalf("batch: due %v, want none", due)
+	}
+}
