@@ -732,7 +732,7 @@ func TestFIFOServesInArrivalOrder(t *testing.T) {
 // once none of the others waits. A late request still ends at its deadline while others are
 // served before it.
 func TestLateLast(t *testing.T) {
-	q, clk, _ := newQueue(t, queue.Config{}, queue.Capacity{})
+	q, clk, reg := newQueue(t, queue.Config{}, queue.Capacity{})
 	now := clk.Now()
 	due := func(d time.Duration) queue.Request {
 		return queue.Request{Tenant: "a", Class: queue.Standard, MaxTokens: 1, Due: now.Add(d)}
@@ -767,6 +767,9 @@ func TestLateLast(t *testing.T) {
 	}
 	if got != "cdabe" {
 		t.Fatalf("served %q, want cdabe: the two on time in arrival order, then the three late", got)
+	}
+	if n := value(t, reg, "usher_queue_late_total", map[string]string{"model": "m", "class": "standard"}); n != 3 {
+		t.Fatalf("usher_queue_late_total = %v, want 3", n)
 	}
 
 	q.SetCapacity(queue.Capacity{})

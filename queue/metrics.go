@@ -28,6 +28,7 @@ type metrics struct {
 	wait       [numClasses]prometheus.Observer
 	dispatched [numClasses]prometheus.Counter
 	requeued   [numClasses]prometheus.Counter
+	late       [numClasses]prometheus.Counter
 	shed       [numClasses][numShed]prometheus.Counter
 	served     *prometheus.CounterVec
 	// exchanges counts SyncFairShare's exchanges with the fleet: [0] answered, [1] failed.
@@ -53,6 +54,10 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 		Name: "usher_queue_requeued_total", ConstLabels: labels,
 		Help: "Dispatched requests put back in the queue (preempted before their answer began, or sent again after a failed attempt), by class.",
 	}, []string{"class"})
+	late := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "usher_queue_late_total", ConstLabels: labels,
+		Help: "Requests found past their due while queued (the last moment their dispatch could meet their TTFT objective), and so served after their tenant's requests that were not, by class: a queue past its model's capacity.",
+	}, []string{"class"})
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "usher_queue_shed_total", ConstLabels: labels,
 		Help: "Requests that left without dispatch, by class and reason.",
@@ -67,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 		Help: "Exchanges of the fair-share counters with the fleet (Redis), by result: ok, or failed (the queue ordered by its own counters until the next ok).",
 	}, []string{"result"})
 	m := &metrics{reg: reg, served: served,
-		collectors: []prometheus.Collector{depth, wait, dispatched, requeued, shed, served, exchanges}}
+		collectors: []prometheus.Collector{depth, wait, dispatched, requeued, late, shed, served, exchanges}}
 	m.exchanges[0] = exchanges.WithLabelValues("ok")
 	m.exchanges[1] = exchanges.WithLabelValues("failed")
 	for _, c := range allClasses {
@@ -75,6 +80,7 @@ func newMetrics(reg prometheus.Registerer, model string) (*metrics, error) {
 		m.wait[c] = wait.WithLabelValues(c.String())
 		m.dispatched[c] = dispatched.WithLabelValues(c.String())
 		m.requeued[c] = requeued.WithLabelValues(c.String())
+		m.late[c] = late.WithLabelValues(c.String())
 		for r := QueueFull; r < numShed; r++ {
 			m.shed[c][r] = shed.WithLabelValues(c.String(), shedNames[r])
 		}

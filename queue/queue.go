@@ -431,14 +431,15 @@ func (f *flow) heapOf(t *Ticket) *ticketHeap {
 // overload most are served in time instead of every one of them late, in the way of adaptive
 // LIFO (Maurer, "Fail at Scale", 2015). Those it passes are still served before it whenever
 // they arrive within their own due; it is served once none of them waits, or its deadline ends
-// it. Each request is filed at most once: O(log n) each.
-func (f *flow) demoteLate(now int64) {
-	for len(f.items) > 0 && f.items[0].t.due <= now {
+// it. Each request is filed at most once: O(log n) each. It returns how many it filed.
+func (f *flow) demoteLate(now int64) (n int) {
+	for ; len(f.items) > 0 && f.items[0].t.due <= now; n++ {
 		t := f.items[0].t
 		f.items.remove(0)
 		t.late = true
 		f.late.push(t)
 	}
+	return n
 }
 
 func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejection {
@@ -623,7 +624,9 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 			}
 		} else {
 			f := cls.flows.peek()
-			f.demoteLate(nowNano)
+			if n := f.demoteLate(nowNano); n > 0 {
+				q.m.late[c].Add(float64(n))
+			}
 			t = f.next()
 		}
 		switch {
