@@ -789,3 +789,31 @@ func TestLateLast(t *testing.T) {
 	}
 	g.Done(queue.Usage{CompletionTokens: 1})
 }
+
+// TestDeadlineEstimateSkipsLateRequests: a tenant's requests past their due go after its new one
+// (late last), so a deadline they would make unreachable in arrival order is admitted, and the
+// new request is served before them.
+func TestDeadlineEstimateSkipsLateRequests(t *testing.T) {
+	q, clk, reg := newQueue(t, queue.Config{}, queue.Capacity{Requests: 1})
+	measure(t, q, clk, time.Second)
+	g := granted(t, enqueue(t, q, queue.Request{Tenant: "running", Class: queue.Standard, MaxTokens: 1}))
+	var late []*queue.Ticket
+	for range 5 {
+		late = append(late, enqueue(t, q, queue.Request{Tenant: "d", Class: queue.Standard, MaxTokens: 1,
+			Due: clk.Now().Add(time.Millisecond)}))
+	}
+	clk.Advance(10 * time.Millisecond)
+	// In arrival order it would wait for five rounds of 1s; its own late requests go after it.
+	fresh := enqueue(t, q, queue.Request{Tenant: "d", Class: queue.Standard, MaxTokens: 1,
+		Deadline: clk.Now().Add(3 * time.Second), Due: clk.Now().Add(time.Second)})
+	if n := value(t, reg, "usher_queue_late_total", map[string]string{"model": "m", "class": "standard"}); n != 5 {
+		t.Fatalf("usher_queue_late_total = %v, want 5", n)
+	}
+	g.Done(queue.Usage{CompletionTokens: 1})
+	granted(t, fresh).Done(queue.Usage{CompletionTokens: 1})
+	for _, tk := range late {
+		if ready(tk) {
+			granted(t, tk).Done(queue.Usage{CompletionTokens: 1})
+		}
+	}
+}

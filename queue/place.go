@@ -116,7 +116,7 @@ func (q *Queue) passOverLocked(t *Ticket, r *round) {
 		r.nf++
 		return
 	}
-	f.heapOf(t).remove(t.flowIdx)
+	f.unfile(t)
 	if f.queued() == 0 {
 		cls.flows.remove(f.idx)
 	}
@@ -140,7 +140,7 @@ func (q *Queue) restoreLocked(r *round) {
 		f.refused = 0
 		t.passed = false
 		cls.passed--
-		f.heapOf(t).push(t)
+		f.file(t)
 		if f.idx < 0 {
 			cls.flows.push(f)
 		}

@@ -128,6 +128,7 @@ type flow struct {
 	stamp        uint64     // when it last entered or was charged: equal counters go round-robin
 	items        ticketHeap // its requests not yet found past their due, by deadline then arrival
 	late         ticketHeap // its requests found past their due, by deadline then arrival
+	lateTokens   int64      // the cost of those in late
 	idx          int        // position in its class's flow heap; -1 when it has nothing queued
 	deadlineIdx  int        // position in the queue's deadline heap; -1 when it has nothing queued
 	headDeadline int64      // the earliest deadline of its requests (unix ns; math.MaxInt64 for none)
@@ -236,6 +237,9 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	f := ten.flows[c]
 	if f == nil {
 		f = q.newFlow(ten, c)
+	}
+	if n := f.demoteLate(now.UnixNano()); n > 0 {
+		q.m.late[c].Add(float64(n))
 	}
 	wait, measured := q.estimateWaitLocked(c, f, cost)
 	tenantCap := q.cfg.MaxQueuedPerTenant
@@ -417,12 +421,24 @@ func (f *flow) earliest() *Ticket {
 	return f.items[0].t
 }
 
-// heapOf is the heap t is filed in, or is to be filed in: the flow's late ones or the others.
-func (f *flow) heapOf(t *Ticket) *ticketHeap {
+// file puts t in the flow's heap for it: late, or the others.
+func (f *flow) file(t *Ticket) {
 	if t.late {
-		return &f.late
+		f.late.push(t)
+		f.lateTokens += t.cost
+		return
 	}
-	return &f.items
+	f.items.push(t)
+}
+
+// unfile takes t out of the flow's heap it is in.
+func (f *flow) unfile(t *Ticket) {
+	if t.late {
+		f.late.remove(t.flowIdx)
+		f.lateTokens -= t.cost
+		return
+	}
+	f.items.remove(t.flowIdx)
 }
 
 // demoteLate files the flow's next requests that are past their due at now (unix ns) among its
@@ -437,7 +453,7 @@ func (f *flow) demoteLate(now int64) (n int) {
 		t := f.items[0].t
 		f.items.remove(0)
 		t.late = true
-		f.late.push(t)
+		f.file(t)
 	}
 	return n
 }
@@ -477,7 +493,7 @@ func (q *Queue) pushLocked(t *Ticket) {
 		f.stamp = q.seq
 		cls.flows.push(f)
 	}
-	f.heapOf(t).push(t)
+	f.file(t)
 	f.queuedTokens += t.cost
 	f.tenant.queued++
 	switch {
@@ -503,7 +519,7 @@ func (q *Queue) pushLocked(t *Ticket) {
 // removeLocked takes a queued ticket out of every structure it is filed in.
 func (q *Queue) removeLocked(t *Ticket) {
 	f, cls := t.flow, &q.classes[t.flow.class]
-	f.heapOf(t).remove(t.flowIdx)
+	f.unfile(t)
 	f.queuedTokens -= t.cost
 	switch {
 	case f.queued() == 0:
@@ -810,8 +826,9 @@ func (q *Queue) release(t *Ticket, u Usage, measured bool) {
 
 // estimateWaitLocked guesses how long a request of cost tokens arriving in flow f would wait:
 // the work ahead of it (every queued request of higher classes; in its class its own flow's
-// queue and, from each other backlogged flow, at most as much again, as the fair share would
-// interleave them) divided by the pool's drain rate (its limit over the service-time average).
+// queue but its late requests, which go after it, and, from each other backlogged flow, at most
+// as much again, as the fair share would interleave them) divided by the pool's drain rate (its
+// limit over the service-time average).
 // ok is false before any measurement or with no capacity: then the queue admits.
 func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Duration, ok bool) {
 	capReq, capTok := q.reqLimit(c), q.tokLimit(c)
@@ -830,7 +847,8 @@ func (q *Queue) estimateWaitLocked(c Class, f *flow, cost int64) (wait time.Dura
 			toks += q.classes[k].queuedTokens
 		}
 		cls := &q.classes[c]
-		own, ownTok := int64(f.queued()), f.queuedTokens
+		// Its own late requests go after it (late last).
+		own, ownTok := int64(len(f.items)), f.queuedTokens-f.lateTokens
 		others := int64(cls.flows.len())
 		if f.idx >= 0 {
 			others--
