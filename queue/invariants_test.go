@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -360,22 +361,7 @@ func TestDeadlinesOrderedWithinFlow(t *testing.T) {
 	last := enqueue(t, q, queue.Request{Tenant: "a", Class: queue.Standard, MaxTokens: 1})
 	tks[last] = 100
 	q.SetCapacity(queue.Capacity{Requests: 1})
-	var got []int
-	for range len(tks) {
-		var g *queue.Grant
-		for tk, o := range tks {
-			if ready(tk) {
-				got = append(got, o)
-				g = granted(t, tk)
-				delete(tks, tk)
-				break
-			}
-		}
-		if g == nil {
-			t.Fatalf("nothing dispatched after %v", got)
-		}
-		g.Done(queue.Usage{CompletionTokens: 1})
-	}
+	got := serveInTurn(t, tks)
 	if !slices.IsSorted(got) {
 		t.Fatalf("dispatch order by deadline minute %v, want ascending", got)
 	}
@@ -749,23 +735,7 @@ func TestLateLast(t *testing.T) {
 	}
 	clk.Advance(200 * time.Millisecond)
 	q.SetCapacity(queue.Capacity{Requests: 1})
-	var got string
-	for range len(names) {
-		var g *queue.Grant
-		for tk, name := range names {
-			if ready(tk) {
-				got += name
-				g = granted(t, tk)
-				delete(names, tk)
-				break
-			}
-		}
-		if g == nil {
-			t.Fatalf("nothing dispatched after %q", got)
-		}
-		g.Done(queue.Usage{CompletionTokens: 1})
-	}
-	if got != "cdabe" {
+	if got := strings.Join(serveInTurn(t, names), ""); got != "cdabe" {
 		t.Fatalf("served %q, want cdabe: the two on time in arrival order, then the three late", got)
 	}
 	if n := value(t, reg, "usher_queue_late_total", map[string]string{"model": "m", "class": "standard"}); n != 3 {
@@ -816,4 +786,27 @@ func TestDeadlineEstimateSkipsLateRequests(t *testing.T) {
 			granted(t, tk).Done(queue.Usage{CompletionTokens: 1})
 		}
 	}
+}
+
+// serveInTurn serves the tickets of a queue of capacity one request, each as it is dispatched,
+// until all are, and returns their labels in the order they were dispatched.
+func serveInTurn[L any](t *testing.T, tks map[*queue.Ticket]L) []L {
+	t.Helper()
+	var got []L
+	for range len(tks) {
+		var g *queue.Grant
+		for tk, label := range tks {
+			if ready(tk) {
+				got = append(got, label)
+				g = granted(t, tk)
+				delete(tks, tk)
+				break
+			}
+		}
+		if g == nil {
+			t.Fatalf("nothing dispatched after %v", got)
+		}
+		g.Done(queue.Usage{CompletionTokens: 1})
+	}
+	return got
 }
