@@ -38,11 +38,7 @@ const (
 // the same size prefilled beside it, or a batch share of the engine's steps, which is what a
 // loaded but healthy worker costs, and no more: a request queued behind a second one, or placed
 // away from its cached prefix, misses. The step is the engine's: it does not stop a step in
-// progress, so on a busy worker every prompt may wait for one, wherever the gateway places it. A
-// call served in two stages passes through two engines and may find each mid-step (its prompt
-// waits for the prefill worker's step in progress, its handed-off KV joins the decode worker's
-// batch at its next step): it is allowed a step at each, the decode worker's idle step standing
-// for the prefill worker's, which answers one token a request and never learns its own.
+// progress, so on a busy worker every prompt may wait for one, wherever the gateway places it.
 // Measured (docs/benchmarks.md, "The default objective, 2026-12-05"), 1.5x without the step left
 // 12-53% of interactive requests missed beside a batch flood on simulated vLLM-like engines with
 // nothing waiting in usher: their misses were that step and their share of the engine's steps.
@@ -146,7 +142,7 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 		pre, preOK := cl.prefilledOn.PredictIdle(prompt, cl.usage.cachedTokens())
 		p.TTFT, ok = pre.TTFT, preOK
 		// The lease is the prefill's when no decode was sent: no hand-off then.
-		if h, learnt := cl.lease.Worker.PredictHandoffIdle(prompt); learnt && cl.handedOff() {
+		if h, learnt := cl.lease.Worker.PredictHandoffIdle(prompt); learnt && cl.lease.Worker != cl.prefilledOn {
 			p.TTFT += h
 		}
 	}
@@ -160,9 +156,6 @@ func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
 	if f := defaultFactor(cl.class); f > 0 && ok {
 		if out.ttft == 0 {
 			out.ttft = routing.TTFTObjective(p, f, tenants.MaxObjectiveTTFT)
-			if cl.handedOff() {
-				out.ttft = min(out.ttft+max(p.TPOT, 0), tenants.MaxObjectiveTTFT)
-			}
 		}
 		if out.tpot == 0 {
 			out.tpot = max(scaled(p.TPOT, f, tenants.MaxObjectiveTPOT), minTPOTObjective)
@@ -170,12 +163,6 @@ func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
 	}
 	out.ttft, out.tpot = tighter(out.ttft, cl.askedTTFT), tighter(out.tpot, cl.askedTPOT)
 	return out
-}
-
-// handedOff reports whether the call was served in two stages: prefilled on one worker, decoded
-// on another that its KV was handed to.
-func (cl *call) handedOff() bool {
-	return cl.prefilledOn != nil && cl.lease != nil && cl.lease.Worker != cl.prefilledOn
 }
 
 // scaled is d times f, at most bound.

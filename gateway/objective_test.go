@@ -245,29 +245,20 @@ func TestDefaultObjectives(t *testing.T) {
 		ok      bool
 		askTTFT time.Duration
 		want    objective
-		// prefilledOn: 0 not staged, 1 prefilled on the worker that decoded it, 2 on another.
-		prefilledOn int
 	}{
-		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}, 0},
-		{"interactive, handed off: a step at each engine", queue.Interactive, p, true, 0, objective{880 * time.Millisecond, 80 * time.Millisecond}, 2},
-		{"interactive, prefilled where decoded: one step", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}, 1},
-		{"standard, handed off: the tier's ttft", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}, 2},
-		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{routing.MinTTFTObjective, minTPOTObjective}, 0},
-		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}, 0},
-		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 80 * time.Millisecond}, 0},
-		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 80 * time.Millisecond}, 0},
-		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}, 0},
-		{"standard, no prediction: the tier's", queue.Standard, p, false, 0, objective{2 * time.Second, 0}, 0},
-		{"batch: none", queue.Batch, p, true, 0, objective{}, 0},
-		{"batch: the client's", queue.Batch, p, true, time.Second, objective{time.Second, 0}, 0},
+		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}},
+		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{routing.MinTTFTObjective, minTPOTObjective}},
+		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}},
+		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 80 * time.Millisecond}},
+		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 80 * time.Millisecond}},
+		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}},
+		{"standard, no prediction: the tier's", queue.Standard, p, false, 0, objective{2 * time.Second, 0}},
+		{"batch: none", queue.Batch, p, true, 0, objective{}},
+		{"batch: the client's", queue.Batch, p, true, time.Second, objective{time.Second, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cl := &call{tier: tier, class: tt.class, askedTTFT: tt.askTTFT}
-			if tt.prefilledOn > 0 {
-				cl.lease = &routing.Lease{Worker: &routing.Worker{}}
-				cl.prefilledOn = map[int]*routing.Worker{1: cl.lease.Worker, 2: {}}[tt.prefilledOn]
-			}
 			if got := cl.objectiveGiven(tt.p, tt.ok); got != tt.want {
 				t.Errorf("got %+v, want %+v", got, tt.want)
 			}
