@@ -68,13 +68,18 @@ func (cl *call) askedMissPolicy(h http.Header) error {
 // is not moved by it. A tier's fixed objective is then judged a little pessimistically for a
 // prompt whose prefix a worker holds.
 func (s *Server) objectiveSlack(cl *call) (slack time.Duration, best *objectiveRefusal, ok bool) {
-	return s.slack(cl, func(wp routing.WorkerPrediction) routing.Prediction { return wp.Now })
+	slack, at, ok := s.slack(cl, nowPrediction)
+	if !ok {
+		return 0, nil, false
+	}
+	return slack, &at, true
 }
 
-// slack is objectiveSlack with the prediction of each worker that pred picks.
-func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Prediction) (slack time.Duration, best *objectiveRefusal, ok bool) {
+// slack is objectiveSlack with the prediction of each worker that pred picks, and what it rests
+// on as a value. No allocation: due runs it for every call.
+func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Prediction) (slack time.Duration, best objectiveRefusal, ok bool) {
 	if ttft, _ := cl.stated(); !ttft {
-		return 0, nil, false
+		return 0, best, false
 	}
 	spent := max(s.now().Sub(cl.start), 0)
 	for wp := range s.pool.Predictions(cl.model, cl.promptTokens, 0) {
@@ -84,11 +89,15 @@ func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Pre
 		}
 		if p := pred(wp).TTFT; !ok || o-spent-p > slack {
 			slack, ok = o-spent-p, true
-			best = &objectiveRefusal{objective: o, predicted: p}
+			best = objectiveRefusal{objective: o, predicted: p}
 		}
 	}
 	return slack, best, ok
 }
+
+// nowPrediction and idlePrediction pick a worker's prediction for slack.
+func nowPrediction(wp routing.WorkerPrediction) routing.Prediction  { return wp.Now }
+func idlePrediction(wp routing.WorkerPrediction) routing.Prediction { return wp.Idle }
 
 // due is the last moment the call, about to queue, can be sent and still meet its TTFT
 // objective: now plus its slack on the worker that leaves the most, each worker's TTFT taken as
@@ -97,7 +106,7 @@ func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Pre
 // past theirs after those that can still meet theirs (queue.Request.Due), so that a model
 // overloaded serves most calls in time rather than every one late.
 func (s *Server) due(cl *call) time.Time {
-	slack, _, ok := s.slack(cl, func(wp routing.WorkerPrediction) routing.Prediction { return wp.Idle })
+	slack, _, ok := s.slack(cl, idlePrediction)
 	if !ok {
 		return time.Time{}
 	}
