@@ -238,9 +238,7 @@ func (q *Queue) Enqueue(r Request) (*Ticket, error) {
 	if f == nil {
 		f = q.newFlow(ten, c)
 	}
-	if n := f.demoteLate(now.UnixNano()); n > 0 {
-		q.m.late[c].Add(float64(n))
-	}
+	q.demoteLateLocked(f, now.UnixNano())
 	wait, measured := q.estimateWaitLocked(c, f, cost)
 	tenantCap := q.cfg.MaxQueuedPerTenant
 	if r.MaxQueued > 0 {
@@ -441,21 +439,24 @@ func (f *flow) unfile(t *Ticket) {
 	f.items.remove(t.flowIdx)
 }
 
-// demoteLate files the flow's next requests that are past their due at now (unix ns) among its
+// demoteLateLocked files the flow's next requests that are past their due at now (unix ns) among its
 // late ones, until its next is not or none is left: late last. A request that can no longer
 // meet its objective waits behind those of its tenant and class that still can, so that under
 // overload most are served in time instead of every one of them late, in the way of adaptive
 // LIFO (Maurer, "Fail at Scale", 2015). Those it passes are still served before it whenever
 // they arrive within their own due; it is served once none of them waits, or its deadline ends
-// it. Each request is filed at most once: O(log n) each. It returns how many it filed.
-func (f *flow) demoteLate(now int64) (n int) {
+// it. Each request is filed at most once: O(log n) each; usher_queue_late_total counts them.
+func (q *Queue) demoteLateLocked(f *flow, now int64) {
+	n := 0
 	for ; len(f.items) > 0 && f.items[0].t.due <= now; n++ {
 		t := f.items[0].t
 		f.items.remove(0)
 		t.late = true
 		f.file(t)
 	}
-	return n
+	if n > 0 {
+		q.m.late[f.class].Add(float64(n))
+	}
 }
 
 func (q *Queue) rejectLocked(c Class, r Reason, retryAfter time.Duration) *Rejection {
@@ -640,9 +641,7 @@ func (q *Queue) headLocked(c Class, nowNano int64) *Ticket {
 			}
 		} else {
 			f := cls.flows.peek()
-			if n := f.demoteLate(nowNano); n > 0 {
-				q.m.late[c].Add(float64(n))
-			}
+			q.demoteLateLocked(f, nowNano)
 			t = f.next()
 		}
 		switch {
