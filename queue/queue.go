@@ -439,8 +439,8 @@ func (f *flow) unfile(t *Ticket) {
 	f.items.remove(t.flowIdx)
 }
 
-// demoteLateLocked files the flow's next requests that are past their due at now (unix ns) among its
-// late ones, until its next is not or none is left: late last. A request that can no longer
+// demoteLateLocked files the flow's next requests that are past their due at now (unix ns)
+// among its late ones, until its next is not or none is left: late last. A request that can no longer
 // meet its objective waits behind those of its tenant and class that still can, so that under
 // overload most are served in time instead of every one of them late, in the way of adaptive
 // LIFO (Maurer, "Fail at Scale", 2015). Those it passes are still served before it whenever
