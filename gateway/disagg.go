@@ -116,13 +116,9 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	clientCtx := c.Request().Context()
 	w := lease.Worker
 	cl.worker, cl.prefillWorker, cl.prefilledOn = w.ID(), w.ID(), w
-	plain := s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model)))
-	// A long lower-class prompt goes in pieces here as on a worker of role both (prefill.go):
-	// plain requests for one token, without kv_transfer_params, which a prefill worker serves
-	// as any other and whose KV its prefix cache keeps, so the prefill itself computes only its
-	// last piece, and interactive prompts go between the pieces instead of behind the whole.
-	s.prefillInPieces(clientCtx, cl, lease, plain, c.Request().Header)
-	body := prefillBody(plain)
+	body := prefillBody(s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))))
+	// The prompt goes whole: no pieces in the prefill stage.
+	lease.PrefillWhole(cl.promptTokens)
 	if lease.YieldsPrefill() {
 		_ = lease.AwaitInteractive(clientCtx)
 	}

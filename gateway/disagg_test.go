@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,13 +34,8 @@ type fakePrefill struct {
 	gone     atomic.Int64 // requests whose client went away while held
 	requests atomic.Int64
 
-	// caching: the worker keeps what it prefilled, as an engine's prefix cache does: each
-	// answer reports 500 prompt tokens, of which one for every request before it cached.
-	caching bool
-
 	mu       sync.Mutex
 	lastBody map[string]any
-	bodies   []map[string]any
 }
 
 func newFakePrefill(t *testing.T, name string, mutate func(*fakePrefill)) *fakePrefill {
@@ -65,7 +59,6 @@ func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	_ = json.NewDecoder(r.Body).Decode(&body)
 	p.mu.Lock()
 	p.lastBody = body
-	p.bodies = append(p.bodies, body)
 	p.mu.Unlock()
 	if p.delay > 0 {
 		time.Sleep(p.delay)
@@ -84,23 +77,11 @@ func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	params := fmt.Sprintf(`,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2],"remote_engine_id":%q,"remote_request_id":"r-%d","remote_host":"10.0.0.1","remote_port":5600}`, p.name, p.requests.Load())
-	if _, asked := body["kv_transfer_params"]; p.noParams || !asked {
-		// A request without kv_transfer_params is served as any other, its KV kept for none.
+	if p.noParams {
 		params = ""
 	}
-	prompt, cached := 5, 1
-	if p.caching {
-		prompt, cached = 500, int(p.requests.Load()-1)
-	}
 	rw.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(rw, `{"id":"p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}]%s,"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, params, prompt, prompt+1, cached)
-}
-
-// sent is every body the worker got, in order.
-func (p *fakePrefill) sent() []map[string]any {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.bodies)
+	fmt.Fprintf(rw, `{"id":"p","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}]%s,"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6,"prompt_tokens_details":{"cached_tokens":1}}}`, params)
 }
 
 func (p *fakePrefill) body() map[string]any {
@@ -194,61 +175,6 @@ func TestTwoStagedCall(t *testing.T) {
 		if got := testutil.ToFloat64(g.srv.metrics.stageRequests.WithLabelValues(testModel, stage, worker, "ok")); got != 2 {
 			t.Errorf("usher_stage_requests_total{stage=%q}: got %v, want 2", stage, got)
 		}
-	}
-}
-
-// While interactive requests are present, a long batch prompt reaches its prefill worker as its
-// leading pieces, plain requests for one token (no kv_transfer_params: the engine keeps their KV
-// in its prefix cache, for nobody to pull), then as the prefill itself; the decode worker gets
-// the request once. The client's cache hit is what the prefill worker held before the first
-// piece, not what the pieces put there (before: the prefill stage sent the prompt whole, and an
-// interactive prompt reaching the worker meanwhile waited for all of it).
-func TestBatchPromptGoesInPiecesToThePrefillWorker(t *testing.T) {
-	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.caching = true })
-	dec := newFakeWorker(t, nil)
-	rcfg := routing.Config{Workers: []routing.WorkerSpec{pre.spec("p1"), decodeSpec(dec, "d1")}, Policy: "round_robin",
-		Disaggregation: routing.DisaggregationConfig{PrefillPolicy: "round_robin", DecodePolicy: "round_robin"}}
-	rcfg.Concurrency.PrefillPieceTokens = 100
-	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
-	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	resp.Body.Close()
-	before := len(pre.sent())
-	prompt := words(400) // about 473 estimated tokens: four pieces of 100, the prefill the rest
-	body := `{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":` + string(jsonString(prompt)) + `}]}`
-	resp = g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: "batch"})
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get(headerPrefillWorker) != "p1" {
-		t.Fatalf("batch answer %d (prefilled by %q): %s", resp.StatusCode, resp.Header.Get(headerPrefillWorker), data)
-	}
-	sent := pre.sent()[before:]
-	if len(sent) != 5 {
-		t.Fatalf("the prefill worker got %d requests for the batch call, want 4 pieces and the prefill", len(sent))
-	}
-	last := 0
-	for i, b := range sent[:4] {
-		content := b["messages"].([]any)[0].(map[string]any)["content"].(string)
-		if !strings.HasPrefix(prompt, content+" ") || len(content) <= last {
-			t.Errorf("piece %d is not a longer prefix of the prompt: %.40q... (%d bytes)", i, content, len(content))
-		}
-		last = len(content)
-		if _, ok := b["kv_transfer_params"]; ok || b["max_tokens"] != 1.0 || b["stream"] != false {
-			t.Errorf("piece %d: kv_transfer_params %v, max_tokens %v, stream %v; want none, 1, false", i, b["kv_transfer_params"], b["max_tokens"], b["stream"])
-		}
-	}
-	full := sent[4]
-	kv, _ := full["kv_transfer_params"].(map[string]any)
-	if kv["do_remote_decode"] != true || full["messages"].([]any)[0].(map[string]any)["content"] != prompt {
-		t.Fatalf("the prefill itself: kv_transfer_params %v, whole prompt %v", kv, full["messages"].([]any)[0].(map[string]any)["content"] == prompt)
-	}
-	if got := metricValue(t, g.reg, "usher_prefill_pieces_total"); got != 4 {
-		t.Errorf("usher_prefill_pieces_total %v, want 4", got)
-	}
-	// The first piece found a token per request before it cached (the interactive call's, if
-	// it went to p1); the prefill itself found four more, its pieces', above the decode's 2.
-	u, ok := parseUsage(data)
-	if want := before; !ok || u.cachedTokens() != want || u.PromptTokens != 5 {
-		t.Errorf("the client's usage: %+v %+v, want the decode's 5 prompt tokens and %d cached", u, u.PromptTokensDetails, want)
 	}
 }
 

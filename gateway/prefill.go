@@ -12,8 +12,7 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
-// Prefill in pieces, a part of the proxy stage, and of the prefill stage of a call served
-// disaggregated by vLLM's flow (disagg.go; see routing.Lease.PrefillPiece for when). An
+// Prefill in pieces, a part of the proxy stage (see routing.Lease.PrefillPiece for when). An
 // engine computes a prompt's KV in the step it takes the prompt in, and a step does not stop: an
 // interactive prompt that reaches the worker meanwhile waits for the whole of it. So a long
 // standard or batch prompt is sent first as its leading pieces, each a request of its own for

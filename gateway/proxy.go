@@ -79,11 +79,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	atWorker := s.now()
 	defer func() { cl.atWorker += s.now().Sub(atWorker) }()
-	if cl.handoff == nil {
-		// A decode stage's prompt was prefilled by its prefill stage, in pieces or not; the
-		// call keeps that stage's pieces, whose cache hit account bounds.
-		s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
-	}
+	s.prefillInPieces(ctx, cl, lease, body, c.Request().Header)
 	if lease.YieldsPrefill() {
 		// Its prompt (or last piece) goes into no engine step an interactive prompt is in.
 		// When ctx ends the send below fails at once.
