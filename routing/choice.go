@@ -40,14 +40,21 @@ func (c *choice) Eligible(w *Worker) bool {
 
 // protect sets the protections of interactive requests that are in force for c now, among
 // workers: while interactive requests are present, a standard or batch request gets the prefill
-// budget (prefill_budget.go) and, for a long prompt, its pieces (prefill_pieces.go); an
-// interactive request not sent to a target worker nor pinned prefers, of several workers, one
-// with no interactive prompt in prefill (interactive_spread.go). Cost: a clock read.
+// budget (prefill_budget.go), no more than one piece while pieces are on, and, for a long prompt,
+// its pieces (prefill_pieces.go); an interactive request not sent to a target worker nor pinned
+// prefers, of several workers, one with no interactive prompt in prefill
+// (interactive_spread.go). Cost: a clock read.
 func (p *Pool) protect(c *choice, workers []*Worker) {
 	switch {
 	case !c.Interactive && p.interactivePresent():
 		c.prefillBudget = int64(p.cfg.Concurrency.LowerPrefillTokens)
-		c.piece = p.prefillPiece(c.PromptTokens)
+		piece := p.pieceTokens()
+		if piece > 0 {
+			// A piece is what the interactive objective's slack allows in the step an
+			// interactive prompt waits for: two pieces prefilled together would take twice it.
+			c.prefillBudget = min(c.prefillBudget, int64(piece))
+		}
+		c.piece = prefillPiece(piece, c.PromptTokens)
 	case c.Interactive && c.TargetWorker == "" && c.Prepared.pin == nil && len(workers) > 1:
 		c.spread = true
 	}

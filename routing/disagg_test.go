@@ -242,8 +242,12 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 	}
 	for _, proto := range []Protocol{ProtocolVLLM, ProtocolSGLang} {
 		t.Run(string(proto), func(t *testing.T) {
-			p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4],
-				Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", Protocol: proto}})
+			cfg := Config{Workers: disaggWorkers()[:4],
+				Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", Protocol: proto}}
+			// Pieces as large as the prefill budget, so that a short batch prompt still fits
+			// beside a batch prompt in prefill (the budget is at most a piece).
+			cfg.Concurrency.PrefillPieceTokens = DefaultLowerPrefillTokens
+			p, _ := newTestPool(t, cfg)
 			pre, dec, err := stages(p, true, 200)
 			if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
 				t.Fatalf("prefill pool idle: got %s, %v; want two stages, the prefill on w0 or w1", on(pre, dec), err)

@@ -11,7 +11,8 @@ package routing
 // objective: a piece of (InteractiveObjectiveFactor - 1) times the average interactive prompt
 // delays that prompt by at most the objective's slack; and never more than the lower-class
 // prefill budget (ConcurrencyConfig.LowerPrefillTokens), the most lower-class prefill a worker
-// takes beside interactive prompts, which a larger piece, let in alone, would exceed. Every
+// takes beside interactive prompts, which a larger piece, let in alone, would exceed; and the
+// budget is in turn at most one piece, so no two lower-class pieces share a step. Every
 // worker takes pieces, those that schedule by priority too: an engine's priority orders its
 // waiting queue, not the step it is in.
 //
@@ -39,8 +40,24 @@ const (
 )
 
 // prefillPiece is the size of the pieces a lower-class prompt of tokens goes to the engine in
-// while interactive requests are present, or 0 when it goes whole (see Lease.PrefillPiece).
-func (p *Pool) prefillPiece(tokens int) int {
+// while interactive requests are present, or 0 when it goes whole (see Lease.PrefillPiece):
+// piece (Pool.pieceTokens), or more for a prompt of more than maxPrefillPieces of them.
+func prefillPiece(piece, tokens int) int {
+	if piece <= 0 {
+		return 0
+	}
+	n := max(piece, (tokens+maxPrefillPieces-1)/maxPrefillPieces)
+	if tokens <= n+n/2 {
+		// Not even one piece would go ahead: the gateway sends a piece only when at least
+		// half a piece is left for the request itself.
+		return 0
+	}
+	return n
+}
+
+// pieceTokens is the configured or learnt piece (ConcurrencyConfig.PrefillPieceTokens), 0 when
+// pieces are off.
+func (p *Pool) pieceTokens() int {
 	n := p.cfg.Concurrency.PrefillPieceTokens
 	switch {
 	case n < 0:
@@ -48,12 +65,6 @@ func (p *Pool) prefillPiece(tokens int) int {
 	case n == 0:
 		n = int(float64(p.interactivePrompt.Load()) * (InteractiveObjectiveFactor - 1))
 		n = max(min(n, p.cfg.Concurrency.LowerPrefillTokens), minPrefillPiece)
-	}
-	n = max(n, (tokens+maxPrefillPieces-1)/maxPrefillPieces)
-	if tokens <= n+n/2 {
-		// Not even one piece would go ahead: the gateway sends a piece only when at least
-		// half a piece is left for the request itself.
-		return 0
 	}
 	return n
 }

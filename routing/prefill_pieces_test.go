@@ -50,21 +50,28 @@ func TestPrefillPieceSize(t *testing.T) {
 	}
 }
 
-// A prompt sent in pieces holds one piece of the worker's lower-class prefill budget, so two
-// long prompts can be in prefill on one worker where whole they could not.
+// A prompt sent in pieces holds one piece of the worker's lower-class prefill budget, and while
+// pieces are on the budget is at most one piece: a worker prefilling a piece takes no other
+// lower-class prompt (two pieces in one engine step would delay an interactive prompt by twice
+// the objective's slack; before, a budget of 512 let two pieces of 256 in), another worker does,
+// and the worker takes one again once the piece is prefilled.
 func TestPiecesCountAgainstThePrefillBudget(t *testing.T) {
-	cfg := Config{Workers: testWorkers(1, "m")}
+	cfg := Config{Workers: testWorkers(2, "m")}
 	cfg.Concurrency.LowerPrefillTokens = 512
 	cfg.Concurrency.PrefillPieceTokens = 256
 	p, _ := newTestPool(t, cfg)
 	k := picker{t: t, p: p, model: "m"}
 	k.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Prefilled()
-	first := k.pick("first long prompt", Request{PromptTokens: 2000})
-	second := k.pick("second long prompt, a piece beside a piece", Request{PromptTokens: 2000})
-	k.refused("a third piece is over the budget", Request{PromptTokens: 2000})
+	first := k.pick("first long prompt", Request{PromptTokens: 2000, TargetWorker: "w0"})
+	k.refused("a second piece beside the first", Request{PromptTokens: 2000, TargetWorker: "w0"})
+	k.refused("a short prompt beside the piece", Request{PromptTokens: 100, TargetWorker: "w0"})
+	other := k.pick("a piece on the other worker", Request{PromptTokens: 2000})
+	if other.Worker.ID() != "w1" {
+		t.Errorf("the second long prompt went to %s, want w1", other.Worker.ID())
+	}
 	first.Prefilled()
-	k.pick("a piece once one is prefilled", Request{PromptTokens: 2000}).Release(Outcome{})
-	second.Release(Outcome{})
+	k.pick("a piece once one is prefilled", Request{PromptTokens: 2000, TargetWorker: "w0"}).Release(Outcome{})
+	other.Release(Outcome{})
 	first.Release(Outcome{})
 }
 
