@@ -95,7 +95,8 @@ type ConcurrencyConfig struct {
 	// last InteractivePresence), the prompt tokens of standard and batch requests that one
 	// worker is prefilling at once (sent, first token not yet back; at least one request): an
 	// engine prefills the prompts it has in one step, and an interactive prompt that arrives
-	// waits for the step in progress. Default 512.
+	// waits for the step in progress; while pieces are on (PrefillPieceTokens), at most one
+	// piece. Default 512.
 	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
 	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
 	// still applies. Default 10s.
@@ -108,7 +109,8 @@ type ConcurrencyConfig struct {
 	// a piece and a half reaches an engine while interactive requests are present (see
 	// Lease.PrefillPiece): the gateway has the engine prefill the prompt's leading pieces, one
 	// request each, then sends the request, whose prompt the engine finds cached but for its last
-	// piece. A piece counts against LowerPrefillTokens. Default 0: learnt, the average interactive
+	// piece. A piece counts against LowerPrefillTokens, which is then at most one piece, so a
+	// worker prefills one lower-class piece at a time. Default 0: learnt, the average interactive
 	// prompt (the default interactive objective's slack beyond the step in progress,
 	// InteractiveObjectiveFactor - 1: an interactive prompt then waits for no more lower-class
 	// prefill than that), at most LowerPrefillTokens, at least 64 tokens; either way at least a
