@@ -308,3 +308,52 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 		})
 	}
 }
+
+// An interactive request staged because a prefill worker is free has its prefill placed on a free
+// one, whatever the prefill policy would pick: before, round robin sent it to the worker
+// prefilling a batch prompt, where it waited for all of it. With every prefill worker busy and
+// SGLang's protocol (no local serving), any will do.
+func TestInteractivePrefillGoesToAFreePrefillWorker(t *testing.T) {
+	ctx := context.Background()
+	stages := func(p *Pool, interactive bool, prompt int) (pre, dec *Lease) {
+		t.Helper()
+		pre, dec, err := p.PickStages(ctx, &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
+			&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
+		if err != nil || dec == nil {
+			t.Fatalf("want two stages, got %v, %v", dec, err)
+		}
+		return pre, dec
+	}
+	for _, proto := range []Protocol{ProtocolVLLM, ProtocolSGLang} {
+		t.Run(string(proto), func(t *testing.T) {
+			p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4],
+				Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", DecodePolicy: "round_robin", Protocol: proto}})
+			busy, busyDec := stages(p, false, 300)
+			freed, freedDec := stages(p, false, 300)
+			if busy.Worker == freed.Worker {
+				t.Fatalf("both batch prefills on %s; the test wants one on each", busy.Worker.ID())
+			}
+			freed.Release(Outcome{})
+			freedDec.Release(Outcome{})
+			// Round robin's next is the busy worker.
+			pre, dec := stages(p, true, 200)
+			if pre.Worker != freed.Worker {
+				t.Errorf("the interactive prefill went to %s, prefilling a batch prompt; want %s, free", pre.Worker.ID(), freed.Worker.ID())
+			}
+			pre.Release(Outcome{})
+			dec.Release(Outcome{})
+			if proto == ProtocolSGLang {
+				held, heldDec := stages(p, false, 300)
+				pre, dec := stages(p, true, 200)
+				if pre.Worker.spec.Role != RolePrefill {
+					t.Errorf("every prefill worker busy: the prefill went to %s", pre.Worker.ID())
+				}
+				for _, l := range []*Lease{pre, dec, held, heldDec} {
+					l.Release(Outcome{})
+				}
+			}
+			busy.Release(Outcome{})
+			busyDec.Release(Outcome{})
+		})
+	}
+}
