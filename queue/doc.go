@@ -87,10 +87,10 @@
 // end with ErrDeadlineExceeded, and a request whose deadline has passed is never released. At
 // arrival the queue estimates the wait: the requests and tokens ahead (all of higher classes;
 // in its class its own tenant's queue but the late requests, which go after it, plus at most as
-// much again from each other backlogged tenant, as the fair share interleaves them) over the pool's drain rate (capacity over the
-// moving average of service time, dispatch to Done). If the deadline falls before it, the
-// request is refused with DeadlineUnreachable and RetryAfter = estimate - time budget. Before
-// any measurement everything is admitted.
+// much again from each other backlogged tenant, as the fair share interleaves them) over the
+// pool's drain rate (capacity over the moving average of service time, dispatch to Done). If the
+// deadline falls before it, the request is refused with DeadlineUnreachable and RetryAfter =
+// estimate - time budget. Before any measurement everything is admitted.
 //
 // # FIFO mode
 //
