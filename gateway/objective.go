@@ -135,7 +135,7 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 	}
 	prompt := cl.usage.PromptTokens
 	if prompt == 0 {
-		prompt = cl.promptTokens
+		prompt = cl.routeTokens
 	}
 	p, ok := cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
 	if cl.prefilledOn != nil && ok {
