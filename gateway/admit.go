@@ -108,11 +108,6 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 	if !validRoutingKey(key) {
 		return BadRequest("", "%s must be at most %d printable ASCII characters", headerRoutingKey, maxRoutingKey)
 	}
-	cl.routeTokens, cl.routeScale = cl.promptTokens, 1
-	if cl.byteEstimate {
-		cl.routeScale = s.scales.of(cl.model)
-		cl.routeTokens = scaleTokens(cl.promptTokens, cl.routeScale)
-	}
 	cl.route = routing.Request{
 		Model:        cl.model,
 		Tenant:       cl.principal.TenantID,
@@ -122,8 +117,8 @@ func (s *Server) admit(c echo.Context, cl *call) error {
 		TargetWorker: target,
 		Prompt:       cl.prompt,
 		Messages:     cl.messages,
-		PromptTokens: cl.routeTokens,
-		Tokens:       addTokens(cl.routeTokens, cl.expected),
+		PromptTokens: cl.promptTokens,
+		Tokens:       addTokens(cl.promptTokens, cl.expected),
 		Interactive:  cl.class == queue.Interactive,
 	}
 	s.planStages(cl)

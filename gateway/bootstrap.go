@@ -62,7 +62,7 @@ func (s *Server) bootstrapStages(c echo.Context, cl *call) (retry bool, err erro
 	members := fmt.Appendf(nil, `"bootstrap_host":%s,"bootstrap_port":%d,"bootstrap_room":%d`, jsonString(host), port, rand.Uint64()>>1)
 	body := rebuilt(s.forWorker(cl, pre, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))),
 		[]string{"stream", "stream_options"}, append([]byte(`"stream":false,`), members...))
-	pre.PrefillWhole(cl.routeTokens)
+	pre.PrefillWhole(cl.promptTokens)
 	stageCtx, stop := context.WithCancelCause(clientCtx)
 	defer stop(nil)
 	p := &concurrentPrefill{done: make(chan struct{})}

@@ -48,27 +48,22 @@ type call struct {
 	prompts          int    // prompts: a completions batch's count, else 1
 	prompt           string // the text the worker prefills, for routing
 	messages         []byte // chat: the messages array as sent (JSON), for routing
-	promptTokens     int    // its estimate by the byte rule, every prompt of a batch counted
-	byteEstimate     bool   // promptTokens is all the byte rule's: no token ids, no media parts
+	promptTokens     int    // its estimate, every prompt of a batch counted
 	upstream         []byte // the body for the worker, without a handed-down priority
 	modelSpan        [2]int // where the model's JSON string is in upstream, to give an alias
 
 	// admit
 	principal tenants.Principal // the caller, as authenticate resolved it
-	// routeTokens is promptTokens in the model's tokens as its answers taught (prompt_scale.go),
-	// routeScale the scale that made it (1: the byte rule): what routing places by.
-	routeTokens int
-	routeScale  float64
-	tier        *tenants.Tier
-	expected    int // output tokens the call may cost, all prompts and choices (boundOutput)
-	class       queue.Class
-	classed     bool // class is resolved: the request reached the queue
-	deadline    time.Time
-	hold        *tenants.Hold  // the tenant's limits held for this call; nil: none
-	spend       *tenants.Spend // the call's reservation in its tenant's budgets, ended by settle; nil: none
-	grant       *queue.Grant   // the queue's capacity held for this call
-	placer      placer         // the call's Placer in its queue, kept here so that it costs no allocation
-	queued      time.Duration  // time waited in the queue, preemptions included
+	tier      *tenants.Tier
+	expected  int // output tokens the call may cost, all prompts and choices (boundOutput)
+	class     queue.Class
+	classed   bool // class is resolved: the request reached the queue
+	deadline  time.Time
+	hold      *tenants.Hold  // the tenant's limits held for this call; nil: none
+	spend     *tenants.Spend // the call's reservation in its tenant's budgets, ended by settle; nil: none
+	grant     *queue.Grant   // the queue's capacity held for this call
+	placer    placer         // the call's Placer in its queue, kept here so that it costs no allocation
+	queued    time.Duration  // time waited in the queue, preemptions included
 	// askedTTFT and askedTPOT are the objectives the client's headers ask for (objective.go);
 	// 0: none asked.
 	askedTTFT, askedTPOT time.Duration

@@ -59,7 +59,7 @@ func (s *Server) planStages(cl *call) {
 	cl.decodeRoute.Stage = routing.StageDecode
 	cl.route.Stage = routing.StagePrefill
 	// The prefill holds its prompt and one output token.
-	cl.route.Tokens = addTokens(cl.routeTokens, 1)
+	cl.route.Tokens = addTokens(cl.promptTokens, 1)
 }
 
 // staged reports whether the call was served in two stages: planned so (planStages), and not
@@ -118,7 +118,7 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	cl.worker, cl.prefillWorker, cl.prefilledOn = w.ID(), w.ID(), w
 	body := prefillBody(s.forWorker(cl, lease, cl.upstreamBody(w.PriorityHandoff(), w.EngineModel(cl.model))))
 	// The prompt goes whole: no pieces in the prefill stage.
-	lease.PrefillWhole(cl.routeTokens)
+	lease.PrefillWhole(cl.promptTokens)
 	if lease.YieldsPrefill() {
 		_ = lease.AwaitInteractive(clientCtx)
 	}

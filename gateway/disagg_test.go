@@ -29,8 +29,6 @@ type fakePrefill struct {
 	status   int // answer this status when non-zero
 	noParams bool
 	hold     chan struct{} // when set, requests wait for it or their client
-	// holdAfter: only requests after this many wait for hold.
-	holdAfter int64
 	delay    time.Duration // each answer's time
 	started  atomic.Int64
 	gone     atomic.Int64 // requests whose client went away while held
@@ -56,7 +54,7 @@ func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		rw.WriteHeader(http.StatusOK)
 		return
 	}
-	n := p.requests.Add(1)
+	p.requests.Add(1)
 	var body map[string]any
 	_ = json.NewDecoder(r.Body).Decode(&body)
 	p.mu.Lock()
@@ -65,7 +63,7 @@ func (p *fakePrefill) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if p.delay > 0 {
 		time.Sleep(p.delay)
 	}
-	if p.hold != nil && n > p.holdAfter {
+	if p.hold != nil {
 		p.started.Add(1)
 		select {
 		case <-p.hold:
@@ -494,69 +492,4 @@ func TestInteractiveCallIsServedLocallyBesideABusyPrefill(t *testing.T) {
 	if dkv, _ := dec.body()["kv_transfer_params"].(map[string]any); dkv["remote_engine_id"] != "p1" {
 		t.Fatalf("batch: the decode worker got kv_transfer_params %v, want the prefill answer's", dkv)
 	}
-}
-
-// The bound on a prompt served locally is in the model's tokens: an interactive prompt whose
-// byte-rule estimate is above routing.ConcurrencyConfig.LowerPrefillTokens, but which the
-// model's engines count at half of it (as their answers taught the gateway), is served whole on
-// the decode worker while the prefill worker is busy. Before the gateway has learnt, the same
-// prompt goes in two stages: the byte rule alone would not serve it locally.
-func TestLocalBoundIsInTheModelsTokens(t *testing.T) {
-	// 3,200 bytes of words: about 800 tokens by the byte rule, 400 as the engine counts them.
-	long := `{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 640) + `"}]}`
-	const learning = 16 // promptScaleAnswers
-	interactive := map[string]string{headerPriority: "interactive"}
-	start := func(t *testing.T, holdAfter int64) (*fakePrefill, *fakeWorker, *testGateway) {
-		pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.hold, p.holdAfter = make(chan struct{}), holdAfter })
-		dec := newFakeWorker(t, func(w *fakeWorker) { w.promptTokens = 400 })
-		return pre, dec, startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
-	}
-	busy := func(t *testing.T, g *testGateway, pre *fakePrefill) chan *http.Response {
-		batch := make(chan *http.Response, 1)
-		go func() {
-			batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
-		}()
-		waitFor(t, "the batch prefill to reach its worker", func() bool { return pre.started.Load() == 1 })
-		return batch
-	}
-
-	t.Run("learnt", func(t *testing.T) {
-		pre, _, g := start(t, learning)
-		for i := range learning {
-			resp := g.post(t, "/v1/chat/completions", testKey, long, interactive)
-			data, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || resp.Header.Get(headerPrefillWorker) != "p1" {
-				t.Fatalf("learning call %d: status %d, prefilled by %q: %s; want 200 in two stages", i, resp.StatusCode, resp.Header.Get(headerPrefillWorker), data)
-			}
-		}
-		batch := busy(t, g, pre)
-		resp := g.post(t, "/v1/chat/completions", testKey, long, interactive)
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerWorker) != "d1" || resp.Header.Get(headerPrefillWorker) != "" {
-			t.Fatalf("status %d, served by %q, prefilled by %q: %s; want 200 served whole by d1", resp.StatusCode,
-				resp.Header.Get(headerWorker), resp.Header.Get(headerPrefillWorker), data)
-		}
-		if n := pre.requests.Load(); n != learning+1 {
-			t.Fatalf("the prefill worker got %d requests, want the learning calls' and the batch call's, %d", n, learning+1)
-		}
-		close(pre.hold)
-		(<-batch).Body.Close()
-	})
-
-	t.Run("byte rule", func(t *testing.T) {
-		pre, _, g := start(t, 0)
-		batch := busy(t, g, pre)
-		done := make(chan *http.Response, 1)
-		go func() { done <- g.post(t, "/v1/chat/completions", testKey, long, interactive) }()
-		waitFor(t, "the interactive prefill to reach the prefill worker", func() bool { return pre.started.Load() == 2 })
-		close(pre.hold)
-		(<-batch).Body.Close()
-		resp := <-done
-		resp.Body.Close()
-		if resp.Header.Get(headerPrefillWorker) != "p1" {
-			t.Fatalf("prefilled by %q, want p1: the byte rule's estimate is above the local bound", resp.Header.Get(headerPrefillWorker))
-		}
-	})
 }

@@ -29,7 +29,6 @@ func (cl *call) parseInput(raw []byte) error {
 		return err
 	}
 	cl.prompt, cl.promptTokens = first, tokens
-	cl.byteEstimate = first != ""
 	cl.maxOutput = 0
 	return nil
 }

@@ -135,7 +135,7 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 	}
 	prompt := cl.usage.PromptTokens
 	if prompt == 0 {
-		prompt = cl.routeTokens
+		prompt = cl.promptTokens
 	}
 	p, ok := cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
 	if cl.prefilledOn != nil && ok {

@@ -82,7 +82,7 @@ func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Pre
 		return 0, best, false
 	}
 	spent := max(s.now().Sub(cl.start), 0)
-	for wp := range s.pool.Predictions(cl.model, cl.routeTokens, 0) {
+	for wp := range s.pool.Predictions(cl.model, cl.promptTokens, 0) {
 		o := cl.objectiveGiven(wp.Idle, true).ttft
 		if o == 0 {
 			continue

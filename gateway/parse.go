@@ -544,7 +544,6 @@ func (cl *call) parseMessages(raw []byte) error {
 	}
 	cl.prompt = b.String()
 	cl.promptTokens = addTokens(estimateBytes(rendered), media*mediaPartTokens)
-	cl.byteEstimate = media == 0
 	cl.messages = raw
 	return nil
 }
@@ -642,7 +641,6 @@ func (cl *call) parsePrompt(raw []byte) error {
 		return err
 	}
 	cl.prompt, cl.promptTokens, cl.prompts = first, tokens, count
-	cl.byteEstimate = first != ""
 	return nil
 }
 

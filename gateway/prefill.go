@@ -53,17 +53,17 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 	if piece <= 0 || cl.ep.embed {
 		return
 	}
-	pc, ok := newPieceCutter(body, cl.ep.chat, cl.routeScale)
+	pc, ok := newPieceCutter(body, cl.ep.chat)
 	if !ok {
-		lease.PrefillWhole(cl.routeTokens)
+		lease.PrefillWhole(cl.promptTokens)
 		return
 	}
-	// The lease's piece is at least a sixteenth of cl.routeTokens, the estimate routing sized
+	// The lease's piece is at least a sixteenth of cl.promptTokens, the estimate routing sized
 	// it by, so this sends 15 pieces at most.
-	for end := piece; end+piece/2 < cl.routeTokens; end += piece {
+	for end := piece; end+piece/2 < cl.promptTokens; end += piece {
 		b, ok := pc.body(end)
 		if !ok && cl.pieces == 0 {
-			lease.PrefillWhole(cl.routeTokens)
+			lease.PrefillWhole(cl.promptTokens)
 		}
 		if !ok || lease.AwaitInteractive(ctx) != nil {
 			return
@@ -157,8 +157,6 @@ type pieceCutter struct {
 	prompt string         // a completion's prompt
 	msgs   []pieceMessage // a chat's messages
 	chat   bool
-	// bytesPerToken is the bytes of text a token of the piece's size stands for.
-	bytesPerToken float64
 }
 
 // pieceMessage is one chat message as a piece may keep it.
@@ -173,16 +171,15 @@ type pieceMessage struct {
 	size int
 }
 
-// newPieceCutter reads body, a chat (chat) or completion request built by buildUpstream, whose
-// pieces are sized in routing's tokens, scale (see promptScales) times the byte rule's; false
+// newPieceCutter reads body, a chat (chat) or completion request built by buildUpstream; false
 // when its prompt is not one a piece can be cut from (a completion's token ids or list of
 // prompts).
-func newPieceCutter(body []byte, chat bool, scale float64) (*pieceCutter, bool) {
+func newPieceCutter(body []byte, chat bool) (*pieceCutter, bool) {
 	fields, err := objectFields(body, nil)
 	if err != nil {
 		return nil, false
 	}
-	pc := &pieceCutter{chat: chat, bytesPerToken: 4 / min(max(scale, minPromptScale), maxPromptScale)}
+	pc := &pieceCutter{chat: chat}
 	for _, f := range fields {
 		if pieceDropKeys[f.key] {
 			continue
@@ -236,11 +233,11 @@ func readPieceMessage(raw []byte) (pieceMessage, bool) {
 	return m, true
 }
 
-// body is the piece of the prompt that ends near its token tokens (routing's, see newPieceCutter),
-// at a word boundary: the request's members with that prompt, max_tokens 1 and no stream. ok is
-// false when no such piece can be cut.
+// body is the piece of the prompt that ends near the estimated token tokens (see
+// estimateTokens), at a word boundary: the request's members with that prompt, max_tokens 1 and
+// no stream. ok is false when no such piece can be cut.
 func (pc *pieceCutter) body(tokens int) (piece []byte, ok bool) {
-	size := int(float64(tokens) * pc.bytesPerToken)
+	size := 4 * tokens
 	out := []byte{'{'}
 	for _, f := range pc.fields {
 		v := f.value

@@ -17,7 +17,7 @@ import (
 
 // pieceBody is the piece of body's prompt that ends near tokens (see pieceCutter.body).
 func pieceBody(body []byte, chat bool, tokens int) ([]byte, bool) {
-	pc, ok := newPieceCutter(body, chat, 1)
+	pc, ok := newPieceCutter(body, chat)
 	if !ok {
 		return nil, false
 	}

@@ -78,8 +78,6 @@ type Server struct {
 	trusted trustedProxies
 	// bodies bounds the request-body bytes held in memory (bodies.go).
 	bodies *bodyBytes
-	// scales are the models' learnt prompt tokens per byte-rule token (prompt_scale.go).
-	scales promptScales
 	// stopping is set once shutdown begins: /readyz answers 503 from then on.
 	stopping atomic.Bool
 }

@@ -34,8 +34,6 @@ type fakeWorker struct {
 	status     int // answer this status for every inference request when non-zero
 	breakAfter int // close the stream after this many chunks when non-zero
 	chunks     int
-	// promptTokens is the prompt tokens its usage reports; 0: 5.
-	promptTokens int
 	// hold, when set, keeps every inference request waiting until it is closed (or the
 	// client goes away); started counts requests that reached the wait.
 	hold    chan struct{}
@@ -140,11 +138,7 @@ func (w *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 }
 
 func (w *fakeWorker) usageJSON() string {
-	prompt := w.promptTokens
-	if prompt == 0 {
-		prompt = 5
-	}
-	return fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, prompt, w.chunks, prompt+w.chunks)
+	return fmt.Sprintf(`{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, w.chunks, 5+w.chunks)
 }
 
 // wholeAnswer is the answer's bytes as the worker writes them to a request that is not a stream.

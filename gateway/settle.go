@@ -174,9 +174,6 @@ func (s *Server) account(cl *call, u usage) routing.Outcome {
 	}
 	u = cl.ownCache(u)
 	cl.usage = u
-	if cl.byteEstimate && !u.estimated {
-		s.scales.observe(cl.model, cl.promptTokens, u.PromptTokens)
-	}
 	series := s.metrics.of(cl.model)
 	series.tokensOf(promptTokens).Add(float64(u.PromptTokens))
 	series.tokensOf(completionTokens).Add(float64(u.CompletionTokens))
