@@ -17,8 +17,8 @@ import (
 
 // Every call that reached a queue is judged at settle against its latency objectives: the tier's
 // for its class (tenants.Objective), tightened by the client's headers, or, where the tier states
-// none, the defaults below, relative to what the serving worker's cost model predicts for the
-// prompt on an idle worker (routing.Worker.PredictIdle). The verdicts go to the metrics, the usage
+// none, the defaults below, relative to what a typical worker of the model predicts for the
+// prompt on it idle (routing.Pool.PredictIdleTypical). The verdicts go to the metrics, the usage
 // ledger and the access log.
 
 // Headers a client tightens its objectives with, in milliseconds: a value above the tier's
@@ -115,21 +115,22 @@ func (cl *call) stated() (ttft, tpot bool) {
 }
 
 // objective resolves the call's objective: the tier's for its class, else the default relative to
-// the serving worker's idle prediction for the prompt with what the engine found cached (none
-// when the call was never placed or the model cannot predict yet), each tightened by the client's.
-func (cl *call) objective() objective {
-	return cl.objectiveGiven(cl.predictIdle())
+// the model's idle prediction for the prompt with what the engine found cached (none when the
+// call was never placed or the model cannot predict yet), each tightened by the client's.
+func (s *Server) objective(cl *call) objective {
+	return cl.objectiveGiven(s.predictIdle(cl))
 }
 
-// predictIdle is what the serving worker's cost model predicts for the call on an idle worker,
-// from the prompt the engine reported (else usher's estimate) and what it found cached; ok is
-// false when the call was never placed or the model cannot predict yet. A two-staged call's
-// first token comes after its prefill, on another worker, and the hand-off of its KV to the
-// decode worker: its TTFT is the prefill worker's prediction plus the decode worker's hand-off
-// (routing's PredictHandoffIdle), so that a disaggregated fleet is held to the time its clients
-// wait; until the decode worker has learnt its hand-offs (from 32 streamed decodes), the
-// prefill's alone. Its TPOT is the decode worker's.
-func (cl *call) predictIdle() (routing.Prediction, bool) {
+// predictIdle is what a typical worker of the set that served the call (the model's workers, or
+// a disaggregated model's stage's) predicts for it on an idle worker (routing's
+// PredictIdleTypical), from the prompt the engine reported (else usher's estimate) and what it
+// found cached; ok is false when the call was never placed or the model cannot predict yet. A
+// two-staged call's first token comes after its prefill, on another worker, and the hand-off of
+// its KV to the decode worker: its TTFT is the prefill pool's prediction plus the decode
+// worker's hand-off (routing's PredictHandoffIdle), so that a disaggregated fleet is held to the
+// time its clients wait; until the decode worker has learnt its hand-offs (from 32 streamed
+// decodes), the prefill's alone. Its TPOT is the decode pool's.
+func (s *Server) predictIdle(cl *call) (routing.Prediction, bool) {
 	if cl.lease == nil {
 		return routing.Prediction{}, false
 	}
@@ -137,9 +138,9 @@ func (cl *call) predictIdle() (routing.Prediction, bool) {
 	if prompt == 0 {
 		prompt = cl.promptTokens
 	}
-	p, ok := cl.lease.Worker.PredictIdle(prompt, cl.usage.cachedTokens())
+	p, ok := s.pool.PredictIdleTypical(cl.model, cl.lease.Stage(), cl.lease.Worker, prompt, cl.usage.cachedTokens())
 	if cl.prefilledOn != nil && ok {
-		pre, preOK := cl.prefilledOn.PredictIdle(prompt, cl.usage.cachedTokens())
+		pre, preOK := s.pool.PredictIdleTypical(cl.model, routing.StagePrefill, cl.prefilledOn, prompt, cl.usage.cachedTokens())
 		p.TTFT, ok = pre.TTFT, preOK
 		// The lease is the prefill's when no decode was sent: no hand-off then.
 		if h, learnt := cl.lease.Worker.PredictHandoffIdle(prompt); learnt && cl.lease.Worker != cl.prefilledOn {
@@ -210,13 +211,13 @@ func (s *Server) judge(cl *call, err error, end time.Time) verdicts {
 		if ErrorFor(err).Status < http.StatusInternalServerError {
 			return verdicts{}
 		}
-		v := verdicts{judged: true, objective: cl.objective()}
+		v := verdicts{judged: true, objective: s.objective(cl)}
 		if ttft, tpot := cl.stated(); ttft || tpot {
 			v.ttft, v.tpot = missedIf(ttft), missedIf(tpot)
 		}
 		return v
 	}
-	v := verdicts{judged: true, objective: cl.objective()}
+	v := verdicts{judged: true, objective: s.objective(cl)}
 	o, n := v.objective, cl.usage.CompletionTokens
 	switch {
 	case gone && cl.ttft == 0:

@@ -58,8 +58,8 @@ func (cl *call) askedMissPolicy(h http.Header) error {
 
 // objectiveSlack is how long the call may still wait in the queue and meet its TTFT objective on
 // the worker predicted to serve it soonest: over the model's workers that can predict, the most
-// of (the call's objective there, less the time it has spent in usher already, less the worker's
-// predicted TTFT for its prompt now). ok is false when it cannot be told (no TTFT objective, no
+// of (the call's objective, the model's, less the time it has spent in usher already, less the
+// worker's predicted TTFT for its prompt now). ok is false when it cannot be told (no TTFT objective, no
 // worker that can predict yet): the call then queues as any other. A slack of zero or less
 // refuses the call (see refuseIfUnreachable).
 //
@@ -76,17 +76,25 @@ func (s *Server) objectiveSlack(cl *call) (slack time.Duration, best *objectiveR
 }
 
 // slack is objectiveSlack with the prediction of each worker that pred picks, and what it rests
-// on as a value. No allocation: due runs it for every call.
+// on as a value. The objective is the model's, relative to the typical idle prediction of the
+// workers that can predict (routing.TypicalPrediction), as judge holds the call to. No
+// allocation up to 16 workers: due runs it for every call.
 func (s *Server) slack(cl *call, pred func(routing.WorkerPrediction) routing.Prediction) (slack time.Duration, best objectiveRefusal, ok bool) {
 	if ttft, _ := cl.stated(); !ttft {
 		return 0, best, false
 	}
-	spent := max(s.now().Sub(cl.start), 0)
+	var wbuf [16]routing.WorkerPrediction
+	var ibuf [16]routing.Prediction
+	wps, idle := wbuf[:0], ibuf[:0]
 	for wp := range s.pool.Predictions(cl.model, cl.promptTokens, 0) {
-		o := cl.objectiveGiven(wp.Idle, true).ttft
-		if o == 0 {
-			continue
-		}
+		wps, idle = append(wps, wp), append(idle, wp.Idle)
+	}
+	o := cl.objectiveGiven(routing.TypicalPrediction(idle), len(idle) > 0).ttft
+	if o == 0 {
+		return 0, best, false
+	}
+	spent := max(s.now().Sub(cl.start), 0)
+	for _, wp := range wps {
 		if p := pred(wp).TTFT; !ok || o-spent-p > slack {
 			slack, ok = o-spent-p, true
 			best = objectiveRefusal{objective: o, predicted: p}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -175,6 +177,66 @@ func TestObjectivesJudgeEveryAnswer(t *testing.T) {
 	eventuallyTrue(t, func() bool { return testutil.CollectAndCount(a.requests) == 1 })
 	if got := testutil.ToFloat64(a.requests.WithLabelValues("pro", "t1", "interactive", testModel, "met")); got != 1 {
 		t.Errorf("after the tenant came back: got %v requests met, want 1", got)
+	}
+}
+
+// The default objective is the model's, not the serving worker's: on two workers whose cost
+// models learnt idle times of 50 and 200 ms, an interactive answer of 180 ms from the faster
+// one meets it (about twice the typical 125 ms), where twice the faster worker's own 50 ms
+// would have missed, and both workers' answers are held to the same objective.
+func TestDefaultObjectiveIsTheModels(t *testing.T) {
+	clock := &testClock{now: time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)}
+	slow, fast := &slowEngine{clock: clock}, &slowEngine{clock: clock}
+	slow.delay.Store(int64(200 * time.Millisecond))
+	fast.delay.Store(int64(50 * time.Millisecond))
+	var specs []routing.WorkerSpec
+	for i, e := range []*slowEngine{slow, fast} {
+		srv := httptest.NewServer(e)
+		t.Cleanup(srv.Close)
+		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprint("w", i), URL: srv.URL, Models: []string{testModel}})
+	}
+	ledger, logs := &memLedger{}, &syncBuffer{}
+	g := startGatewayWith(t, specs, nil, func(d *Deps) {
+		d.Auth, d.Ledger, d.Now = tierAuth{opsTier}, ledger, clock.Now
+		d.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	const warm = 80
+	for range warm {
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	slow.delay.Store(int64(180 * time.Millisecond))
+	fast.delay.Store(int64(180 * time.Millisecond))
+	objectives := map[string]int{}
+	for i, w := range []string{"w1", "w0"} {
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "interactive", headerTarget: w})
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Get(headerWorker); got != w {
+			t.Fatalf("served by %q, want %s", got, w)
+		}
+		var got []tenants.UsageRecord
+		eventuallyTrue(t, func() bool { got = ledger.all(); return len(got) == warm+i+1 })
+		if v := got[warm+i].TTFT; v != tenants.VerdictMet {
+			t.Errorf("%s: 180 ms to the first token %v, want met", w, v)
+		}
+		eventuallyTrue(t, func() bool { return strings.Count(logs.String(), "msg=request") == warm+i+1 })
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		last := lines[len(lines)-1]
+		at := strings.Index(last, "ttft_objective_ms=")
+		if at < 0 {
+			t.Fatalf("no objective in %q", last)
+		}
+		ms, err := strconv.Atoi(strings.TrimPrefix(strings.Fields(last[at:])[0], "ttft_objective_ms="))
+		if err != nil {
+			t.Fatalf("objective in %q: %v", last, err)
+		}
+		objectives[w] = ms
+	}
+	// The first answer taught the models a little before the second: the same within 5%.
+	if a, b := objectives["w0"], objectives["w1"]; 20*(max(a, b)-min(a, b)) > max(a, b) {
+		t.Errorf("objectives %v ms, want the same on both workers", objectives)
 	}
 }
 
@@ -432,9 +494,9 @@ func TestObjectiveMissedInTheQueue(t *testing.T) {
 }
 
 // A call's due (queue.Request.Due) is the last moment its dispatch meets its TTFT objective:
-// its start plus, on the worker that leaves the most, its objective there less the worker's idle
-// prediction for its prompt; none before any worker can predict, and none for a class without an
-// objective (batch by default).
+// its start plus its objective (the model's: relative to the median of the workers' idle
+// predictions for its prompt) less the least idle prediction of a worker; none before any worker
+// can predict, and none for a class without an objective (batch by default).
 func TestDueIsTheLastDispatchThatMeetsTheObjective(t *testing.T) {
 	clock := &testClock{now: time.Now()}
 	slow := &slowEngine{clock: clock}
@@ -457,16 +519,18 @@ func TestDueIsTheLastDispatchThatMeetsTheObjective(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	var want time.Duration
-	n := 0
+	var idle []routing.Prediction
+	fastest := time.Duration(math.MaxInt64)
 	for wp := range g.srv.pool.Predictions(testModel, 5, 0) {
-		n++
-		o := routing.TTFTObjective(wp.Idle, standardObjectiveFactor, tenants.MaxObjectiveTTFT)
-		want = max(want, o-wp.Idle.TTFT)
+		idle = append(idle, wp.Idle)
+		fastest = min(fastest, wp.Idle.TTFT)
 	}
-	if n != 2 {
-		t.Fatalf("%d workers predict after 80 answers, want 2", n)
+	if len(idle) != 2 {
+		t.Fatalf("%d workers predict after 80 answers, want 2", len(idle))
 	}
+	// The objective is the model's (the mean of the two idle predictions, the median of two);
+	// the worker that leaves the most is the one fastest idle.
+	want := routing.TTFTObjective(routing.TypicalPrediction(idle), standardObjectiveFactor, tenants.MaxObjectiveTTFT) - fastest
 	cl.start = clock.Now().Add(-30 * time.Millisecond) // it has waited 30 ms already
 	if due, wantDue := g.srv.due(cl), cl.start.Add(want); !due.Equal(wantDue) {
 		t.Fatalf("due %v after its start, want %v", due.Sub(cl.start), want)

@@ -150,6 +150,7 @@ type Outcome struct {
 type Lease struct {
 	Worker *Worker
 	Route  Route
+	stage  Stage // the stage of the request it was placed for (Request.Stage)
 
 	pool     *Pool
 	policy   string
@@ -185,6 +186,9 @@ type Lease struct {
 	decode  bool
 	handoff handoffCoefficients
 }
+
+// Stage is the stage of the request the lease was placed for (Request.Stage).
+func (l *Lease) Stage() Stage { return l.stage }
 
 // YieldsPrefill reports whether the lease is a standard or batch request placed while
 // interactive requests were present: its prompt holds its worker's budget for lower-class
@@ -732,7 +736,7 @@ func (p *Pool) roomOn(w *Worker) {
 func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool) *Lease {
 	r := c.Request
 	p.metrics.decided(ms, r.Model, route)
-	l := &Lease{Worker: w, Route: route, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
+	l := &Lease{Worker: w, Route: route, stage: r.Stage, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
 		interactive: r.Interactive, lowerTokens: c.prefillTokens(), piece: c.piece, namespace: p.cfg.CacheScope.namespace(r),
 		budgeted: c.prefillBudget > 0}
 	// The load it was placed at: the worker's in-flight requests but this one.

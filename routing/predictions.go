@@ -1,6 +1,11 @@
 package routing
 
-import "iter"
+import (
+	"cmp"
+	"iter"
+	"slices"
+	"time"
+)
 
 // WorkerPrediction is what one worker's cost model predicts for a request: placed on the worker
 // as it is now (Now), and on it idle (Idle), which the default latency objectives are relative to.
@@ -33,5 +38,58 @@ func (p *Pool) Predictions(model string, promptTokens, cachedTokens int) iter.Se
 				return
 			}
 		}
+	}
+}
+
+// PredictIdleTypical is what a typical worker of model's set for stage predicts for a request
+// on it idle, the prediction the default latency objectives are relative to: over the workers of
+// that set (the model's workers for a whole request; a disaggregated model's prefill or decode
+// pool) that take requests and can predict, the median of their PredictIdle, TTFT and TPOT each
+// their own (of an even count, the mean of the middle two). w is the worker that served it. So an objective is the model's for
+// the prompt, not the worker's that served it: a placement on a worker whose model learnt itself
+// faster (engines sharing a machine's cores learn different idle times) is not held to a tighter
+// promise, nor one on a slower worker to a looser. When none of them can say, w's own prediction;
+// ok is false when that cannot say either. Costs one PredictIdle per worker of the set; no
+// allocation up to 16 workers; safe for concurrent use.
+func (p *Pool) PredictIdleTypical(model string, stage Stage, w *Worker, promptTokens, cachedTokens int) (Prediction, bool) {
+	own, ok := w.PredictIdle(promptTokens, cachedTokens)
+	ms := p.snap.Load().models[model]
+	if ms == nil {
+		return own, ok
+	}
+	set := ms.stageSet(stage)
+	if set == nil {
+		return own, ok
+	}
+	var buf [16]Prediction
+	idle := buf[:0]
+	for _, x := range set.workers {
+		if !x.takesRequests() {
+			continue
+		}
+		if pr, ok := x.PredictIdle(promptTokens, cachedTokens); ok {
+			idle = append(idle, pr)
+		}
+	}
+	if len(idle) == 0 {
+		return own, ok
+	}
+	return TypicalPrediction(idle), true
+}
+
+// TypicalPrediction is the median of ps, TTFT and TPOT each their own (of an even count, the
+// mean of the middle two); the zero Prediction for none. It reorders ps.
+func TypicalPrediction(ps []Prediction) Prediction {
+	if len(ps) == 0 {
+		return Prediction{}
+	}
+	median := func(less func(a, b Prediction) int, of func(Prediction) time.Duration) time.Duration {
+		slices.SortFunc(ps, less)
+		n := len(ps)
+		return (of(ps[(n-1)/2]) + of(ps[n/2])) / 2
+	}
+	return Prediction{
+		TTFT: median(func(a, b Prediction) int { return cmp.Compare(a.TTFT, b.TTFT) }, func(p Prediction) time.Duration { return p.TTFT }),
+		TPOT: median(func(a, b Prediction) int { return cmp.Compare(a.TPOT, b.TPOT) }, func(p Prediction) time.Duration { return p.TPOT }),
 	}
 }
