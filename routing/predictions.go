@@ -45,11 +45,11 @@ func (p *Pool) Predictions(model string, promptTokens, cachedTokens int) iter.Se
 // on it idle, the prediction the default latency objectives are relative to: over the workers of
 // that set (the model's workers for a whole request; a disaggregated model's prefill or decode
 // pool) that take requests and can predict, the median of their PredictIdle, TTFT and TPOT each
-// their own (of an even count, the mean of the middle two). w is the worker that served it. So an objective is the model's for
-// the prompt, not the worker's that served it: a placement on a worker whose model learnt itself
-// faster (engines sharing a machine's cores learn different idle times) is not held to a tighter
-// promise, nor one on a slower worker to a looser. When none of them can say, w's own prediction;
-// ok is false when that cannot say either. Costs one PredictIdle per worker of the set; no
+// their own (of an even count, the mean of the middle two). So an objective is the model's for
+// the prompt, not that of w, the worker that served it: a placement on a worker whose model
+// learnt itself faster (engines sharing a machine's cores learn different idle times) is not
+// held to a tighter promise, nor one on a slower worker to a looser. When none of them can say,
+// w's own prediction; ok is false when that cannot say either. Costs one PredictIdle per worker of the set; no
 // allocation up to 16 workers; safe for concurrent use.
 func (p *Pool) PredictIdleTypical(model string, stage Stage, w *Worker, promptTokens, cachedTokens int) (Prediction, bool) {
 	own, ok := w.PredictIdle(promptTokens, cachedTokens)
