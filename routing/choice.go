@@ -59,10 +59,3 @@ func (p *Pool) protect(c *choice, workers []*Worker) {
 		c.spread = true
 	}
 }
-
-// interactivePresent reports whether an interactive request was routed within
-// ConcurrencyConfig.InteractivePresence.
-func (p *Pool) interactivePresent() bool {
-	last := p.lastInteractive.Load()
-	return last != 0 && p.now().UnixNano()-last < int64(p.cfg.Concurrency.InteractivePresence)
-}

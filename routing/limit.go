@@ -91,15 +91,17 @@ type ConcurrencyConfig struct {
 	// CapHold is how long the running count at which the engine last queued caps the limit.
 	// Default 60s.
 	CapHold time.Duration `yaml:"cap_hold"`
-	// LowerPrefillTokens bounds, while interactive requests are present (one was routed in the
-	// last InteractivePresence), the prompt tokens of standard and batch requests that one
-	// worker is prefilling at once (sent, first token not yet back; at least one request): an
+	// LowerPrefillTokens bounds, while interactive requests are present (see
+	// InteractivePresence), the prompt tokens of standard and batch requests that one worker is
+	// prefilling at once (sent, first token not yet back; at least one request): an
 	// engine prefills the prompts it has in one step, and an interactive prompt that arrives
 	// waits for the step in progress; while pieces are on (PrefillPieceTokens), at most one
 	// piece. Default 512.
 	LowerPrefillTokens int `yaml:"lower_prefill_tokens"`
-	// InteractivePresence is how long after the last interactive request LowerPrefillTokens
-	// still applies. Default 10s.
+	// InteractivePresence is the least time after the last interactive request that
+	// LowerPrefillTokens and the pieces still apply; longer while interactive requests come
+	// further apart: 8 times their mean gap lately, at most 2 minutes (see presence.go).
+	// Default 10s.
 	InteractivePresence time.Duration `yaml:"interactive_presence"`
 	// ClearWithin is the removed clear lane's knob (it traded batch throughput for the
 	// interactive tail, and was off by default; figures in docs/benchmarks.md). Kept only so

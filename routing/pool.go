@@ -402,8 +402,9 @@ type Pool struct {
 	changes, interactivePrefilled broadcast
 	// room is told of the moments room may appear for a model's requests (see OnRoom).
 	room atomic.Pointer[func(model string)]
-	// lastInteractive is when an interactive request was last routed (unix ns; 0: never).
-	lastInteractive atomic.Int64
+	// lastInteractive is when an interactive request was last routed (unix ns; 0: never), and
+	// interactiveGap the mean gap between them lately (ns; 0: none yet): see presence.go.
+	lastInteractive, interactiveGap atomic.Int64
 	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
@@ -752,7 +753,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	if r.Interactive {
-		p.lastInteractive.Store(p.now().UnixNano())
+		p.noteInteractive(p.now().UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 	} else {
