@@ -72,6 +72,22 @@ func (e *slowEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", usage)
 }
 
+// slowEngines starts a slowEngine on clock for each delay, worker "w0", "w1", ... of testModel.
+func slowEngines(t *testing.T, clock *testClock, delays ...time.Duration) ([]routing.WorkerSpec, []*slowEngine) {
+	t.Helper()
+	var specs []routing.WorkerSpec
+	var engines []*slowEngine
+	for i, d := range delays {
+		e := &slowEngine{clock: clock}
+		e.delay.Store(int64(d))
+		srv := httptest.NewServer(e)
+		t.Cleanup(srv.Close)
+		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprint("w", i), URL: srv.URL, Models: []string{testModel}})
+		engines = append(engines, e)
+	}
+	return specs, engines
+}
+
 // syncBuffer is a log sink safe for the handler's goroutines.
 type syncBuffer struct {
 	mu  sync.Mutex
@@ -186,15 +202,8 @@ func TestObjectivesJudgeEveryAnswer(t *testing.T) {
 // would have missed, and both workers' answers are held to the same objective.
 func TestDefaultObjectiveIsTheModels(t *testing.T) {
 	clock := &testClock{now: time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)}
-	slow, fast := &slowEngine{clock: clock}, &slowEngine{clock: clock}
-	slow.delay.Store(int64(200 * time.Millisecond))
-	fast.delay.Store(int64(50 * time.Millisecond))
-	var specs []routing.WorkerSpec
-	for i, e := range []*slowEngine{slow, fast} {
-		srv := httptest.NewServer(e)
-		t.Cleanup(srv.Close)
-		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprint("w", i), URL: srv.URL, Models: []string{testModel}})
-	}
+	specs, engines := slowEngines(t, clock, 200*time.Millisecond, 50*time.Millisecond)
+	slow, fast := engines[0], engines[1]
 	ledger, logs := &memLedger{}, &syncBuffer{}
 	g := startGatewayWith(t, specs, nil, func(d *Deps) {
 		d.Auth, d.Ledger, d.Now = tierAuth{opsTier}, ledger, clock.Now
@@ -499,16 +508,7 @@ func TestObjectiveMissedInTheQueue(t *testing.T) {
 // can predict, and none for a class without an objective (batch by default).
 func TestDueIsTheLastDispatchThatMeetsTheObjective(t *testing.T) {
 	clock := &testClock{now: time.Now()}
-	slow := &slowEngine{clock: clock}
-	slow.delay.Store(int64(40 * time.Millisecond))
-	fast := &slowEngine{clock: clock}
-	fast.delay.Store(int64(10 * time.Millisecond))
-	var specs []routing.WorkerSpec
-	for i, e := range []*slowEngine{slow, fast} {
-		srv := httptest.NewServer(e)
-		t.Cleanup(srv.Close)
-		specs = append(specs, routing.WorkerSpec{ID: fmt.Sprint("w", i), URL: srv.URL, Models: []string{testModel}})
-	}
+	specs, _ := slowEngines(t, clock, 40*time.Millisecond, 10*time.Millisecond)
 	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier}; d.Now = clock.Now })
 	cl := &call{model: testModel, promptTokens: 5, tier: everyClassTier, class: queue.Standard, start: clock.Now()}
 	if due := g.srv.due(cl); !due.IsZero() {

@@ -578,13 +578,7 @@ func TestPoolAsksForSlotsAgainAfterNoAnswer(t *testing.T) {
 func TestPrefillBudgetYieldsToInteractive(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	// Prompts go whole here (pieces off); TestPiecesCountAgainstThePrefillBudget has pieces.
-	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}},
-		Concurrency: ConcurrencyConfig{PrefillPieceTokens: -1}},
-		Options{Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := picker{t, p, "m"}
+	p, k := wholePromptPool(t, &now)
 	batch := func(prompt int) Request { return Request{PromptTokens: prompt, Tokens: prompt + 10} }
 
 	before := k.pick("a batch request with no interactive traffic", batch(5000))

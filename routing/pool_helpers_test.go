@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -83,4 +84,17 @@ func (k picker) refused(what string, r Request) {
 		l.Release(Outcome{})
 		k.t.Errorf("%s: picked %s, want refused", what, l.Worker.ID())
 	}
+}
+
+// wholePromptPool is a pool of one worker "w" of model "m" (10 requests at once) that sends
+// prompts whole (pieces off), on the clock *now, and a picker for it.
+func wholePromptPool(t *testing.T, now *time.Time) (*Pool, picker) {
+	t.Helper()
+	p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}},
+		Concurrency: ConcurrencyConfig{PrefillPieceTokens: -1}},
+		Options{Now: func() time.Time { return *now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, picker{t, p, "m"}
 }

@@ -7,8 +7,8 @@ import "time"
 // to themselves otherwise. A fleet without interactive traffic is never bound; one with it must
 // not drop its guard between two interactive requests, or the next one meets every worker
 // prefilling whole lower-class prompts, which no placement avoids (on three llama-servers beside
-// a prefill-heavy flood, the request after a 17 s pause took 0.9-1.0 s against an objective of
-// 0.3-0.4 s, in every run; docs/benchmarks.md).
+// a prefill-heavy flood, the request after a 17 s pause took 0.4-1.0 s against an objective of
+// 0.3-0.4 s, and missed in 10 runs of 10; docs/benchmarks.md).
 //
 // So presence lasts, after the last interactive request, presenceGaps times the mean gap between
 // interactive requests lately, at least ConcurrencyConfig.InteractivePresence and at most

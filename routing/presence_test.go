@@ -22,13 +22,7 @@ func TestPresenceFollowsTheInteractiveRhythm(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			now := time.Unix(1_000_000, 0)
-			p, err := NewPool(Config{Workers: []WorkerSpec{{ID: "w", URL: "http://127.0.0.1:1", Models: []string{"m"}, MaxConcurrency: 10}},
-				Concurrency: ConcurrencyConfig{PrefillPieceTokens: -1}},
-				Options{Now: func() time.Time { return now }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := picker{t, p, "m"}
+			p, k := wholePromptPool(t, &now)
 			for i := range 40 {
 				if i > 0 {
 					now = now.Add(tt.every)
