@@ -60,8 +60,8 @@ func (cl *call) askedMissPolicy(h http.Header) error {
 // the worker predicted to serve it soonest: over the model's workers that can predict, the most
 // of (the call's objective, the model's, less the time it has spent in usher already, less the
 // worker's predicted TTFT for its prompt now). ok is false when it cannot be told (no TTFT
-// objective, no worker that can predict yet): the call then queues as any other. A slack of zero or less
-// refuses the call (see refuseIfUnreachable).
+// objective, no worker that can predict yet): the call then queues as any other. A slack of zero
+// or less refuses the call (see refuseIfUnreachable).
 //
 // The prediction assumes no cached prefix: usher cannot know before placement what an engine
 // holds, and a default objective (relative to the idle prediction, made on the same assumption)

@@ -49,30 +49,25 @@ func (p *Pool) Predictions(model string, promptTokens, cachedTokens int) iter.Se
 // the prompt, not that of w, the worker that served it: a placement on a worker whose model
 // learnt itself faster (engines sharing a machine's cores learn different idle times) is not
 // held to a tighter promise, nor one on a slower worker to a looser. When none of them can say,
-// w's own prediction; ok is false when that cannot say either. Costs one PredictIdle per worker of the set; no
-// allocation up to 16 workers; safe for concurrent use.
+// w's own prediction; ok is false when that cannot say either. Costs one PredictIdle per worker
+// of the set; no allocation up to 16 workers; safe for concurrent use.
 func (p *Pool) PredictIdleTypical(model string, stage Stage, w *Worker, promptTokens, cachedTokens int) (Prediction, bool) {
-	own, ok := w.PredictIdle(promptTokens, cachedTokens)
-	ms := p.snap.Load().models[model]
-	if ms == nil {
-		return own, ok
-	}
-	set := ms.stageSet(stage)
-	if set == nil {
-		return own, ok
-	}
 	var buf [16]Prediction
 	idle := buf[:0]
-	for _, x := range set.workers {
-		if !x.takesRequests() {
-			continue
-		}
-		if pr, ok := x.PredictIdle(promptTokens, cachedTokens); ok {
-			idle = append(idle, pr)
+	if ms := p.snap.Load().models[model]; ms != nil {
+		if set := ms.stageSet(stage); set != nil {
+			for _, x := range set.workers {
+				if !x.takesRequests() {
+					continue
+				}
+				if pr, ok := x.PredictIdle(promptTokens, cachedTokens); ok {
+					idle = append(idle, pr)
+				}
+			}
 		}
 	}
 	if len(idle) == 0 {
-		return own, ok
+		return w.PredictIdle(promptTokens, cachedTokens)
 	}
 	return TypicalPrediction(idle), true
 }
@@ -83,13 +78,13 @@ func TypicalPrediction(ps []Prediction) Prediction {
 	if len(ps) == 0 {
 		return Prediction{}
 	}
-	median := func(less func(a, b Prediction) int, of func(Prediction) time.Duration) time.Duration {
-		slices.SortFunc(ps, less)
+	median := func(of func(Prediction) time.Duration) time.Duration {
+		slices.SortFunc(ps, func(a, b Prediction) int { return cmp.Compare(of(a), of(b)) })
 		n := len(ps)
 		return (of(ps[(n-1)/2]) + of(ps[n/2])) / 2
 	}
 	return Prediction{
-		TTFT: median(func(a, b Prediction) int { return cmp.Compare(a.TTFT, b.TTFT) }, func(p Prediction) time.Duration { return p.TTFT }),
-		TPOT: median(func(a, b Prediction) int { return cmp.Compare(a.TPOT, b.TPOT) }, func(p Prediction) time.Duration { return p.TPOT }),
+		TTFT: median(func(p Prediction) time.Duration { return p.TTFT }),
+		TPOT: median(func(p Prediction) time.Duration { return p.TPOT }),
 	}
 }
