@@ -101,6 +101,10 @@ BATCH_ANSWER=${BATCH_ANSWER:-whole} # scenario 4's batch tenant asks for whole a
 M_DURATION=${M_DURATION:-30}       # seconds of arrivals of each scenario-4 protection run
 M_CAP_DURATION=${M_CAP_DURATION:-15} # seconds of arrivals of each scenario-4 capacity run
 M_INFLIGHT=${M_INFLIGHT:-128}      # bench --max-inflight of the scenario-4 capacity runs
+M_CAP=${M_CAP:-}                   # scenario 4: "C_i R_i C_p R_p", the capacities the loads and the
+                                   # batch share are of (tokens/s and req/s, interactive then prefill
+                                   # batch, as the report's cap line prints them) instead of this
+                                   # fleet's, measured: run a pd fleet at a mixed fleet's load
 CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency, as YAML members, e.g.
                                    # "prefill_piece_tokens: 0" (the default) for an A/B run
 # Scenario 4's A/B of the protections: each case runs its (b) run once per variant, V_ROUNDS
@@ -142,7 +146,7 @@ echo "queuebench: TIME_SCALE=$TIME_SCALE SEQS=$SEQS IN=$IN OUT=$OUT SPREAD=$SPRE
   "FAIR_DURATION=$FAIR_DURATION DL_DURATION=$DL_DURATION WINDOW=$WINDOW FAIR_WINDOW=$FAIR_WINDOW QUEUE_CAP=$QUEUE_CAP" \
   "RESERVE=${RESERVE:-default} HANDOFF=$HANDOFF OVERCOMMIT=$OVERCOMMIT DEADLINES=\"$DEADLINES\" PROBE_DEADLINE=$PROBE_DEADLINE DRAIN=$DRAIN SEED=$SEED" \
   "SCENARIOS=\"$SCENARIOS\" SIMS=$SIMS FLEET=$FLEET PREFILL_SIMS=$PREFILL_SIMS REPLICAS=$REPLICAS REPLICA_SPREAD=$REPLICA_SPREAD REDIS_CUT=$REDIS_CUT MODES=\"$MODES\" BATCHES=\"$BATCHES\" M_SLOTS=$M_SLOTS KV_SEQS=$KV_SEQS KV_TOKENS=$KV_TOKENS KV_BATCHED=$KV_BATCHED" \
-  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT CONCURRENCY=\"$CONCURRENCY\"" \
+  "P_IN=$P_IN P_OUT=$P_OUT M_DURATION=$M_DURATION M_CAP_DURATION=$M_CAP_DURATION M_INFLIGHT=$M_INFLIGHT M_CAP=\"$M_CAP\" CONCURRENCY=\"$CONCURRENCY\"" \
   "VARIANTS=\"$VARIANTS\" V_ROUNDS=$V_ROUNDS; $(nproc) cores"
 tmp=$(mktemp -d)
 pids=()
@@ -618,19 +622,28 @@ if wants 4; then
     esac
     # The /props a router reads in slots mode, shown as the sim serves it.
     props=$(curl -sf "http://${sims[0]}/props" | jq -c '{total_slots, n_ctx: .default_generation_settings.n_ctx}' 2>/dev/null || echo "none (404)")
-    start_default_gateway "m4-$mode-cap"
-    cap_run "m4-$mode-cap" "$IN" "$OUT"
-    Ci=$CAP_C; Ri=$CAP_R
+    if [ -n "$M_CAP" ]; then
+      read -r Ci Ri _ _ <<<"$M_CAP"
+    else
+      start_default_gateway "m4-$mode-cap"
+      cap_run "m4-$mode-cap" "$IN" "$OUT"
+      Ci=$CAP_C; Ri=$CAP_R
+    fi
     for batch in $BATCHES; do
       case $batch in
         decode) b_in=$IN; b_out=$OUT; Cb=$Ci; Rb=$Ri ;;
         prefill)
           b_in=$P_IN; b_out=$P_OUT
-          start_default_gateway "m4-$mode-cap-prefill"
-          cap_run "m4-$mode-cap-prefill" "$b_in" "$b_out"
-          Cb=$CAP_C; Rb=$CAP_R ;;
+          if [ -n "$M_CAP" ]; then
+            read -r _ _ Cb Rb <<<"$M_CAP"
+          else
+            start_default_gateway "m4-$mode-cap-prefill"
+            cap_run "m4-$mode-cap-prefill" "$b_in" "$b_out"
+            Cb=$CAP_C; Rb=$CAP_R
+          fi ;;
         *) echo "queuebench: unknown batch $batch (want decode or prefill)" >&2; exit 1 ;;
       esac
+      echo "m4 $mode/$batch: C_i $Ci R_i $Ri C_b $Cb R_b $Rb${M_CAP:+ (M_CAP)}" >>"$OUT_DIR/modes-signals.txt"
       IR=$(calc "$Ri * 0.1" 3)
       BR=$(calc "$Rb * 3" 3)
       # The interactive bench connects from another loopback address: it is not the batch
