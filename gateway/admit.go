@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -258,7 +259,7 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 			// give it their room on a worker, which nothing but interactive calls take until
 			// this one is placed.
 			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) && !s.cfg.DisablePreemption {
-				if w := s.preemption.preemptFor(cl.model, s.pool.Shortfalls(&cl.route)); w != nil {
+				if w := s.preemption.preemptFor(cl.model, s.shortfalls(cl)); w != nil {
 					defer w.HoldForInteractive()()
 				}
 			}
@@ -306,4 +307,20 @@ func queueMsHeader(d time.Duration) []string {
 		return queueMsHeaders[ms]
 	}
 	return []string{strconv.FormatInt(d.Milliseconds(), 10)}
+}
+
+// shortfalls is what the workers the call may use lack for it now (routing.Pool.Shortfalls), for
+// preemption to make it room: for a two-staged call, those of its decode stage's pool while no
+// worker there has room (the pool whose leases last the whole answer, which the queue's capacity
+// counts, and where a short interactive prompt is served whole), else its prefill stage's. (The
+// prefill stage's alone let a staged interactive call that waited for a decode worker preempt
+// nothing: the lower-class attempts it could end run on the decode pool.)
+func (s *Server) shortfalls(cl *call) []routing.Shortfall {
+	if cl.twoStage {
+		short := s.pool.Shortfalls(&cl.decodeRoute)
+		if !slices.ContainsFunc(short, func(f routing.Shortfall) bool { return f.Requests == 0 && f.Tokens == 0 }) {
+			return short
+		}
+	}
+	return s.pool.Shortfalls(&cl.route)
 }

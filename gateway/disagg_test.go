@@ -493,3 +493,44 @@ func TestInteractiveCallIsServedLocallyBesideABusyPrefill(t *testing.T) {
 		t.Fatalf("batch: the decode worker got kv_transfer_params %v, want the prefill answer's", dkv)
 	}
 }
+
+// An interactive call of a disaggregated model that finds no room on the decode pool preempts a
+// batch call decoding there (its answer not begun), as a whole call would on its worker: the
+// batch call goes back to the queue and is served again, prefill included, once; nothing fails.
+func TestTwoStagedInteractivePreemptsABatchDecode(t *testing.T) {
+	pre := newFakePrefill(t, "p", nil)
+	hold := make(chan struct{})
+	dw := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	dec := decodeSpec(dw, "d")
+	dec.MaxConcurrency = 1
+	g := startGatewayOn(t, routing.Config{Workers: []routing.WorkerSpec{pre.spec("p"), dec}, Policy: "round_robin"}, nil,
+		func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // a failed test's held calls end too
+	batch := make(chan *http.Response, 1)
+	go func() {
+		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
+	}()
+	waitFor(t, "the decode worker holds the batch call", func() bool { return dw.started.Load() == 1 })
+	inter := make(chan *http.Response, 1)
+	go func() {
+		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+	}()
+	waitFor(t, "the interactive call reaches the decode worker", func() bool { return dw.started.Load() == 2 })
+	release.Do(func() { close(hold) })
+	if resp := <-inter; resp.StatusCode != http.StatusOK || resp.Header.Get(headerClass) != "interactive" {
+		t.Fatalf("interactive: %d in class %q", resp.StatusCode, resp.Header.Get(headerClass))
+	}
+	if resp := <-batch; resp.StatusCode != http.StatusOK || resp.Header.Get(headerPrefillWorker) != "p" {
+		t.Fatalf("preempted batch call: %d, prefilled on %q; want 200 once requeued, in two stages", resp.StatusCode, resp.Header.Get(headerPrefillWorker))
+	}
+	if got := dw.requests.Load(); got != 3 {
+		t.Errorf("the decode worker saw %d requests, want 3 (batch, interactive, batch again)", got)
+	}
+	if got := pre.requests.Load(); got < 2 {
+		t.Errorf("the prefill worker saw %d requests, want the batch call's prompt twice (its KV is pulled once)", got)
+	}
+	if got := metricValue(t, g.reg, "usher_preempted_total"); got != 1 {
+		t.Errorf("usher_preempted_total %v, want 1", got)
+	}
+}
