@@ -574,6 +574,19 @@ cap_run() {
   CAP_C=$(steady "$OUT_DIR/$1.json" "$WINDOW" "$M_CAP_DURATION" cap)
   CAP_R=$(calc "$CAP_C / $(jget "$OUT_DIR/$1.json" '(.overall.prompt_tokens + .overall.output_tokens) / .overall.ok')" 3)
 }
+# capacity NAME IN OUT K: sets CAP_C and CAP_R as cap_run does, from the K-th pair of M_CAP (1:
+# interactive, 2: prefill batch) when it is given, else measured by cap_run on a fresh default
+# gateway NAME.
+capacity() {
+  if [ -n "$M_CAP" ]; then
+    local caps
+    read -r -a caps <<<"$M_CAP"
+    CAP_C=${caps[$((2 * $4 - 2))]} CAP_R=${caps[$((2 * $4 - 1))]}
+    return
+  fi
+  start_default_gateway "$1"
+  cap_run "$1" "$2" "$3"
+}
 # int_attainment: the interactive requests the current gateway judged against their TTFT
 # objective (the default one: 2x what the worker's cost model predicts for the prompt on an idle
 # worker), as met/judged (pct%); requests served before the cost model predicts are unjudged.
@@ -622,25 +635,15 @@ if wants 4; then
     esac
     # The /props a router reads in slots mode, shown as the sim serves it.
     props=$(curl -sf "http://${sims[0]}/props" | jq -c '{total_slots, n_ctx: .default_generation_settings.n_ctx}' 2>/dev/null || echo "none (404)")
-    if [ -n "$M_CAP" ]; then
-      read -r Ci Ri _ _ <<<"$M_CAP"
-    else
-      start_default_gateway "m4-$mode-cap"
-      cap_run "m4-$mode-cap" "$IN" "$OUT"
-      Ci=$CAP_C; Ri=$CAP_R
-    fi
+    capacity "m4-$mode-cap" "$IN" "$OUT" 1
+    Ci=$CAP_C; Ri=$CAP_R
     for batch in $BATCHES; do
       case $batch in
         decode) b_in=$IN; b_out=$OUT; Cb=$Ci; Rb=$Ri ;;
         prefill)
           b_in=$P_IN; b_out=$P_OUT
-          if [ -n "$M_CAP" ]; then
-            read -r _ _ Cb Rb <<<"$M_CAP"
-          else
-            start_default_gateway "m4-$mode-cap-prefill"
-            cap_run "m4-$mode-cap-prefill" "$b_in" "$b_out"
-            Cb=$CAP_C; Rb=$CAP_R
-          fi ;;
+          capacity "m4-$mode-cap-prefill" "$b_in" "$b_out" 2
+          Cb=$CAP_C; Rb=$CAP_R ;;
         *) echo "queuebench: unknown batch $batch (want decode or prefill)" >&2; exit 1 ;;
       esac
       echo "m4 $mode/$batch: C_i $Ci R_i $Ri C_b $Cb R_b $Rb${M_CAP:+ (M_CAP)}" >>"$OUT_DIR/modes-signals.txt"
