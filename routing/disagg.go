@@ -312,8 +312,9 @@ func (p *Pool) PickStages(ctx context.Context, prefill, decode *Request) (pre, d
 
 // servedLocally reports whether prefill, the prefill stage of a request of a disaggregated
 // model, is to be served whole on the decode pool, prefilled there (StageLocal): an interactive
-// request of the vLLM protocol whose prompt is within ConcurrencyConfig.LowerPrefillTokens, when
-// no prefill worker it may use is free of prompts in prefill.
+// request of the vLLM protocol, when no prefill worker it may use is free of prompts in prefill,
+// and either its prompt is within ConcurrencyConfig.LowerPrefillTokens or every prefill worker it
+// may use (one at least) has at least its prompt's tokens in prefill.
 //
 // An engine does not stop a step: on a prefill worker busy with other prompts (a batch flood
 // keeps every one busy, back to back) an interactive prompt waits for the step in progress,
@@ -324,21 +325,36 @@ func (p *Pool) PickStages(ctx context.Context, prefill, decode *Request) (pre, d
 // lets a lower-class prompt cost an interactive one. NVIDIA Dynamo's disaggregated serving
 // decides the same way, prefilling in the decode engine a short prompt or one the prefill
 // queue would delay. SGLang's engines in a disaggregation mode refuse a request without a
-// bootstrap room, so its protocol never does. Cost: a few atomic loads per prefill worker.
+// bootstrap room, so its protocol never does.
+//
+// A longer prompt goes whole to a decode worker only where the staged path would wait at
+// least as long as its own prefill for the prompts ahead of it: its time to first token would
+// then be more than twice its prefill, past the objective (twice the idle prediction), while on
+// a decode worker it is little more than its prefill. (The prompts in prefill are counted whole
+// until their first token, so this may send a prompt locally whose wait would have been shorter;
+// the lower-class budget keeps a prefill worker to one lower-class prompt at a time beside
+// interactive traffic.) Cost: a few atomic loads per prefill worker.
 func (p *Pool) servedLocally(prefill *Request) bool {
-	if !prefill.Interactive || prefill.TargetWorker != "" || prefill.PromptTokens > p.cfg.Concurrency.LowerPrefillTokens {
+	if !prefill.Interactive || prefill.TargetWorker != "" {
 		return false
 	}
 	ms := p.snap.Load().models[prefill.Model]
 	if ms == nil || ms.prefill == nil || ms.protocol != ProtocolVLLM {
 		return false
 	}
+	long := prefill.PromptTokens > p.cfg.Concurrency.LowerPrefillTokens
+	eligible := false
 	for _, w := range ms.prefill.workers {
-		if prefill.Eligible(w) && w.promptsInPrefill.Load() <= 0 {
+		if !prefill.Eligible(w) {
+			continue
+		}
+		eligible = true
+		ahead := w.promptsInPrefill.Load()
+		if ahead <= 0 || long && ahead < int64(prefill.PromptTokens) {
 			return false
 		}
 	}
-	return true
+	return eligible || !long
 }
 
 // cancel gives back a lease whose request was never sent, as though it had not been placed:

@@ -308,3 +308,47 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 		})
 	}
 }
+
+// An interactive prompt above the prefill budget is served whole on a decode worker while every
+// prefill worker it may use has at least its prompt's tokens in prefill (the staged path would
+// wait longer for them than its own prefill takes), and goes in two stages while one has less.
+func TestALongInteractivePromptIsServedLocallyBehindLongerPrefills(t *testing.T) {
+	ctx := context.Background()
+	stages := func(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
+		return p.PickStages(ctx, &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
+			&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
+	}
+	decodeWorker := func(id string) bool { return id == "w2" || id == "w3" }
+	worker := func(l *Lease) string {
+		if l == nil {
+			return "none"
+		}
+		return l.Worker.ID()
+	}
+	p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4], Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", Protocol: ProtocolVLLM}})
+	long := DefaultLowerPrefillTokens + 200
+	// A batch prompt longer than the interactive one in prefill on each prefill worker.
+	var batch []*Lease
+	for range 2 {
+		pre, dec, err := stages(p, false, long+100)
+		if err != nil || dec == nil {
+			t.Fatalf("batch: got %v; want two stages", err)
+		}
+		batch = append(batch, pre)
+	}
+	if batch[0].Worker == batch[1].Worker {
+		t.Fatalf("both batch prefills went to %s; the test wants one on each prefill worker", batch[0].Worker.ID())
+	}
+	pre, dec, err := stages(p, true, long)
+	if err != nil || dec != nil || !decodeWorker(pre.Worker.ID()) {
+		t.Fatalf("behind longer prefills: got %s then %s, %v; want the whole request on w2 or w3", worker(pre), worker(dec), err)
+	}
+	pre.Release(Outcome{})
+	// A prompt longer than what one prefill worker has ahead of it goes in two stages.
+	pre, dec, err = stages(p, true, long+101)
+	if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
+		t.Fatalf("longer than the prefills ahead: got %s then %s, %v; want two stages, the prefill on w0 or w1", worker(pre), worker(dec), err)
+	}
+	pre.Release(Outcome{})
+	dec.Release(Outcome{})
+}
