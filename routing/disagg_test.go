@@ -219,27 +219,28 @@ func TestSGLangBothWorkersServeWholeRequestsOnly(t *testing.T) {
 	}
 }
 
+// stages places both stages of a request of model "m" with a prompt of prompt tokens (PickStages).
+func stages(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
+	return p.PickStages(context.Background(), &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
+		&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
+}
+
+// leaseWorker names the worker of l ("-": no lease).
+func leaseWorker(l *Lease) string {
+	if l == nil {
+		return "-"
+	}
+	return l.Worker.ID()
+}
+
 // An interactive request is served whole on a decode worker (StageLocal) while every prefill
 // worker is prefilling other prompts, where its prompt would wait for the step in progress; with
 // a prefill worker free, a long prompt, SGLang's protocol or a lower class, it goes in two
 // stages.
 func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
-	ctx := context.Background()
-	stages := func(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
-		return p.PickStages(ctx, &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
-			&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
-	}
 	decodeWorker := func(id string) bool { return id == "w2" || id == "w3" }
 	// on names the workers of a placement: prefill, then decode ("-": none).
-	on := func(pre, dec *Lease) string {
-		name := func(l *Lease) string {
-			if l == nil {
-				return "-"
-			}
-			return l.Worker.ID()
-		}
-		return name(pre) + ", " + name(dec)
-	}
+	on := func(pre, dec *Lease) string { return leaseWorker(pre) + ", " + leaseWorker(dec) }
 	for _, proto := range []Protocol{ProtocolVLLM, ProtocolSGLang} {
 		t.Run(string(proto), func(t *testing.T) {
 			cfg := Config{Workers: disaggWorkers()[:4],
@@ -313,18 +314,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 // prefill worker it may use has at least its prompt's tokens in prefill (the staged path would
 // wait longer for them than its own prefill takes), and goes in two stages while one has less.
 func TestALongInteractivePromptIsServedLocallyBehindLongerPrefills(t *testing.T) {
-	ctx := context.Background()
-	stages := func(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
-		return p.PickStages(ctx, &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
-			&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
-	}
 	decodeWorker := func(id string) bool { return id == "w2" || id == "w3" }
-	worker := func(l *Lease) string {
-		if l == nil {
-			return "none"
-		}
-		return l.Worker.ID()
-	}
 	p, _ := newTestPool(t, Config{Workers: disaggWorkers()[:4], Disaggregation: DisaggregationConfig{PrefillPolicy: "round_robin", Protocol: ProtocolVLLM}})
 	long := DefaultLowerPrefillTokens + 200
 	// A batch prompt longer than the interactive one in prefill on each prefill worker.
@@ -341,13 +331,13 @@ func TestALongInteractivePromptIsServedLocallyBehindLongerPrefills(t *testing.T)
 	}
 	pre, dec, err := stages(p, true, long)
 	if err != nil || dec != nil || !decodeWorker(pre.Worker.ID()) {
-		t.Fatalf("behind longer prefills: got %s then %s, %v; want the whole request on w2 or w3", worker(pre), worker(dec), err)
+		t.Fatalf("behind longer prefills: got %s then %s, %v; want the whole request on w2 or w3", leaseWorker(pre), leaseWorker(dec), err)
 	}
 	pre.Release(Outcome{})
 	// A prompt longer than what one prefill worker has ahead of it goes in two stages.
 	pre, dec, err = stages(p, true, long+101)
 	if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
-		t.Fatalf("longer than the prefills ahead: got %s then %s, %v; want two stages, the prefill on w0 or w1", worker(pre), worker(dec), err)
+		t.Fatalf("longer than the prefills ahead: got %s then %s, %v; want two stages, the prefill on w0 or w1", leaseWorker(pre), leaseWorker(dec), err)
 	}
 	pre.Release(Outcome{})
 	dec.Release(Outcome{})
