@@ -219,8 +219,8 @@ func TestSGLangBothWorkersServeWholeRequestsOnly(t *testing.T) {
 	}
 }
 
-// stages places both stages of a request of model "m" with a prompt of prompt tokens (PickStages).
-func stages(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
+// placeStages places both stages of a request of model "m" with a prompt of prompt tokens (PickStages).
+func placeStages(p *Pool, interactive bool, prompt int) (pre, dec *Lease, err error) {
 	return p.PickStages(context.Background(), &Request{Model: "m", Stage: StagePrefill, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 1},
 		&Request{Model: "m", Stage: StageDecode, Interactive: interactive, PromptTokens: prompt, Tokens: prompt + 50})
 }
@@ -249,7 +249,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 			// beside a batch prompt in prefill (the budget is at most a piece).
 			cfg.Concurrency.PrefillPieceTokens = DefaultLowerPrefillTokens
 			p, _ := newTestPool(t, cfg)
-			pre, dec, err := stages(p, true, 200)
+			pre, dec, err := placeStages(p, true, 200)
 			if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
 				t.Fatalf("prefill pool idle: got %s, %v; want two stages, the prefill on w0 or w1", on(pre, dec), err)
 			}
@@ -258,7 +258,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 			// A batch prompt in prefill on each prefill worker, their leases held.
 			var batch []*Lease
 			for range 2 {
-				pre, dec, err := stages(p, false, 300)
+				pre, dec, err := placeStages(p, false, 300)
 				if err != nil || dec == nil {
 					t.Fatalf("batch: got %s, %v; want two stages", on(pre, dec), err)
 				}
@@ -267,7 +267,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 			if batch[0].Worker == batch[1].Worker {
 				t.Fatalf("both batch prefills went to %s; the test wants one on each prefill worker", batch[0].Worker.ID())
 			}
-			pre, dec, err = stages(p, true, 200)
+			pre, dec, err = placeStages(p, true, 200)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,7 +293,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 				{"batch", false, 100},
 				{"prompt above the prefill budget", true, DefaultLowerPrefillTokens + 1},
 			} {
-				pre, dec, err := stages(p, tc.interactive, tc.prompt)
+				pre, dec, err := placeStages(p, tc.interactive, tc.prompt)
 				if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
 					t.Fatalf("%s: got %s, %v; want two stages", tc.name, on(pre, dec), err)
 				}
@@ -302,7 +302,7 @@ func TestInteractiveIsServedLocallyWhileThePrefillPoolIsBusy(t *testing.T) {
 			}
 			// One prefill worker free again: interactive prompts go to it.
 			batch[0].Release(Outcome{})
-			pre, dec, err = stages(p, true, 200)
+			pre, dec, err = placeStages(p, true, 200)
 			if err != nil || dec == nil || pre.Worker != batch[0].Worker {
 				t.Fatalf("a prefill worker free: got %s, %v; want two stages, the prefill on %s", on(pre, dec), err, batch[0].Worker.ID())
 			}
@@ -320,7 +320,7 @@ func TestALongInteractivePromptIsServedLocallyBehindLongerPrefills(t *testing.T)
 	// A batch prompt longer than the interactive one in prefill on each prefill worker.
 	var batch []*Lease
 	for range 2 {
-		pre, dec, err := stages(p, false, long+100)
+		pre, dec, err := placeStages(p, false, long+100)
 		if err != nil || dec == nil {
 			t.Fatalf("batch: got %v; want two stages", err)
 		}
@@ -329,13 +329,13 @@ func TestALongInteractivePromptIsServedLocallyBehindLongerPrefills(t *testing.T)
 	if batch[0].Worker == batch[1].Worker {
 		t.Fatalf("both batch prefills went to %s; the test wants one on each prefill worker", batch[0].Worker.ID())
 	}
-	pre, dec, err := stages(p, true, long)
+	pre, dec, err := placeStages(p, true, long)
 	if err != nil || dec != nil || !decodeWorker(pre.Worker.ID()) {
 		t.Fatalf("behind longer prefills: got %s then %s, %v; want the whole request on w2 or w3", leaseWorker(pre), leaseWorker(dec), err)
 	}
 	pre.Release(Outcome{})
 	// A prompt longer than what one prefill worker has ahead of it goes in two stages.
-	pre, dec, err = stages(p, true, long+101)
+	pre, dec, err = placeStages(p, true, long+101)
 	if err != nil || dec == nil || decodeWorker(pre.Worker.ID()) {
 		t.Fatalf("longer than the prefills ahead: got %s then %s, %v; want two stages, the prefill on w0 or w1", leaseWorker(pre), leaseWorker(dec), err)
 	}
