@@ -68,11 +68,19 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 		if !ok || lease.AwaitInteractive(ctx) != nil {
 			return
 		}
+		load, sent := lease.PieceSent(), s.now()
 		answer, ok := s.sendPiece(ctx, lease.Worker, cl, b, in)
 		if !ok {
 			return
 		}
-		u, _ := parseUsage(answer)
+		took := s.now().Sub(sent)
+		u, measured := parseUsage(answer)
+		if measured && u.PromptTokensDetails != nil {
+			// Only with the engine's cached tokens: a piece's prompt is mostly the pieces
+			// before it, which the engine does not compute again.
+			lease.PieceAnswered(load, routing.Outcome{TTFT: took, Answered: took, PromptTokens: u.PromptTokens,
+				CachedTokens: u.cachedTokens(), CompletionTokens: u.CompletionTokens, CacheReported: true})
+		}
 		cl.piecesComputed = addTokens(cl.piecesComputed, max(0, u.PromptTokens-u.cachedTokens()))
 		if cl.pieces == 0 {
 			// What the engine held of the prompt before usher sent any of it: the request's

@@ -377,3 +377,44 @@ func TestBatchRequestYieldsToAnInteractivePrefill(t *testing.T) {
 		t.Errorf("the worker got %v, want the interactive request, then the batch one", a)
 	}
 }
+
+// The pieces of lower-class prompts teach their worker's cost model, each a request of its own
+// to the engine: beside a flood sent in pieces, the model learns to predict, and so to state
+// and judge interactive objectives, from the pieces' answers too, not from the few interactive
+// answers alone (before, the first interactive calls after a gateway started went unjudged for
+// as long as it took 32 of them to be answered).
+func TestPiecesTeachTheCostModel(t *testing.T) {
+	w := newRecordingWorker(t)
+	rcfg := routing.Config{Policy: "round_robin",
+		Workers: []routing.WorkerSpec{{ID: "w", URL: w.srv.URL, Models: []string{testModel}}}}
+	rcfg.Concurrency.PrefillPieceTokens = 64
+	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	interactive := func() {
+		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	judged := func() float64 {
+		return metricValue(t, g.reg, "usher_objective_ttft_total") - metricLabelValue(t, g.reg, "usher_objective_ttft_total", "verdict", "unjudged")
+	}
+	interactive()
+	batch := `{"model":"m1","max_tokens":5,"messages":[{"role":"user","content":` + string(jsonString(words(1000))) + `}]}`
+	for range 3 {
+		resp := g.post(t, "/v1/chat/completions", testKey, batch, map[string]string{headerPriority: "batch"})
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("batch answer %d", resp.StatusCode)
+		}
+	}
+	if pieces := metricValue(t, g.reg, "usher_prefill_pieces_total"); pieces < 32 {
+		t.Fatalf("%v pieces sent; the test wants the 32 answers a cost model needs", pieces)
+	}
+	if got := judged(); got != 0 {
+		t.Fatalf("%v calls judged before the model had learnt", got)
+	}
+	interactive()
+	if got := judged(); got != 1 {
+		t.Fatalf("the interactive call after the pieces: %v judged, want 1 (the model learnt from them)", got)
+	}
+}

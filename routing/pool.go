@@ -271,6 +271,34 @@ func (p *Pool) breakerDone(w *Worker, failed, probe bool) {
 // lease is released.
 func (l *Lease) Tokens() int64 { return l.tokens }
 
+// PieceLoad is the load of a lease's worker as one piece of the lease's prompt met it when it was
+// sent (Lease.PieceSent), for Lease.PieceAnswered.
+type PieceLoad struct{ placed placement }
+
+// PieceSent is the load of the lease's worker as a piece of its prompt goes to the engine now:
+// the other requests in flight there and the other prompts in prefill. Costs what a pick's
+// prediction costs.
+func (l *Lease) PieceSent() PieceLoad {
+	w := l.Worker
+	pl := w.placementNow(w.inFlight.Load() - 1)
+	if l.prefilling.Load() {
+		pl.prefilling = max(pl.prefilling-float64(l.prefillPrompt), 0)
+	}
+	return PieceLoad{pl}
+}
+
+// PieceAnswered teaches the worker's cost model the answer to one piece of the lease's prompt,
+// sent at load (PieceSent): o's TTFT is from sending the piece to its answer, its token counts
+// the engine's usage for the piece (what it had cached of it: the pieces before). A piece is a
+// request of its own to the engine, so its time is the engine's, while the lease's whole time
+// holds the waits between its pieces and teaches nothing (see Release). Lower-class prompts sent
+// in pieces are most of an engine's work beside a flood, so without them a model would learn
+// from the interactive answers alone. Safe for concurrent use.
+func (l *Lease) PieceAnswered(load PieceLoad, o Outcome) {
+	w := l.Worker
+	w.cost.observeStage(load.placed, w.placementNow(w.inFlight.Load()-1).running, o, nil)
+}
+
 // PrefillPiece is the size, in estimated prompt tokens, of the pieces in which the request's
 // prompt should reach the engine: 0 to send it whole. An engine runs in steps and does not stop
 // one: an interactive prompt that arrives waits for the step in progress, so a long lower-class
