@@ -110,6 +110,9 @@ type recordingWorker struct {
 	// refuse, when set, is asked of every body: true answers it 400, as an engine refuses a
 	// request it cannot serve.
 	refuse func(body map[string]any) bool
+	// uncounted: its usage reports no cached tokens (no prompt_tokens_details), as an engine
+	// that does not count them.
+	uncounted bool
 }
 
 func newRecordingWorker(t *testing.T) *recordingWorker {
@@ -131,6 +134,9 @@ func newRecordingWorker(t *testing.T) *recordingWorker {
 			return
 		}
 		usage := fmt.Sprintf(`{"prompt_tokens":500,"completion_tokens":1,"total_tokens":501,"prompt_tokens_details":{"cached_tokens":%d}}`, cached)
+		if w.uncounted {
+			usage = `{"prompt_tokens":500,"completion_tokens":1,"total_tokens":501}`
+		}
 		if stream, _ := body["stream"].(bool); stream {
 			rw.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprintf(rw, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", usage)
@@ -384,7 +390,18 @@ func TestBatchRequestYieldsToAnInteractivePrefill(t *testing.T) {
 // answers alone (before, the first interactive calls after a gateway started went unjudged for
 // as long as it took 32 of them to be answered).
 func TestPiecesTeachTheCostModel(t *testing.T) {
+	t.Run("cached tokens reported", func(t *testing.T) { piecesTeach(t, false) })
+	// A piece's prompt is mostly the pieces before it: without the engine's count of what it had
+	// cached, its time would teach a prompt's worth of prefill at a piece's cost.
+	t.Run("cached tokens not reported", func(t *testing.T) { piecesTeach(t, true) })
+}
+
+// piecesTeach sends three batch calls in pieces beside interactive traffic and checks whether
+// the next interactive call is judged: it is when the pieces taught the worker's model, which
+// they do only when the engine reports its cached tokens (uncounted: it does not).
+func piecesTeach(t *testing.T, uncounted bool) {
 	w := newRecordingWorker(t)
+	w.uncounted = uncounted
 	rcfg := routing.Config{Policy: "round_robin",
 		Workers: []routing.WorkerSpec{{ID: "w", URL: w.srv.URL, Models: []string{testModel}}}}
 	rcfg.Concurrency.PrefillPieceTokens = 64
@@ -414,7 +431,11 @@ func TestPiecesTeachTheCostModel(t *testing.T) {
 		t.Fatalf("%v calls judged before the model had learnt", got)
 	}
 	interactive()
-	if got := judged(); got != 1 {
-		t.Fatalf("the interactive call after the pieces: %v judged, want 1 (the model learnt from them)", got)
+	want := 1.0
+	if uncounted {
+		want = 0
+	}
+	if got := judged(); got != want {
+		t.Fatalf("the interactive call after the pieces: %v judged, want %v", got, want)
 	}
 }
