@@ -113,6 +113,9 @@ type recordingWorker struct {
 	// uncounted: its usage reports no cached tokens (no prompt_tokens_details), as an engine
 	// that does not count them.
 	uncounted bool
+	// clock, when set, is the gateway's, moved by each answer's time before it is sent: 5 ms
+	// and 20 µs a prompt token not cached, a law a cost model learns exactly.
+	clock *testClock
 }
 
 func newRecordingWorker(t *testing.T) *recordingWorker {
@@ -129,6 +132,9 @@ func newRecordingWorker(t *testing.T) *recordingWorker {
 		cached := 10 * (len(w.bodies) - 1)
 		refuse := w.refuse != nil && w.refuse(body)
 		w.mu.Unlock()
+		if w.clock != nil {
+			w.clock.advance(5*time.Millisecond + time.Duration(max(500-cached, 0))*20*time.Microsecond)
+		}
 		if refuse {
 			http.Error(rw, `{"error":{"message":"refused","type":"invalid_request_error"}}`, http.StatusBadRequest)
 			return
@@ -401,11 +407,13 @@ func TestPiecesTeachTheCostModel(t *testing.T) {
 // they do only when the engine reports its cached tokens (uncounted: it does not).
 func piecesTeach(t *testing.T, uncounted bool) {
 	w := newRecordingWorker(t)
-	w.uncounted = uncounted
+	// The answers' times on the gateway's clock, so that what the model learns does not hang on
+	// the machine's load.
+	w.uncounted, w.clock = uncounted, &testClock{now: time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)}
 	rcfg := routing.Config{Policy: "round_robin",
 		Workers: []routing.WorkerSpec{{ID: "w", URL: w.srv.URL, Models: []string{testModel}}}}
 	rcfg.Concurrency.PrefillPieceTokens = 64
-	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+	g := startGatewayOn(t, rcfg, nil, func(d *Deps) { d.Auth, d.Now = tierAuth{everyClassTier}, w.clock.Now })
 	interactive := func() {
 		resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 		_, _ = io.Copy(io.Discard, resp.Body)
