@@ -460,10 +460,7 @@ func TestInteractiveCallIsServedLocallyBesideABusyPrefill(t *testing.T) {
 	pre := newFakePrefill(t, "p1", func(p *fakePrefill) { p.hold = make(chan struct{}) })
 	dec := newFakeWorker(t, nil)
 	g := startDisaggregated(t, pre.spec("p1"), decodeSpec(dec, "d1"))
-	batch := make(chan *http.Response, 1)
-	go func() {
-		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
-	}()
+	batch := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
 	waitFor(t, "the batch prefill to reach its worker", func() bool { return pre.started.Load() == 1 })
 
 	resp := g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
@@ -507,15 +504,9 @@ func TestTwoStagedInteractivePreemptsABatchDecode(t *testing.T) {
 		func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
 	var release sync.Once
 	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // a failed test's held calls end too
-	batch := make(chan *http.Response, 1)
-	go func() {
-		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
-	}()
+	batch := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
 	waitFor(t, "the decode worker holds the batch call", func() bool { return dw.started.Load() == 1 })
-	inter := make(chan *http.Response, 1)
-	go func() {
-		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	}()
+	inter := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 	waitFor(t, "the interactive call reaches the decode worker", func() bool { return dw.started.Load() == 2 })
 	release.Do(func() { close(hold) })
 	if resp := <-inter; resp.StatusCode != http.StatusOK || resp.Header.Get(headerClass) != "interactive" {

@@ -122,8 +122,7 @@ func TestReleasedRequestWaitsForItsBusyTargetWorker(t *testing.T) {
 		first <- resp.StatusCode
 	}()
 	waitFor(t, "a holds the first request", func() bool { return a.started.Load() == 1 })
-	second := make(chan *http.Response, 1)
-	go func() { second <- g.post(t, "/v1/chat/completions", testKey, chatBody, target) }()
+	second := g.postLater(t, "/v1/chat/completions", testKey, chatBody, target)
 	select {
 	case resp := <-second:
 		t.Fatalf("the second request for a busy a answered %d at once, want it to wait for a", resp.StatusCode)
@@ -152,9 +151,7 @@ func TestRequestWaitingForItsTargetDoesNotHoldBackOthers(t *testing.T) {
 	// Interactive, so that no reserve holds the second slot back.
 	post := func(header map[string]string) <-chan *http.Response {
 		header[headerPriority] = "interactive"
-		ch := make(chan *http.Response, 1)
-		go func() { ch <- g.post(t, "/v1/chat/completions", testKey, chatBody, header) }()
-		return ch
+		return g.postLater(t, "/v1/chat/completions", testKey, chatBody, header)
 	}
 	first := post(map[string]string{headerTarget: "a"})
 	waitFor(t, "a holds the first request", func() bool { return a.started.Load() == 1 })
@@ -253,15 +250,9 @@ func TestInteractivePreemptsABatchRequestNotYetAnswered(t *testing.T) {
 	spec := w.spec("w")
 	spec.MaxConcurrency = 1
 	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
-	batch := make(chan *http.Response, 1)
-	go func() {
-		batch <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
-	}()
+	batch := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "batch"})
 	waitFor(t, "the worker holds the batch request", func() bool { return w.started.Load() == 1 })
-	inter := make(chan *http.Response, 1)
-	go func() {
-		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	}()
+	inter := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 	waitFor(t, "the interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
 	close(hold)
 	if resp := <-inter; resp.StatusCode != http.StatusOK || resp.Header.Get(headerClass) != "interactive" {
@@ -301,11 +292,7 @@ func TestBatchRequestNoWorkerMayTakeWaitsInTheQueue(t *testing.T) {
 	// in prefill.
 	long := `{"model":"m1","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"` + strings.Repeat("word ", 600) + `"}]}]}`
 	post := func(class, body string) <-chan *http.Response {
-		ch := make(chan *http.Response, 1)
-		go func() {
-			ch <- g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
-		}()
-		return ch
+		return g.postLater(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
 	}
 	first := post("interactive", streamBody)
 	waitFor(t, "the worker holds the first interactive request", func() bool { return w.started.Load() == 1 })
@@ -350,10 +337,7 @@ func TestStreamBeingRelayedIsNotPreempted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	inter := make(chan *http.Response, 1)
-	go func() {
-		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	}()
+	inter := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 	select {
 	case r := <-inter:
 		t.Fatalf("the interactive request was answered %d while the only slot relays a stream", r.StatusCode)
@@ -461,15 +445,9 @@ func TestBatchStreamPreemptedBeforeItsFirstEvent(t *testing.T) {
 	spec := w.spec("w")
 	spec.MaxConcurrency = 1
 	g := startTierGateway(t, []routing.WorkerSpec{spec}, everyClassTier)
-	batch := make(chan *http.Response, 1)
-	go func() {
-		batch <- g.post(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"})
-	}()
+	batch := g.postLater(t, "/v1/chat/completions", testKey, streamBody, map[string]string{headerPriority: "batch"})
 	waitFor(t, "the worker holds the batch stream", func() bool { return w.started.Load() == 1 })
-	inter := make(chan *http.Response, 1)
-	go func() {
-		inter <- g.post(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
-	}()
+	inter := g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: "interactive"})
 	waitFor(t, "the interactive request reaches the worker", func() bool { return w.started.Load() == 2 })
 	close(hold)
 	if resp := <-inter; resp.StatusCode != http.StatusOK {

@@ -122,10 +122,7 @@ func TestSilentWorkerOfAWholeAnswerIsCutOff(t *testing.T) {
 	hung, _ := faultyWorker(t, 0, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	g := startGatewayOn(t, routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{withID(hung, "hung")}},
 		func(c *Config) { c.UpstreamIdleTimeout = 100 * time.Millisecond; c.MaxAttempts = 1 }, nil)
-	done := make(chan *http.Response, 1)
-	go func() {
-		done <- g.post(t, "/v1/chat/completions", testKey, `{"model":"m1","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	}()
+	done := g.postLater(t, "/v1/chat/completions", testKey, `{"model":"m1","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	select {
 	case resp := <-done:
 		if resp.StatusCode != http.StatusBadGateway {

@@ -226,6 +226,14 @@ func startGatewayPool(t testing.TB, rcfg routing.Config, popts routing.Options, 
 	return &testGateway{url: srv.URL, reg: reg, srv: gw}
 }
 
+// postLater is post in a goroutine of its own: its response comes on the channel once the
+// gateway answers, so a test can hold one call at its worker while it sends the next.
+func (g *testGateway) postLater(t *testing.T, path, key, body string, hdr map[string]string) <-chan *http.Response {
+	ch := make(chan *http.Response, 1)
+	go func() { ch <- g.post(t, path, key, body, hdr) }()
+	return ch
+}
+
 func (g *testGateway) post(t *testing.T, path, key, body string, hdr map[string]string) *http.Response {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, g.url+path, strings.NewReader(body))
