@@ -217,7 +217,12 @@ func (g *streamGaps) heard(at time.Duration) {
 func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
-func (a *attempt) heard() { a.gaps.heard(a.quiet.heard()) }
+func (a *attempt) heard() {
+	a.gaps.heard(a.quiet.heard())
+	if a.lease != nil {
+		a.lease.Heard()
+	}
+}
 
 // firstToken reports the first event that carries the answer's data.
 func (a *attempt) firstToken() {

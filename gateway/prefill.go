@@ -73,6 +73,7 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 		if !ok {
 			return
 		}
+		lease.Heard()
 		took := s.now().Sub(sent)
 		u, measured := parseUsage(answer)
 		if measured && u.PromptTokensDetails != nil {

@@ -22,7 +22,9 @@ import (
 // beside it when it was placed, Q its place in the engine's own queue (0 when it is admitted at
 // once; k when k-1 requests wait before it), C the prompt tokens (thousands) of the other requests
 // still in prefill there, and B' the sequences running beside it while it decodes (the mean of B
-// at placement and at its end). t0 is a step and the HTTP round trip; tp the prefill time per
+// at placement and at its end). In the TTFT law C is less what the engine has prefilled of them
+// since the end of its last step usher saw, at the rate the law has learnt (tp): a request
+// arriving late in a long prefill step waits only for the rest of it (prefilledSinceStep). t0 is a step and the HTTP round trip; tp the prefill time per
 // uncached token (a long prompt's extra steps amortised in it); tb what each running sequence
 // adds to the steps that prefill the prompt (and to the half step in progress it waits for); tq
 // the wait per request ahead in the queue (about a request's service time over the engine's
@@ -138,14 +140,16 @@ type placement struct {
 	running    float64 // B: sequences running beside it
 	queued     float64 // Q: its place in the engine's queue, 0 when admitted at once
 	prefilling float64 // C: prompt tokens of the others in prefill (estimates)
+	prefilled  float64 // of those, the tokens the engine has prefilled since its last step end
 	arrivals   float64 // R: prompt tokens placed on the worker per second lately (estimates)
 }
 
 // placementNow is w's load for a request placed beside others of this gateway's requests.
 func (w *Worker) placementNow(others int64) placement {
 	others = min(max(others, 0), maxSlots)
+	now := w.cost.now().UnixNano()
 	var waiting int64
-	if at := w.load.at.Load(); at != 0 && w.cost.now().UnixNano()-at <= int64(w.cost.maxAge) {
+	if at := w.load.at.Load(); at != 0 && now-at <= int64(w.cost.maxAge) {
 		others += min(max(w.load.others.Load(), 0), maxSlots)
 		// An engine that reports its KV cache (vLLM, SGLang) admits at every step while the cache
 		// has room: what waits then arrived since the last step and is admitted at the next,
@@ -157,7 +161,10 @@ func (w *Worker) placementNow(others int64) placement {
 		}
 	}
 	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
-		arrivals: w.cost.arrivals.perSecond(w.cost.now())}
+		arrivals: w.cost.arrivals.perSecond(time.Unix(0, now))}
+	if pl.prefilling > 0 {
+		pl.prefilled = w.prefilledSinceStep(now)
+	}
 	if slots := w.slots.Load(); slots > 0 {
 		pl.running = float64(min(others, slots, maxCostLoad))
 		pl.queued = float64(min(max(others+1-slots, 0), maxCostLoad))
@@ -174,7 +181,8 @@ func (w *Worker) placementNow(others int64) placement {
 // maxCostTokens] tokens.
 func (pl placement) bounded() placement {
 	return placement{running: bounded(pl.running, maxCostLoad), queued: bounded(pl.queued, maxCostLoad),
-		prefilling: bounded(pl.prefilling, maxCostTokens), arrivals: bounded(pl.arrivals, maxCostTokens)}
+		prefilling: bounded(pl.prefilling, maxCostTokens), prefilled: bounded(pl.prefilled, maxCostTokens),
+		arrivals: bounded(pl.arrivals, maxCostTokens)}
 }
 
 // bounded is v within [0, most], 0 when it is not a number.
@@ -185,8 +193,33 @@ func bounded(v, most float64) float64 {
 	return min(v, most)
 }
 
+// prefilledSinceStep is how many prompt tokens w's engine has prefilled since the end of its last
+// step usher saw (stepAt), at the rate its TTFT law has learnt: the prompts in prefill when a
+// request is placed went into the step in progress, which it waits for only as long as that
+// step has yet to run. 0 while the law does not predict or no step end was seen. No lock.
+func (w *Worker) prefilledSinceStep(now int64) float64 {
+	at := w.stepAt.Load()
+	perK, ok := w.cost.prefillCost()
+	if at == 0 || now <= at || !ok || !(perK > 0) {
+		return 0
+	}
+	return min(float64(now-at)/float64(time.Millisecond)/perK*1000, maxCostTokens)
+}
+
+// stepEnded records that w's engine ended a step at now (unix ns), unless one was recorded
+// within stepGrain before: the sequences of one step come back within microseconds of each other.
+func (w *Worker) stepEnded(now int64) {
+	if at := w.stepAt.Load(); now-at >= int64(stepGrain) {
+		w.stepAt.Store(now)
+	}
+}
+
+// stepGrain is the least time between two step ends a worker records: shorter than any engine
+// step, and long enough that the streams of one step do not each write the mark.
+const stepGrain = 100 * time.Microsecond
+
 func (pl placement) ttftInputs(u float64) [maxInputs]float64 {
-	return [maxInputs]float64{1, u / 1000, pl.running, pl.queued, pl.prefilling / 1000}
+	return [maxInputs]float64{1, u / 1000, pl.running, pl.queued, max(pl.prefilling-pl.prefilled, 0) / 1000}
 }
 
 func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
@@ -299,6 +332,12 @@ func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *c
 	c.ttft.reset(ttftInputs, &ttftPrior)
 	c.tpot.reset(tpotInputs, &tpotPrior)
 	return c
+}
+
+// prefillCost is the TTFT law's prefill time per thousand uncached prompt tokens (ms, tp), and
+// whether the law predicts. Two atomic loads.
+func (c *costModel) prefillCost() (float64, bool) {
+	return math.Float64frombits(c.ttftPub.theta[1].Load()), c.ttftPub.ok.Load()
 }
 
 func (c *costModel) coefficients() costCoefficients {

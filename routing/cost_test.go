@@ -640,3 +640,98 @@ func (c *objectiveCheck) scrapes(d time.Duration) {
 		}
 	}
 }
+
+// TestTheStepInProgressShortensTheWait: the prompts in prefill on a worker went into the step its
+// engine is running, so a request placed later in that step waits for less of them. The model
+// reads how far the step has come from the last step end usher saw and the prefill rate it has
+// learnt (tp).
+func TestTheStepInProgressShortensTheWait(t *testing.T) {
+	now := time.Unix(1000, 0)
+	w := newCostWorker(func() time.Time { return now })
+	// Learnt: 10 ms a step, 100 ms per thousand prompt tokens, 50 ms per thousand in prefill.
+	learnt := costFit{answers: costMinAnswers, theta: [maxInputs]float64{10, 100, 0, 0, 50}}
+	w.cost.ttftPub.publish(&learnt, ttftInputs)
+	w.promptsInPrefill.Store(2000)
+	predict := func() time.Duration {
+		t.Helper()
+		p, ok := w.Predict(500, 0)
+		if !ok {
+			t.Fatal("Predict: no prediction")
+		}
+		return p.TTFT
+	}
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+
+	if got, want := predict(), ms(10+50+100); got != want {
+		t.Errorf("no step end seen: got %v, want %v (every prompt in prefill ahead)", got, want)
+	}
+	w.stepEnded(now.UnixNano())
+	now = now.Add(50 * time.Millisecond)
+	if got := w.placementNow(0).prefilled; got != 500 {
+		t.Errorf("50 ms into the step: prefilled %v tokens, want 500", got)
+	}
+	if got, want := predict(), ms(10+50+75); got != want {
+		t.Errorf("50 ms into the step: got %v, want %v", got, want)
+	}
+	now = now.Add(time.Hour)
+	if got, want := predict(), ms(10+50); got != want {
+		t.Errorf("long past the prompts' prefill: got %v, want %v (none left ahead)", got, want)
+	}
+	w.stepEnded(now.UnixNano())
+	if got, want := predict(), ms(10+50+100); got != want {
+		t.Errorf("at a step end: got %v, want %v", got, want)
+	}
+	// The streams of one step come back within microseconds: they do not move the mark.
+	now = now.Add(50 * time.Microsecond)
+	w.stepEnded(now.UnixNano())
+	now = now.Add(50 * time.Millisecond)
+	if got := w.placementNow(0).prefilled; math.Abs(got-500.5) > 1e-6 {
+		t.Errorf("a second stream of the same step: prefilled %v tokens 50.05 ms on, want 500.5", got)
+	}
+	// A mark ahead of the clock (a replica's skew, a clock set back) counts no progress.
+	w.stepAt.Store(now.Add(time.Second).UnixNano())
+	if got := w.placementNow(0).prefilled; got != 0 {
+		t.Errorf("a step end ahead of the clock: prefilled %v, want 0", got)
+	}
+	// A law that does not predict yet, or learnt no prefill cost, reads no progress.
+	w.stepAt.Store(now.Add(-time.Second).UnixNano())
+	for _, fit := range []costFit{{answers: costMinAnswers - 1, theta: learnt.theta}, {answers: costMinAnswers, theta: [maxInputs]float64{10}}} {
+		w.cost.ttftPub.publish(&fit, ttftInputs)
+		if got := w.placementNow(0).prefilled; got != 0 {
+			t.Errorf("fit %+v: prefilled %v, want 0", fit.theta, got)
+		}
+	}
+}
+
+// TestLeasesMarkTheEnginesSteps: a request placed on an idle worker begins a step there, and the
+// bytes of an answer end one.
+func TestLeasesMarkTheEnginesSteps(t *testing.T) {
+	clock := newFakeClock()
+	p, _ := newTestPoolWith(t, Config{Policy: "round_robin", Workers: testWorkers(1, "m")}, Options{Now: clock.Now})
+	w := modelWorkers(t, p, "m")[0]
+	pick := func() *Lease {
+		t.Helper()
+		l, err := p.Pick(context.Background(), &Request{Model: "m", PromptTokens: 100, Tokens: 200})
+		if err != nil {
+			t.Fatalf("Pick: %v", err)
+		}
+		return l
+	}
+	began := clock.Now()
+	first := pick()
+	if got := w.stepAt.Load(); got != began.UnixNano() {
+		t.Fatalf("placed on an idle worker: step mark %v, want %v", time.Unix(0, got), began)
+	}
+	clock.Advance(30 * time.Millisecond)
+	second := pick()
+	if got := w.stepAt.Load(); got != began.UnixNano() {
+		t.Errorf("placed beside another request: the mark moved to %v", time.Unix(0, got))
+	}
+	clock.Advance(10 * time.Millisecond)
+	first.Heard()
+	if got := w.stepAt.Load(); got != clock.Now().UnixNano() {
+		t.Errorf("an answer's bytes: step mark %v, want %v", time.Unix(0, got), clock.Now())
+	}
+	first.Release(Outcome{})
+	second.Release(Outcome{})
+}

@@ -299,6 +299,12 @@ func (l *Lease) PieceAnswered(load PieceLoad, o Outcome) {
 	w.cost.observeStage(load.placed, w.placementNow(w.inFlight.Load()-1).running, o, nil)
 }
 
+// Heard tells the pool that bytes of the lease's answer came from its worker: an engine sends
+// its sequences' tokens as each step ends, so this marks the end of one, which the cost model
+// reads (see prefilledSinceStep). A clock read and an atomic load, a store at most every 100 µs:
+// call it at every read from the worker. Safe for concurrent use, and after Release.
+func (l *Lease) Heard() { l.Worker.stepEnded(l.Worker.cost.now().UnixNano()) }
+
 // PrefillPiece is the size, in estimated prompt tokens, of the pieces in which the request's
 // prompt should reach the engine: 0 to send it whole. An engine runs in steps and does not stop
 // one: an interactive prompt that arrives waits for the step in progress, so a long lower-class
@@ -777,7 +783,12 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		return l
 	}
 	l.prefillPrompt = int64(min(max(r.PromptTokens, 0), maxCostTokens))
-	w.cost.arrivals.add(p.now(), float64(l.prefillPrompt))
+	now := p.now()
+	if l.placed.running == 0 && l.placed.queued == 0 {
+		// An idle engine begins a step with the request as it comes.
+		w.stepEnded(now.UnixNano())
+	}
+	w.cost.arrivals.add(now, float64(l.prefillPrompt))
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	if r.Interactive {

@@ -80,6 +80,10 @@ type Worker struct {
 	// promptsInPrefill sums the prompt tokens (estimates) of the leases on the worker whose first
 	// token has not come back, of every class.
 	promptsInPrefill atomic.Int64
+	// stepAt is when the worker's engine last ended a step as usher saw it (unix ns on the cost
+	// model's clock; 0: never): bytes of an answer came back, or a request found it idle and
+	// began one (see prefilledSinceStep).
+	stepAt atomic.Int64
 	// cost is the worker's cost model, learnt from its answers (see cost.go).
 	cost *costModel
 	// handoff is the worker's hand-off model, learnt from the decode stages it served (see
