@@ -19,6 +19,7 @@
 #   POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
 #   REPLICAS=3 POLICIES="cache_aware kv_aware" WORKLOADS=mooncake test/policybench/run.sh
 #   BENCH_FLAGS="--objective standard=300ms/30ms" MC_CEILING=0 MC_TIME_SCALE=24 ...  # goodput; no ceiling run
+#   CA_PLACEMENT=predicted_ttft POLICIES=cache_aware WORKLOADS=mooncake ...  # cache_aware by predicted TTFT
 #
 # kv_aware's workers publish their KV events (`usher sim --kv-events-port`, vLLM's format) and
 # the gateway subscribes to each. REPLICAS=N (default 1) runs N gateway replicas in front of the
@@ -69,6 +70,9 @@ MC_CEILING=${MC_CEILING:-1} # 0: no shared-cache ceiling run (%ceil is then "-")
 # says to size it to the worker's prefix cache. Bench text runs ~5.3 bytes a token, so KV tokens
 # x CA_BYTES_PER_TOKEN; 0 leaves the policy's default (1 MiB).
 CA_BYTES_PER_TOKEN=${CA_BYTES_PER_TOKEN:-5}
+# cache_aware's placement (routing.models.<model>.cache_aware.placement): empty for the default
+# (thresholds), or predicted_ttft.
+CA_PLACEMENT=${CA_PLACEMENT:-}
 
 if ! command -v jq >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then apt-get install -y -qq jq >/dev/null; else
@@ -141,9 +145,13 @@ kv_port() {
 # worker); with a Redis URL in redis_url, the replicas share it; the database is FILE's own.
 config() {
   local policy=$1 file=$2 kv=$3; shift 3
-  local params=
+  local params= members=()
   if { [ "$policy" = cache_aware ] || [ "$policy" = kv_aware ]; } && [ "$CA_BYTES_PER_TOKEN" != 0 ]; then
-    params=", cache_aware: {max_bytes_per_worker: $((kv * CA_BYTES_PER_TOKEN))}"
+    members+=("max_bytes_per_worker: $((kv * CA_BYTES_PER_TOKEN))")
+  fi
+  if [ "$policy" = cache_aware ] && [ -n "$CA_PLACEMENT" ]; then members+=("placement: $CA_PLACEMENT"); fi
+  if [ ${#members[@]} -gt 0 ]; then
+    params=", cache_aware: {$(IFS=,; echo "${members[*]}")}"
   fi
   if [ "$policy" = kv_aware ] && [ ${#sim_kv[@]} -gt 0 ]; then
     local ends= i=0
