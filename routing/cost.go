@@ -24,7 +24,8 @@ import (
 // still in prefill there, and B' the sequences running beside it while it decodes (the mean of B
 // at placement and at its end). In the TTFT law C is less what the engine has prefilled of them
 // since the end of its last step usher saw, at the rate the law has learnt (tp): a request
-// arriving late in a long prefill step waits only for the rest of it (prefilledSinceStep). t0 is a step and the HTTP round trip; tp the prefill time per
+// arriving late in a long prefill step waits only for the rest of it (prefilledSinceStep).
+// t0 is a step and the HTTP round trip; tp the prefill time per
 // uncached token (a long prompt's extra steps amortised in it); tb what each running sequence
 // adds to the steps that prefill the prompt (and to the half step in progress it waits for); tq
 // the wait per request ahead in the queue (about a request's service time over the engine's
@@ -196,7 +197,9 @@ func bounded(v, most float64) float64 {
 // prefilledSinceStep is how many prompt tokens w's engine has prefilled since the end of its last
 // step usher saw (stepAt), at the rate its TTFT law has learnt: the prompts in prefill when a
 // request is placed went into the step in progress, which it waits for only as long as that
-// step has yet to run. 0 while the law does not predict or no step end was seen. No lock.
+// step has yet to run. (Prompts placed since that step began wait for the next one beside the
+// request; they are read as begun too, so the progress is over-read by at most them.) 0 while
+// the law does not predict or no step end was seen. No lock.
 func (w *Worker) prefilledSinceStep(now int64) float64 {
 	at := w.stepAt.Load()
 	perK, ok := w.cost.prefillCost()
@@ -208,8 +211,9 @@ func (w *Worker) prefilledSinceStep(now int64) float64 {
 
 // stepEnded records that w's engine ended a step at now (unix ns), unless one was recorded
 // within stepGrain before: the sequences of one step come back within microseconds of each other.
+// A mark ahead of now (the wall clock set back) is replaced.
 func (w *Worker) stepEnded(now int64) {
-	if at := w.stepAt.Load(); now-at >= int64(stepGrain) {
+	if d := now - w.stepAt.Load(); d >= int64(stepGrain) || d < 0 {
 		w.stepAt.Store(now)
 	}
 }

@@ -375,6 +375,7 @@ func BenchmarkPredict(b *testing.B) {
 		pl := randomPlacement(rng)
 		w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
 	}
+	w.stepEnded(time.Now().UnixNano()) // a step under way: the prompts in prefill read less its progress
 	b.ReportAllocs()
 	var sink time.Duration
 	for i := 0; b.Loop(); i++ {
@@ -688,10 +689,15 @@ func TestTheStepInProgressShortensTheWait(t *testing.T) {
 	if got := w.placementNow(0).prefilled; math.Abs(got-500.5) > 1e-6 {
 		t.Errorf("a second stream of the same step: prefilled %v tokens 50.05 ms on, want 500.5", got)
 	}
-	// A mark ahead of the clock (a replica's skew, a clock set back) counts no progress.
+	// A mark ahead of the clock (the wall clock set back) counts no progress, and the next step
+	// end replaces it.
 	w.stepAt.Store(now.Add(time.Second).UnixNano())
 	if got := w.placementNow(0).prefilled; got != 0 {
 		t.Errorf("a step end ahead of the clock: prefilled %v, want 0", got)
+	}
+	w.stepEnded(now.UnixNano())
+	if got := w.stepAt.Load(); got != now.UnixNano() {
+		t.Errorf("a step end behind a mark ahead of the clock: mark %v, want %v", time.Unix(0, got), now)
 	}
 	// A law that does not predict yet, or learnt no prefill cost, reads no progress.
 	w.stepAt.Store(now.Add(-time.Second).UnixNano())
