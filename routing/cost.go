@@ -148,7 +148,8 @@ type placement struct {
 // placementNow is w's load for a request placed beside others of this gateway's requests.
 func (w *Worker) placementNow(others int64) placement {
 	others = min(max(others, 0), maxSlots)
-	now := w.cost.now().UnixNano()
+	t := w.cost.now()
+	now := t.UnixNano()
 	var waiting int64
 	if at := w.load.at.Load(); at != 0 && now-at <= int64(w.cost.maxAge) {
 		others += min(max(w.load.others.Load(), 0), maxSlots)
@@ -162,7 +163,7 @@ func (w *Worker) placementNow(others int64) placement {
 		}
 	}
 	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
-		arrivals: w.cost.arrivals.perSecond(time.Unix(0, now))}
+		arrivals: w.cost.arrivals.perSecond(t)}
 	if pl.prefilling > 0 {
 		pl.prefilled = w.prefilledSinceStep(now)
 	}

@@ -792,7 +792,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	if r.Interactive {
-		p.noteInteractive(p.now().UnixNano())
+		p.noteInteractive(now.UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 	} else {
