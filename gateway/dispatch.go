@@ -234,10 +234,12 @@ func (s *Server) prepare(c echo.Context, cl *call) {
 // may use is full, so the call waits in the queue, in its order, until one has room, its
 // deadline passes (504) or the client leaves; it fails for good when no worker it may use takes
 // requests (503) or its target worker does not exist (400).
-func (p placer) Place() (queue.Placement, error) {
+func (p placer) Place(waiting int) (queue.Placement, error) {
 	var lease, decode *routing.Lease
 	var err error
+	p.route.Waiting = waiting
 	if p.decode != nil {
+		p.decode.Waiting = waiting
 		lease, decode, err = p.pool.PickStages(p.ctx, p.route, p.decode)
 	} else {
 		lease, err = p.pool.Pick(p.ctx, p.route)

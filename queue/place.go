@@ -13,8 +13,11 @@ import "errors"
 // can never be placed (no worker it may use takes requests): the request then leaves the queue
 // and its Wait returns that error. Place must not block, must not call back into the queue, and
 // costs the queue's lock for as long as it runs.
+//
+// waiting is how many other requests the queue holds as it asks (every class, this replica's):
+// what a placement that adds work to the pool delays besides the request itself.
 type Placer interface {
-	Place() (Placement, error)
+	Place(waiting int) (Placement, error)
 }
 
 // Placement is where a released request goes, handed to its caller in Grant.Placement.
@@ -75,6 +78,15 @@ func (q *Queue) emptyLocked() bool {
 	return true
 }
 
+// waitingLocked is how many requests are queued, over all classes.
+func (q *Queue) waitingLocked() int {
+	n := 0
+	for c := range q.classes {
+		n += q.classes[c].queued
+	}
+	return n
+}
+
 // placement outcomes of placeLocked.
 const (
 	placed   = iota // t may be released: t.grant.Placement is set (nil without a Placer)
@@ -87,7 +99,7 @@ func (q *Queue) placeLocked(t *Ticket) int {
 	if t.placer == nil {
 		return placed
 	}
-	p, err := t.placer.Place()
+	p, err := t.placer.Place(q.waitingLocked() - 1)
 	switch {
 	case err == nil:
 		t.grant.Placement = p

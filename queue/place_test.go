@@ -33,14 +33,16 @@ func newWorkers(free map[string]int) *workers {
 // slot is a request's Placer: on its target worker, or any with room.
 type slot struct {
 	w      *workers
-	target string
-	on     string // where it was placed
+	target  string
+	on      string // where it was placed
+	waiting int    // what its last Place was told
 }
 
 var errGone = errors.New("worker gone")
 
-func (s *slot) Place() (queue.Placement, error) {
+func (s *slot) Place(waiting int) (queue.Placement, error) {
 	s.w.tries++
+	s.waiting = waiting
 	for _, n := range s.w.names {
 		if s.target != "" && n != s.target || s.w.free[n] == 0 {
 			continue
@@ -68,10 +70,11 @@ func TestRequestWhoseWorkerIsFullDoesNotBlockTheOnesBehind(t *testing.T) {
 	}
 	r0, s0 := req("t", "a")
 	g0 := granted(t, enqueue(t, q, r0))
-	if g0.Placement != s0 || s0.on != "a" {
-		t.Fatalf("first request placed %v on %q, want its own slot on a", g0.Placement, s0.on)
+	if g0.Placement != s0 || s0.on != "a" || s0.waiting != 0 {
+		t.Fatalf("first request placed %v on %q told %d waiting, want its own slot on a and none waiting",
+			g0.Placement, s0.on, s0.waiting)
 	}
-	r1, _ := req("t", "a") // a is full
+	r1, s1 := req("t", "a") // a is full
 	pinned := enqueue(t, q, r1)
 	r2, s2 := req("t", "")
 	later := enqueue(t, q, r2)
@@ -83,6 +86,9 @@ func TestRequestWhoseWorkerIsFullDoesNotBlockTheOnesBehind(t *testing.T) {
 	if !ready(later) || s2.on != "b" {
 		t.Fatalf("the later request, which b can take: ready %v, placed on %q; want released on b", ready(later), s2.on)
 	}
+	if s2.waiting != 1 {
+		t.Fatalf("the later request's Place was told %d others waiting, want 1 (the pinned one)", s2.waiting)
+	}
 	if ready(third) {
 		t.Fatal("a request was released with no worker free")
 	}
@@ -91,6 +97,9 @@ func TestRequestWhoseWorkerIsFullDoesNotBlockTheOnesBehind(t *testing.T) {
 	g0.Done(queue.Usage{PromptTokens: 10, CompletionTokens: 10})
 	if !ready(pinned) || ready(third) {
 		t.Fatalf("after a freed: pinned ready %v, third ready %v; want the pinned one", ready(pinned), ready(third))
+	}
+	if s1.waiting != 1 {
+		t.Fatalf("the pinned request's Place was told %d others waiting, want 1 (the third)", s1.waiting)
 	}
 }
 
@@ -223,7 +232,7 @@ type seat struct {
 	on     int
 }
 
-func (s *seat) Place() (queue.Placement, error) {
+func (s *seat) Place(int) (queue.Placement, error) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	for i, n := range s.f.free {

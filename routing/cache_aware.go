@@ -379,39 +379,68 @@ func (c *CacheAware) pick(r choice, workers []*Worker) (*Worker, Route, predicti
 	return workers[chosen.i], route, pred
 }
 
-// fastest returns the eligible worker whose cost model predicts the least TTFT for r placed there
-// now, its cached tokens being what the tree (descent d) says it holds; candidate{i: -1} when
-// no worker is eligible or any eligible one cannot predict yet. c.mu must be held. Cost: one walk
-// up the matched path, and per worker its eligibility test and one Predict; no allocation.
+// fastest returns the eligible worker whose placement of r costs the least, candidate{i: -1} when
+// no worker is eligible or any eligible one cannot predict yet. c.mu must be held. The cost is r's
+// own predicted TTFT there now, each worker's cached tokens being what the tree (descent d) says
+// it holds, and the work that placement adds over the best cached one's: the prefill of the
+// prompt tokens the worker holds fewer of than the eligible worker holding the most, at its
+// model's prefill rate, delaying each of the r.Waiting requests queued behind by its share over
+// the eligible workers. With nobody waiting that is r's TTFT alone; past capacity, with a queue,
+// a prefix that one worker holds is worth what computing it again would cost the queue. Cost: one
+// walk up the matched path, and per worker two eligibility tests and one Predict; no allocation.
 func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent) candidate {
 	c.heldByIndex(v, d)
 	prompt := min(max(r.PromptTokens, 0), maxCostTokens)
+	cachedOf := func(held int) int {
+		if len(r.Prompt) == 0 {
+			return 0
+		}
+		return int(int64(held) * int64(prompt) / int64(len(r.Prompt)))
+	}
+	mostHeld, eligible := 0, 0
+	for i, w := range workers {
+		if r.Eligible(w) {
+			mostHeld = max(mostHeld, v.held[i])
+			eligible++
+		}
+	}
+	// Each request waiting is delayed by a 1/eligible share of the work added.
+	perWaiting := 0.0
+	if eligible > 0 {
+		perWaiting = float64(min(max(r.Waiting, 0), maxQueueWeight)) / float64(eligible)
+	}
 	best := candidate{i: -1}
-	var bestTTFT time.Duration
+	var bestCost time.Duration
 	bestHeld := 0
 	for i, w := range workers {
 		if !r.Eligible(w) {
 			continue
 		}
 		held := v.held[i]
-		cached := 0
-		if len(r.Prompt) > 0 {
-			cached = int(int64(held) * int64(prompt) / int64(len(r.Prompt)))
-		}
+		cached := cachedOf(held)
 		p, ok := w.Predict(prompt, cached)
 		if !ok {
 			return candidate{i: -1}
+		}
+		cost := p.TTFT
+		if extra := cachedOf(mostHeld) - cached; extra > 0 && perWaiting > 0 {
+			if perK, ok := w.cost.prefillCost(); ok && perK > 0 {
+				cost += msDuration(perK * float64(extra) / 1000 * perWaiting)
+			}
 		}
 		cd := candidate{i: i, load: w.InFlight(), tokens: w.InFlightTokens(), rank: v.last[i]}
 		if held == 0 {
 			cd.rank = c.bytesOf(v.slotOf[i])
 		}
-		if best.i < 0 || p.TTFT < bestTTFT || p.TTFT == bestTTFT && cd.beats(held, best, bestHeld) {
-			best, bestTTFT, bestHeld = cd, p.TTFT, held
+		if best.i < 0 || cost < bestCost || cost == bestCost && cd.beats(held, best, bestHeld) {
+			best, bestCost, bestHeld = cd, cost, held
 		}
 	}
 	return best
 }
+
+// maxQueueWeight bounds the requests waiting that a placement's added work is weighed against.
+const maxQueueWeight = 1 << 16
 
 // beats orders candidates of the same predicted TTFT: the lighter, then the one holding more of
 // the prompt (held bytes; b holds bHeld), then a warm one's more recent access, a cold one's

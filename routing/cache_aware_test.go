@@ -234,6 +234,7 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 		name       string
 		warm, cold *costLaw // the laws each worker's model learnt; nil: it learnt nothing
 		warmLoad   int64    // requests in flight on w0 (4 slots); w1 has none
+		waiting    int      // Request.Waiting: requests queued behind this one
 		placement  string   // CacheAwareConfig.Placement; empty: predicted_ttft
 		want       int
 		route      Route
@@ -242,6 +243,14 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 		// w0, where the request waits 3 requests' service (~1.2 s) to save ~100 ms of prefill.
 		{name: "a warm worker whose queue costs more than the prefill it saves loses to a cold idle one",
 			warm: &steps, cold: &steps, warmLoad: 6, want: 1, route: RoutePredictedTTFT},
+		// With 4 requests queued behind it, the ~100 ms of prefill w1 would compute again delays
+		// each of them by half of it (two workers): 0.3 s in all, still less than w0's queue.
+		{name: "a short queue behind the request still leaves it to the cold idle worker",
+			warm: &steps, cold: &steps, warmLoad: 6, waiting: 4, want: 1, route: RoutePredictedTTFT},
+		// With 40 queued, the prefill computed again would delay them by ~2 s in all: more than
+		// w0's queue costs the request, so the worker that holds the prompt takes it.
+		{name: "a long queue behind the request makes the prefill a cold worker computes again cost more than the warm one's queue",
+			warm: &steps, cold: &steps, warmLoad: 6, waiting: 40, want: 0, route: RoutePredictedTTFT},
 		// Imbalanced by the thresholds (12 against 0): the heuristic sends it to w1, where its
 		// prefill takes ~8 s; behind w0's queue of 9 (~3.6 s) the cached prompt costs little.
 		{name: "a warm worker whose saved prefill is worth more than its queue wins over a cold idle one",
@@ -272,7 +281,7 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 			clock.advance(time.Second)
 			treePutIn(c.tree, anonymous, ws[0].ID(), doc, clock.now().UnixNano())
 			ws[0].inFlight.Store(tt.warmLoad)
-			r := &Request{Model: "m", Prompt: prompt, PromptTokens: 1000}
+			r := &Request{Model: "m", Prompt: prompt, PromptTokens: 1000, Waiting: tt.waiting}
 			w, route := c.Pick(context.Background(), choice{Request: r}, ws)
 			if w == nil {
 				t.Fatalf("got no worker, want w%d", tt.want)

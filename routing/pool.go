@@ -100,6 +100,10 @@ type Request struct {
 	// request until its first token: measured side by side, that rule moved neither the
 	// interactive p99 nor batch's share beyond run-to-run noise, and was removed.)
 	Interactive bool
+	// Waiting is how many other requests for the model wait in the gateway's queue as this one
+	// is placed (queue.Placer): the requests that work a placement adds to the pool delays.
+	// cache_aware's predicted_ttft placement weighs it (see CacheAware).
+	Waiting int
 	// Prepared is what Pool.Prepare found for the request (its policy's I/O), which its picks
 	// use instead of doing that I/O; the zero value: not prepared, which a pick routes as
 	// though that I/O had failed. Only Prepare sets it.
