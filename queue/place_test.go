@@ -32,7 +32,7 @@ func newWorkers(free map[string]int) *workers {
 
 // slot is a request's Placer: on its target worker, or any with room.
 type slot struct {
-	w      *workers
+	w       *workers
 	target  string
 	on      string // where it was placed
 	waiting int    // what its last Place was told
