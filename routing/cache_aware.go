@@ -208,21 +208,30 @@ const evictBatch = 1024
 //
 // With Placement predicted_ttft (not the default), once the cost model of every eligible worker
 // predicts (Worker.Predict: after 32 streamed answers each), cache hits and load are weighed in
-// one currency instead: the request goes to the worker
-// with the least predicted TTFT for it placed now, each worker's cached tokens being the prefix
-// the tree says it holds (entries its engine still holds only, see learn), scaled from bytes to
-// the request's estimated prompt tokens (RoutePredictedTTFT). A longer cached prefix saves
-// prefill; the running and queued requests, and the prompts in prefill, cost what the worker's
-// model learnt they cost there. Ties go to the lighter worker, then to the longer cached prefix,
-// then as above (a warm worker's more recent access, a cold one's smaller mirrored cache). Threshold
-// and the balance thresholds then play no part; they decide while any eligible worker cannot
-// predict yet (a cold start, a new worker), as steps 1-3 say.
+// one currency instead, time, and the request goes to the worker where its placement costs the
+// least (RoutePredictedTTFT). That cost is the sum of three delays:
+//   - the request's own: its predicted TTFT placed there now, the worker's cached tokens being the
+//     prefix the tree says it holds (entries its engine still holds only, see learn), scaled from
+//     bytes to the request's estimated prompt tokens. A longer cached prefix saves prefill; the
+//     running and queued requests, and the prompts in prefill, cost what the worker's model learnt
+//     they cost there;
+//   - the requests running there: each waits through the steps that prefill the request's
+//     uncached tokens (at the worker's learnt prefill time per token) and shares its decode steps
+//     with one more sequence (the TPOT law's cost of a running sequence) for about half of the
+//     worker's mean answer length in output tokens, learnt from its answers. So the TPOT a
+//     placement costs the others is weighed in the same currency, with no remaining token counts
+//     to know;
+//   - the requests waiting in the gateway's queue (Request.Waiting): the prompt tokens the worker
+//     holds fewer of than the eligible worker holding the most are a prefill the fleet runs again,
+//     which delays each of them by its share over the eligible workers. With nobody waiting this
+//     term is 0; past capacity a prefix one worker holds is worth what computing it again costs
+//     the queue (on the Mooncake trace at 3x capacity the placement by TTFT alone spread
+//     conversations off their workers and lost to the thresholds, 2026-12-06).
 //
-// The TPOT the placement costs the requests already on a worker is not weighed: it is a time per
-// output token, and turning it into TTFT's currency needs their remaining output tokens, which the
-// gateway does not know (max_tokens bounds them loosely), so it would bring back a hand-set weight.
-// The prompt tokens placed reach their steps through the model's prefilling input (C) of the
-// picks that follow.
+// Ties go to the lighter worker, then to the longer cached prefix, then as above (a warm worker's
+// more recent access, a cold one's smaller mirrored cache). Threshold and the balance thresholds
+// then play no part; they decide while any eligible worker cannot predict yet (a cold start, a
+// new worker), as steps 1-3 say.
 //
 // Prefixes are matched within the request's cache scope only (see CacheScope): a prompt of one
 // tenant never follows, nor is told of, another tenant's prefix, unless the scope is shared.
@@ -379,15 +388,10 @@ func (c *CacheAware) pick(r choice, workers []*Worker) (*Worker, Route, predicti
 	return workers[chosen.i], route, pred
 }
 
-// fastest returns the eligible worker whose placement of r costs the least, candidate{i: -1} when
-// no worker is eligible or any eligible one cannot predict yet. c.mu must be held. The cost is r's
-// own predicted TTFT there now, each worker's cached tokens being what the tree (descent d) says
-// it holds, and the work that placement adds over the best cached one's: the prefill of the
-// prompt tokens the worker holds fewer of than the eligible worker holding the most, at its
-// model's prefill rate, delaying each of the r.Waiting requests queued behind by its share over
-// the eligible workers. With nobody waiting that is r's TTFT alone; past capacity, with a queue,
-// a prefix that one worker holds is worth what computing it again would cost the queue. Cost: one
-// walk up the matched path, and per worker two eligibility tests and one Predict; no allocation.
+// fastest returns the eligible worker whose placement of r costs the least (see CacheAware),
+// candidate{i: -1} when no worker is eligible or any eligible one cannot predict yet. c.mu must be
+// held. Cost: one walk up the matched path, and per worker two eligibility tests, one Predict and
+// a few atomic loads; no allocation.
 func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent) candidate {
 	c.heldByIndex(v, d)
 	prompt := min(max(r.PromptTokens, 0), maxCostTokens)
@@ -422,13 +426,16 @@ func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent
 		if !ok {
 			return candidate{i: -1}
 		}
-		cost := p.TTFT
+		load := w.InFlight()
+		perK, _ := w.cost.prefillCost() // ms per thousand prompt tokens
+		perSeq, meanOut := w.cost.decodeCost()
+		// Each request running there waits through r's prefill and shares its decode steps.
+		delay := perK*uncached(prompt, cached)/1000 + perSeq*meanOut/2
+		cost := p.TTFT + msDuration(float64(min(max(load, 0), maxSlots))*delay)
 		if extra := cachedOf(mostHeld) - cached; extra > 0 && perWaiting > 0 {
-			if perK, ok := w.cost.prefillCost(); ok && perK > 0 {
-				cost += msDuration(perK * float64(extra) / 1000 * perWaiting)
-			}
+			cost += msDuration(perK * float64(extra) / 1000 * perWaiting)
 		}
-		cd := candidate{i: i, load: w.InFlight(), tokens: w.InFlightTokens(), rank: v.last[i]}
+		cd := candidate{i: i, load: load, tokens: w.InFlightTokens(), rank: v.last[i]}
 		if held == 0 {
 			cd.rank = c.bytesOf(v.slotOf[i])
 		}

@@ -294,6 +294,48 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 	}
 }
 
+// TestCacheAwarePlacementWeighsTheSequencesItDelays: by predicted TTFT, a prompt goes to the worker
+// holding half of it (~75 ms there against ~115 ms on an idle cold one) only while that worker
+// runs nothing else: with 20 sequences running there, each would wait through its ~50 ms prefill
+// and share its decode steps, which costs more than the request gains.
+func TestCacheAwarePlacementWeighsTheSequencesItDelays(t *testing.T) {
+	half := strings.Repeat("h", 2000)
+	prompt := half + strings.Repeat("q", 2000)
+	for _, tt := range []struct {
+		name    string
+		running int64 // requests in flight on w0, which holds half the prompt; w1 runs none
+		want    int
+	}{
+		{name: "nothing running beside it: the worker holding half the prompt", running: 0, want: 0},
+		{name: "twenty sequences running beside it: the idle cold worker", running: 20, want: 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, clock := newTestCacheAware(t, CacheAwareConfig{Placement: PlacementPredictedTTFT})
+			ws := cacheWorkers(t, 2)
+			rng := rand.New(rand.NewPCG(3, 4))
+			for _, w := range ws {
+				for range 400 {
+					pl := randomPlacement(rng)
+					w.cost.observe(pl, pl.running, steps.answer(rng, 16+rng.IntN(3000), 0, 20, pl, 0.05))
+				}
+				w.slots.Store(64)
+			}
+			clock.advance(time.Second)
+			treePutIn(c.tree, anonymous, ws[0].ID(), half, clock.now().UnixNano())
+			ws[0].inFlight.Store(tt.running)
+			r := &Request{Model: "m", Prompt: prompt, PromptTokens: 1000}
+			w, route := c.Pick(context.Background(), choice{Request: r}, ws)
+			if w != ws[tt.want] || route != RoutePredictedTTFT {
+				got := "none"
+				if w != nil {
+					got = w.ID()
+				}
+				t.Errorf("got %s by %s, want w%d by %s", got, route, tt.want, RoutePredictedTTFT)
+			}
+		})
+	}
+}
+
 // TestCacheAwareFollowsItsOwnInserts routes groups of prompts that share a system prompt with no
 // tree set up by hand: each group settles on a worker, groups spread over idle workers.
 func TestCacheAwareFollowsItsOwnInserts(t *testing.T) {

@@ -300,6 +300,9 @@ type costModel struct {
 	longestGap float64
 	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
 	arrivals arrivalRate
+	// meanOutput is a moving mean of the output tokens of the worker's answers (math.Float64bits;
+	// 0: none seen), as placements read it without the lock.
+	meanOutput atomic.Uint64
 	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
 	warnedAt atomic.Int64
 
@@ -345,6 +348,16 @@ func (c *costModel) prefillCost() (float64, bool) {
 	return math.Float64frombits(c.ttftPub.theta[1].Load()), c.ttftPub.ok.Load()
 }
 
+// decodeCost is what one more sequence adds to each of the worker's steps (ms, the TPOT law's
+// coefficient of a running sequence, 0 while it does not predict) and the mean output tokens of
+// its answers lately (0: none seen). Three atomic loads.
+func (c *costModel) decodeCost() (perSequence, meanOutput float64) {
+	if c.tpotPub.ok.Load() {
+		perSequence = max(math.Float64frombits(c.tpotPub.theta[1].Load()), 0)
+	}
+	return perSequence, math.Float64frombits(c.meanOutput.Load())
+}
+
 func (c *costModel) coefficients() costCoefficients {
 	var k costCoefficients
 	k.ttft, k.ttftOK = c.ttftPub.load(ttftInputs)
@@ -380,6 +393,10 @@ func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, 
 	defer c.mu.Unlock()
 	c.largestPrompt = max(u, c.largestPrompt*costForget)
 	c.meanPrompt += (u - c.meanPrompt) / 32
+	if outputs > 0 {
+		mean := math.Float64frombits(c.meanOutput.Load())
+		c.meanOutput.Store(math.Float64bits(mean + (float64(outputs)-mean)/32))
+	}
 	if gap := validDuration(o.LongestGap); gap > 0 {
 		c.longestGap = max(ms(gap), c.longestGap*costForget)
 	}
