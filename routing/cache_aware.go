@@ -217,12 +217,12 @@ const evictBatch = 1024
 //     bytes to the request's estimated prompt tokens. A longer cached prefix saves prefill; the
 //     running and queued requests, and the prompts in prefill, cost what the worker's model learnt
 //     they cost there;
-//   - the requests running there: each waits through the steps that prefill the request's
-//     uncached tokens (at the worker's learnt prefill time per token) and shares its decode steps
-//     with one more sequence (the TPOT law's cost of a running sequence) for about half of the
-//     worker's mean answer length in output tokens, learnt from its answers. So the TPOT a
-//     placement costs the others is weighed in the same currency, with no remaining token counts
-//     to know;
+//   - this gateway's requests in flight there: each waits through the steps that prefill the
+//     request's uncached tokens (at the worker's learnt prefill time per token) and shares its
+//     decode steps with one more sequence (the TPOT law's cost of a running sequence) for about
+//     half of the worker's mean answer length in output tokens, learnt from its answers. So the
+//     TPOT a placement costs the others is weighed in the same currency, with no remaining token
+//     counts to know;
 //   - the requests waiting in the gateway's queue (Request.Waiting): the prompt tokens the worker
 //     holds fewer of than the eligible worker holding the most are a prefill the fleet runs again,
 //     which delays each of them by its share over the eligible workers. With nobody waiting this
@@ -451,9 +451,9 @@ func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent
 // maxQueueWeight bounds the requests waiting that a placement's added work is weighed against.
 const maxQueueWeight = 1 << 16
 
-// beats orders candidates of the same predicted TTFT: the lighter, then the one holding more of
-// the prompt (held bytes; b holds bHeld), then a warm one's more recent access, a cold one's
-// smaller mirrored cache.
+// beats orders candidates of the same cost (as fastest weighs them): the lighter, then the one
+// holding more of the prompt (held bytes; b holds bHeld), then a warm one's more recent access, a
+// cold one's smaller mirrored cache.
 func (a candidate) beats(held int, b candidate, bHeld int) bool {
 	switch {
 	case a.lighter(b) || b.lighter(a):

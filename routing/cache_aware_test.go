@@ -244,7 +244,7 @@ func TestCacheAwarePredictedTTFT(t *testing.T) {
 		{name: "a warm worker whose queue costs more than the prefill it saves loses to a cold idle one",
 			warm: &steps, cold: &steps, warmLoad: 6, want: 1, route: RoutePredictedTTFT},
 		// With 4 requests queued behind it, the ~100 ms of prefill w1 would compute again delays
-		// each of them by half of it (two workers): 0.3 s in all, still less than w0's queue.
+		// each of them by half of it (two workers): w1 costs ~0.3 s in all, less than w0's queue.
 		{name: "a short queue behind the request still leaves it to the cold idle worker",
 			warm: &steps, cold: &steps, warmLoad: 6, waiting: 4, want: 1, route: RoutePredictedTTFT},
 		// With 40 queued, the prefill computed again would delay them by ~2 s in all: more than
