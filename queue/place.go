@@ -59,7 +59,7 @@ func (r *round) full() bool { return r.nt+r.nf >= maxPassedOver }
 func (q *Queue) Retry() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.emptyLocked() {
+	if q.closed || q.waitingLocked() == 0 {
 		return
 	}
 	now := q.clock.Now()
@@ -67,18 +67,9 @@ func (q *Queue) Retry() {
 	q.armLocked(now)
 }
 
-// emptyLocked reports whether no request is queued: a release round would release none and
-// leave the deadline timer as it is (armLocked keeps it stopped while no deadline is queued).
-func (q *Queue) emptyLocked() bool {
-	for c := range q.classes {
-		if q.classes[c].queued > 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// waitingLocked is how many requests are queued, over all classes.
+// waitingLocked is how many requests are queued, over all classes. With none, a release round
+// would release none and leave the deadline timer as it is (armLocked keeps it stopped while no
+// deadline is queued).
 func (q *Queue) waitingLocked() int {
 	n := 0
 	for c := range q.classes {

@@ -410,6 +410,7 @@ func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent
 			eligible++
 		}
 	}
+	mostCached := cachedOf(mostHeld)
 	// Each request waiting is delayed by a 1/eligible share of the work added.
 	perWaiting := 0.0
 	if eligible > 0 {
@@ -434,7 +435,7 @@ func (c *CacheAware) fastest(r choice, workers []*Worker, v *slotView, d descent
 		// Each request running there waits through r's prefill and shares its decode steps.
 		delay := perK*uncached(prompt, cached)/1000 + perSeq*meanOut/2
 		cost := p.TTFT + msDuration(float64(min(max(load, 0), maxSlots))*delay)
-		if extra := cachedOf(mostHeld) - cached; extra > 0 && perWaiting > 0 {
+		if extra := mostCached - cached; extra > 0 && perWaiting > 0 {
 			cost += msDuration(perK * float64(extra) / 1000 * perWaiting)
 		}
 		cd := candidate{i: i, load: load, tokens: w.InFlightTokens(), rank: v.last[i]}
