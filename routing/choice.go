@@ -19,8 +19,10 @@ type choice struct {
 	// withinPrefillBudget); 0: no bound.
 	prefillBudget int64
 	// piece is the size of the pieces in which the prompt goes to the engine (see
-	// Lease.PrefillPiece); 0: whole.
-	piece int
+	// Lease.PrefillPiece); 0: whole. basePiece is the pool's piece it was cut from
+	// (Pool.pieceTokens). Both, and prefillBudget, are this replica's alone: on a worker that
+	// several replicas send lower-class prompts to, prefillOn divides them.
+	piece, basePiece int
 	// spread keeps an interactive request off a worker with another interactive prompt in
 	// prefill (see clearOfInteractivePrefill).
 	spread bool
@@ -54,7 +56,7 @@ func (p *Pool) protect(c *choice, workers []*Worker) {
 			// interactive prompt waits for: two pieces prefilled together would take twice it.
 			c.prefillBudget = min(c.prefillBudget, int64(piece))
 		}
-		c.piece = prefillPiece(piece, c.PromptTokens)
+		c.piece, c.basePiece = prefillPiece(piece, c.PromptTokens), piece
 	case c.Interactive && c.TargetWorker == "" && c.Prepared.pin == nil && len(workers) > 1:
 		c.spread = true
 	}

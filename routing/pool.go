@@ -775,8 +775,9 @@ func (p *Pool) roomOn(w *Worker) {
 func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool) *Lease {
 	r := c.Request
 	p.metrics.decided(ms, r.Model, route)
+	_, piece := c.prefillOn(w)
 	l := &Lease{Worker: w, Route: route, stage: r.Stage, pool: p, policy: ms.policyName, tokens: int64(r.Tokens), probe: probe,
-		interactive: r.Interactive, lowerTokens: c.prefillTokens(), piece: c.piece, namespace: p.cfg.CacheScope.namespace(r),
+		interactive: r.Interactive, lowerTokens: prefillTokens(r.PromptTokens, piece), piece: piece, namespace: p.cfg.CacheScope.namespace(r),
 		budgeted: c.prefillBudget > 0}
 	// The load it was placed at: the worker's in-flight requests but this one.
 	l.placed, l.coef = w.placementNow(w.inFlight.Load()-1), w.cost.coefficients()

@@ -84,12 +84,11 @@ func (p *Pool) observeInteractivePrompt(tokens int) {
 	}
 }
 
-// prefillTokens is how many prompt tokens c puts in a worker's prefill at once: its prompt, or
-// one piece of it; at least 1.
-func (c *choice) prefillTokens() int64 {
-	n := c.PromptTokens
-	if c.piece > 0 {
-		n = min(n, c.piece)
+// prefillTokens is how many tokens of a prompt of prompt tokens go into a worker's prefill at
+// once when it goes in pieces of piece (0: whole): the prompt, or one piece of it; at least 1.
+func prefillTokens(prompt, piece int) int64 {
+	if piece > 0 {
+		prompt = min(prompt, piece)
 	}
-	return int64(max(n, 1))
+	return int64(max(prompt, 1))
 }

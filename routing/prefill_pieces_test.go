@@ -177,9 +177,89 @@ func TestPrefillTokensOnAWorker(t *testing.T) {
 		{"shorter than a piece", 100, 256, 100},
 		{"an empty prompt", 0, 0, 1},
 	} {
-		c := choice{Request: &Request{Model: "m", PromptTokens: tt.prompt}, piece: tt.piece}
-		if got := c.prefillTokens(); got != tt.wantPrefilling {
+		if got := prefillTokens(tt.prompt, tt.piece); got != tt.wantPrefilling {
 			t.Errorf("%s: %d tokens in prefill, want %d", tt.name, got, tt.wantPrefilling)
 		}
 	}
+}
+
+// The prefill budget and the pieces are divided among the replicas of a fleet that send a worker
+// lower-class prompts, beyond two: each counts only its own prompts in the worker's prefill, and
+// the engine prefills together what every replica sent it, so three replicas each within the
+// whole budget put up to three pieces in the step an interactive prompt waits for (three gateways
+// beside a prefill-heavy flood met 96-98% of the interactive objectives where one met 100%).
+// A replica's piece is in prefill about one step in two, so n replicas each get 2/n of the
+// budget and the piece. A replica that queues only interactive requests does not count; while
+// the store is cut, every replica the fleet had does.
+func TestPiecesDividedAmongTheReplicasThatSendThem(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	names := []string{"a", "b", "c", "d"}
+	pools := map[string]*Pool{}
+	for _, name := range names {
+		cfg := Config{Workers: testWorkers(1, "m")}
+		cfg.Concurrency.LowerPrefillTokens = 512
+		cfg.Concurrency.PrefillPieceTokens = 240
+		pools[name], _ = newTestPoolWith(t, cfg, Options{Now: clock.Now, Shares: fleet.replica(name)})
+	}
+	type demands map[string]func(string) ModelBacklog
+	queued := func(interactive, lower float64) func(string) ModelBacklog {
+		return func(string) ModelBacklog {
+			return ModelBacklog{Interactive: int64(interactive), All: int64(interactive + lower),
+				InteractiveWeight: interactive, Weight: interactive + lower}
+		}
+	}
+	none := queued(0, 0)
+	exchange := func(demand demands) {
+		t.Helper()
+		for range 3 { // the split settles over a few exchanges
+			clock.Advance(50 * time.Millisecond)
+			for _, name := range names[1:] {
+				d := demand[name]
+				if d == nil {
+					d = none
+				}
+				if err := pools[name].SyncShares(context.Background(), d); err != nil {
+					t.Fatalf("%s: exchange: %v", name, err)
+				}
+			}
+			if err := pools["a"].SyncShares(context.Background(), queued(1, 2)); err != nil {
+				t.Fatalf("a: exchange: %v", err)
+			}
+		}
+	}
+	a := picker{t: t, p: pools["a"], model: "m"}
+	exchange(nil)
+	a.pick("interactive", Request{Interactive: true, PromptTokens: 10}).Prefilled()
+	for _, tt := range []struct {
+		name   string
+		demand demands
+		piece  int
+	}{
+		{"alone", nil, 240},
+		{"b queues batch too: two replicas", demands{"b": queued(0, 5)}, 240},
+		{"b, c and d queue batch: four", demands{"b": queued(0, 5), "c": queued(0, 5), "d": queued(0, 1)}, 120},
+		{"d queues interactive only: three", demands{"b": queued(0, 5), "c": queued(0, 5), "d": queued(3, 0)}, 160},
+	} {
+		exchange(tt.demand)
+		l := a.pick(tt.name, Request{PromptTokens: 1000})
+		if got := l.PrefillPiece(); got != tt.piece {
+			t.Errorf("%s: piece %d, want %d", tt.name, got, tt.piece)
+		}
+		if tt.piece < 240 {
+			a.refused(tt.name+": a second piece beyond the replica's part of the budget", Request{PromptTokens: 1000})
+		}
+		l.Release(Outcome{})
+	}
+
+	exchange(nil)
+	fleet.setCut(true)
+	if err := pools["a"].SyncShares(context.Background(), queued(0, 2)); err == nil {
+		t.Fatal("an exchange with the store cut succeeded")
+	}
+	l := a.pick("store cut", Request{PromptTokens: 1000})
+	if got := l.PrefillPiece(); got != 120 {
+		t.Errorf("store cut: piece %d, want 120 (every replica the fleet had: four)", got)
+	}
+	l.Release(Outcome{})
 }

@@ -294,6 +294,9 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			}
 			f.fallback = fb
 			changed = w.setShare(fb) || changed
+			// Who else sends w lower-class prompts is not known while cut: every replica
+			// the fleet had, as the fallback share assumes.
+			w.lowerSenders.Store(int64(max(s.replicas, 1)))
 		}
 		if changed {
 			p.changes.notify()
@@ -326,9 +329,11 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			share = min(share, f.fallback)
 		}
 		changed = w.setShare(share) || changed
+		w.lowerSenders.Store(lowerSenders(a.Fleet))
 	}
 	for _, w := range over {
 		changed = w.setShare(s.fallback(w.spec.ID, p.shareLimit(w))) || changed
+		w.lowerSenders.Store(int64(n))
 	}
 	maps.DeleteFunc(s.fleet, func(id string, _ *workerFleet) bool { return !seen[id] })
 	if rejoining {
@@ -340,6 +345,20 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		p.changes.notify()
 	}
 	return nil
+}
+
+// lowerSenders is how many replicas of fleet send the worker standard or batch prompts: this
+// one, and every other that queues lower-class requests for the worker's models (a weight of
+// lower-class flows, Weight above InteractiveWeight). A replica whose lower-class requests are
+// all in flight, none queued, is not counted: nothing it sends waits for the prefill budget.
+func lowerSenders(fleet []ReplicaDemand) int64 {
+	n := int64(1)
+	for _, d := range fleet {
+		if !d.Self && d.Weight > d.InteractiveWeight {
+			n++
+		}
+	}
+	return n
 }
 
 // SharesWorkers reports whether the pool has a ShareStore: whether SyncShares is to be called.

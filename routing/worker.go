@@ -56,6 +56,11 @@ type Worker struct {
 	// reserveAt is when it last took some (unix ns). SyncShares gives back what they no longer
 	// use (settleReserve); only calls under shares.mu write them.
 	reserve, reserveTokens, reserveAt atomic.Int64
+	// lowerSenders is, with a ShareStore, how many replicas of the fleet send the worker
+	// standard or batch prompts, this one included, as the last exchange of shares told (see
+	// Pool.SyncShares); at most 1 without one. The prefill budget and the pieces are divided
+	// among them (choice.prefillOn).
+	lowerSenders atomic.Int64
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
