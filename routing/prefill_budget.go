@@ -61,12 +61,18 @@ func (c *choice) prefillOn(w *Worker) (budget int64, piece int) {
 	if n <= pieceCycleSteps || c.prefillBudget <= 0 {
 		return c.prefillBudget, c.piece
 	}
-	budget = max(c.prefillBudget*pieceCycleSteps/n, 1)
+	budget = max(senderPart(c.prefillBudget, n), 1)
 	if c.basePiece > 0 {
-		base := max(c.basePiece*pieceCycleSteps/int(n), min(c.basePiece, minPrefillPiece))
+		base := max(int(senderPart(int64(c.basePiece), n)), min(c.basePiece, minPrefillPiece))
 		piece = prefillPiece(base, c.PromptTokens)
 	}
 	return budget, piece
+}
+
+// senderPart is one of n senders' part of v, v x pieceCycleSteps / n rounded down, for n above
+// pieceCycleSteps, with no overflow whatever v (a configured budget may be any size).
+func senderPart(v, n int64) int64 {
+	return v/n*pieceCycleSteps + v%n*pieceCycleSteps/n
 }
 
 // pieceCycleSteps is how many engine steps one replica's lower-class pieces on a worker take

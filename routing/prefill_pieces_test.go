@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 )
@@ -262,4 +263,19 @@ func TestPiecesDividedAmongTheReplicasThatSendThem(t *testing.T) {
 		t.Errorf("store cut: piece %d, want 120 (every replica the fleet had: four)", got)
 	}
 	l.Release(Outcome{})
+}
+
+// A sender's part of a budget is exact and cannot overflow, however large the configured budget.
+func TestSenderPart(t *testing.T) {
+	for _, tt := range []struct{ v, n, want int64 }{
+		{240, 3, 160},
+		{240, 4, 120},
+		{512, 7, 146},
+		{1, 3, 0},
+		{math.MaxInt64, 3, math.MaxInt64 / 3 * 2}, // MaxInt64 is 3k+1: 2k, the floor of 2(3k+1)/3
+	} {
+		if got := senderPart(tt.v, tt.n); got != tt.want {
+			t.Errorf("senderPart(%d, %d) = %d, want %d", tt.v, tt.n, got, tt.want)
+		}
+	}
 }

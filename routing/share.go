@@ -350,7 +350,8 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 // lowerSenders is how many replicas of fleet send the worker standard or batch prompts: this
 // one, and every other that queues lower-class requests for the worker's models (a weight of
 // lower-class flows, Weight above InteractiveWeight). A replica whose lower-class requests are
-// all in flight, none queued, is not counted: nothing it sends waits for the prefill budget.
+// all in flight, none queued, is not counted: the budget is holding none of its requests back,
+// so it is not contending for it (its pieces in flight still go, one at a time).
 func lowerSenders(fleet []ReplicaDemand) int64 {
 	n := int64(1)
 	for _, d := range fleet {

@@ -58,8 +58,8 @@ type Worker struct {
 	reserve, reserveTokens, reserveAt atomic.Int64
 	// lowerSenders is, with a ShareStore, how many replicas of the fleet send the worker
 	// standard or batch prompts, this one included, as the last exchange of shares told (see
-	// Pool.SyncShares); at most 1 without one. The prefill budget and the pieces are divided
-	// among them (choice.prefillOn).
+	// Pool.SyncShares); 0 without one, or before the first exchange. The prefill budget and the
+	// pieces are divided among them beyond two (choice.prefillOn).
 	lowerSenders atomic.Int64
 
 	inFlight       atomic.Int64
