@@ -236,6 +236,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 	if len(workers) > MaxShareWorkers {
 		workers, over = workers[:MaxShareWorkers], workers[MaxShareWorkers:]
 	}
+	p.sizeFleetReserves(slices.Concat(workers, over))
 	now := p.now()
 	rejoining := now.Before(s.rejoinUntil)
 	reports := make([]ShareReport, len(workers))

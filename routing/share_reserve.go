@@ -1,9 +1,11 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -42,16 +44,68 @@ const maxReserveTokens = 1 << 40
 // which an exchange in between must not find unused and give back.
 const reserveKeep = 200 * time.Millisecond
 
-// reserveSize is a worker's interactive reserve in the fleet: ceil(share x limit) requests, at
-// most all but one, and the same part of its token limit.
-func reserveSize(share float64, limit, tokens int64) (requests, reserveTokens int64) {
-	if !(share > 0) || limit <= 1 {
+// reserveSize is w's part of the fleet's interactive reserve: the requests sizeFleetReserves
+// gave it, at most all but one of its limit, and the same part of its token limit.
+func (w *Worker) reserveSize() (requests, reserveTokens int64) {
+	limit := max(w.limit.Load(), 0)
+	requests = min(w.fleetReserve.Load(), max(limit-1, 0))
+	if requests <= 0 {
 		return 0, 0
 	}
-	requests = min(int64(math.Ceil(share*float64(limit)-1e-9)), limit-1)
-	tokens = min(max(tokens, 0), maxReserveTokens)
+	tokens := min(max(w.tokenLimit.Load(), 0), maxReserveTokens)
 	// tokens x requests / limit without overflow: requests < limit <= maxSlots.
 	return requests, int64(float64(tokens) * float64(requests) / float64(limit))
+}
+
+// sizeFleetReserves sizes the fleet's interactive reserve of each of workers as one replica's
+// queue sizes its own of a model: for each group of workers that serve the same models,
+// ceil(share x the sum of their limits) requests, each worker floor(share x its limit) and the
+// units left over one each to those with the largest remainders (ties in the order of their
+// IDs, so every replica that knows the same limits sizes alike), at most all but one of a
+// worker's limit. Sized per worker instead, ceil(share x its limit), a reserve of a tenth kept
+// one slot of each llama-server-like worker of four, two of two workers' eight, where one
+// replica's queue keeps one of the eight: batch at three replicas had 6 slots of 8 against 7,
+// and 0.85 of what interactive left against one replica's 0.96 (docs/benchmarks.md, "Three
+// replicas: the prefill budget divided"). SyncShares calls it under shares.mu before each
+// exchange.
+func (p *Pool) sizeFleetReserves(workers []*Worker) {
+	groups := map[string][]*Worker{}
+	for _, w := range workers {
+		models := slices.Clone(w.spec.Models)
+		slices.Sort(models)
+		k := strings.Join(models, "\x00")
+		groups[k] = append(groups[k], w)
+	}
+	type part struct {
+		w               *Worker
+		requests, limit int64
+		remainder       float64
+	}
+	for _, g := range groups {
+		var total float64
+		parts := make([]part, len(g))
+		for i, w := range g {
+			limit := max(w.limit.Load(), 0)
+			exact := p.reserveShare * float64(limit)
+			n := min(int64(math.Floor(exact+1e-9)), max(limit-1, 0))
+			parts[i] = part{w: w, requests: n, limit: limit, remainder: exact - float64(n)}
+			total += exact
+		}
+		left := int64(math.Ceil(total - 1e-9))
+		for _, pt := range parts {
+			left -= pt.requests
+		}
+		slices.SortStableFunc(parts, func(a, b part) int {
+			return cmp.Or(cmp.Compare(b.remainder, a.remainder), cmp.Compare(a.w.spec.ID, b.w.spec.ID))
+		})
+		for i := range parts {
+			if left > 0 && parts[i].requests < parts[i].limit-1 {
+				parts[i].requests++
+				left--
+			}
+			parts[i].w.fleetReserve.Store(parts[i].requests)
+		}
+	}
 }
 
 // FleetReserve reports whether the fleet's split keeps an interactive reserve of each worker
@@ -62,9 +116,8 @@ func (p *Pool) FleetReserve() bool { return p.reserveShare > 0 }
 // shareLimit is what the fleet's split divides of w's limit: the limit less the fleet's
 // interactive reserve of w.
 func (p *Pool) shareLimit(w *Worker) int64 {
-	limit := max(w.limit.Load(), 0)
-	n, _ := reserveSize(p.reserveShare, limit, w.tokenLimit.Load())
-	return limit - n
+	n, _ := w.reserveSize()
+	return max(w.limit.Load(), 0) - n
 }
 
 // capacityFor is the most requests this replica may keep in flight on w now for a request of
@@ -162,7 +215,7 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 			// Not in the last exchange: its reserve is nobody's to take.
 			continue
 		}
-		n, tokens := reserveSize(p.reserveShare, w.limit.Load(), w.tokenLimit.Load())
+		n, tokens := w.reserveSize()
 		over := max(w.inFlight.Load()-w.capacity()-w.reserve.Load(), 0)
 		overTokens := max(w.inFlightTokens.Load()-w.tokenCapacity()-w.reserveTokens.Load(), 0)
 		c := ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want + overTokens, WantRequests: 1 + over}

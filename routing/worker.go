@@ -56,6 +56,9 @@ type Worker struct {
 	// reserveAt is when it last took some (unix ns). SyncShares gives back what they no longer
 	// use (settleReserve); only calls under shares.mu write them.
 	reserve, reserveTokens, reserveAt atomic.Int64
+	// fleetReserve is the requests of the worker's limit the fleet keeps as its interactive
+	// reserve (Options.InteractiveReserve), as SyncShares last sized it (sizeFleetReserves).
+	fleetReserve atomic.Int64
 	// lowerSenders is, with a ShareStore, how many replicas of the fleet send the worker
 	// standard or batch prompts, this one included, as the last exchange of shares told (see
 	// Pool.SyncShares); 0 without one, or before the first exchange. The prefill budget and the
