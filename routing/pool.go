@@ -62,10 +62,11 @@ type Options struct {
 	// RedisStore; see SyncShares, which the gateway calls); nil: this replica places up to each
 	// worker's whole limit.
 	Shares ShareStore
-	// InteractiveReserve is the share of each worker's limit, in requests and in tokens, that
+	// InteractiveReserve is the share of the workers' limits, in requests and in tokens, that
 	// the fleet's split (Shares) keeps out of every replica's share and lends to a replica, one
 	// interactive request at a time, when one finds no room there (TakeReserve): the queue's
-	// queue.interactive_reserve kept whole across the fleet. 0: none, the split divides each
+	// queue.interactive_reserve kept whole across the fleet, sized over the workers of the same
+	// models as the queue sizes its own (sizeFleetReserves). 0: none, the split divides each
 	// whole limit. Without Shares it does nothing.
 	InteractiveReserve float64
 }
