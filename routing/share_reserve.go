@@ -58,7 +58,8 @@ func (w *Worker) reserveSize() (requests, reserveTokens int64) {
 }
 
 // sizeFleetReserves sizes the fleet's interactive reserve of each of workers as one replica's
-// queue sizes its own of a model: for each group of workers that serve the same models,
+// queue sizes its own of a model: for each group of workers that serve the same models in the
+// same role (a disaggregated model's prefill and decode pools each keep theirs),
 // ceil(share x the sum of their limits) requests, each worker floor(share x its limit) and the
 // units left over one each to those with the largest remainders (ties in the order of their
 // IDs, so every replica that knows the same limits sizes alike), at most all but one of a
@@ -73,7 +74,8 @@ func (p *Pool) sizeFleetReserves(workers []*Worker) {
 	for _, w := range workers {
 		models := slices.Clone(w.spec.Models)
 		slices.Sort(models)
-		k := strings.Join(models, "\x00")
+		role := cmp.Or(w.spec.Role, RoleBoth)
+		k := string(role) + "\x00" + strings.Join(models, "\x00")
 		groups[k] = append(groups[k], w)
 	}
 	type part struct {

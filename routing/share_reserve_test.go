@@ -159,7 +159,8 @@ func TestInteractiveReserveCoversAShrunkShare(t *testing.T) {
 // workers that serve the same models, ceil(share x the sum of their limits), the units left over
 // to the largest remainders (ties by ID). Per worker, a tenth of two workers of four slots kept
 // one slot of each (batch had 6 of 8 where one replica's queue leaves it 7); now one of the
-// eight. A worker of other models is sized in its own group, and a worker is never all reserve.
+// eight. A worker of other models, or of another role, is sized in its own group, and a worker
+// is never all reserve.
 func TestFleetReserveSizedOverTheModelsWorkers(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
 	specs := []WorkerSpec{
@@ -168,13 +169,16 @@ func TestFleetReserveSizedOverTheModelsWorkers(t *testing.T) {
 		{ID: "w2", URL: "http://127.0.0.1:3", Models: []string{"m"}, MaxConcurrency: 6},
 		{ID: "n0", URL: "http://127.0.0.1:4", Models: []string{"n"}, MaxConcurrency: 4},
 		{ID: "o0", URL: "http://127.0.0.1:5", Models: []string{"o"}, MaxConcurrency: 1},
+		{ID: "p0", URL: "http://127.0.0.1:6", Models: []string{"d"}, MaxConcurrency: 4, Role: RolePrefill},
+		{ID: "d0", URL: "http://127.0.0.1:7", Models: []string{"d"}, MaxConcurrency: 4, Role: RoleDecode},
 	}
 	p, _ := newTestPoolWith(t, Config{Workers: specs}, Options{Now: clock.Now, InteractiveReserve: 0.1, Shares: newMemFleet(clock.Now).replica("a")})
 	if err := p.SyncShares(context.Background(), func(string) ModelBacklog { return ModelBacklog{} }); err != nil {
 		t.Fatal(err)
 	}
 	// m: 0.4 + 0.4 + 0.6 = 1.4, so 2 requests; the remainders 0.6 (w2), 0.4 (w0), 0.4 (w1).
-	want := map[string]int64{"w0": 1, "w1": 0, "w2": 1, "n0": 1, "o0": 0}
+	// d: its prefill and decode pools are sized apart, each as a model of its own.
+	want := map[string]int64{"w0": 1, "w1": 0, "w2": 1, "n0": 1, "o0": 0, "p0": 1, "d0": 1}
 	for _, w := range p.workers {
 		if got, _ := w.reserveSize(); got != want[w.spec.ID] {
 			t.Errorf("%s keeps %d of the fleet's reserve, want %d", w.spec.ID, got, want[w.spec.ID])
