@@ -110,7 +110,7 @@ func (p *Pool) sizeFleetReserves(workers []*Worker) {
 	}
 }
 
-// FleetReserve reports whether the fleet's split keeps an interactive reserve of each worker
+// FleetReserve reports whether the fleet's split keeps an interactive reserve of the workers
 // out of every replica's share (Options.InteractiveReserve, with a ShareStore): the queues of
 // this replica then keep none of their own.
 func (p *Pool) FleetReserve() bool { return p.reserveShare > 0 }
