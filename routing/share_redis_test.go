@@ -211,3 +211,65 @@ func TestReserveOverRedis(t *testing.T) {
 		t.Fatalf("w1's reserve hash has %d fields (%v), want a's alone", n, err)
 	}
 }
+
+// TestShareCallsOverRedis: a replica's call for an exchange reaches the other replicas watching
+// through a real Redis, and not itself.
+func TestShareCallsOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stores []*RedisStore
+	var heard []chan struct{}
+	for range 2 {
+		s := NewRedisStore(newRedisClient(t, srv), 0)
+		ch := make(chan struct{}, 64)
+		go s.WatchShareCalls(ctx, func() {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		})
+		stores, heard = append(stores, s), append(heard, ch)
+	}
+	a, b := stores[0], stores[1]
+	// A call is delivered at most once, and only once the watch has subscribed: call until
+	// heard, within a bound.
+	callUntilHeard := func(from *RedisStore, at chan struct{}) {
+		t.Helper()
+		for range 100 {
+			if err := from.CallShares(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-at:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		t.Fatal("a call was never heard")
+	}
+	callUntilHeard(b, heard[0]) // a watches
+	callUntilHeard(a, heard[1]) // b watches
+	for len(heard[0]) > 0 {
+		<-heard[0]
+	}
+	for range 3 {
+		if err := a.CallShares(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.CallShares(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// a's own three calls come to its subscription before b's: any of them passed on would
+	// be heard by the time b's is, or just after.
+	select {
+	case <-heard[0]:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b's call never reached a")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(heard[0]); n != 0 {
+		t.Fatalf("a heard %d calls beyond b's one: its own were passed on", n)
+	}
+}
