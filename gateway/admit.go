@@ -257,20 +257,10 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 			// interactive reserve (one round trip; the queue places it there once the pool
 			// tells of the change); else standard or batch calls whose answers have not begun
 			// give it their room on a worker, which nothing but interactive calls take until
-			// this one is placed; else, in a fleet, the other replicas are told at once.
-			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) {
-				var w *routing.Worker
-				if !s.cfg.DisablePreemption {
-					w = s.preemption.preemptFor(cl.model, s.shortfalls(cl))
-				}
-				if w != nil {
+			// this one is placed.
+			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) && !s.cfg.DisablePreemption {
+				if w := s.preemption.preemptFor(cl.model, s.shortfalls(cl)); w != nil {
 					defer w.HoldForInteractive()()
-				} else {
-					select {
-					case <-ticket.Ready(): // placed meanwhile
-					default:
-						s.pool.CallForRoom()
-					}
 				}
 			}
 		}

@@ -55,7 +55,7 @@ func (f fleetFairShare) Exchange(ctx context.Context, ex queue.FairShareExchange
 // then orders by its own counters) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareFairness(ctx context.Context) {
 	var qs []*queue.Queue
-	d.exchangeWithFleet(ctx, fairShareEvery, nil, "fair share shared with the fleet failed; each queue orders by its own counters until it succeeds",
+	d.exchangeWithFleet(ctx, fairShareEvery, "fair share shared with the fleet failed; each queue orders by its own counters until it succeeds",
 		"fair share shared with the fleet again", func(ctx context.Context) error {
 			d.mu.Lock()
 			qs = qs[:0]

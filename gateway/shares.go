@@ -12,20 +12,14 @@ import (
 // fair-share exchange, off the admission path.
 const sharesEvery = 50 * time.Millisecond
 
-// calledGap is the least time between two exchanges of shares made before their tick because
-// the pool called for them (routing.Pool.ExchangeCalled): calls come with requests ending, and
-// this bounds the round trips they cost a replica to 100 a second.
-const calledGap = 10 * time.Millisecond
-
 // shareWorkers exchanges this replica's demand on the workers with the fleet at once and then
-// every sharesEvery until ctx ends, and between ticks when the pool calls for an exchange (at
-// most one every calledGap): its demand on a model is what the model's queue holds. It
+// every sharesEvery until ctx ends: its demand on a model is what the model's queue holds. It
 // logs when the exchanges start failing (each worker's share then stays within its last grant
 // and 1/n of its limit) and when they succeed again. The dispatcher's run owns it.
 func (d *dispatcher) shareWorkers(ctx context.Context) {
 	backlog := map[string]routing.ModelBacklog{}
 	demand := func(model string) routing.ModelBacklog { return backlog[model] }
-	d.exchangeWithFleet(ctx, sharesEvery, d.pool.ExchangeCalled(), "worker shares exchanged with the fleet failed; each worker's share stays within its last grant and 1/n of its limit until it succeeds",
+	d.exchangeWithFleet(ctx, sharesEvery, "worker shares exchanged with the fleet failed; each worker's share stays within its last grant and 1/n of its limit until it succeeds",
 		"worker shares exchanged with the fleet again", func(ctx context.Context) error {
 			clear(backlog)
 			d.mu.Lock()
@@ -39,20 +33,15 @@ func (d *dispatcher) shareWorkers(ctx context.Context) {
 		})
 }
 
-// exchangeWithFleet runs exchange at once and then every interval until ctx ends, and when
-// called is told, at once if the last began calledGap ago or more, else when it has (a nil
-// called is never told): one of this replica's exchanges with the fleet through Redis. It logs
-// failed (a warning, with the error) when the exchanges start failing and back when one
-// succeeds again, not each one; an exchange that ctx's end cut short is not logged. Its caller
-// owns it.
-func (d *dispatcher) exchangeWithFleet(ctx context.Context, interval time.Duration, called <-chan struct{}, failed, back string, exchange func(context.Context) error) {
+// exchangeWithFleet runs exchange at once and then every interval until ctx ends: one of this
+// replica's exchanges with the fleet through Redis. It logs failed (a warning, with the error)
+// when the exchanges start failing and back when one succeeds again, not each one; an exchange
+// that ctx's end cut short is not logged. Its caller owns it.
+func (d *dispatcher) exchangeWithFleet(ctx context.Context, interval time.Duration, failed, back string, exchange func(context.Context) error) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	gap := time.NewTimer(calledGap)
-	gap.Stop()
 	failing := false
 	for {
-		began := time.Now()
 		err := exchange(ctx)
 		switch {
 		case ctx.Err() != nil:
@@ -67,15 +56,6 @@ func (d *dispatcher) exchangeWithFleet(ctx context.Context, interval time.Durati
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		case <-called:
-			if wait := calledGap - time.Since(began); wait > 0 {
-				gap.Reset(wait)
-				select {
-				case <-ctx.Done():
-					return
-				case <-gap.C:
-				}
-			}
 		}
 	}
 }

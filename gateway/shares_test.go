@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/usherllm/usher/queue"
 	"github.com/usherllm/usher/routing"
 	"github.com/usherllm/usher/test/redistest"
 )
@@ -157,97 +155,6 @@ func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
 	}
 	release.Do(func() { close(hold) })
 	for range 11 {
-		if resp := <-answers; resp.StatusCode != http.StatusOK {
-			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
-		}
-	}
-}
-
-// TestExchangeWhenCalled: the fleet exchange runs when the pool calls for one, not only on its
-// tick (an hour here, so only calls can make the exchanges after the first).
-func TestExchangeWhenCalled(t *testing.T) {
-	d := &dispatcher{opts: queue.Options{Logger: slog.New(slog.DiscardHandler)}}
-	called := make(chan struct{}, 1)
-	exchanged := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		d.exchangeWithFleet(ctx, time.Hour, called, "failed", "back", func(context.Context) error {
-			select {
-			case exchanged <- struct{}{}:
-			case <-ctx.Done():
-			}
-			return nil
-		})
-	}()
-	defer func() { cancel(); <-done }()
-	for i := range 3 {
-		select {
-		case <-exchanged:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("exchange %d did not run", i)
-		}
-		called <- struct{}{}
-	}
-	select {
-	case <-exchanged:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the last call made no exchange")
-	}
-}
-
-// TestInteractiveWaitingForTheFleetCallsIt: a worker of 2, half of it the fleet's interactive
-// reserve. Replica a's batch request holds the other half at the engine and a's interactive
-// request the reserve; an interactive request at b then finds no room, none in the reserve and
-// nothing of b's own to preempt, so b calls the other replicas to exchange at once
-// (usher_routing_share_calls_total), and it is served once the engine lets the others go.
-func TestInteractiveWaitingForTheFleetCallsIt(t *testing.T) {
-	srv := redistest.Start(t)
-	hold := make(chan struct{})
-	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
-	spec := w.spec("w")
-	spec.MaxConcurrency = 2
-	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
-	var gws []*testGateway
-	for range 2 {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
-		t.Cleanup(func() { rdb.Close() })
-		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.5},
-			nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); g.srv.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		gws = append(gws, g)
-	}
-	var release sync.Once
-	t.Cleanup(func() { release.Do(func() { close(hold) }) })
-	a, b := gws[0], gws[1]
-	const body = `{"model":"m1","max_tokens":20,"messages":[{"role":"user","content":"hello"}]}`
-	answers := make(chan *http.Response, 3)
-	send := func(g *testGateway, class string) {
-		go func() {
-			answers <- g.post(t, "/v1/chat/completions", testKey, body, map[string]string{headerPriority: class})
-		}()
-	}
-	calls := func(g *testGateway) float64 {
-		return metricLabelValue(t, g.reg, "usher_routing_share_calls_total", "result", "made")
-	}
-	send(a, "batch")
-	waitFor(t, "a's batch request at the engine", func() bool { return w.started.Load() == 1 })
-	send(a, "interactive")
-	waitFor(t, "a's interactive request at the engine on the reserve", func() bool { return w.started.Load() == 2 })
-	if n := calls(b); n != 0 {
-		t.Fatalf("b made %v calls with nothing waiting", n)
-	}
-	send(b, "interactive")
-	waitFor(t, "b's waiting interactive request calls the fleet", func() bool { return calls(b) >= 1 })
-	if got := w.started.Load(); got != 2 {
-		t.Fatalf("the engine has %d requests, over the worker's limit of 2", got)
-	}
-	release.Do(func() { close(hold) })
-	for range 3 {
 		if resp := <-answers; resp.StatusCode != http.StatusOK {
 			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
 		}

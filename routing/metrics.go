@@ -35,8 +35,6 @@ type poolMetrics struct {
 	kvEvents *prometheus.CounterVec
 	// shareExchanges counts the exchanges of worker shares with the fleet by result.
 	shareExchanges *prometheus.CounterVec
-	// shareCalls counts the calls this replica made to the others to exchange at once.
-	shareCalls *prometheus.CounterVec
 	// reserveTakes counts TakeReserve's attempts by result.
 	reserveTakes *prometheus.CounterVec
 }
@@ -97,10 +95,6 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_share_exchanges_total",
 			Help: "Exchanges of this replica's demand on the workers with the fleet (SyncShares), by result (ok, failed: each worker's share stays within its last grant and 1/n of its limit).",
 		}, []string{"result"}),
-		shareCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_routing_share_calls_total",
-			Help: "Calls this replica made to the fleet's other replicas to exchange their shares at once (see Pool.ExchangeCalled), by result (made, failed: their next exchange, within 50 ms, makes up for it).",
-		}, []string{"result"}),
 		reserveTakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_reserve_takes_total",
 			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), failed (the store failed, or the split is cut or rejoining).",
@@ -110,7 +104,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.shareCalls, m.reserveTakes, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -213,10 +213,6 @@ func (l *Lease) Release(o Outcome) {
 	held := o.Suspect && !l.probe // the breaker waits for ConfirmFailure
 	o.Failed = o.Failed || o.Suspect
 	w.release(l.tokens)
-	if s := p.shares; s != nil && w.othersInteractive.Load() {
-		// Room another replica may be waiting for: the exchange tells it at once.
-		s.callShares(true)
-	}
 	l.endPrefill()
 	if l.piece == 0 {
 		// A prompt sent in pieces waited between them for interactive prompts: its times are
@@ -509,8 +505,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.resolver = net.DefaultResolver
 	}
 	if opts.Shares != nil {
-		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now(), called: make(chan struct{}, 1)}
-		p.shares.calls, _ = opts.Shares.(ShareCalls)
+		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
 		p.reserveShare = min(max(opts.InteractiveReserve, 0), 1)
 	}
 	p.pins = opts.Pins
@@ -836,7 +831,6 @@ func (p *Pool) Run(ctx context.Context) {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
 	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
-	p.running.Go(func() { p.watchShareCalls(ctx) })
 	p.startRegistry(ctx)
 	p.startDiscovery(ctx)
 	p.mu.Unlock()

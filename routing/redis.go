@@ -43,9 +43,6 @@ const (
 	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
 	// WorkerRegistry.
 	WorkersChannel = "usher:workers:changes"
-	// ShareCallsChannel is the pub/sub channel on which replicas call the others to exchange
-	// their shares at once (ShareCalls); a call carries the caller's name.
-	ShareCallsChannel = "usher:share:calls"
 	// prefixChannelPrefix + model (percent-encoded as pin parts) is the Pub/Sub channel of
 	// cache_aware's shared prefixes.
 	prefixChannelPrefix = "usher:prefixes:"

@@ -11,7 +11,6 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -41,19 +40,6 @@ type ShareStore interface {
 	// the claim's index. -1: no worker has room. On an error nothing is to be taken as held.
 	// Safe for concurrent use.
 	TakeReserve(ctx context.Context, claims []ReserveClaim) (int, error)
-}
-
-// ShareCalls carries the calls for an exchange of shares among the replicas of a fleet (a
-// RedisStore): a replica whose change another is waiting for calls the others to exchange at
-// once, instead of at their next tick. A ShareStore may implement it; without it each replica
-// exchanges on its own tick alone.
-type ShareCalls interface {
-	// CallShares asks every replica watching (this one too) to exchange its shares now. Delivery
-	// is at most once: a call lost to a broken connection is made up by the next tick.
-	CallShares(ctx context.Context) error
-	// WatchShareCalls calls called for each call a replica made, until ctx ends. called must
-	// not block.
-	WatchShareCalls(ctx context.Context, called func())
 }
 
 // ShareReport is one replica's state on one worker, as it sends it in an exchange. Every count
@@ -156,12 +142,6 @@ const noShare = -1
 // shares is a pool's part of the fleet's split (see Pool.SyncShares).
 type shares struct {
 	store ShareStore
-	// calls is store's ShareCalls, nil when it has none.
-	calls ShareCalls
-	// called holds a wish to exchange before the next tick (see Pool.ExchangeCalled); ring
-	// asks that the exchange that follows call the other replicas too.
-	called chan struct{}
-	ring   atomic.Bool
 
 	// mu serializes SyncShares and guards every field below.
 	mu sync.Mutex
@@ -249,9 +229,6 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Taken before the reports are made: a ring asked for after this exchange began calls the
-	// others after the next, which carries its change.
-	ring := s.ring.Swap(false)
 	p.mu.Lock()
 	workers := p.workers
 	p.mu.Unlock()
@@ -321,7 +298,6 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 			// Who else sends w lower-class prompts is not known while cut: every replica
 			// the fleet had, as the fallback share assumes.
 			w.lowerSenders.Store(int64(max(s.replicas, 1)))
-			w.othersInteractive.Store(false)
 		}
 		if changed {
 			p.changes.notify()
@@ -355,7 +331,6 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		}
 		changed = w.setShare(share) || changed
 		w.lowerSenders.Store(lowerSenders(a.Fleet))
-		w.othersInteractive.Store(slices.ContainsFunc(a.Fleet, func(d ReplicaDemand) bool { return !d.Self && d.Interactive > 0 }))
 	}
 	for _, w := range over {
 		changed = w.setShare(s.fallback(w.spec.ID, p.shareLimit(w))) || changed
@@ -370,61 +345,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 	if changed {
 		p.changes.notify()
 	}
-	if ring && s.calls != nil {
-		result := "made"
-		if s.calls.CallShares(ctx) != nil {
-			result = "failed" // the others' ticks make up for it
-		}
-		p.metrics.shareCalls.WithLabelValues(result).Inc()
-	}
 	return nil
-}
-
-// ExchangeCalled is told, once for any number of calls until it is read, when this replica
-// should exchange its shares (SyncShares) before its next tick: an interactive request here
-// waits for room only the fleet can give (CallForRoom); this replica ended a request on a
-// worker where another queues interactive requests, so that replica may take the room; or
-// another replica called (see ShareCalls). In the first two cases the exchange calls the other
-// replicas after it. Nil without a ShareStore.
-func (p *Pool) ExchangeCalled() <-chan struct{} {
-	if p.shares == nil {
-		return nil
-	}
-	return p.shares.called
-}
-
-// CallForRoom tells the fleet at once, with a ShareStore, that an interactive request queued
-// here waits for room that nothing of this replica's can make (the fleet's reserve refused it,
-// none of the replica's own requests can be preempted for it): the exchange that follows
-// reports it, and calls the other replicas, whose exchanges then shrink their shares for it,
-// so they stop filling the room it needs, and whose requests that end there call back (see
-// ExchangeCalled). Only for such a wait: a demand reported that the replica meets on its own a
-// moment later shrinks the others' shares for nothing until its next exchange, and their own
-// interactive requests then find no room. It never blocks.
-func (p *Pool) CallForRoom() {
-	if p.shares != nil {
-		p.shares.callShares(true)
-	}
-}
-
-// callShares asks for an exchange before the next tick (see ExchangeCalled); ring: one that
-// calls the other replicas after it. It never blocks.
-func (s *shares) callShares(ring bool) {
-	if ring {
-		s.ring.Store(true)
-	}
-	select {
-	case s.called <- struct{}{}:
-	default:
-	}
-}
-
-// watchShareCalls has every call another replica makes ask for an exchange, until ctx ends:
-// Run starts it when the ShareStore carries calls.
-func (p *Pool) watchShareCalls(ctx context.Context) {
-	if s := p.shares; s != nil && s.calls != nil {
-		s.calls.WatchShareCalls(ctx, func() { s.callShares(false) })
-	}
 }
 
 // lowerSenders is how many replicas of fleet send the worker standard or batch prompts: this

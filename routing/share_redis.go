@@ -283,37 +283,3 @@ if best > 0 then
   redis.call('PEXPIRE', KEYS[best], 4 * ttl)
 end
 return best`)
-
-var _ ShareCalls = (*RedisStore)(nil)
-
-// CallShares implements ShareCalls with one PUBLISH of this replica's name on ShareCallsChannel.
-func (s *RedisStore) CallShares(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
-	defer cancel()
-	if err := s.client.Publish(ctx, ShareCallsChannel, s.replica).Err(); err != nil {
-		return fmt.Errorf("call shares: %w", err)
-	}
-	return nil
-}
-
-// WatchShareCalls implements ShareCalls with a subscription on a connection of its own, which
-// go-redis re-establishes after a lost connection (calls made meanwhile are missed; the ticks
-// make up for them). The replica's own calls are not passed on.
-func (s *RedisStore) WatchShareCalls(ctx context.Context, called func()) {
-	ps := s.client.Subscribe(ctx, ShareCallsChannel)
-	defer ps.Close()
-	ch := ps.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m, ok := <-ch:
-			if !ok {
-				return
-			}
-			if m.Payload != s.replica {
-				called()
-			}
-		}
-	}
-}

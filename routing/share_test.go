@@ -140,10 +140,6 @@ type memFleet struct {
 	reports map[string]map[string]memReport // by worker, then replica
 	// reserve is, by worker, then replica, the holds of the worker's interactive reserve.
 	reserve map[string]map[string]memHold
-	// watchers are, by replica, the functions its WatchShareCalls passes calls to; watching is
-	// told of each one that starts.
-	watchers map[string]func()
-	watching chan string
 }
 
 type memReport struct {
@@ -158,8 +154,7 @@ type memHold struct {
 }
 
 func newMemFleet(now func() time.Time) *memFleet {
-	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{},
-		watchers: map[string]func(){}, watching: make(chan string, 16)}
+	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{}}
 }
 
 // holdsOf is the worker's live reserve holds, the expired ones dropped. f.mu must be held.
@@ -233,41 +228,6 @@ type memShares struct {
 }
 
 var errCut = errors.New("store cut")
-
-// CallShares has the semantics of RedisStore's: every other replica watching is called, here
-// at once.
-func (m memShares) CallShares(context.Context) error {
-	f := m.f
-	f.mu.Lock()
-	if f.cut {
-		f.mu.Unlock()
-		return errCut
-	}
-	var called []func()
-	for name, fn := range f.watchers {
-		if name != m.name {
-			called = append(called, fn)
-		}
-	}
-	f.mu.Unlock()
-	for _, fn := range called {
-		fn()
-	}
-	return nil
-}
-
-// WatchShareCalls passes the other replicas' calls to called until ctx ends.
-func (m memShares) WatchShareCalls(ctx context.Context, called func()) {
-	f := m.f
-	f.mu.Lock()
-	f.watchers[m.name] = called
-	f.mu.Unlock()
-	f.watching <- m.name
-	<-ctx.Done()
-	f.mu.Lock()
-	delete(f.watchers, m.name)
-	f.mu.Unlock()
-}
 
 func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]ShareAnswer, error) {
 	f := m.f

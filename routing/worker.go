@@ -64,10 +64,6 @@ type Worker struct {
 	// Pool.SyncShares); 0 without one, or before the first exchange. The prefill budget and the
 	// pieces are divided among them beyond two (choice.prefillOn).
 	lowerSenders atomic.Int64
-	// othersInteractive says the last exchange of shares listed another replica with
-	// interactive requests queued for the worker's models: a request that ends here calls an
-	// exchange at once (see Pool.ExchangeCalled). Only SyncShares writes it.
-	othersInteractive atomic.Bool
 
 	inFlight       atomic.Int64
 	inFlightTokens atomic.Int64
