@@ -54,9 +54,11 @@ func TestRunMeasuresStreamTimings(t *testing.T) {
 				t.Fatalf("got sent %d ok %d failed %d, want 3 3 0", o.Sent, o.OK, o.Failed)
 			}
 			// The engine sleeps 150 ms before the first token and 40 ms before each of the 5
-			// others: lower bounds are exact. Upper bounds are relations that hold however slow
-			// the machine: the first token comes at least 5 gaps before the end, and the gaps
-			// measured fit between the first token and the end.
+			// others: lower bounds of each measure are exact. (Not of E2E - TTFT: a first token
+			// read late on a busy machine, with the next ones behind it, shortens the span from
+			// the first token to the end below the 5 gaps the engine slept: 199.3 ms was seen.)
+			// Upper bounds are relations that hold however slow the machine: the gaps measured
+			// fit between the first token and the end.
 			atLeast := func(name string, got, want float64) {
 				t.Helper()
 				if got < want {
@@ -66,7 +68,6 @@ func TestRunMeasuresStreamTimings(t *testing.T) {
 			atLeast("TTFT p50", o.TTFT.P50, 150)
 			atLeast("ITL p50", o.ITL.P50, 40)
 			atLeast("E2E p50", o.E2E.P50, 150+5*40)
-			atLeast("E2E p50 - TTFT p50", o.E2E.P50-o.TTFT.P50, 5*40)
 			if gaps, span := o.ITL.Mean*5, o.E2E.Mean-o.TTFT.Mean; gaps > span+0.1 {
 				t.Errorf("ITL: 5 gaps of %.1f ms on average, more than the %.1f ms from the first token to the end", o.ITL.Mean, span)
 			}
