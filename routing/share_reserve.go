@@ -72,11 +72,7 @@ func (w *Worker) reserveSize() (requests, reserveTokens int64) {
 func (p *Pool) sizeFleetReserves(workers []*Worker) {
 	groups := map[string][]*Worker{}
 	for _, w := range workers {
-		models := slices.Clone(w.spec.Models)
-		slices.Sort(models)
-		role := cmp.Or(w.spec.Role, RoleBoth)
-		k := string(role) + "\x00" + strings.Join(models, "\x00")
-		groups[k] = append(groups[k], w)
+		groups[w.reserveGroup] = append(groups[w.reserveGroup], w)
 	}
 	type part struct {
 		w               *Worker
@@ -108,6 +104,14 @@ func (p *Pool) sizeFleetReserves(workers []*Worker) {
 			parts[i].w.fleetReserve.Store(parts[i].requests)
 		}
 	}
+}
+
+// reserveGroupOf is the group of a worker of spec in sizeFleetReserves: its role and its
+// models in order.
+func reserveGroupOf(spec WorkerSpec) string {
+	models := slices.Clone(spec.Models)
+	slices.Sort(models)
+	return string(cmp.Or(spec.Role, RoleBoth)) + "\x00" + strings.Join(models, "\x00")
 }
 
 // FleetReserve reports whether the fleet's split keeps an interactive reserve of the workers

@@ -59,6 +59,9 @@ type Worker struct {
 	// fleetReserve is the requests of the worker's limit the fleet keeps as its interactive
 	// reserve (Options.InteractiveReserve), as SyncShares last sized it (sizeFleetReserves).
 	fleetReserve atomic.Int64
+	// reserveGroup names the workers whose reserves are sized together (sizeFleetReserves):
+	// those of the same role and model set. Set at creation, as spec.
+	reserveGroup string
 	// lowerSenders is, with a ShareStore, how many replicas of the fleet send the worker
 	// standard or batch prompts, this one included, as the last exchange of shares told (see
 	// Pool.SyncShares); 0 without one, or before the first exchange. The prefill budget and the
@@ -127,7 +130,7 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 		// As a declaration stored as JSON reads back, so that an unchanged one compares equal.
 		spec.ModelAliases = nil
 	}
-	w := &Worker{spec: spec, url: u}
+	w := &Worker{spec: spec, url: u, reserveGroup: reserveGroupOf(spec)}
 	w.share.Store(noShare)
 	if spec.APIKey != "" {
 		w.authorization = []string{"Bearer " + spec.APIKey}
