@@ -615,6 +615,30 @@ engine_signals() {
     echo
   done >"$OUT_DIR/$1.signals.txt"
 }
+# engine_time NAME: the sims' own count of the time sequences spent computing
+# (usher_sim_sequence_seconds_total) and, of it, that of sequences cancelled while running
+# (usher_sim_cancelled_sequence_seconds_total: preempted work thrown away), summed over the
+# sims from the first steady window's start to the end of the arrivals, as the mean sequences
+# computing and the mean of them thrown away: "busy lost". With SLOTS slots in all, busy against
+# it is the slots' occupancy, and where a fleet's batch share falls short of one replica's, busy
+# tells slots left idle from lost work thrown away.
+engine_time() {
+  local s0 s1 t0 t1
+  sim_seconds() {
+    local a
+    for a in "${sims[@]}"; do curl -s "http://$a/metrics"; done | awk '
+      $1 == "usher_sim_sequence_seconds_total" { busy += $2 }
+      $1 == "usher_sim_cancelled_sequence_seconds_total" { lost += $2 }
+      END { printf "%.6f %.6f\n", busy, lost }'
+  }
+  sleep "$WINDOW"
+  t0=$(date +%s.%N); s0=$(sim_seconds)
+  sleep "$((M_DURATION - WINDOW))"
+  t1=$(date +%s.%N); s1=$(sim_seconds)
+  awk -v t0="$t0" -v t1="$t1" -v a="$s0" -v b="$s1" 'BEGIN {
+    d = t1 - t0; split(a, x, " "); split(b, y, " ")
+    printf "%.2f %.2f\n", (y[1] - x[1]) / d, (y[2] - x[2]) / d }' >"$OUT_DIR/$1.busy.txt"
+}
 if wants 4; then
   m4="$OUT_DIR/modes.txt"
   : >"$m4"
@@ -670,20 +694,23 @@ if wants 4; then
           batch_pid=$!
           engine_signals "$run" "$((M_DURATION / 2))" &
           sig_pid=$!
+          engine_time "$run" &
+          time_pid=$!
           run_bench "$run" "${inter[@]}"
           wait "$batch_pid" || { echo "batch bench of $run failed" >&2; exit 1; }
           wait "$sig_pid" || true
+          wait "$time_pid" || true
           attain=$(int_attainment)
           stop_gateway
           b="$OUT_DIR/$run.json"; bb="$OUT_DIR/$run-batch.json"
           it=$(steady "$b" "$WINDOW" "$M_DURATION" i1 i2 i3)
           bt=$(steady "$bb" "$WINDOW" "$M_DURATION" bulk)
-          printf "%-6s %-8s %-14s %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %8s %9.1f %9.1f %8s %8s %6s %6s %6s %14s %14s\n" "$mode" "$batch" "$vname/$round" "$Ri" "$Rb" \
+          printf "%-6s %-8s %-14s %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %8s %9.1f %9.1f %8s %8s %6s %6s %6s %14s %14s %6s %6s\n" "$mode" "$batch" "$vname/$round" "$Ri" "$Rb" \
             "$(ip "$a" p50)" "$(ip "$a" p99)" "$(ip "$b" p50)" "$(ip "$b" p99)" "$(calc "$(ip "$b" p99) / $(ip "$a" p99)" 2)" \
             "$it" "$bt" "$(calc "($bt / $Cb) / (1 - $it / $Ci)" 2)" \
             "$(jget "$b" '[.tenants[] | select(.name|startswith("i")) | .failed + .dropped] | add')" \
             "$(jget "$bb" '.tenants[0].ok')" "$(jget "$bb" '[.tenants[0].failures[]? | select(.status==429) | .count] | add // 0')" \
-            "$(jget "$bb" '.tenants[0].dropped')" "$attain_a" "$attain" >>"$m4"
+            "$(jget "$bb" '.tenants[0].dropped')" "$attain_a" "$attain" $(cat "$OUT_DIR/$run.busy.txt" 2>/dev/null || echo "- -") >>"$m4"
         done
       done
       echo "$mode/$batch: /props $props; engine signals mid-run (the last b), per worker: $(paste -sd';' "$OUT_DIR/$run.signals.txt")" >>"$OUT_DIR/modes-signals.txt"
@@ -696,13 +723,15 @@ if wants 4; then
   echo "   interactive i1..i3 at 0.1 R_i each ($IN prompt + $OUT output tokens), batch at 3 R_b (decode: the same lengths;"
   echo "   prefill: $P_IN prompt + $P_OUT output tokens, answers: $BATCH_ANSWER), lengths ± $SPREAD; ${M_DURATION}s of arrivals; R in req/s, TTFT in ms,"
   echo "   t/s = tokens/s (prompt + output) over the ${WINDOW}s windows inside the arrivals but the first"
-  printf "%-6s %-8s %-14s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s %14s %14s\n" mode batch variant/round R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
-    "p99/(a)" "int t/s" "batch t/s" "b/unused" "int fail" "b ok" "b 429" "b drop" "(a) met" "(b) met"
+  printf "%-6s %-8s %-14s %8s %8s %9s %9s %9s %9s %8s %9s %9s %8s %8s %6s %6s %6s %14s %14s %6s %6s\n" mode batch variant/round R_i R_b "(a) p50" "(a) p99" "(b) p50" "(b) p99" \
+    "p99/(a)" "int t/s" "batch t/s" "b/unused" "int fail" "b ok" "b 429" "b drop" "(a) met" "(b) met" busy lost
   cat "$m4"
   sed 's/^/   /' "$OUT_DIR/modes-signals.txt"
   echo "   (TTFT percentiles are over answered requests; 'int fail' counts interactive requests not answered by the end of"
   echo "   the drain ($DRAIN), 'b drop' batch arrivals bench dropped at its in-flight bound; 'int met/judged' the (b) run's"
   echo "   interactive requests the gateway judged against the default TTFT objective (2x the idle prediction plus a step) and met;"
+  echo "   busy, lost: the mean sequences the sims computed over the steady windows (slot mode: slots busy of $((M_SLOTS * SIMS))) and, of them,"
+  echo "   those of requests cancelled while running (preempted: work thrown away), by the sims' own count"
   echo "   goals, issue 14: (b) p99/(a) <= 1.5 (moonshot 1.15); b/unused = (batch t/s / C_b) / (1 - int t/s / C_i) >= 0.90)"
 fi
 

@@ -312,6 +312,11 @@ type Stats struct {
 	Preemptions int64
 	// EvictedBlocks counts cached blocks whose content was dropped for reuse.
 	EvictedBlocks int64
+	// SequenceTime is the time sequences spent computing: the sum over steps of the step's cost
+	// times the sequences it computed (slots busy, in slot mode), in the engine's time (before
+	// TimeScale). LostSequenceTime is, of it,
+	// that of sequences cancelled while running: work thrown away.
+	SequenceTime, LostSequenceTime time.Duration
 	// KVCacheUsage is the fraction of KV blocks held by running sequences.
 	KVCacheUsage float64
 	// Priorities counts well-formed completion requests by their "priority" field (0 when
@@ -350,6 +355,8 @@ func (e *Engine) Stats() Stats {
 		PrefixCacheHits:      s.prefixHits.Load(),
 		Preemptions:          s.preemptions.Load(),
 		EvictedBlocks:        s.evictions.Load(),
+		SequenceTime:         time.Duration(s.seqTime.Load()),
+		LostSequenceTime:     time.Duration(s.lostSeqTime.Load()),
 		KVCacheUsage:         s.kvUsage(),
 		Priorities:           prio,
 		CacheSalts:           salts,

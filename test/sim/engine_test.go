@@ -382,6 +382,32 @@ func TestCancelFreesSlot(t *testing.T) {
 	resp.Body.Close()
 }
 
+// The engine's time counts every running sequence's steps, and those of a sequence cancelled
+// while running as lost too: the queue benchmark reads them to tell slots idle from work thrown
+// away by preemption.
+func TestSequenceTimeCountsLostWork(t *testing.T) {
+	e, srv := startEngine(t, fastConfig())
+	resp := post(t, t.Context(), srv, "/v1/completions", map[string]any{"prompt": "done", "max_tokens": 4})
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	s := e.Stats()
+	if s.SequenceTime < 4*time.Millisecond || s.LostSequenceTime != 0 {
+		t.Fatalf("after a request of 4 tokens in steps of at least 1 ms: SequenceTime %v (want >= 4ms), LostSequenceTime %v (want 0)",
+			s.SequenceTime, s.LostSequenceTime)
+	}
+	finished := s.SequenceTime
+	stop := streamUntilFirstChunk(t, func(ctx context.Context) *http.Response {
+		return post(t, ctx, srv, "/v1/chat/completions", chat(words("x", 50), 5000, map[string]any{"stream": true}))
+	})
+	stop()
+	waitFor(t, "running request cancelled", func() bool { s := e.Stats(); return s.Cancelled == 1 && s.Running == 0 })
+	s = e.Stats()
+	if s.LostSequenceTime < time.Millisecond || s.LostSequenceTime != s.SequenceTime-finished {
+		t.Errorf("after a stream cancelled past its first token: LostSequenceTime %v, want at least 1ms and all of SequenceTime's growth (%v)",
+			s.LostSequenceTime, s.SequenceTime-finished)
+	}
+}
+
 func TestPreemptionWhenCacheFills(t *testing.T) {
 	cfg := fastConfig()
 	cfg.KVCacheTokens = 8 * 16

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -29,6 +31,14 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) *latencyHistograms {
 	// The sim's own, under its own name in either mode: no engine reports it, no router reads it.
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "usher_sim_requests_peak",
 		Help: "Most requests the engine held at once (running and waiting) since it started."}, load(&e.stats.peak)))
+	seconds := func(v *atomic.Int64) func() float64 {
+		return func() float64 { return time.Duration(v.Load()).Seconds() }
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "usher_sim_sequence_seconds_total",
+			Help: "Time sequences spent computing: each step's cost times the sequences it computed."}, seconds(&e.stats.seqTime)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "usher_sim_cancelled_sequence_seconds_total",
+			Help: "Of usher_sim_sequence_seconds_total, that of sequences cancelled while running: work thrown away."}, seconds(&e.stats.lostSeqTime)))
 	if e.cfg.Mode == ModeSlots {
 		e.registerLlamaCppMetrics(reg)
 		return nil

@@ -50,8 +50,9 @@ type sequence struct {
 	heapIndex  int
 	slot       int // ModeSlots: the slot held while running, else -1
 	generated  int
-	admitted   bool      // admitted at least once: prompt and cache counters already taken
-	arrivedAt  time.Time // when add queued it, for the latency histograms
+	stepTime   time.Duration // the cost of the steps that computed it (counters.seqTime)
+	admitted   bool          // admitted at least once: prompt and cache counters already taken
+	arrivedAt  time.Time     // when add queued it, for the latency histograms
 	// remote is how many prompt tokens have their KV pulled from a prefill worker (RoleDecode):
 	// on first admission they count as computed, so only the rest is prefilled. It is cleared
 	// then, so a preempted sequence recomputes (vLLM pulls once per request).
@@ -163,7 +164,12 @@ type counters struct {
 	peak atomic.Int64
 	// steps counts engine steps (llama_decode calls) and stepSeqs the sequences they computed.
 	steps, stepSeqs atomic.Int64
-	kvUsageBits     atomic.Uint64
+	// seqTime is the sum over steps of the step's cost times the sequences it computed: the
+	// time sequences spent computing (one sequence in the batch for a second is a second), in
+	// nanoseconds of the engine's time (before TimeScale); lostSeqTime is, of it, the time of sequences cancelled while running, whose
+	// work was thrown away (a gateway's preemption, a client gone).
+	seqTime, lostSeqTime atomic.Int64
+	kvUsageBits          atomic.Uint64
 }
 
 func (c *counters) kvUsage() float64 { return math.Float64frombits(c.kvUsageBits.Load()) }
@@ -284,6 +290,7 @@ func (s *scheduler) cancel(q *sequence) bool {
 	case stateWaiting:
 		heap.Remove(&s.waiting, q.heapIndex)
 	case stateRunning:
+		s.stats.lostSeqTime.Add(int64(q.stepTime))
 		s.removeRunning(q)
 		s.pool.release(q.blocks)
 		q.blocks = nil
@@ -578,6 +585,8 @@ func (s *scheduler) apply(p *stepPlan) {
 		if n == 0 || q.state != stateRunning {
 			continue
 		}
+		q.stepTime += p.cost
+		s.stats.seqTime.Add(int64(p.cost))
 		if q.computed < q.promptLen {
 			s.stats.promptComputed.Add(int64(min(q.computed+n, q.promptLen) - q.computed))
 		}
