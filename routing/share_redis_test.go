@@ -211,3 +211,81 @@ func TestReserveOverRedis(t *testing.T) {
 		t.Fatalf("w1's reserve hash has %d fields (%v), want a's alone", n, err)
 	}
 }
+
+// TestReserveLoansOverRedis: loans to the fleet's interactive reserve through a real Redis. A
+// loan is refused while no hold needs it and taken while the holds exceed the loans; a loan is
+// room for TakeReserve beyond the reserve's own; the exchange answers the live holds and loans
+// and records the loan a replica reports; a loan is taken back only as far as the loans exceed
+// the holds; junk another writer put in a loan hash counts for nothing.
+func TestReserveLoansOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := NewRedisStore(newRedisClient(t, srv), 0), NewRedisStore(newRedisClient(t, srv), 0)
+	lend := func(s *RedisStore, delta, wantLent, wantUnbacked int64) {
+		t.Helper()
+		lent, unbacked, err := s.LendReserve(ctx, "w0", delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lent != wantLent || unbacked != wantUnbacked {
+			t.Fatalf("lend %d: got loan %d, holds less loans %d; want %d, %d", delta, lent, unbacked, wantLent, wantUnbacked)
+		}
+	}
+	claim := []ReserveClaim{{Worker: "w0", Requests: 1, Tokens: 400, Want: 100, WantRequests: 1}}
+	take := func(s *RedisStore, want int) {
+		t.Helper()
+		if got, err := s.TakeReserve(ctx, claim); err != nil || got != want {
+			t.Fatalf("took the reserve of claim %d (%v), want %d", got, err, want)
+		}
+	}
+	lend(a, 1, 0, 0) // nothing held: nothing to back
+	take(b, 0)       // the reserve's one request
+	take(b, -1)
+	lend(a, 1, 1, 0) // b's hold backed
+	lend(a, 1, 1, 0) // and no more
+	take(b, 0)       // the loan is room again: b holds 2 of 1 + 1 lent
+	lend(a, -1, 1, 1)
+
+	rdb := newRedisClient(t, srv)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := shareKey("w0") + shareLentSuffix
+	for field, v := range map[string]string{
+		"huge": fmt.Sprintf("99999999 %d", now.UnixMilli()), "nan": "nan 1", "old": fmt.Sprintf("5 %d", now.UnixMilli()-60_000),
+	} {
+		if err := rdb.HSet(ctx, key, field, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report := ShareReport{Worker: "w0", Limit: 10, Hold: 2, Want: 5, Demand: 1, Lent: 1}
+	got, err := a.ExchangeShares(ctx, []ShareReport{report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ReserveHeld != 2 || got[0].ReserveLent != 1 {
+		t.Fatalf("exchange answered holds %d, loans %d; want 2 (b's), 1 (a's): the junk counts for nothing", got[0].ReserveHeld, got[0].ReserveLent)
+	}
+	// b gives one request back: a's loan is one more than the holds need.
+	got, err = b.ExchangeShares(ctx, []ShareReport{{Worker: "w0", Limit: 10, Hold: 1, Want: 5, Demand: 1, Reserve: 1, ReserveTokens: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ReserveHeld != 1 || got[0].ReserveLent != 1 {
+		t.Fatalf("exchange answered holds %d, loans %d; want 1, 1", got[0].ReserveHeld, got[0].ReserveLent)
+	}
+	lend(a, -1, 1, 0) // still needed: it backs b's hold, so the reserve's own request stays free
+	if _, err := b.ExchangeShares(ctx, []ShareReport{{Worker: "w0", Limit: 10, Hold: 1, Want: 5, Demand: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	lend(a, -1, 0, 0) // nothing held: the loan comes back
+	take(b, 0)
+	take(b, -1) // the reserve's own request again, no loan beside it
+	if n, err := rdb.HLen(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("w0's loan hash has %d fields (%v), want none", n, err)
+	}
+	if _, _, err := a.LendReserve(ctx, "w0", maxSlots+1); err == nil {
+		t.Fatal("a loan change beyond maxSlots was sent")
+	}
+}

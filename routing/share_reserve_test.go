@@ -185,3 +185,96 @@ func TestFleetReserveSizedOverTheModelsWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveLentByTheRequestsThatEnd: three replicas keep a worker of 12 full of batch, less the
+// fleet's interactive reserve of one request. c's interactive request takes the reserve; once the
+// others know it is held, the next request of theirs that ends leaves its room to the reserve
+// (a loan), so a's interactive request finds the reserve's room at once, as one queue's reserve is
+// the first room any request frees; then again for b's (a hold of a replica whose own requests
+// came to fit its share goes back instead of being lent for). The fleet never has more than the
+// worker's limit in flight. Once the interactive requests end and their holds go back, so do the
+// loans, and batch has all but the reserve again. Without the loans a's request found the reserve
+// held until c's request ended.
+func TestReserveLentByTheRequestsThatEnd(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 1.0/simLimit, "a", "b", "c")
+	for _, r := range rs {
+		r.keep[1], r.life = 400, 3
+	}
+	a, b, c := rs[0], rs[1], rs[2]
+	simRun(t, clock, rs, 0, 10)
+	round := 10
+	if got := fleetInFlight(t, rs); got != simLimit-1 {
+		t.Fatalf("batch holds %d, want all but the reserve's one (%s)", got, simState(rs))
+	}
+	interactive := &Request{Model: "m", Interactive: true}
+	var held []*Lease
+	for _, r := range []*simReplica{c, a, b} {
+		if !r.pool.TakeReserve(context.Background(), interactive) {
+			t.Fatalf("%s's interactive request found the reserve held and no loan (holds %d, loans %d; %s)", r.name,
+				fleet.reserveHeld("w0"), fleet.reserveLent("w0"), simState(rs))
+		}
+		l := pickNow(t, r, true)
+		if l == nil {
+			t.Fatalf("%s's interactive request found no room after taking the reserve (%s)", r.name, simState(rs))
+		}
+		held = append(held, l)
+		fleetInFlight(t, rs)
+		// Three rounds: the hold is told at the exchanges, then requests end (each lives
+		// three rounds).
+		simRun(t, clock, rs, round, 3)
+		round += 3
+		if h, l := fleet.reserveHeld("w0"), fleet.reserveLent("w0"); h >= 1+l {
+			t.Fatalf("after %d interactive requests on the reserve, it is held %d and lent %d: no room (%s)", len(held), h, l, simState(rs))
+		}
+	}
+	for _, l := range held {
+		l.Release(Outcome{})
+	}
+	simRun(t, clock, rs, round, 8) // past reserveKeep: the holds go back, then the loans
+	if h, l := fleet.reserveHeld("w0"), fleet.reserveLent("w0"); h != 0 || l != 0 {
+		t.Fatalf("after the interactive requests ended, the reserve is held %d and lent %d, want 0 and 0 (%s)", h, l, simState(rs))
+	}
+	if got := fleetInFlight(t, rs); got != simLimit-1 {
+		t.Fatalf("batch holds %d after the loans came back, want all but the reserve's one (%s)", got, simState(rs))
+	}
+}
+
+// TestReserveNotLentFromUnderAPreemptingRequest: while an interactive request of a replica holds
+// a worker for the room the requests it preempted free (HoldForInteractive), their room is not
+// lent to the reserve, however held the reserve is: lent, it left the interactive request waiting
+// for the next request to end.
+func TestReserveNotLentFromUnderAPreemptingRequest(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 1.0/simLimit, "a", "b")
+	a, b := rs[0], rs[1]
+	for _, r := range rs {
+		r.keep[1], r.life = 400, 3
+	}
+	simRun(t, clock, rs, 0, 10)
+	interactive := &Request{Model: "m", Interactive: true}
+	if !a.pool.TakeReserve(context.Background(), interactive) || pickNow(t, a, true) == nil {
+		t.Fatalf("a's interactive request got no room of the reserve (%s)", simState(rs))
+	}
+	simRun(t, clock, rs, 10, 1) // b learns the reserve is held
+	w := modelWorkersOf(b.pool)
+	end := w.HoldForInteractive()
+	b.leases[0].l.Release(Outcome{}) // as a preempted request ends
+	b.leases = b.leases[1:]
+	b.settled()
+	if got := fleet.reserveLent("w0"); got != 0 {
+		t.Fatalf("b lent %d of the room its preempted request freed, want 0", got)
+	}
+	if pickNow(t, b, true) == nil {
+		t.Fatalf("b's interactive request found no room where its preempted request ended (%s)", simState(rs))
+	}
+	end()
+	b.leases[0].l.Release(Outcome{}) // an ordinary end: lent now
+	b.leases = b.leases[1:]
+	b.settled()
+	if got := fleet.reserveLent("w0"); got != 1 {
+		t.Fatalf("b lent %d of the room its request freed once nothing held the worker, want 1 (%s)", got, simState(rs))
+	}
+}
