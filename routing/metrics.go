@@ -37,8 +37,6 @@ type poolMetrics struct {
 	shareExchanges *prometheus.CounterVec
 	// reserveTakes counts TakeReserve's attempts by result.
 	reserveTakes *prometheus.CounterVec
-	// reserveLoans counts the loans of this replica's room to the fleet's reserve by result.
-	reserveLoans *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -101,16 +99,12 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_reserve_takes_total",
 			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), failed (the store failed, or the split is cut or rejoining).",
 		}, []string{"result"}),
-		reserveLoans: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_routing_reserve_loans_total",
-			Help: "Requests of this replica's share lent to the fleet's interactive reserve of a worker while it was held (a request that ended left its room to the reserve), by result: lent, refused (another replica lent first), failed (the store failed, or the split is cut or rejoining), returned (taken back once the holds no longer needed it).",
-		}, []string{"result"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.reserveLoans, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

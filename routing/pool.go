@@ -213,7 +213,6 @@ func (l *Lease) Release(o Outcome) {
 	held := o.Suspect && !l.probe // the breaker waits for ConfirmFailure
 	o.Failed = o.Failed || o.Suspect
 	w.release(l.tokens)
-	p.lendOnRelease(w)
 	l.endPrefill()
 	if l.piece == 0 {
 		// A prompt sent in pieces waited between them for interactive prompts: its times are

@@ -19,16 +19,6 @@ import (
 // its reserve, and the reserve stays whole in the store: a replica where an interactive request
 // finds no room takes room for that one request from it (TakeReserve, one round trip), and
 // gives it back at the exchanges that follow once its interactive requests no longer need it.
-//
-// Held, the reserve would stay so until the holder's own requests fit its share again (one of
-// them ends), while the other replicas' requests that end on the worker make room only for their
-// own: at three replicas the next interactive request found the reserve held and preempted a
-// batch request four times as often as at one, where one queue's reserve is the first room any
-// request frees (docs/benchmarks.md, "Lending the reserve"). So a replica whose request ends on
-// a worker whose reserve is held beyond its loans lends the reserve the room that request freed
-// (lendOnRelease): it keeps it free of its own requests, and the reserve has room again for the
-// next interactive request, wherever it arrives; the loan goes back once the holds no longer
-// need it.
 
 // ReserveClaim asks the fleet's interactive reserve of one worker for room for one interactive
 // request (ShareStore.TakeReserve).
@@ -136,18 +126,11 @@ func (p *Pool) shareLimit(w *Worker) int64 {
 	return max(w.limit.Load(), 0) - n
 }
 
-// ownCapacity is the most requests this replica's own requests may keep in flight on w within
-// its share: the share (capacity) less what it lends the fleet's reserve of w (see
-// lendOnRelease). Four atomic loads.
-func (w *Worker) ownCapacity() int64 {
-	return max(w.capacity()-w.lent.Load()-w.lending.Load(), 0)
-}
-
 // capacityFor is the most requests this replica may keep in flight on w now for a request of
-// the interactive class (interactive) or another: its share less its loans (ownCapacity), and
-// for an interactive one the room it holds of the fleet's reserve too. Four to six atomic loads.
+// the interactive class (interactive) or another: its share (capacity), and for an interactive
+// one the room it holds of the fleet's reserve too. Two to four atomic loads.
 func (w *Worker) capacityFor(interactive bool) int64 {
-	c := w.ownCapacity()
+	c := w.capacity()
 	if interactive {
 		if r := w.reserve.Load(); r > 0 {
 			c = min(c+r, w.limit.Load())
@@ -180,7 +163,7 @@ func (w *Worker) tokenCapacityFor(interactive bool) int64 {
 func (w *Worker) settleReserve(now time.Time) (requests, tokens int64, changed bool) {
 	excess := max(w.inFlightTokens.Load()-w.tokenCapacity(), 0)
 	if now.UnixNano()-w.reserveAt.Load() >= int64(reserveKeep) {
-		if used := max(w.inFlight.Load()-w.ownCapacity(), 0); used < w.reserve.Load() {
+		if used := max(w.inFlight.Load()-w.capacity(), 0); used < w.reserve.Load() {
 			w.reserve.Store(used)
 			changed = true
 		}
@@ -239,7 +222,7 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 			continue
 		}
 		n, tokens := w.reserveSize()
-		over := max(w.inFlight.Load()-w.ownCapacity()-w.reserve.Load(), 0)
+		over := max(w.inFlight.Load()-w.capacity()-w.reserve.Load(), 0)
 		overTokens := max(w.inFlightTokens.Load()-w.tokenCapacity()-w.reserveTokens.Load(), 0)
 		c := ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want + overTokens, WantRequests: 1 + over}
 		if c.WantRequests > n || c.Want > tokens {
@@ -265,101 +248,7 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 	w.reserveAt.Store(now.UnixNano())
 	w.reserve.Add(claims[i].WantRequests)
 	w.reserveTokens.Add(claims[i].Want)
-	w.unbacked.Add(claims[i].WantRequests)
 	p.metrics.reserveTakes.WithLabelValues("taken").Inc()
 	p.changes.notify()
 	return true
-}
-
-// lendOnRelease lends the fleet's interactive reserve of w the room a request of this replica
-// that ended there freed in its share, when the reserve is held beyond its loans (w.unbacked,
-// as the store last told): the room is kept free of this replica's requests at once, and the
-// store asked to count it in the reserve (LendReserve, one round trip, off the caller's
-// goroutine); if the store refuses it (another replica lent first) or fails, the room is this
-// replica's again and Changes is told. One request is lent per hold known unbacked, however many
-// requests end meanwhile; none while an interactive request of this replica holds w
-// (HoldForInteractive): it preempted the requests that end for the room. (Lent, that room left the
-// interactive request waiting for the next request to end, 60-250 ms, in the first measurement.)
-// Lease.Release calls it after counting the request's end and before telling of the room.
-func (p *Pool) lendOnRelease(w *Worker) {
-	s := p.shares
-	if s == nil || w.interactiveHolds.Load() > 0 {
-		// An interactive request of this replica preempted for room here: the room is its.
-		return
-	}
-	for {
-		u := w.unbacked.Load()
-		if u <= 0 {
-			return
-		}
-		if w.unbacked.CompareAndSwap(u, u-1) {
-			break
-		}
-	}
-	// Counted first, checked after, as tryAcquire counts a request: a request placed meanwhile
-	// either sees the loan or is seen here.
-	w.lending.Add(1)
-	if w.inFlight.Load()+w.lent.Load()+w.lending.Load() > w.capacity()+w.reserve.Load() {
-		// The request that ended was beyond the share and the room this replica holds of
-		// the reserve (its share shrank): no room to lend.
-		w.lending.Add(-1)
-		w.unbacked.Add(1)
-		return
-	}
-	s.lends.Add(1)
-	go p.lend(w)
-}
-
-// lend asks the store to count one more request of w's share in the fleet's reserve of w, for
-// lendOnRelease, under shares.mu (so an exchange never reports a loan the store has not
-// answered).
-func (p *Pool) lend(w *Worker) {
-	s := p.shares
-	defer s.lends.Done()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	result := "failed"
-	if s.joined && !s.failing && !p.now().Before(s.rejoinUntil) {
-		ctx, cancel := context.WithTimeout(context.Background(), shareTimeout)
-		lent, unbacked, err := s.store.LendReserve(ctx, w.spec.ID, 1)
-		cancel()
-		if err == nil && lent >= 0 && lent <= maxSlots {
-			result = "refused"
-			if lent > w.lent.Load() {
-				result = "lent"
-			}
-			w.lent.Store(lent)
-			w.unbacked.Store(unbacked)
-		}
-	}
-	w.lending.Add(-1)
-	p.metrics.reserveLoans.WithLabelValues(result).Inc()
-	if result != "lent" {
-		p.changes.notify()
-	}
-}
-
-// settleLoan takes back, after an exchange that answered a, what this replica lends the fleet's
-// reserve of w beyond the holds (LendReserve, one round trip, only when it lends beyond them),
-// and reports whether its room on w grew. Nothing while the split is rejoining after a cut: a
-// store that restarted empty knows the holds only as each live replica reports them again, and a
-// loan taken back from a hold it forgot would be room used twice. SyncShares calls it under
-// shares.mu.
-func (p *Pool) settleLoan(ctx context.Context, w *Worker, a ShareAnswer) bool {
-	s := p.shares
-	w.unbacked.Store(a.ReserveHeld - a.ReserveLent)
-	mine := w.lent.Load()
-	excess := a.ReserveLent - a.ReserveHeld
-	if mine <= 0 || excess <= 0 || p.now().Before(s.rejoinUntil) {
-		return false
-	}
-	lent, unbacked, err := s.store.LendReserve(ctx, w.spec.ID, -min(mine, excess))
-	if err != nil || lent < 0 || lent > mine {
-		p.metrics.reserveLoans.WithLabelValues("failed").Inc()
-		return false
-	}
-	w.lent.Store(lent)
-	w.unbacked.Store(unbacked)
-	p.metrics.reserveLoans.WithLabelValues("returned").Add(float64(mine - lent))
-	return lent < mine
 }

@@ -59,13 +59,6 @@ type Worker struct {
 	// fleetReserve is the requests of the worker's limit the fleet keeps as its interactive
 	// reserve (Options.InteractiveReserve), as SyncShares last sized it (sizeFleetReserves).
 	fleetReserve atomic.Int64
-	// lent is the requests of its share this replica lends the fleet's interactive reserve of
-	// the worker, as the store recorded them (Pool.lendOnRelease), and lending those it keeps
-	// free for a loan the store has not yet answered: its own requests do not use either.
-	// unbacked is the reserve's holds less its loans, as the store last told (with this
-	// replica's takes since): while above 0, a request of this replica's that ends leaves its
-	// room to the reserve.
-	lent, lending, unbacked atomic.Int64
 	// reserveGroup names the workers whose reserves are sized together (sizeFleetReserves):
 	// those of the same role and model set. Set at creation, as spec.
 	reserveGroup string
