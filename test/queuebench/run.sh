@@ -701,6 +701,10 @@ if wants 4; then
           wait "$sig_pid" || true
           wait "$time_pid" || true
           attain=$(int_attainment)
+          # The routing counters of each replica (reserve takes, share exchanges, preemptions), for the record.
+          for g in "${!GWS[@]}"; do
+            curl -fs "http://${GWS[$g]}/metrics" | grep -E '^usher_(routing_reserve|routing_share_exchanges|preempted)' >"$OUT_DIR/$run.metrics-$((g + 1)).txt" || true
+          done
           stop_gateway
           b="$OUT_DIR/$run.json"; bb="$OUT_DIR/$run-batch.json"
           it=$(steady "$b" "$WINDOW" "$M_DURATION" i1 i2 i3)
