@@ -33,8 +33,11 @@
 #      interactive i1..i3 at 0.1 R_i each alone and (b) the same beside batch at 3 R_b, sent by a
 #      second bench process with its own lengths. Printed: interactive TTFT p50/p99, p99 over
 #      (a)'s, and batch's share of what interactive leaves: (batch t/s / C_b) / (1 - int t/s / C_i),
-#      and the interactive TTFT attainment of (a) and (b) as the gateway judged it. With REPLICAS=N (N > 1)
-#      every run goes through N replicas sharing a redis-server, spread as REPLICA_SPREAD says.
+#      and the interactive TTFT attainment of (a) and (b) as the gateway judged it, and by the sims' own
+#      count the mean sequences computing over the steady windows and those of requests cancelled while
+#      running (busy, lost: slots idle against work thrown away by preemption). With REPLICAS=N (N > 1)
+#      every run goes through N replicas sharing a redis-server, spread as REPLICA_SPREAD says; each
+#      replica's routing counters are kept beside the run (NAME.metrics-K.txt).
 #   5. Goodput on a real trace (issues 29 and 31): the Azure conversation trace at LOADS times the
 #      fleet's capacity, the default config; requests that met the default objectives a second,
 #      as the gateway judged them. Run it with FLEET=mixed and FLEET=pd to compare fleets.
