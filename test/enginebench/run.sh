@@ -30,6 +30,13 @@
 #   ENGINE_VARIANTS=stock test/enginebench/run.sh     # llama-server's own settings only
 #   ENGINE_VARIANTS="b256:-b 256 -ub 256" test/enginebench/run.sh
 #   USHER=/tmp/usher-old test/enginebench/run.sh       # that binary, not one built here
+#   REPLICAS=3 RUNS=prefill test/enginebench/run.sh    # three gateways in front of the same engines
+#
+# With REPLICAS=N (N > 1) every run goes through N gateway replicas sharing a redis-server
+# started here (the fleet's split of each worker), each with its own SQLite ledger; both bench
+# processes send round robin over them (bench --replica-url), and the table's "int met" sums
+# the replicas' verdicts. The warm-up is N times as long: each replica's cost models learn from
+# their own answers only.
 #
 # The engine is built by test/realengine/build.sh when missing (about 6 minutes, once).
 # Reports (bench JSON, gateway and engine logs) go to $OUT_DIR.
@@ -63,10 +70,14 @@ RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone
 ENGINE_VARIANTS=${ENGINE_VARIANTS:-stock; b128:-b 128 -ub 128} # llama-server settings, see above
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
 WARM_PER_WORKER=${WARM_PER_WORKER:-40} # streamed requests a worker before each run, so the cost models judge (0: none)
+REPLICAS=${REPLICAS:-1}            # gateway replicas sharing a redis-server (see above)
 
 for tool in jq curl awk; do
   command -v "$tool" >/dev/null 2>&1 || { echo "enginebench needs $tool" >&2; exit 1; }
 done
+if [ "$REPLICAS" -gt 1 ]; then
+  command -v redis-server >/dev/null 2>&1 || { echo "enginebench: REPLICAS needs redis-server" >&2; exit 1; }
+fi
 dir=$(test/realengine/build.sh)
 if [ -z "${USHER:-}" ]; then go build -o bin/usher ./cmd/usher; fi
 USHER=${USHER:-bin/usher}          # the usher binary under test
@@ -74,22 +85,24 @@ mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
   "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"" \
-  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\"; $(nproc) cores"
+  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\" REPLICAS=$REPLICAS; $(nproc) cores"
 
 pids=()
-gw_pid=
+gw_pids=()
+redis_pid=
 cleanup() {
-  for p in "${pids[@]}" $gw_pid; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}" "${gw_pids[@]}" $redis_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # start_engines FLAGS...: WORKERS llama-servers with FLAGS beside the common ones; logs in $RUN_DIR.
 engines=()
 start_engines() {
   engines=()
   for i in $(seq "$WORKERS"); do
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
       --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
     pids+=($!)
@@ -139,19 +152,48 @@ start_gateway() {
     done
     echo "log: {level: info, format: json}"
   } >"$RUN_DIR/$1.yaml"
+  GWS=()
+  if [ "$REPLICAS" -le 1 ]; then
+    launch_gateway "$1"
+    return
+  fi
+  local port r
+  port=$(free_port)
+  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$RUN_DIR/$1.redis.log" 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  for r in $(seq "$REPLICAS"); do
+    rm -f "$RUN_DIR/$1-r$r.db"
+    {
+      cat "$RUN_DIR/$1.yaml"
+      echo "redis: {url: \"redis://127.0.0.1:$port/0\"}"
+      echo "database: {url: \"sqlite:$RUN_DIR/$1-r$r.db\"}"
+    } >"$RUN_DIR/$1-r$r.yaml"
+    launch_gateway "$1-r$r"
+  done
+  GW=${GWS[0]}
+}
+# launch_gateway NAME: serves NAME.yaml; appends its address to GWS and sets GW to it.
+launch_gateway() {
   "$USHER" serve --config "$RUN_DIR/$1.yaml" >"$RUN_DIR/$1.gateway.log" 2>&1 &
-  gw_pid=$!
+  gw_pids+=($!)
   GW=$(addr_from "$RUN_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  GWS+=("$GW")
 }
+# stop_gateway: stops every replica started, and their redis-server.
 stop_gateway() {
-  if [ -n "$gw_pid" ]; then kill "$gw_pid" 2>/dev/null || true; wait "$gw_pid" 2>/dev/null || true; gw_pid=; fi
+  local p
+  for p in "${gw_pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  gw_pids=()
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; redis_pid=; fi
 }
 
 # bench NAME IN OUT ARGS...: one bench process against the current gateway; report in NAME.json.
 bench() {
-  local name=$1 in=$2 out=$3; shift 3
-  "$USHER" bench --url "http://$GW/v1" --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
+  local name=$1 in=$2 out=$3 g replicas=(); shift 3
+  for g in "${GWS[@]:1}"; do replicas+=(--replica-url "http://$g/v1"); done
+  "$USHER" bench --url "http://$GW/v1" ${replicas[@]+"${replicas[@]}"} --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
     --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$RUN_DIR/$name.json" "$@" >"$RUN_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$RUN_DIR/$name.txt" >&2; exit 1; }
 }
@@ -176,7 +218,7 @@ run() {
   # WARM_PER_WORKER short streamed requests a worker teach them first (not in the table).
   if [ "$WARM_PER_WORKER" -gt 0 ]; then
     bench "$name.warm" "$I_IN" "$I_OUT" --tenant "warm=$(key warm)::standard" --rate 20 \
-      --max-inflight 250 --requests $((WORKERS * WARM_PER_WORKER))
+      --max-inflight 250 --requests $((WORKERS * WARM_PER_WORKER * REPLICAS))
   fi
   local bpid=
   if [ $# -gt 3 ]; then
@@ -197,7 +239,8 @@ run() {
 # judged NAME: the interactive requests the current gateway judged against their TTFT objective
 # (the default: 2x the serving worker's idle prediction plus one step), as met/judged.
 judged() {
-  curl -fs "http://$GW/metrics" | awk '
+  local g
+  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk '
     index($0, "usher_objective_ttft_total{") == 1 && index($0, "class=\"interactive\"") {
       if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
     END { printf "%d/%d\n", met, met + missed }'
