@@ -51,14 +51,21 @@ func (c *choice) withinPrefillBudget(w *Worker) bool {
 
 // prefillOn is c's prefill budget and piece on w: this replica's own (see Pool.protect), or,
 // when more than pieceCycleSteps replicas of the fleet send w lower-class prompts
-// (Worker.lowerSenders), pieceCycleSteps over their number of it, a piece no smaller than
-// minPrefillPiece unless the pool's own is. Each replica counts only its own prompts in w's
-// prefill, and an engine prefills together what every replica sent it: three replicas each
-// within the whole budget put up to three pieces in the step an interactive prompt waits for.
-// Cost: an atomic load.
+// (Worker.lowerSenders) and w is not a slot engine, pieceCycleSteps over their number of it, a
+// piece no smaller than minPrefillPiece unless the pool's own is. Each replica counts only its
+// own prompts in w's prefill, and an engine prefills together what every replica sent it: three
+// replicas each within the whole budget put up to three pieces in the step an interactive prompt
+// waits for. A slot engine (llama-server, Worker.SlotEngine) keeps the whole budget and piece:
+// there a batch prompt holds its slot through all its pieces, and the interactive request waits
+// for a slot more than for a step. Divided, a prompt went in twice as many pieces that held the
+// slots longer: three replicas in front of real llama-servers met fewer interactive objectives
+// (71/89 against 77/88 whole) with less batch (0.60-0.62 of capacity against 0.70), and on slot
+// sims the division bought no interactive attainment the rounds could tell (199/201 against
+// 186/189) for six points of batch (0.77-0.78 against 0.84): docs/benchmarks.md, "Lending the
+// reserve", twentieth session. Cost: two atomic loads.
 func (c *choice) prefillOn(w *Worker) (budget int64, piece int) {
 	n := w.lowerSenders.Load()
-	if n <= pieceCycleSteps || c.prefillBudget <= 0 {
+	if n <= pieceCycleSteps || c.prefillBudget <= 0 || w.slots.Load() > 0 {
 		return c.prefillBudget, c.piece
 	}
 	budget = max(senderPart(c.prefillBudget, n), 1)

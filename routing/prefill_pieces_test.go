@@ -263,6 +263,15 @@ func TestPiecesDividedAmongTheReplicasThatSendThem(t *testing.T) {
 		t.Errorf("store cut: piece %d, want 120 (every replica the fleet had: four)", got)
 	}
 	l.Release(Outcome{})
+
+	// A slot engine (its /props told its slots) keeps the whole piece and budget whatever the
+	// senders: its batch prompts hold their slots through every piece.
+	pools["a"].snap.Load().models["m"].workers[0].slots.Store(4)
+	l = a.pick("slot engine, store cut", Request{PromptTokens: 1000})
+	if got := l.PrefillPiece(); got != 240 {
+		t.Errorf("slot engine, store cut: piece %d, want 240 (not divided)", got)
+	}
+	l.Release(Outcome{})
 }
 
 // A sender's part of a budget is exact and cannot overflow, however large the configured budget.
