@@ -314,8 +314,8 @@ type Stats struct {
 	EvictedBlocks int64
 	// SequenceTime is the time sequences spent computing: the sum over steps of the step's cost
 	// times the sequences it computed (slots busy, in slot mode), in the engine's time (before
-	// TimeScale). LostSequenceTime is, of it,
-	// that of sequences cancelled while running: work thrown away.
+	// TimeScale). LostSequenceTime is, of it, that of sequences cancelled while running: work
+	// thrown away.
 	SequenceTime, LostSequenceTime time.Duration
 	// KVCacheUsage is the fraction of KV blocks held by running sequences.
 	KVCacheUsage float64
