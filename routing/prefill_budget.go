@@ -57,12 +57,12 @@ func (c *choice) withinPrefillBudget(w *Worker) bool {
 // replicas each within the whole budget put up to three pieces in the step an interactive prompt
 // waits for. A slot engine (llama-server: its /props told its slots, Worker.slots) keeps the
 // whole budget and piece: there a batch prompt holds its slot through all its pieces, and the
-// interactive request waits for a slot more than for a step. Divided, a prompt went in twice as many pieces that held the
-// slots longer: three replicas in front of real llama-servers met fewer interactive objectives
-// (71/89 against 77/88 whole) with less batch (0.60-0.62 of capacity against 0.70), and on slot
-// sims the division bought no interactive attainment the rounds could tell (199/201 against
-// 186/189) for six points of batch (0.77-0.78 against 0.84): docs/benchmarks.md, "Lending the
-// reserve", twentieth session. Cost: two atomic loads.
+// interactive request waits for a slot more than for a step. Divided, a prompt went in twice as
+// many pieces that held the slots longer: three replicas in front of real llama-servers met fewer
+// interactive objectives (71/89 against 77/88 whole) with less batch (0.60-0.62 of capacity
+// against 0.70), and on slot sims the division bought no interactive attainment the rounds could
+// tell (199/201 against 186/189) for six points of batch (0.77-0.78 against 0.84):
+// docs/benchmarks.md, "Lending the reserve", twentieth session. Cost: two atomic loads.
 func (c *choice) prefillOn(w *Worker) (budget int64, piece int) {
 	n := w.lowerSenders.Load()
 	if n <= pieceCycleSteps || c.prefillBudget <= 0 || w.slots.Load() > 0 {

@@ -266,7 +266,7 @@ func TestPiecesDividedAmongTheReplicasThatSendThem(t *testing.T) {
 
 	// A slot engine (its /props told its slots) keeps the whole piece and budget whatever the
 	// senders: its batch prompts hold their slots through every piece.
-	pools["a"].snap.Load().models["m"].workers[0].slots.Store(4)
+	modelWorkersOf(pools["a"]).slots.Store(4)
 	l = a.pick("slot engine, store cut", Request{PromptTokens: 1000})
 	if got := l.PrefillPiece(); got != 240 {
 		t.Errorf("slot engine, store cut: piece %d, want 240 (not divided)", got)

@@ -618,6 +618,15 @@ engine_signals() {
     echo
   done >"$OUT_DIR/$1.signals.txt"
 }
+# sim_seconds: the sims' usher_sim_sequence_seconds_total and
+# usher_sim_cancelled_sequence_seconds_total, each summed over the sims: "busy lost".
+sim_seconds() {
+  local a
+  for a in "${sims[@]}"; do curl -s "http://$a/metrics"; done | awk '
+    $1 == "usher_sim_sequence_seconds_total" { busy += $2 }
+    $1 == "usher_sim_cancelled_sequence_seconds_total" { lost += $2 }
+    END { printf "%.6f %.6f\n", busy, lost }'
+}
 # engine_time NAME: the sims' own count of the time sequences spent computing
 # (usher_sim_sequence_seconds_total) and, of it, that of sequences cancelled while running
 # (usher_sim_cancelled_sequence_seconds_total: preempted work thrown away), summed over the
@@ -627,13 +636,6 @@ engine_signals() {
 # tells slots left idle from lost work thrown away.
 engine_time() {
   local s0 s1 t0 t1
-  sim_seconds() {
-    local a
-    for a in "${sims[@]}"; do curl -s "http://$a/metrics"; done | awk '
-      $1 == "usher_sim_sequence_seconds_total" { busy += $2 }
-      $1 == "usher_sim_cancelled_sequence_seconds_total" { lost += $2 }
-      END { printf "%.6f %.6f\n", busy, lost }'
-  }
   sleep "$WINDOW"
   t0=$(date +%s.%N); s0=$(sim_seconds)
   sleep "$((M_DURATION - WINDOW))"

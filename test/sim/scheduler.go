@@ -166,8 +166,9 @@ type counters struct {
 	steps, stepSeqs atomic.Int64
 	// seqTime is the sum over steps of the step's cost times the sequences it computed: the
 	// time sequences spent computing (one sequence in the batch for a second is a second), in
-	// nanoseconds of the engine's time (before TimeScale); lostSeqTime is, of it, the time of sequences cancelled while running, whose
-	// work was thrown away (a gateway's preemption, a client gone).
+	// nanoseconds of the engine's time (before TimeScale); lostSeqTime is, of it, the time of
+	// sequences cancelled while running, whose work was thrown away (a gateway's preemption, a
+	// client gone).
 	seqTime, lostSeqTime atomic.Int64
 	kvUsageBits          atomic.Uint64
 }
