@@ -37,10 +37,6 @@ type poolMetrics struct {
 	shareExchanges *prometheus.CounterVec
 	// reserveTakes counts TakeReserve's attempts by result.
 	reserveTakes *prometheus.CounterVec
-	// reserveLoans counts the loans of this replica's room to the fleet's reserve by result.
-	reserveLoans *prometheus.CounterVec
-	// roomCalls counts this replica's calls to the fleet for room by result.
-	roomCalls *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -103,20 +99,12 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_reserve_takes_total",
 			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), failed (the store failed, or the split is cut or rejoining).",
 		}, []string{"result"}),
-		reserveLoans: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_routing_reserve_loans_total",
-			Help: "Requests of this replica's share lent to the fleet's interactive reserve of a worker for an interactive request another replica waited with (it ended one of its own lower-class requests there for it), by result: lent, refused (the reserve had room, another replica lent first, or nothing of this replica's own was in flight there), failed (the store failed, or the split is cut or rejoining), returned (taken back once the holds no longer needed it).",
-		}, []string{"result"}),
-		roomCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "usher_routing_room_calls_total",
-			Help: "Calls of this replica to the fleet's others for room for an interactive request that found none, none in the fleet's reserve and nothing of its own to preempt, by result: made, failed (the publish failed).",
-		}, []string{"result"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.reserveLoans, m.roomCalls, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

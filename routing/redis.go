@@ -43,10 +43,6 @@ const (
 	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
 	// WorkerRegistry.
 	WorkersChannel = "usher:workers:changes"
-	// RoomCallsChannel is the pub/sub channel on which replicas call the others for room for
-	// an interactive request, and tell of the loans to the fleet's reserve they make for one
-	// (RoomCalls).
-	RoomCallsChannel = "usher:share:room"
 	// prefixChannelPrefix + model (percent-encoded as pin parts) is the Pub/Sub channel of
 	// cache_aware's shared prefixes.
 	prefixChannelPrefix = "usher:prefixes:"
