@@ -529,56 +529,6 @@ func TestPreemptionPrefersAnAttemptBeingDecoded(t *testing.T) {
 	}
 }
 
-// On a slot engine (llama.cpp prefills a prompt's batch to its end before it notices a cancel),
-// a preemption cancels, of the attempts still in prefill, the oldest: its slot is free soonest,
-// and the work lost is a prefill whichever is chosen. Of two workers where as few attempts make
-// room, the one whose chosen attempts began prefill earliest, one being decoded before either.
-// On other engines the newest, as before.
-func TestPreemptionOnASlotEngineTakesTheOldestPrefill(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	type attempt struct {
-		worker   int // index in workers
-		sent     int // seconds after t0
-		decoding bool
-	}
-	cases := []struct {
-		name     string
-		slots    [2]bool
-		attempts []attempt // in the order they began
-		short    []int     // the workers short of one request
-		want     int
-	}{
-		{"slot engine: the oldest in prefill", [2]bool{true, true}, []attempt{{0, 0, false}, {0, 1, false}, {0, 2, false}}, []int{0}, 0},
-		{"other engine: the newest", [2]bool{false, false}, []attempt{{0, 0, false}, {0, 1, false}, {0, 2, false}}, []int{0}, 2},
-		{"slot engine: one being decoded first", [2]bool{true, true}, []attempt{{0, 0, false}, {0, 1, true}, {0, 2, false}}, []int{0}, 1},
-		{"slot engines: the worker whose prefill began first", [2]bool{true, true}, []attempt{{1, 0, false}, {0, 1, false}}, []int{0, 1}, 0},
-		{"slot engines: a worker decoding before one in prefill", [2]bool{true, true}, []attempt{{0, 0, false}, {1, 1, true}}, []int{0, 1}, 1},
-		{"other engines: the first worker of the shortfalls", [2]bool{false, false}, []attempt{{1, 0, false}, {0, 1, false}}, []int{0, 1}, 1},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			workers := []*routing.Worker{{}, {}}
-			var p preemption
-			var cancelled []int
-			for i, at := range tc.attempts {
-				v := &victim{worker: workers[at.worker], tokens: 100, slots: tc.slots[at.worker],
-					sent: t0.Add(time.Duration(at.sent) * time.Second), cancel: func(error) { cancelled = append(cancelled, i) }}
-				p.add("m", v)
-				if at.decoding {
-					p.decoding(v)
-				}
-			}
-			var short []routing.Shortfall
-			for _, w := range tc.short {
-				short = append(short, routing.Shortfall{Worker: workers[w], Requests: 1, InFlight: 4})
-			}
-			if at := p.preemptFor("m", short); at != workers[tc.attempts[tc.want].worker] || !slices.Equal(cancelled, []int{tc.want}) {
-				t.Fatalf("cancelled %v, want [%d]", cancelled, tc.want)
-			}
-		})
-	}
-}
-
 // An interactive call that finds no room cancels the fewest attempts that make room for it on
 // one worker, in requests and in tokens (a replica's share of a worker lowered under its
 // requests in flight, a long prompt in its tokens), and none where that would not give it room.

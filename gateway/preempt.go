@@ -44,10 +44,6 @@ type victim struct {
 	tokens   int64           // what it counts in the worker's tokens in flight
 	taken    bool            // chosen: its attempt is being cancelled
 	decoding bool            // its engine is generating tokens: it notices a cancel at its next one
-	// slots: its worker runs fixed slots (routing.Worker.SlotEngine), an engine that prefills a
-	// prompt's batch to its end before it notices a cancel; sent is when the attempt began.
-	slots bool
-	sent  time.Time
 }
 
 // add registers v, an attempt of model; done must be called when its answer begins or it ends.
@@ -92,30 +88,25 @@ const maxPreempted = 4
 // worker, short as short says (Pool.Shortfalls): on each worker, the attempts whose engine is
 // generating tokens first (they stop at their next token), newest first (they have cost their
 // engine the least so far), until the requests and tokens they hold cover what the worker lacks;
-// of the workers where at most maxPreempted do, the one that takes the fewest, and of those the
-// one whose engine is free soonest (see cover). An engine notices a cancel during prefill only
-// when the prefill ends: llama.cpp takes half a second for a 500-token prompt on a CPU core.
-// Cancelled calls give their leases and grants back and wait in the queue again, behind the
-// interactive call. It cancels nothing where a worker has room already, or where none can be
-// made so: room freed elsewhere would not take the call. It returns the worker where it
-// cancelled some, for the call to hold (Worker.HoldForInteractive), or nil.
+// of the workers where at most maxPreempted do, the one that takes the fewest. An engine notices
+// a cancel during prefill only when the prefill ends: llama.cpp takes half a second for a
+// 500-token prompt on a CPU core. Cancelled calls give their leases and grants back and wait in
+// the queue again, behind the interactive call. It cancels nothing where a worker has room
+// already, or where none can be made so: room freed elsewhere would not take the call. It
+// returns the worker where it cancelled some, for the call to hold (Worker.HoldForInteractive),
+// or nil.
 func (p *preemption) preemptFor(model string, short []routing.Shortfall) *routing.Worker {
 	p.mu.Lock()
 	list := p.running[model]
 	var chosen []int
 	var at *routing.Worker
-	var freeAt time.Time
 	for _, s := range short {
 		if s.Requests <= 0 && s.Tokens <= 0 {
 			p.mu.Unlock()
 			return nil
 		}
-		c := cover(list, s)
-		if c == nil {
-			continue
-		}
-		if f := engineFreeAt(list, c); chosen == nil || len(c) < len(chosen) || len(c) == len(chosen) && f.Before(freeAt) {
-			chosen, at, freeAt = c, s.Worker, f
+		if c := cover(list, s); c != nil && (chosen == nil || len(c) < len(chosen)) {
+			chosen, at = c, s.Worker
 		}
 	}
 	victims := make([]*victim, len(chosen))
@@ -133,56 +124,26 @@ func (p *preemption) preemptFor(model string, short []routing.Shortfall) *routin
 	return at
 }
 
-// cover is the indexes in list (attempts in the order they began) of the attempts on s's worker
-// whose end makes the room s lacks, in preemptFor's order of preference, at most maxPreempted of
-// them; nil if they cannot. Those still in prefill on a slot engine go oldest first: llama.cpp
-// prefills a prompt's batch (512 tokens by default) to its end before it notices a cancel, so
-// the slot of the newest is free last, while the work lost is that prefill whichever is chosen.
-// At three replicas in front of llama-servers, the interactive requests that missed their
-// objective with no wait in usher were those that had preempted a batch request in prefill and
-// then waited at the engine for that prefill (420-580 ms; docs/benchmarks.md, twenty-first
-// session).
+// cover is the indexes in list of the attempts on s's worker whose end makes the room s lacks,
+// in preemptFor's order of preference, at most maxPreempted of them; nil if they cannot.
 func cover(list []*victim, s routing.Shortfall) []int {
 	var out []int
 	var requests, tokens int64
 	fits := func() bool {
 		return requests >= s.Requests && (tokens >= s.Tokens || requests >= s.InFlight)
 	}
-	take := func(i int, decoding bool) {
-		if v := list[i]; v.worker == s.Worker && v.decoding == decoding {
-			out = append(out, i)
-			requests, tokens = requests+1, tokens+v.tokens
-		}
-	}
-	for i := len(list) - 1; i >= 0 && len(out) < maxPreempted && !fits(); i-- {
-		take(i, true)
-	}
-	if oldestFirst := slices.ContainsFunc(list, func(v *victim) bool { return v.worker == s.Worker && v.slots }); oldestFirst {
-		for i := 0; i < len(list) && len(out) < maxPreempted && !fits(); i++ {
-			take(i, false)
-		}
-	} else {
+	for _, decoding := range []bool{true, false} {
 		for i := len(list) - 1; i >= 0 && len(out) < maxPreempted && !fits(); i-- {
-			take(i, false)
+			if v := list[i]; v.worker == s.Worker && v.decoding == decoding {
+				out = append(out, i)
+				requests, tokens = requests+1, tokens+v.tokens
+			}
 		}
 	}
 	if !fits() {
 		return nil
 	}
 	return out
-}
-
-// engineFreeAt is, for the attempts chosen of list, when the last of those still in prefill on
-// a slot engine began (the one whose slot its engine frees last: see cover), or the zero time
-// if none is: the earlier, the sooner the room they leave is the engine's too.
-func engineFreeAt(list []*victim, chosen []int) time.Time {
-	var last time.Time
-	for _, i := range chosen {
-		if v := list[i]; v.slots && !v.decoding && v.sent.After(last) {
-			last = v.sent
-		}
-	}
-	return last
 }
 
 // watch registers an attempt of cl that cancel ends, if cl is preemptible: a standard or batch
@@ -193,7 +154,7 @@ func (s *Server) watch(cl *call, lease *routing.Lease, cancel context.CancelCaus
 		return nil
 	}
 	a := &watched{p: &s.preemption, model: cl.model,
-		v: victim{cancel: cancel, worker: lease.Worker, tokens: lease.Tokens(), slots: lease.Worker.SlotEngine(), sent: s.now()}}
+		v: victim{cancel: cancel, worker: lease.Worker, tokens: lease.Tokens()}}
 	s.preemption.add(cl.model, &a.v)
 	return a
 }
