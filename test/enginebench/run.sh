@@ -31,6 +31,14 @@
 #   ENGINE_VARIANTS="b256:-b 256 -ub 256" test/enginebench/run.sh
 #   USHER=/tmp/usher-old test/enginebench/run.sh       # that binary, not one built here
 #   REPLICAS=3 RUNS=prefill test/enginebench/run.sh    # three gateways in front of the same engines
+#   USHER_VARIANTS="base=/tmp/a new=/tmp/b" V_ROUNDS=3 RUNS=prefill test/enginebench/run.sh
+#
+# With USHER_VARIANTS (NAME=BINARY, space-separated) each run but the capacity and alone runs is
+# made V_ROUNDS times (default 1) for every variant, interleaved (round 1 of each, then round 2),
+# on the same engines and against the same capacity runs: an A/B in one invocation, each of its
+# rows named RUN-NAME-ROUND. The spread between rounds of one build at three replicas is as
+# large as the differences sought (docs/benchmarks.md, twenty-first session): read the rounds
+# together, not one against one.
 #
 # With REPLICAS=N (N > 1) every run goes through N gateway replicas sharing a redis-server
 # started here (the fleet's split of each worker), each with its own SQLite ledger; both bench
@@ -71,6 +79,8 @@ ENGINE_VARIANTS=${ENGINE_VARIANTS:-stock; b128:-b 128 -ub 128} # llama-server se
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
 WARM_PER_WORKER=${WARM_PER_WORKER:-40} # streamed requests a worker before each run, so the cost models judge (0: none)
 REPLICAS=${REPLICAS:-1}            # gateway replicas sharing a redis-server (see above)
+USHER_VARIANTS=${USHER_VARIANTS:-} # NAME=BINARY ...: an interleaved A/B of usher builds (see above)
+V_ROUNDS=${V_ROUNDS:-1}            # rounds of each variant with USHER_VARIANTS
 
 for tool in jq curl awk; do
   command -v "$tool" >/dev/null 2>&1 || { echo "enginebench needs $tool" >&2; exit 1; }
@@ -78,6 +88,9 @@ done
 if [ "$REPLICAS" -gt 1 ]; then
   command -v redis-server >/dev/null 2>&1 || { echo "enginebench: REPLICAS needs redis-server" >&2; exit 1; }
 fi
+for v in $USHER_VARIANTS; do
+  [[ $v == ?*=?* && -x ${v#*=} ]] || { echo "enginebench: USHER_VARIANTS: \"$v\" is not NAME=an executable" >&2; exit 1; }
+done
 dir=$(test/realengine/build.sh)
 if [ -z "${USHER:-}" ]; then go build -o bin/usher ./cmd/usher; fi
 USHER=${USHER:-bin/usher}          # the usher binary under test
@@ -236,6 +249,24 @@ run() {
   stop_gateway
 }
 
+# runs_of NAME FIFO MAXCONC [BATCH_IN BATCH_OUT BATCH_RATE]: run NAME, or with USHER_VARIANTS
+# NAME-VARIANT-ROUND for each of V_ROUNDS rounds and each variant, with that variant's binary;
+# adds what it ran to runs.
+runs_of() {
+  local name=$1 k v; shift
+  if [ -z "$USHER_VARIANTS" ]; then
+    run "$name" "$@"
+    runs+=("$name")
+    return
+  fi
+  for k in $(seq "$V_ROUNDS"); do
+    for v in $USHER_VARIANTS; do
+      USHER=${v#*=} run "$name-${v%%=*}-$k" "$@"
+      runs+=("$name-${v%%=*}-$k")
+    done
+  done
+}
+
 # judged NAME: the interactive requests the current gateway judged against their TTFT objective
 # (the default: 2x the serving worker's idle prediction plus one step), as met/judged.
 judged() {
@@ -259,17 +290,13 @@ suite() {
   wanted() { [[ " $RUNS " == *" $1 "* ]]; }
   run alone false ""
   runs=(alone)
-  if wanted default; then run default false "" "$B_IN" "$B_OUT" "$BR"; runs+=(default); fi
-  if wanted fifo; then run fifo true "" "$B_IN" "$B_OUT" "$BR"; runs+=(fifo); fi
-  if [ -n "$MAXCONC" ] && wanted maxconc; then
-    run maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"
-    runs+=(maxconc)
-  fi
+  if wanted default; then runs_of default false "" "$B_IN" "$B_OUT" "$BR"; fi
+  if wanted fifo; then runs_of fifo true "" "$B_IN" "$B_OUT" "$BR"; fi
+  if [ -n "$MAXCONC" ] && wanted maxconc; then runs_of maxconc false "$MAXCONC" "$B_IN" "$B_OUT" "$BR"; fi
   if [ "$PREFILL" = 1 ] && wanted prefill; then
     RP=$(capacity capacity-prefill "$P_IN" "$P_OUT")
     PR=$(awk -v r="$RP" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
-    run prefill false "" "$P_IN" "$P_OUT" "$PR"
-    runs+=(prefill)
+    runs_of prefill false "" "$P_IN" "$P_OUT" "$PR"
   fi
 
   echo
@@ -279,17 +306,18 @@ suite() {
   printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s %8s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s" "int met"
   for r in "${runs[@]}"; do
     i="$RUN_DIR/$r.interactive.json"
-    label=$(case $r in
+    label=$(case ${r%%-*} in
       alone) echo "(a) interactive alone" ;;
       default) echo "(b) + batch, default config" ;;
       fifo) echo "(c) + batch, queue.fifo: true" ;;
       maxconc) echo "(d) + batch, max_concurrency $MAXCONC" ;;
       prefill) echo "(e) + prefill-heavy batch, default" ;;
     esac)
+    if [[ $r == *-* ]]; then label="${label%%,*} ${r#*-}"; fi
     bok=- bfrac=- btok=-
     if [ -f "$RUN_DIR/$r.batch.json" ]; then
       b="$RUN_DIR/$r.batch.json"
-      cap=$R; [ "$r" = prefill ] && cap=$RP
+      cap=$R; [ "${r%%-*}" = prefill ] && cap=$RP
       bok=$(jq -r '.overall.ok / .elapsed_seconds | . * 100 | round / 100' "$b")
       bfrac=$(awk -v x="$bok" -v c="$cap" 'BEGIN { printf "%.2f", x / c }')
       btok=$(jq -r '(.overall.prompt_tokens + .overall.output_tokens) / .elapsed_seconds | round' "$b")
