@@ -65,7 +65,10 @@ P_OUT=${P_OUT:-7}                  # prefill-heavy batch max_tokens
 FLOOD=${FLOOD:-3}                  # batch rate in multiples of the capacity R
 CAP_DURATION=${CAP_DURATION:-20}   # seconds of the capacity runs
 DURATION=${DURATION:-120}          # seconds of arrivals of each protection run (about 60
-                                   # interactive requests, so p99 is not just the maximum)
+                                   # interactive requests, so p99 is not just the maximum; an
+                                   # A/B of attainment wants 600: ~300 judged, docs/benchmarks.md)
+ALONE_DURATION=${ALONE_DURATION:-$DURATION} # seconds of the alone run, which only the p99/alone
+                                   # column reads
 DRAIN=${DRAIN:-10s}                # bench --drain: outstanding requests are cut after this
 MAXCONC=${MAXCONC-$SLOTS}          # run (d)'s max_concurrency; empty skips (d)
 PREFILL=${PREFILL:-1}              # 1: run 3
@@ -77,6 +80,9 @@ CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency for every gatew
 RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone is always made
 ENGINE_VARIANTS=${ENGINE_VARIANTS:-stock; b128:-b 128 -ub 128} # llama-server settings, see above
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
+ENGINE_CPUS=${ENGINE_CPUS:-}       # CPU lists (taskset -c) the engines run on, one per engine and
+                                   # taken in turn: "1" all on CPU 1, "0 1" alternating; empty: anywhere
+USHER_CPUS=${USHER_CPUS:-}         # CPU list the gateways and bench processes run on, e.g. "0"
 WARM_PER_WORKER=${WARM_PER_WORKER:-40} # streamed requests a worker before each run, so the cost models judge (0: none)
 REPLICAS=${REPLICAS:-1}            # gateway replicas sharing a redis-server (see above)
 USHER_VARIANTS=${USHER_VARIANTS:-} # NAME=BINARY ...: an interleaved A/B of usher builds (see above)
@@ -96,9 +102,9 @@ if [ -z "${USHER:-}" ]; then go build -o bin/usher ./cmd/usher; fi
 USHER=${USHER:-bin/usher}          # the usher binary under test
 mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
-  "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION" \
+  "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION ALONE_DURATION=$ALONE_DURATION" \
   "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"" \
-  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\" REPLICAS=$REPLICAS; $(nproc) cores"
+  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\" REPLICAS=$REPLICAS ENGINE_CPUS=\"$ENGINE_CPUS\" USHER_CPUS=\"$USHER_CPUS\"; $(nproc) cores"
 
 pids=()
 gw_pids=()
@@ -110,13 +116,23 @@ cleanup() {
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# With ENGINE_CPUS and USHER_CPUS the engines and usher's processes keep to their own cores, so that
+# an engine's speed does not follow what the others are doing, as on an accelerator of its own
+# (three one-thread engines, the gateway and the bench on two shared cores prefill a 74-token piece
+# in 72 ms at p10 and 290 at p90: docs/benchmarks.md, twenty-second session).
+usher_on=()
+if [ -n "$USHER_CPUS" ]; then usher_on=(taskset -c "$USHER_CPUS"); fi
+read -ra engine_cpus <<<"$ENGINE_CPUS"
+
 # start_engines FLAGS...: WORKERS llama-servers with FLAGS beside the common ones; logs in $RUN_DIR.
 engines=()
 start_engines() {
   engines=()
+  local engine_on=()
   for i in $(seq "$WORKERS"); do
     port=$(free_port)
-    timeout 3600 "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
+    if [ ${#engine_cpus[@]} -gt 0 ]; then engine_on=(taskset -c "${engine_cpus[$(((i - 1) % ${#engine_cpus[@]}))]}"); fi
+    timeout 3600 ${engine_on[@]+"${engine_on[@]}"} "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
       --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
     pids+=($!)
     engines+=("127.0.0.1:$port")
@@ -172,7 +188,7 @@ start_gateway() {
   fi
   local port r
   port=$(free_port)
-  redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$RUN_DIR/$1.redis.log" 2>&1 &
+  ${usher_on[@]+"${usher_on[@]}"} redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no >"$RUN_DIR/$1.redis.log" 2>&1 &
   redis_pid=$!
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   for r in $(seq "$REPLICAS"); do
@@ -188,7 +204,7 @@ start_gateway() {
 }
 # launch_gateway NAME: serves NAME.yaml; appends its address to GWS and sets GW to it.
 launch_gateway() {
-  "$USHER" serve --config "$RUN_DIR/$1.yaml" >"$RUN_DIR/$1.gateway.log" 2>&1 &
+  ${usher_on[@]+"${usher_on[@]}"} "$USHER" serve --config "$RUN_DIR/$1.yaml" >"$RUN_DIR/$1.gateway.log" 2>&1 &
   gw_pids+=($!)
   GW=$(addr_from "$RUN_DIR/$1.gateway.log" 'usher is serving')
   for _ in $(seq 100); do curl -fs "http://$GW/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
@@ -206,7 +222,7 @@ stop_gateway() {
 bench() {
   local name=$1 in=$2 out=$3 g replicas=(); shift 3
   for g in "${GWS[@]:1}"; do replicas+=(--replica-url "http://$g/v1"); done
-  "$USHER" bench --url "http://$GW/v1" ${replicas[@]+"${replicas[@]}"} --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
+  ${usher_on[@]+"${usher_on[@]}"} "$USHER" bench --url "http://$GW/v1" ${replicas[@]+"${replicas[@]}"} --model "$MODEL" --random-input-len "$in" --random-output-len "$out" \
     --ignore-eos --seed "$SEED" --drain "$DRAIN" --quiet --out "$RUN_DIR/$name.json" "$@" >"$RUN_DIR/$name.txt" 2>&1 ||
     { echo "bench $name failed:" >&2; cat "$RUN_DIR/$name.txt" >&2; exit 1; }
 }
@@ -242,7 +258,7 @@ run() {
   fi
   # From another loopback address: the interactive client is not the batch client, whose
   # backlog may reach usher's per-client connection bound (256).
-  bench "$name.interactive" "$I_IN" "$I_OUT" --tenant "chat=$(key chat)::interactive:$I_RATE" --duration "${DURATION}s" \
+  bench "$name.interactive" "$I_IN" "$I_OUT" --tenant "chat=$(key chat)::interactive:$I_RATE" --duration "${RUN_DURATION:-$DURATION}s" \
     --local-addr 127.0.0.2
   if [ -n "$bpid" ]; then wait "$bpid"; fi
   judged "$name" >"$RUN_DIR/$name.attainment"
@@ -288,7 +304,7 @@ suite() {
   R=$(capacity capacity "$B_IN" "$B_OUT")
   BR=$(awk -v r="$R" -v f="$FLOOD" 'BEGIN { printf "%.3f", r * f }')
   wanted() { [[ " $RUNS " == *" $1 "* ]]; }
-  run alone false ""
+  RUN_DURATION=$ALONE_DURATION run alone false ""
   runs=(alone)
   if wanted default; then runs_of default false "" "$B_IN" "$B_OUT" "$BR"; fi
   if wanted fifo; then runs_of fifo true "" "$B_IN" "$B_OUT" "$BR"; fi
