@@ -80,6 +80,9 @@ CONCURRENCY=${CONCURRENCY:-}       # more of routing.concurrency for every gatew
 RUNS=${RUNS:-alone default fifo maxconc prefill} # the runs below to make; alone is always made
 ENGINE_VARIANTS=${ENGINE_VARIANTS:-stock; b128:-b 128 -ub 128} # llama-server settings, see above
 OUT_DIR=${OUT_DIR:-artifacts/enginebench}
+CACHE_RAM=${CACHE_RAM:-1024}       # llama-server --cache-ram, MiB per engine: its own default (8192)
+                                   # fills 24 GiB with three engines within a 40-minute A/B, and
+                                   # the machine then runs out of memory (twenty-second session)
 ENGINE_CPUS=${ENGINE_CPUS:-}       # CPU lists (taskset -c) the engines run on, one per engine and
                                    # taken in turn: "1" all on CPU 1, "0 1" alternating; empty: anywhere
 USHER_CPUS=${USHER_CPUS:-}         # CPU list the gateways and bench processes run on, e.g. "0"
@@ -104,7 +107,7 @@ mkdir -p "$OUT_DIR"
 echo "enginebench: $WORKERS x llama-server -np $SLOTS -t $THREADS, model $MODEL; interactive $I_RATE req/s ${I_IN}w/$I_OUT;" \
   "batch ${B_IN}w/$B_OUT at ${FLOOD}x capacity; prefill batch ${P_IN}w/$P_OUT (PREFILL=$PREFILL); DURATION=$DURATION ALONE_DURATION=$ALONE_DURATION" \
   "CAP_DURATION=$CAP_DURATION DRAIN=$DRAIN MAXCONC=${MAXCONC:-skip} BATCH_ANSWER=$BATCH_ANSWER SEED=$SEED CONCURRENCY=\"$CONCURRENCY\"" \
-  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\" REPLICAS=$REPLICAS ENGINE_CPUS=\"$ENGINE_CPUS\" USHER_CPUS=\"$USHER_CPUS\"; $(nproc) cores"
+  "ENGINE_VARIANTS=\"$ENGINE_VARIANTS\" REPLICAS=$REPLICAS CACHE_RAM=$CACHE_RAM ENGINE_CPUS=\"$ENGINE_CPUS\" USHER_CPUS=\"$USHER_CPUS\"; $(nproc) cores"
 
 pids=()
 gw_pids=()
@@ -133,7 +136,7 @@ start_engines() {
     port=$(free_port)
     if [ ${#engine_cpus[@]} -gt 0 ]; then engine_on=(taskset -c "${engine_cpus[$(((i - 1) % ${#engine_cpus[@]}))]}"); fi
     timeout 3600 ${engine_on[@]+"${engine_on[@]}"} "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
-      --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
+      --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" --cache-ram "$CACHE_RAM" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
     pids+=($!)
     engines+=("127.0.0.1:$port")
   done
