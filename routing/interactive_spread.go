@@ -11,5 +11,5 @@ package routing
 // clearOfInteractivePrefill is the filter that spreads interactive requests: whether w has no
 // interactive prompt in prefill, when c spreads; every worker otherwise. Cost: an atomic load.
 func (c *choice) clearOfInteractivePrefill(w *Worker) bool {
-	return !c.spread || w.interactivePrefills.Load() == 0
+	return !c.spread || w.interactivePrefilling() == 0
 }

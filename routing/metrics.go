@@ -37,6 +37,9 @@ type poolMetrics struct {
 	shareExchanges *prometheus.CounterVec
 	// reserveTakes counts TakeReserve's attempts by result.
 	reserveTakes *prometheus.CounterVec
+	// prefillMarks counts the marks of interactive prefills told to and heard from the fleet, by
+	// result.
+	prefillMarks *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -99,12 +102,16 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_reserve_takes_total",
 			Help: "Interactive requests that found no room and asked the fleet's interactive reserve for some (TakeReserve), by result: taken, refused (no reserve left on the workers it may use), failed (the store failed, or the split is cut or rejoining).",
 		}, []string{"result"}),
+		prefillMarks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_prefill_marks_total",
+			Help: "Marks of interactive prompts beginning and ending their prefill, told among the replicas so that lower-class pieces on a worker wait for every replica's interactive prefill there, by result: sent, failed (the store failed), dropped (the queue to send was full); received (another replica's beginning, counted), over (not counted: too many counted already), expired (another replica's mark whose end never came, no longer counted).",
+		}, []string{"result"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -169,6 +169,9 @@ type Lease struct {
 	interactive bool
 	lowerTokens int64
 	piece       int
+	// mark is the Seq of the interactive prefill's mark told to the fleet (see fleetPrefills);
+	// 0: none was.
+	mark uint64
 	// budgeted: a lower-class request placed while interactive ones were present, whose prompt
 	// counts against its worker's prefill budget until Prefilled (see YieldsPrefill).
 	budgeted bool
@@ -346,14 +349,14 @@ func (l *Lease) PrefillWhole(promptTokens int) {
 // present (YieldsPrefill) calls it before each piece of its prompt and before the request
 // itself, so an interactive prompt shares its engine step with no lower-class prefill.
 func (l *Lease) AwaitInteractive(ctx context.Context) error {
-	if l.Worker.interactivePrefills.Load() == 0 {
+	if l.Worker.interactivePrefilling() == 0 {
 		// The common case, for every lower-class request: no lock, and no waiter left on
 		// the broadcast for the next interactive first token to wake.
 		return nil
 	}
 	for {
 		ended := l.pool.interactivePrefilled.Wait()
-		if l.Worker.interactivePrefills.Load() == 0 {
+		if l.Worker.interactivePrefilling() == 0 {
 			return nil
 		}
 		select {
@@ -382,6 +385,9 @@ func (l *Lease) endPrefill() bool {
 	if l.interactive {
 		l.Worker.interactivePrefills.Add(-1)
 		l.pool.interactivePrefilled.notify()
+		if l.mark != 0 {
+			l.pool.marks.ended(l.pool, l.Worker, l.mark)
+		}
 	} else {
 		l.Worker.prefill.done(l.lowerTokens)
 	}
@@ -420,9 +426,10 @@ type Pool struct {
 	now      func() time.Time
 	rand     randSource
 	pins     PinStore
-	drains   DrainStore // nil: drain state is local
-	prefixes PrefixFeed // nil: cache_aware trees are per replica
-	shares   *shares    // nil: no fleet split of the workers' limits
+	drains   DrainStore     // nil: drain state is local
+	prefixes PrefixFeed     // nil: cache_aware trees are per replica
+	shares   *shares        // nil: no fleet split of the workers' limits
+	marks    *fleetPrefills // nil: interactive prefills are counted per replica
 	resolver Resolver
 	metrics  *poolMetrics
 	salts    saltCache
@@ -507,6 +514,9 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	if opts.Shares != nil {
 		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
 		p.reserveShare = min(max(opts.InteractiveReserve, 0), 1)
+		if f, ok := opts.Shares.(PrefillMarks); ok {
+			p.marks = newFleetPrefills(f)
+		}
 	}
 	p.pins = opts.Pins
 	if p.pins == nil {
@@ -801,6 +811,9 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		p.noteInteractive(now.UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
+		if p.marks != nil {
+			l.mark = p.marks.began(p, w)
+		}
 	} else {
 		w.prefill.start(l.lowerTokens)
 	}
@@ -812,8 +825,9 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 // has background work (see policyRunner), that work; with a DrainStore, following the drain state
 // other replicas set; the removal of retired workers (Retire); per Config.Discovery entry, its DNS
 // resolution; with a WorkerRegistry, following the workers added, changed and removed through
-// the admin API on any replica (see SyncRegistry). Workers added later get theirs at once.
-// Call Run once.
+// the admin API on any replica (see SyncRegistry); with PrefillMarks, telling the fleet of this
+// replica's interactive prefills and counting the others' (fleet_prefills.go). Workers added
+// later get theirs at once. Call Run once.
 func (p *Pool) Run(ctx context.Context) {
 	p.mu.Lock()
 	if p.runCtx != nil {
@@ -829,6 +843,9 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 	if p.drains != nil {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
+	}
+	if p.marks != nil {
+		p.running.Go(func() { p.marks.run(ctx, p) })
 	}
 	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
 	p.startRegistry(ctx)

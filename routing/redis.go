@@ -33,6 +33,7 @@ var (
 	_ DrainStore      = (*RedisStore)(nil)
 	_ WorkerAnnouncer = (*RedisStore)(nil)
 	_ PrefixFeed      = (*RedisStore)(nil)
+	_ PrefillMarks    = (*RedisStore)(nil)
 )
 
 // Keys of RedisStore.
@@ -43,6 +44,9 @@ const (
 	// WorkersChannel is the pub/sub channel on which replicas announce changes to the
 	// WorkerRegistry.
 	WorkersChannel = "usher:workers:changes"
+	// PrefillMarksChannel is the pub/sub channel on which replicas tell when their interactive
+	// prompts begin and end their prefill on a worker (PrefillMarks).
+	PrefillMarksChannel = "usher:prefills"
 	// prefixChannelPrefix + model (percent-encoded as pin parts) is the Pub/Sub channel of
 	// cache_aware's shared prefixes.
 	prefixChannelPrefix = "usher:prefixes:"
@@ -305,18 +309,25 @@ func (s *RedisStore) AnnounceWorkers(ctx context.Context) error {
 // after a lost connection (announcements made meanwhile are missed; the registry poll covers
 // them).
 func (s *RedisStore) WatchWorkers(ctx context.Context, changed func()) {
-	ps := s.client.Subscribe(ctx, WorkersChannel)
+	s.watch(ctx, WorkersChannel, func(string) { changed() })
+}
+
+// watch calls heard with the payload of each message on channel until ctx ends, on a
+// subscription of its own connection, which go-redis re-establishes after a lost connection
+// (messages published meanwhile are missed).
+func (s *RedisStore) watch(ctx context.Context, channel string, heard func(payload string)) {
+	ps := s.client.Subscribe(ctx, channel)
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-ch:
+		case m, ok := <-ch:
 			if !ok {
 				return
 			}
-			changed()
+			heard(m.Payload)
 		}
 	}
 }
@@ -351,4 +362,29 @@ func (s *RedisStore) SubscribePrefixes(ctx context.Context, model string, fn fun
 			fn([]byte(m.Payload))
 		}
 	}
+}
+
+// MarkPrefill implements PrefillMarks with one PUBLISH on PrefillMarksChannel.
+func (s *RedisStore) MarkPrefill(ctx context.Context, m PrefillMark) error {
+	b, err := encodePrefillMark(s.replica, m)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
+	defer cancel()
+	if err := s.client.Publish(ctx, PrefillMarksChannel, b).Err(); err != nil {
+		return fmt.Errorf("redis publish prefill mark: %w", err)
+	}
+	return nil
+}
+
+// WatchPrefillMarks implements PrefillMarks with a subscription on a connection of its own,
+// which go-redis re-establishes after a lost connection (marks made meanwhile are missed). The
+// replica's own marks, and malformed or oversized ones, are not passed on.
+func (s *RedisStore) WatchPrefillMarks(ctx context.Context, marked func(replica string, m PrefillMark)) {
+	s.watch(ctx, PrefillMarksChannel, func(payload string) {
+		if from, m, ok := decodePrefillMark(s.replica, payload); ok {
+			marked(from, m)
+		}
+	})
 }

@@ -74,6 +74,9 @@ type Worker struct {
 	// not come back (see Request.Interactive); prefill counts the prompt tokens the other classes
 	// have in prefill there (see prefill_budget.go).
 	interactivePrefills atomic.Int64
+	// fleetPrefills counts the other replicas' interactive requests in prefill on the worker, as
+	// their marks told (see fleetPrefills); 0 without PrefillMarks.
+	fleetPrefills atomic.Int64
 	// interactiveHolds counts the holds of the worker for interactive requests (see
 	// HoldForInteractive).
 	interactiveHolds atomic.Int64
@@ -156,6 +159,13 @@ func newWorker(spec WorkerSpec, cfg Config, now func() time.Time) (*Worker, erro
 
 // ID is the worker's unique name.
 func (w *Worker) ID() string { return w.spec.ID }
+
+// interactivePrefilling is how many interactive requests are in prefill on the worker: this
+// replica's and, with PrefillMarks, the other replicas' as their marks told. Cost: two atomic
+// loads.
+func (w *Worker) interactivePrefilling() int64 {
+	return w.interactivePrefills.Load() + w.fleetPrefills.Load()
+}
 
 // URL is the worker's base URL; callers must not modify it.
 func (w *Worker) URL() *url.URL { return w.url }
