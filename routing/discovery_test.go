@@ -116,19 +116,9 @@ func TestDiscoveryRunsUnderPoolRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.Run(ctx) }()
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	waitFor("the worker found", func() bool { return p.Serves("m") })
+	waitFor(t, "the worker found", func() bool { return p.Serves("m") })
 	res.set("workers.local", nil, nil)
-	waitFor("the worker removed", func() bool { return !p.Serves("m") })
+	waitFor(t, "the worker removed", func() bool { return !p.Serves("m") })
 	cancel()
 	select {
 	case <-done:

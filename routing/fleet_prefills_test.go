@@ -63,16 +63,6 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 	}
 	a := picker{t: t, p: pools["a"], model: "m"}
 	b := picker{t: t, p: pools["b"], model: "m"}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s", what)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
 	counted := func(p *Pool, id string) int64 {
 		w := p.workerByID(id)
 		if w == nil {
@@ -82,13 +72,13 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 	}
 	// Both subscribed before the first mark: a mark published before is lost by design.
 	rdb := newRedisClient(t, srv)
-	waitFor("both replicas subscribed", func() bool {
+	waitFor(t, "both replicas subscribed", func() bool {
 		n, err := rdb.PubSubNumSub(context.Background(), PrefillMarksChannel).Result()
 		return err == nil && n[PrefillMarksChannel] == 2
 	})
 
 	inter := a.pick("a's interactive request", Request{Interactive: true, PromptTokens: 10, TargetWorker: "w0"})
-	waitFor("b counting a's interactive prefill on w0", func() bool { return counted(pools["b"], "w0") == 1 })
+	waitFor(t, "b counting a's interactive prefill on w0", func() bool { return counted(pools["b"], "w0") == 1 })
 	if n := counted(pools["a"], "w0"); n != 0 {
 		t.Fatalf("a counts %d of the fleet's prefills on w0, want 0 (its own are its own)", n)
 	}
@@ -137,7 +127,7 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor("b counting x's prefill on w1", func() bool { return counted(pools["b"], "w1") == 1 })
+	waitFor(t, "b counting x's prefill on w1", func() bool { return counted(pools["b"], "w1") == 1 })
 	if n := counted(pools["b"], "w0"); n != 0 {
 		t.Fatalf("b counts %d prefills on w0 from marks it should have dropped", n)
 	}
@@ -148,5 +138,5 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 		t.Fatalf("x's mark expired before fleetPrefillTTL (b counts %d on w1)", n)
 	}
 	clock.Advance(2 * time.Millisecond)
-	waitFor("x's mark expired", func() bool { return counted(pools["b"], "w1") == 0 })
+	waitFor(t, "x's mark expired", func() bool { return counted(pools["b"], "w1") == 0 })
 }
