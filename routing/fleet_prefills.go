@@ -60,6 +60,7 @@ const (
 // fleetPrefills is a pool's side of PrefillMarks: its own marks waiting to be sent, and the other
 // replicas' marks counted on their workers.
 type fleetPrefills struct {
+	pool *Pool
 	feed PrefillMarks
 	out  chan PrefillMark
 
@@ -81,136 +82,127 @@ type remotePrefill struct {
 	since time.Time
 }
 
-func newFleetPrefills(feed PrefillMarks) *fleetPrefills {
-	return &fleetPrefills{feed: feed, out: make(chan PrefillMark, prefillMarksQueue), live: map[remoteMark]remotePrefill{}}
+func newFleetPrefills(p *Pool, feed PrefillMarks) *fleetPrefills {
+	return &fleetPrefills{pool: p, feed: feed, out: make(chan PrefillMark, prefillMarksQueue), live: map[remoteMark]remotePrefill{}}
 }
 
 // began queues the mark of an interactive prompt of this replica's beginning its prefill on w,
 // and returns its Seq; 0 when the queue was full and nothing will be sent. Cost: an atomic add
 // and a channel send that does not block.
-func (f *fleetPrefills) began(p *Pool, w *Worker) uint64 {
+func (f *fleetPrefills) began(w *Worker) uint64 {
 	seq := f.seq.Add(1)
-	if !f.send(p, PrefillMark{Worker: w.spec.ID, Seq: seq}) {
+	if !f.send(PrefillMark{Worker: w.spec.ID, Seq: seq}) {
 		return 0
 	}
 	return seq
 }
 
 // ended queues the end of the prompt began numbered seq.
-func (f *fleetPrefills) ended(p *Pool, w *Worker, seq uint64) {
-	f.send(p, PrefillMark{Worker: w.spec.ID, Seq: seq, Ended: true})
+func (f *fleetPrefills) ended(w *Worker, seq uint64) {
+	f.send(PrefillMark{Worker: w.spec.ID, Seq: seq, Ended: true})
 }
 
 // send queues m, or drops it when the queue is full; it reports whether m was queued.
-func (f *fleetPrefills) send(p *Pool, m PrefillMark) bool {
+func (f *fleetPrefills) send(m PrefillMark) bool {
 	select {
 	case f.out <- m:
 		return true
 	default:
-		p.metrics.prefillMarks.WithLabelValues("dropped").Inc()
+		f.pool.metrics.prefillMarks.WithLabelValues("dropped").Inc()
 		return false
 	}
 }
 
 // run sends this replica's marks in order, watches the others' and lets theirs count no longer
-// than fleetPrefillTTL, until ctx ends. Pool.Run runs it.
-func (f *fleetPrefills) run(ctx context.Context, p *Pool) {
+// than fleetPrefillTTL, until ctx ends; then it counts none of theirs. Pool.Run runs it.
+func (f *fleetPrefills) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			f.feed.WatchPrefillMarks(ctx, func(replica string, m PrefillMark) { f.apply(p, replica, m) })
+			f.feed.WatchPrefillMarks(ctx, f.apply)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second): // the subscription broke: subscribe again
 			}
 		}
 	})
-	wg.Go(func() { every(ctx, fleetPrefillTTL/5, func(context.Context) { f.expire(p) }) })
+	wg.Go(func() { every(ctx, fleetPrefillTTL/5, func(context.Context) { f.expire() }) })
 	for {
 		select {
 		case <-ctx.Done():
 			wg.Wait()
-			f.forget(p)
+			f.drop(func(remotePrefill) bool { return true })
 			return
 		case m := <-f.out:
 			result := "sent"
 			if f.feed.MarkPrefill(ctx, m) != nil {
 				result = "failed"
 			}
-			p.metrics.prefillMarks.WithLabelValues(result).Inc()
+			f.pool.metrics.prefillMarks.WithLabelValues(result).Inc()
 		}
 	}
 }
 
 // apply counts another replica's mark: a beginning on a worker this pool has adds to its
 // fleetPrefills, the end takes it off again and wakes AwaitInteractive.
-func (f *fleetPrefills) apply(p *Pool, replica string, m PrefillMark) {
+func (f *fleetPrefills) apply(replica string, m PrefillMark) {
 	k := remoteMark{replica: replica, seq: m.Seq}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if m.Ended {
-		if r, ok := f.live[k]; ok {
+		f.mu.Lock()
+		r, ok := f.live[k]
+		if ok {
 			delete(f.live, k)
 			r.w.fleetPrefills.Add(-1)
-			p.interactivePrefilled.notify()
+		}
+		f.mu.Unlock()
+		if ok {
+			f.pool.interactivePrefilled.notify()
 		}
 		return
 	}
-	w := p.workerByID(m.Worker)
-	if w == nil {
+	w, err := f.pool.find(m.Worker)
+	if err != nil {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if _, ok := f.live[k]; ok {
 		return
 	}
 	if len(f.live) >= maxFleetPrefills {
-		p.metrics.prefillMarks.WithLabelValues("over").Inc()
+		f.pool.metrics.prefillMarks.WithLabelValues("over").Inc()
 		return
 	}
-	f.live[k] = remotePrefill{w: w, since: p.now()}
+	f.live[k] = remotePrefill{w: w, since: f.pool.now()}
 	w.fleetPrefills.Add(1)
-	p.metrics.prefillMarks.WithLabelValues("received").Inc()
+	f.pool.metrics.prefillMarks.WithLabelValues("received").Inc()
 }
 
 // expire stops counting the other replicas' marks older than fleetPrefillTTL.
-func (f *fleetPrefills) expire(p *Pool) {
-	cut := p.now().Add(-fleetPrefillTTL)
+func (f *fleetPrefills) expire() {
+	cut := f.pool.now().Add(-fleetPrefillTTL)
+	if n := f.drop(func(r remotePrefill) bool { return r.since.Before(cut) }); n > 0 {
+		f.pool.metrics.prefillMarks.WithLabelValues("expired").Add(float64(n))
+	}
+}
+
+// drop stops counting the other replicas' marks that gone reports, wakes AwaitInteractive when
+// it dropped any, and returns how many.
+func (f *fleetPrefills) drop(gone func(remotePrefill) bool) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
 	for k, r := range f.live {
-		if r.since.Before(cut) {
+		if gone(r) {
 			delete(f.live, k)
 			r.w.fleetPrefills.Add(-1)
 			n++
 		}
 	}
 	if n > 0 {
-		p.metrics.prefillMarks.WithLabelValues("expired").Add(float64(n))
-		p.interactivePrefilled.notify()
+		f.pool.interactivePrefilled.notify()
 	}
-}
-
-// forget stops counting every other replica's mark (the pool stops).
-func (f *fleetPrefills) forget(p *Pool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for k, r := range f.live {
-		delete(f.live, k)
-		r.w.fleetPrefills.Add(-1)
-	}
-	p.interactivePrefilled.notify()
-}
-
-// workerByID is the pool's worker named id serving any model, or nil. Cost: a map lookup per
-// model.
-func (p *Pool) workerByID(id string) *Worker {
-	for _, ms := range p.snap.Load().models {
-		if w := ms.byID[id]; w != nil {
-			return w
-		}
-	}
-	return nil
+	return n
 }
 
 // encodePrefillMark is m as sent, with the sender's name, or an error if it is too large.

@@ -64,9 +64,9 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 	a := picker{t: t, p: pools["a"], model: "m"}
 	b := picker{t: t, p: pools["b"], model: "m"}
 	counted := func(p *Pool, id string) int64 {
-		w := p.workerByID(id)
-		if w == nil {
-			t.Fatalf("no worker %s", id)
+		w, err := p.find(id)
+		if err != nil {
+			t.Fatal(err)
 		}
 		return w.fleetPrefills.Load()
 	}
@@ -133,7 +133,7 @@ func TestInteractivePrefillsToldAcrossReplicas(t *testing.T) {
 	}
 	// x never tells the end: past fleetPrefillTTL it no longer counts.
 	clock.Advance(fleetPrefillTTL - time.Millisecond)
-	pools["b"].marks.expire(pools["b"])
+	pools["b"].marks.expire()
 	if n := counted(pools["b"], "w1"); n != 1 {
 		t.Fatalf("x's mark expired before fleetPrefillTTL (b counts %d on w1)", n)
 	}

@@ -386,7 +386,7 @@ func (l *Lease) endPrefill() bool {
 		l.Worker.interactivePrefills.Add(-1)
 		l.pool.interactivePrefilled.notify()
 		if l.mark != 0 {
-			l.pool.marks.ended(l.pool, l.Worker, l.mark)
+			l.pool.marks.ended(l.Worker, l.mark)
 		}
 	} else {
 		l.Worker.prefill.done(l.lowerTokens)
@@ -515,7 +515,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
 		p.reserveShare = min(max(opts.InteractiveReserve, 0), 1)
 		if f, ok := opts.Shares.(PrefillMarks); ok {
-			p.marks = newFleetPrefills(f)
+			p.marks = newFleetPrefills(p, f)
 		}
 	}
 	p.pins = opts.Pins
@@ -812,7 +812,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)
 		if p.marks != nil {
-			l.mark = p.marks.began(p, w)
+			l.mark = p.marks.began(w)
 		}
 	} else {
 		w.prefill.start(l.lowerTokens)
@@ -845,7 +845,7 @@ func (p *Pool) Run(ctx context.Context) {
 		p.running.Go(func() { every(ctx, p.cfg.DrainSync, p.syncDrains) })
 	}
 	if p.marks != nil {
-		p.running.Go(func() { p.marks.run(ctx, p) })
+		p.running.Go(func() { p.marks.run(ctx) })
 	}
 	p.running.Go(func() { every(ctx, RetireSweep, p.removeRetired) })
 	p.startRegistry(ctx)
