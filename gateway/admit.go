@@ -257,10 +257,13 @@ func (s *Server) wait(c echo.Context, cl *call) error {
 			// interactive reserve (one round trip; the queue places it there once the pool
 			// tells of the change); else standard or batch calls whose answers have not begun
 			// give it their room on a worker, which nothing but interactive calls take until
-			// this one is placed.
+			// this one is placed; else, in a fleet, another replica's (callForRoom).
 			if !s.pool.TakeReserve(c.Request().Context(), &cl.route) && !s.cfg.DisablePreemption {
-				if w := s.preemption.preemptFor(cl.model, s.shortfalls(cl)); w != nil {
+				short := s.shortfalls(cl)
+				if w := s.preemption.preemptFor(cl.model, short); w != nil {
 					defer w.HoldForInteractive()()
+				} else {
+					s.callForRoom(c.Request().Context(), cl, ticket, short)
 				}
 			}
 		}

@@ -146,6 +146,95 @@ func cover(list []*victim, s routing.Shortfall) []int {
 	return out
 }
 
+// maxRoomCalls bounds the calls to the fleet one interactive call makes for room (callForRoom):
+// a loan another replica made for it may be taken by another replica's interactive call first.
+const maxRoomCalls = 3
+
+// callForRoom, for an interactive call the queue could not release at once, that found no room
+// in the fleet's interactive reserve and nothing of this replica's own to preempt on the workers
+// of short (Server.shortfalls), calls the fleet's other replicas for room (routing.Pool.
+// CallForRoom): one that can end a standard or batch attempt of its own on one of those workers
+// lends the fleet's reserve that room and ends the attempt (lendForFleet), and tells of the
+// loan, which the call then takes (TakeReserve; the queue places it once the pool tells of the
+// change). It returns once the call took room, was released, or its client left, or after
+// maxRoomCalls calls; without a fleet that carries calls it returns at once. The call then
+// waits in the queue as before.
+func (s *Server) callForRoom(ctx context.Context, cl *call, ticket *queue.Ticket, short []routing.Shortfall) {
+	for range maxRoomCalls {
+		lent := s.pool.LoanMade()
+		if !s.pool.CallForRoom(ctx, cl.model, short) {
+			return
+		}
+		select {
+		case <-ticket.Ready():
+			return
+		case <-ctx.Done():
+			return
+		case <-lent:
+			if s.pool.TakeReserve(ctx, &cl.route) {
+				return
+			}
+		}
+		short = s.shortfalls(cl)
+	}
+}
+
+// lendForFleet answers another replica's call for room for an interactive call of model on one
+// of workers (routing.Pool.WatchRoomCalls): where a standard or batch attempt of this replica's
+// runs on one of them, preemptible as preemptFor would choose it (one whose engine is
+// generating tokens first, on the first such worker in the call's order), it lends the fleet's
+// interactive reserve of that worker one request (routing.Pool.LendReserve: the store lends for
+// one call once, however many replicas hear it) and then ends that attempt, which waits in the
+// queue again. An attempt that ended meanwhile left the room free already.
+func (s *Server) lendForFleet(model string, workers []*routing.Worker) {
+	w := s.preemption.victimOn(model, workers)
+	if w == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), roomCallTimeout)
+	defer cancel()
+	if s.pool.LendReserve(ctx, w) {
+		s.preemption.preemptOne(model, w)
+	}
+}
+
+// roomCallTimeout bounds the round trips of one answer to a call for room.
+const roomCallTimeout = time.Second
+
+// victimOn is the first of workers where a preemptible attempt of model runs, preferring one
+// whose engine is generating tokens (it stops at its next token); nil if none does.
+func (p *preemption) victimOn(model string, workers []*routing.Worker) *routing.Worker {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.running[model]
+	for _, decoding := range []bool{true, false} {
+		for _, w := range workers {
+			if slices.ContainsFunc(list, func(v *victim) bool { return v.worker == w && v.decoding == decoding }) {
+				return w
+			}
+		}
+	}
+	return nil
+}
+
+// preemptOne cancels one preemptible attempt of model on w, in preemptFor's order of preference,
+// and reports whether there was one.
+func (p *preemption) preemptOne(model string, w *routing.Worker) bool {
+	p.mu.Lock()
+	list := p.running[model]
+	chosen := cover(list, routing.Shortfall{Worker: w, Requests: 1, InFlight: 1})
+	if len(chosen) == 0 {
+		p.mu.Unlock()
+		return false
+	}
+	v := list[chosen[0]]
+	v.taken = true
+	p.running[model] = slices.Delete(list, chosen[0], chosen[0]+1)
+	p.mu.Unlock()
+	v.cancel(errPreempted)
+	return true
+}
+
 // watch registers an attempt of cl that cancel ends, if cl is preemptible: a standard or batch
 // call, with preemption on. nil otherwise; the methods of a nil *watched do what an attempt
 // nobody may preempt needs. The attempt's end must be reported (watched.ended).

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -180,9 +181,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Run keeps the queues' capacity in step with the pool (its health, drain state, learned limits
-// and workers) until ctx ends, following the pool's Changes. Requests are served without it, but
-// capacity then stays as it was at New.
-func (s *Server) Run(ctx context.Context) { s.dispatcher.run(ctx) }
+// and workers) until ctx ends, following the pool's Changes, and in a fleet answers the other
+// replicas' calls for room (lendForFleet). Requests are served without it, but capacity then
+// stays as it was at New.
+func (s *Server) Run(ctx context.Context) {
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	if !s.cfg.DisablePreemption {
+		calls.Go(func() { s.pool.WatchRoomCalls(ctx, s.lendForFleet) })
+	}
+	s.dispatcher.run(ctx)
+}
 
 // BeginShutdown starts the first phase of a graceful stop, the settle time: /readyz answers
 // 503 so load balancers stop sending new requests, while requests that still arrive are

@@ -160,3 +160,78 @@ func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetPreemptsForAnotherReplicasInteractive: two replicas on one Redis share a worker of 4
+// requests, of which the fleet's interactive reserve keeps one. a's batch fills the other three
+// and an interactive request of a's holds the reserve. An interactive request that then arrives
+// at b finds no room, none in the reserve and nothing of b's own to preempt: b calls the fleet,
+// a lends the reserve the room of one of its batch requests and ends that request, and b's
+// interactive request reaches the engine while the others are still held there. The preempted
+// batch request waits in a's queue and is served once after; every request is answered 200; the
+// replicas never hold more than the worker's limit. Without the calls b's request waited for
+// a's batch to end.
+func TestFleetPreemptsForAnotherReplicasInteractive(t *testing.T) {
+	srv := redistest.Start(t)
+	hold := make(chan struct{})
+	w := newFakeWorker(t, func(w *fakeWorker) { w.hold = hold })
+	spec := w.spec("w")
+	spec.MaxConcurrency = 4
+	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
+	var gws []*testGateway
+	for range 2 {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.25},
+			nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.srv.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		gws = append(gws, g)
+	}
+	var release sync.Once
+	var answers []<-chan *http.Response
+	// Run before the gateways stop (cleanups run last first), so that a test failing with
+	// requests queued ends: once released, the shares let every one be served.
+	t.Cleanup(func() {
+		release.Do(func() { close(hold) })
+		for _, ch := range answers {
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	})
+	a, b := gws[0], gws[1]
+	send := func(g *testGateway, class string) {
+		answers = append(answers, g.postLater(t, "/v1/chat/completions", testKey, chatBody, map[string]string{headerPriority: class}))
+	}
+	for range 3 {
+		send(a, "batch")
+	}
+	waitFor(t, "a's batch at the engine", func() bool { return w.started.Load() == 3 })
+	send(a, "interactive")
+	waitFor(t, "a's interactive request at the engine on the reserve", func() bool { return w.started.Load() == 4 })
+	time.Sleep(150 * time.Millisecond) // three exchanges: b knows the reserve held
+	send(b, "interactive")
+	waitFor(t, "b's interactive request at the engine beside a's held requests", func() bool { return w.started.Load() == 5 })
+	if got := metricValue(t, a.reg, "usher_preempted_total"); got != 1 {
+		t.Fatalf("a preempted %v requests, want 1", got)
+	}
+	var held int64
+	for _, g := range gws {
+		held += g.srv.pool.Workers()[0].InFlight
+	}
+	if held > 4 {
+		t.Fatalf("the replicas hold %d requests on the worker, over its limit 4", held)
+	}
+	release.Do(func() { close(hold) })
+	for _, ch := range answers {
+		if resp := <-ch; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
+		}
+	}
+	if got := w.requests.Load(); got != 6 {
+		t.Errorf("the engine saw %d requests, want 6 (the preempted batch request twice)", got)
+	}
+}

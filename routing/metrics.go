@@ -40,6 +40,10 @@ type poolMetrics struct {
 	// prefillMarks counts the marks of interactive prefills told to and heard from the fleet, by
 	// result.
 	prefillMarks *prometheus.CounterVec
+	// reserveLoans counts the loans of this replica's room to the fleet's reserve by result.
+	reserveLoans *prometheus.CounterVec
+	// roomCalls counts this replica's calls to the fleet for room by result.
+	roomCalls *prometheus.CounterVec
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -106,12 +110,20 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_prefill_marks_total",
 			Help: "Marks of interactive prompts beginning and ending their prefill, told among the replicas so that lower-class pieces on a worker wait for every replica's interactive prefill there, by result: sent, failed (the store failed), dropped (the queue to send was full); received (another replica's beginning, counted), over (not counted: too many counted already), expired (another replica's mark whose end never came, no longer counted).",
 		}, []string{"result"}),
+		reserveLoans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_reserve_loans_total",
+			Help: "Requests of this replica's share lent to the fleet's interactive reserve of a worker for an interactive request another replica waited with (it ended one of its own lower-class requests there for it), by result: lent, refused (the reserve had room, another replica lent first, or nothing of this replica's own was in flight there), failed (the store failed, or the split is cut or rejoining), returned (taken back once the holds no longer needed it).",
+		}, []string{"result"}),
+		roomCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "usher_routing_room_calls_total",
+			Help: "Calls of this replica to the fleet's others for room for an interactive request that found none, none in the fleet's reserve and nothing of its own to preempt, by result: made, failed (the publish failed).",
+		}, []string{"result"}),
 	}
 }
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, m.reserveLoans, m.roomCalls, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -446,6 +446,8 @@ type Pool struct {
 	snap atomic.Pointer[snapshot]
 	// changes wakes the waiters of Changes; interactivePrefilled those of AwaitInteractive.
 	changes, interactivePrefilled broadcast
+	// loans is told when a replica lent the fleet's reserve room (LoanMade).
+	loans broadcast
 	// room is told of the moments room may appear for a model's requests (see OnRoom).
 	room atomic.Pointer[func(model string)]
 	// lastInteractive is when an interactive request was last routed (unix ns; 0: never), and
@@ -513,6 +515,7 @@ func NewPool(cfg Config, opts Options) (*Pool, error) {
 	}
 	if opts.Shares != nil {
 		p.shares = &shares{store: opts.Shares, fleet: map[string]*workerFleet{}, started: p.now()}
+		p.shares.calls, _ = opts.Shares.(RoomCalls)
 		p.reserveShare = min(max(opts.InteractiveReserve, 0), 1)
 		if f, ok := opts.Shares.(PrefillMarks); ok {
 			p.marks = newFleetPrefills(p, f)

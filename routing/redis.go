@@ -47,6 +47,10 @@ const (
 	// PrefillMarksChannel is the pub/sub channel on which replicas tell when their interactive
 	// prompts begin and end their prefill on a worker (PrefillMarks).
 	PrefillMarksChannel = "usher:prefills"
+	// RoomCallsChannel is the pub/sub channel on which replicas call the others for room for
+	// an interactive request, and tell of the loans to the fleet's reserve they make for one
+	// (RoomCalls).
+	RoomCallsChannel = "usher:share:room"
 	// prefixChannelPrefix + model (percent-encoded as pin parts) is the Pub/Sub channel of
 	// cache_aware's shared prefixes.
 	prefixChannelPrefix = "usher:prefixes:"

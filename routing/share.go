@@ -40,6 +40,17 @@ type ShareStore interface {
 	// the claim's index. -1: no worker has room. On an error nothing is to be taken as held.
 	// Safe for concurrent use.
 	TakeReserve(ctx context.Context, claims []ReserveClaim) (int, error)
+	// LendReserve changes this replica's loan to the interactive reserve of worker (see
+	// Pool.LendReserve) by delta, in one round trip, atomically, where size is the reserve's
+	// requests (ReserveClaim.Requests) and its room is size plus the live loans less the live
+	// holds: delta > 0 lends that much more while the reserve has no room (a request of its
+	// share this replica ends and keeps free gives an interactive request that found none
+	// room); delta < 0 takes back up to -delta of its loan, as far as the room allows. It
+	// returns this replica's loan after, and the reserve's room after. A loan counts in the
+	// reserve's room for TakeReserve until the replica's report expires, and ExchangeShares
+	// records it as reported (ShareReport.Lent). On an error nothing is to be taken as changed.
+	// Safe for concurrent use.
+	LendReserve(ctx context.Context, worker string, size, delta int64) (lent, room int64, err error)
 }
 
 // ShareReport is one replica's state on one worker, as it sends it in an exchange. Every count
@@ -68,6 +79,9 @@ type ShareReport struct {
 	// reserve (see TakeReserve), within [0, maxSlots] and [0, maxReserveTokens]; Hold does
 	// not count the requests in flight on it.
 	Reserve, ReserveTokens int64
+	// Lent is the requests of its share this replica lends the worker's interactive reserve
+	// (LendReserve), within [0, maxSlots]: kept free of its own requests, counted in Hold.
+	Lent int64
 }
 
 // ShareAnswer is the fleet's answer to one ShareReport.
@@ -77,6 +91,9 @@ type ShareAnswer struct {
 	Grant int64
 	// Fleet is the demand of every live replica on the worker, this one included (Self).
 	Fleet []ReplicaDemand
+	// ReserveHeld and ReserveLent are the live replicas' holds of the worker's interactive
+	// reserve and their loans to it, this replica's as reported included, within [0, maxSlots].
+	ReserveHeld, ReserveLent int64
 }
 
 // ReplicaDemand is one replica's demand on one worker in a ShareAnswer, as in its ShareReport.
@@ -142,6 +159,8 @@ const noShare = -1
 // shares is a pool's part of the fleet's split (see Pool.SyncShares).
 type shares struct {
 	store ShareStore
+	// calls is store's RoomCalls, nil when it has none.
+	calls RoomCalls
 
 	// mu serializes SyncShares and guards every field below.
 	mu sync.Mutex
@@ -265,7 +284,9 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		var settled bool
 		r.Reserve, r.ReserveTokens, settled = w.settleReserve(now)
 		changed = settled || changed
-		r.Hold = min(max(keep, w.inFlight.Load()-r.Reserve), maxSlots)
+		// A loan to the reserve stays in this replica's grant: the reserve's room counts it.
+		r.Lent = min(w.lent.Load(), maxSlots)
+		r.Hold = min(max(keep, w.inFlight.Load()+r.Lent-r.Reserve), maxSlots)
 		reports[i] = r
 	}
 	got, err := s.store.ExchangeShares(ctx, reports)
@@ -331,6 +352,7 @@ func (p *Pool) SyncShares(ctx context.Context, demand func(model string) ModelBa
 		}
 		changed = w.setShare(share) || changed
 		w.lowerSenders.Store(lowerSenders(a.Fleet))
+		changed = p.settleLoan(ctx, w, a) || changed
 	}
 	for _, w := range over {
 		changed = w.setShare(s.fallback(w.spec.ID, p.shareLimit(w))) || changed
@@ -387,8 +409,10 @@ func validAnswers(reports []ShareReport, got []ShareAnswer) error {
 		return fmt.Errorf("%d answers for %d workers", len(got), len(reports))
 	}
 	for i, a := range got {
-		if a.Grant < 0 || a.Grant > maxSlots || len(a.Fleet) > maxShareReplicas {
-			return fmt.Errorf("worker %q: grant %d, %d replicas", reports[i].Worker, a.Grant, len(a.Fleet))
+		if a.Grant < 0 || a.Grant > maxSlots || len(a.Fleet) > maxShareReplicas ||
+			a.ReserveHeld < 0 || a.ReserveHeld > maxSlots || a.ReserveLent < 0 || a.ReserveLent > maxSlots {
+			return fmt.Errorf("worker %q: grant %d, %d replicas, reserve held %d, lent %d", reports[i].Worker,
+				a.Grant, len(a.Fleet), a.ReserveHeld, a.ReserveLent)
 		}
 		self := 0
 		for _, d := range a.Fleet {

@@ -3,6 +3,9 @@ package routing
 import (
 	"context"
 	"fmt"
+	"reflect"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,5 +212,135 @@ func TestReserveOverRedis(t *testing.T) {
 	take(b, claims[:1], 0) // w0: b's request, of 2; a gave its own back
 	if n, err := rdb.HLen(ctx, key).Result(); err != nil || n != 1 {
 		t.Fatalf("w1's reserve hash has %d fields (%v), want a's alone", n, err)
+	}
+}
+
+// TestReserveLoansOverRedis: loans to the fleet's interactive reserve through a real Redis. A
+// loan is refused while the reserve has room and made while it has none, once for each hold
+// beyond it; a loan is room for TakeReserve beyond the reserve's own; the exchange answers the
+// live holds and loans and records the loan a replica reports; a loan is taken back only as far
+// as the reserve has room; junk another writer put in a loan hash counts for nothing.
+func TestReserveLoansOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := NewRedisStore(newRedisClient(t, srv), 0), NewRedisStore(newRedisClient(t, srv), 0)
+	lend := func(s *RedisStore, delta, wantLent, wantRoom int64) {
+		t.Helper()
+		lent, room, err := s.LendReserve(ctx, "w0", 1, delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lent != wantLent || room != wantRoom {
+			t.Fatalf("lend %d: got loan %d, room %d; want %d, %d", delta, lent, room, wantLent, wantRoom)
+		}
+	}
+	claim := []ReserveClaim{{Worker: "w0", Requests: 1, Tokens: 400, Want: 100, WantRequests: 1}}
+	take := func(s *RedisStore, want int) {
+		t.Helper()
+		if got, err := s.TakeReserve(ctx, claim); err != nil || got != want {
+			t.Fatalf("took the reserve of claim %d (%v), want %d", got, err, want)
+		}
+	}
+	lend(a, 1, 0, 1) // the reserve has room: nothing lent
+	take(b, 0)       // the reserve's one request
+	take(b, -1)
+	lend(a, 1, 1, 1) // no room: lent
+	lend(a, 1, 1, 1) // room again: no more
+	take(b, 0)       // the loan is room: b holds 2 of 1 + 1 lent
+	lend(a, -1, 1, 0)
+
+	rdb := newRedisClient(t, srv)
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := shareKey("w0") + shareLentSuffix
+	for field, v := range map[string]string{
+		"huge": fmt.Sprintf("99999999 %d", now.UnixMilli()), "nan": "nan 1", "old": fmt.Sprintf("5 %d", now.UnixMilli()-60_000),
+	} {
+		if err := rdb.HSet(ctx, key, field, v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report := ShareReport{Worker: "w0", Limit: 10, Hold: 2, Want: 5, Demand: 1, Lent: 1}
+	got, err := a.ExchangeShares(ctx, []ShareReport{report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ReserveHeld != 2 || got[0].ReserveLent != 1 {
+		t.Fatalf("exchange answered holds %d, loans %d; want 2 (b's), 1 (a's): the junk counts for nothing", got[0].ReserveHeld, got[0].ReserveLent)
+	}
+	// b gives one request back: the reserve's own has room, the loan is not needed.
+	got, err = b.ExchangeShares(ctx, []ShareReport{{Worker: "w0", Limit: 10, Hold: 1, Want: 5, Demand: 1, Reserve: 1, ReserveTokens: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ReserveHeld != 1 || got[0].ReserveLent != 1 {
+		t.Fatalf("exchange answered holds %d, loans %d; want 1, 1", got[0].ReserveHeld, got[0].ReserveLent)
+	}
+	lend(a, -1, 0, 0) // taken back: the reserve's own request is b's hold
+	take(b, -1)       // no room, no loan beside it
+	if n, err := rdb.HLen(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("w0's loan hash has %d fields (%v), want none", n, err)
+	}
+	if _, _, err := a.LendReserve(ctx, "w0", 1, maxSlots+1); err == nil {
+		t.Fatal("a loan change beyond maxSlots was sent")
+	}
+	if _, _, err := a.LendReserve(ctx, "w0", 0, 1); err == nil {
+		t.Fatal("a loan to a reserve of size 0 was sent")
+	}
+}
+
+// TestRoomCallsOverRedis: calls for room through a real Redis's pub/sub reach the other
+// replicas, not the caller; a loan call without a model too; a malformed, oversized or
+// modelless call another publisher puts on the channel is dropped; a call too large is not sent.
+func TestRoomCallsOverRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, b := NewRedisStore(newRedisClient(t, srv), 0), NewRedisStore(newRedisClient(t, srv), 0)
+	heard := make(chan [2]any, 16)
+	var watching sync.WaitGroup
+	for name, s := range map[string]*RedisStore{"a": a, "b": b} {
+		watching.Go(func() { s.WatchRoomCalls(ctx, func(c RoomCall) { heard <- [2]any{name, c} }) })
+	}
+	defer watching.Wait()
+	defer cancel()
+	rdb := newRedisClient(t, srv)
+	waitFor(t, "both replicas subscribed", func() bool {
+		n, err := rdb.PubSubNumSub(ctx, RoomCallsChannel).Result()
+		return err == nil && n[RoomCallsChannel] == 2
+	})
+	for _, junk := range []string{"{", `{"r":"x","w":["w0"]}`, `{"r":"x","m":"m"}`, `{"r":"x","m":"m","w":["w0"],"pad":"` + strings.Repeat("x", maxRoomCallBytes) + `"}`} {
+		if err := rdb.Publish(ctx, RoomCallsChannel, junk).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call := RoomCall{Model: "m", Workers: []string{"w0", "w1"}}
+	if err := a.CallRoom(ctx, call); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CallRoom(ctx, RoomCall{Workers: []string{"w1"}, Lent: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := [][2]any{{"b", call}, {"a", RoomCall{Workers: []string{"w1"}, Lent: true}}}
+	for _, w := range want {
+		select {
+		case got := <-heard:
+			if got[0] != w[0] || !reflect.DeepEqual(got[1], w[1]) {
+				t.Fatalf("heard %v, want %v: junk passed on, or a call reached its caller", got, w)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("timed out waiting for %v", w)
+		}
+	}
+	select {
+	case got := <-heard:
+		t.Fatalf("heard %v beyond the two calls", got)
+	case <-time.After(100 * time.Millisecond):
+	}
+	big := RoomCall{Model: "m", Workers: []string{strings.Repeat("w", maxRoomCallBytes)}}
+	if err := a.CallRoom(ctx, big); err == nil {
+		t.Fatal("a call over maxRoomCallBytes was sent")
 	}
 }

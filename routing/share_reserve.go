@@ -19,6 +19,19 @@ import (
 // its reserve, and the reserve stays whole in the store: a replica where an interactive request
 // finds no room takes room for that one request from it (TakeReserve, one round trip), and
 // gives it back at the exchanges that follow once its interactive requests no longer need it.
+//
+//
+// Held, the reserve has no room for the next interactive request until the holder's own
+// requests fit its share again. A replica whose interactive request then finds no room, and
+// nothing of its own to preempt (its part of the split is one or two requests of a worker that
+// the others' batch fills), used to wait for another replica's request to end: at three
+// replicas in front of real llama-servers, 7 of 9 missed objectives in one run waited so,
+// 177-956 ms (docs/benchmarks.md, "Three replicas in front of real llama-servers"). So it
+// calls the others (CallForRoom); one with a lower-class request on a worker it may use lends
+// the reserve one request of its share (LendReserve: atomic in the store, so one replica lends
+// for one call however many hear it) and ends that request, as it would preempt for its own
+// interactive request; the waiting replica takes the room the loan made (TakeReserve again).
+// The loan goes back once the holds no longer need it.
 
 // ReserveClaim asks the fleet's interactive reserve of one worker for room for one interactive
 // request (ShareStore.TakeReserve).
@@ -126,11 +139,18 @@ func (p *Pool) shareLimit(w *Worker) int64 {
 	return max(w.limit.Load(), 0) - n
 }
 
+// ownCapacity is the most requests this replica's own requests may keep in flight on w within
+// its share: the share (capacity) less what it lends the fleet's reserve of w (see
+// LendReserve). Two or three atomic loads.
+func (w *Worker) ownCapacity() int64 {
+	return max(w.capacity()-w.lent.Load(), 0)
+}
+
 // capacityFor is the most requests this replica may keep in flight on w now for a request of
-// the interactive class (interactive) or another: its share (capacity), and for an interactive
-// one the room it holds of the fleet's reserve too. Two to four atomic loads.
+// the interactive class (interactive) or another: its share less its loans (ownCapacity), and
+// for an interactive one the room it holds of the fleet's reserve too. Three to five atomic loads.
 func (w *Worker) capacityFor(interactive bool) int64 {
-	c := w.capacity()
+	c := w.ownCapacity()
 	if interactive {
 		if r := w.reserve.Load(); r > 0 {
 			c = min(c+r, w.limit.Load())
@@ -163,7 +183,7 @@ func (w *Worker) tokenCapacityFor(interactive bool) int64 {
 func (w *Worker) settleReserve(now time.Time) (requests, tokens int64, changed bool) {
 	excess := max(w.inFlightTokens.Load()-w.tokenCapacity(), 0)
 	if now.UnixNano()-w.reserveAt.Load() >= int64(reserveKeep) {
-		if used := max(w.inFlight.Load()-w.capacity(), 0); used < w.reserve.Load() {
+		if used := max(w.inFlight.Load()-w.ownCapacity(), 0); used < w.reserve.Load() {
 			w.reserve.Store(used)
 			changed = true
 		}
@@ -222,7 +242,7 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 			continue
 		}
 		n, tokens := w.reserveSize()
-		over := max(w.inFlight.Load()-w.capacity()-w.reserve.Load(), 0)
+		over := max(w.inFlight.Load()-w.ownCapacity()-w.reserve.Load(), 0)
 		overTokens := max(w.inFlightTokens.Load()-w.tokenCapacity()-w.reserveTokens.Load(), 0)
 		c := ReserveClaim{Worker: id, Requests: n, Tokens: tokens, Want: want + overTokens, WantRequests: 1 + over}
 		if c.WantRequests > n || c.Want > tokens {
@@ -251,4 +271,81 @@ func (p *Pool) TakeReserve(ctx context.Context, r *Request) bool {
 	p.metrics.reserveTakes.WithLabelValues("taken").Inc()
 	p.changes.notify()
 	return true
+}
+
+// LendReserve lends the fleet's interactive reserve of w one request of this replica's share,
+// for an interactive request another replica waits with and cannot place (it called for room,
+// see WatchRoomCalls): one round trip to the store, which lends only while the reserve of w has
+// no room left (its live holds use it and the loans to it). Lent, the request is kept free of
+// this replica's own requests (ownCapacity) until the holds no longer need it (settleLoan, not
+// before loanKeep), the other replicas are told (RoomCalls), and the caller must end one of its
+// own requests in flight on w that is not interactive, whose room the loan is: the fleet then
+// holds w's limit at most again. It lends nothing without a ShareStore or a reserve of w, while
+// the split is cut or rejoining, or for a worker where this replica has no request of its own
+// in flight beyond its loans. Safe for concurrent use.
+func (p *Pool) LendReserve(ctx context.Context, w *Worker) bool {
+	s := p.shares
+	if s == nil || !(p.reserveShare > 0) {
+		return false
+	}
+	size, _ := w.reserveSize()
+	if size <= 0 {
+		return false
+	}
+	s.mu.Lock() // so that an exchange never reports a loan the store has not answered
+	result := "failed"
+	switch {
+	case !s.joined || s.failing || p.now().Before(s.rejoinUntil):
+	case w.inFlight.Load()-w.reserve.Load() <= 0:
+		result = "refused" // nothing of its own share in flight to end for it
+	default:
+		lent, _, err := s.store.LendReserve(ctx, w.spec.ID, size, 1)
+		if err != nil || lent < 0 || lent > maxSlots {
+			break
+		}
+		result = "refused"
+		if lent > w.lent.Load() {
+			result = "lent"
+			w.lentAt.Store(p.now().UnixNano())
+		}
+		w.lent.Store(lent)
+	}
+	s.mu.Unlock()
+	p.metrics.reserveLoans.WithLabelValues(result).Inc()
+	if result != "lent" {
+		return false
+	}
+	p.announceLoan(ctx, w)
+	return true
+}
+
+// loanKeep is how long a loan to the fleet's reserve stays lent whatever the holds: the
+// interactive request it was made for takes it (TakeReserve) once the lender's call reaches its
+// replica, which an exchange in between must not find unused and take back.
+const loanKeep = reserveKeep
+
+// settleLoan takes back, after an exchange that answered a, what this replica lends the fleet's
+// reserve of w beyond what the holds need (the reserve has room: its size and the loans exceed
+// the holds), once loanKeep has passed since its last loan (LendReserve, one round trip, only
+// then), and reports whether its room on w grew. Nothing while the split is rejoining after a
+// cut: a store that restarted empty knows the holds only as each live replica reports them
+// again, and a loan taken back from a hold it forgot would be room used twice. SyncShares calls
+// it under shares.mu.
+func (p *Pool) settleLoan(ctx context.Context, w *Worker, a ShareAnswer) bool {
+	s := p.shares
+	mine := w.lent.Load()
+	size, _ := w.reserveSize()
+	room := size + a.ReserveLent - a.ReserveHeld
+	if mine <= 0 || room <= 0 || p.now().Before(s.rejoinUntil) ||
+		p.now().UnixNano()-w.lentAt.Load() < int64(loanKeep) {
+		return false
+	}
+	lent, _, err := s.store.LendReserve(ctx, w.spec.ID, size, -min(mine, room))
+	if err != nil || lent < 0 || lent > mine {
+		p.metrics.reserveLoans.WithLabelValues("failed").Inc()
+		return false
+	}
+	w.lent.Store(lent)
+	p.metrics.reserveLoans.WithLabelValues("returned").Add(float64(mine - lent))
+	return lent < mine
 }

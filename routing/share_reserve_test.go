@@ -185,3 +185,78 @@ func TestFleetReserveSizedOverTheModelsWorkers(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveLentForAnotherReplicasInteractive: three replicas keep a worker of 12 full of
+// batch (a, the first to place, holds it all), less the fleet's interactive reserve of one
+// request, and c's interactive request holds the reserve. b's interactive request then finds no
+// room: none of its share, none in the reserve, nothing of its own to preempt. a, called for it,
+// lends the reserve one request of its share (and ends a batch request there, as the gateway
+// preempts it); a second loan for the same call is refused, the reserve having room again; b
+// takes the room and places its request, and a's batch does not take the room back while it is
+// lent. The fleet never has more than the worker's limit in flight. Once the interactive
+// requests end and their holds go back, so does the loan, and batch has all but the reserve
+// again. Without the loan b's request waited for a batch request to end.
+func TestReserveLentForAnotherReplicasInteractive(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	fleet := newMemFleet(clock.Now)
+	rs := newSimFleetWith(t, clock, fleet, 1.0/simLimit, "a", "b", "c")
+	for _, r := range rs {
+		r.keep[1] = 400 // batch requests that stay until ended here
+	}
+	a, b, c := rs[0], rs[1], rs[2]
+	simRun(t, clock, rs, 0, 10)
+	round := 10
+	if got := fleetInFlight(t, rs); got != simLimit-1 {
+		t.Fatalf("batch holds %d, want all but the reserve's one (%s)", got, simState(rs))
+	}
+	ctx := context.Background()
+	interactive := &Request{Model: "m", Interactive: true}
+	if !c.pool.TakeReserve(ctx, interactive) {
+		t.Fatalf("c's interactive request found the reserve held (%s)", simState(rs))
+	}
+	held := []*Lease{pickNow(t, c, true)}
+	if held[0] == nil {
+		t.Fatalf("c's interactive request found no room after taking the reserve (%s)", simState(rs))
+	}
+	if b.pool.TakeReserve(ctx, interactive) || pickNow(t, b, true) != nil {
+		t.Fatalf("b's interactive request found room with the reserve held (%s)", simState(rs))
+	}
+	w := modelWorkersOf(a.pool)
+	if !a.pool.LendReserve(ctx, w) {
+		t.Fatalf("a lent nothing to a reserve without room (holds %d, loans %d; %s)", fleet.reserveHeld("w0"), fleet.reserveLent("w0"), simState(rs))
+	}
+	a.leases[0].l.Release(Outcome{}) // the batch request a preempts for the loan
+	a.leases = a.leases[1:]
+	if a.pool.LendReserve(ctx, w) {
+		t.Fatalf("a lent again, to a reserve that has room again (holds %d, loans %d)", fleet.reserveHeld("w0"), fleet.reserveLent("w0"))
+	}
+	if pickNow(t, a, false) != nil {
+		t.Fatalf("a placed a batch request on the room it lent (%s)", simState(rs))
+	}
+	if !b.pool.TakeReserve(ctx, interactive) {
+		t.Fatalf("b's interactive request found no room of the loan (holds %d, loans %d; %s)", fleet.reserveHeld("w0"), fleet.reserveLent("w0"), simState(rs))
+	}
+	l := pickNow(t, b, true)
+	if l == nil {
+		t.Fatalf("b's interactive request found no room after taking the loan (%s)", simState(rs))
+	}
+	held = append(held, l)
+	if got := fleetInFlight(t, rs); got != simLimit {
+		t.Fatalf("the fleet holds %d, want the worker's limit (%s)", got, simState(rs))
+	}
+	simRun(t, clock, rs, round, 3) // exchanges while the loan is needed: it stays
+	round += 3
+	if got := fleet.reserveLent("w0"); got != 1 {
+		t.Fatalf("the loan is %d while both holds need it, want 1 (%s)", got, simState(rs))
+	}
+	for _, l := range held {
+		l.Release(Outcome{})
+	}
+	simRun(t, clock, rs, round, 8) // past reserveKeep: the holds go back, then the loan
+	if h, l := fleet.reserveHeld("w0"), fleet.reserveLent("w0"); h != 0 || l != 0 {
+		t.Fatalf("after the interactive requests ended, the reserve is held %d and lent %d, want 0 and 0 (%s)", h, l, simState(rs))
+	}
+	if got := fleetInFlight(t, rs); got != simLimit-1 {
+		t.Fatalf("batch holds %d after the loan came back, want all but the reserve's one (%s)", got, simState(rs))
+	}
+}

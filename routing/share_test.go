@@ -138,8 +138,9 @@ type memFleet struct {
 	mu      sync.Mutex
 	cut     bool
 	reports map[string]map[string]memReport // by worker, then replica
-	// reserve is, by worker, then replica, the holds of the worker's interactive reserve.
-	reserve map[string]map[string]memHold
+	// reserve is, by worker, then replica, the holds of the worker's interactive reserve, and
+	// lent the loans to it (requests only).
+	reserve, lent map[string]map[string]memHold
 }
 
 type memReport struct {
@@ -154,18 +155,61 @@ type memHold struct {
 }
 
 func newMemFleet(now func() time.Time) *memFleet {
-	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{}}
+	return &memFleet{now: now, reports: map[string]map[string]memReport{}, reserve: map[string]map[string]memHold{},
+		lent: map[string]map[string]memHold{}}
 }
 
 // holdsOf is the worker's live reserve holds, the expired ones dropped. f.mu must be held.
-func (f *memFleet) holdsOf(worker string) map[string]memHold {
-	h := f.reserve[worker]
+func (f *memFleet) holdsOf(worker string) map[string]memHold { return f.liveOf(f.reserve, worker) }
+
+// loansOf is the worker's live loans to its reserve, the expired ones dropped. f.mu must be held.
+func (f *memFleet) loansOf(worker string) map[string]memHold { return f.liveOf(f.lent, worker) }
+
+func (f *memFleet) liveOf(of map[string]map[string]memHold, worker string) map[string]memHold {
+	h := of[worker]
 	if h == nil {
 		h = map[string]memHold{}
-		f.reserve[worker] = h
+		of[worker] = h
 	}
 	maps.DeleteFunc(h, func(_ string, e memHold) bool { return f.now().Sub(e.at) > ShareReportTTL })
 	return h
+}
+
+// sumOf is the requests of holds.
+func sumOf(holds map[string]memHold) int64 {
+	var n int64
+	for _, e := range holds {
+		n += e.requests
+	}
+	return n
+}
+
+// LendReserve has the semantics of RedisStore's script.
+func (m memShares) LendReserve(_ context.Context, worker string, size, delta int64) (int64, int64, error) {
+	f := m.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cut {
+		return 0, 0, errCut
+	}
+	loans := f.loansOf(worker)
+	held, lent, mine := sumOf(f.holdsOf(worker)), sumOf(loans), loans[m.name].requests
+	change := int64(0)
+	switch {
+	case delta > 0 && size+lent-held <= 0:
+		change = delta
+	case delta < 0:
+		change = -min(mine, -delta, max(size+lent-held, 0))
+	}
+	if change != 0 {
+		mine, lent = mine+change, lent+change
+		if mine > 0 {
+			loans[m.name] = memHold{requests: mine, at: f.now()}
+		} else {
+			delete(loans, m.name)
+		}
+	}
+	return mine, size + lent - held, nil
 }
 
 // TakeReserve has the semantics of RedisStore's script.
@@ -182,7 +226,7 @@ func (m memShares) TakeReserve(_ context.Context, claims []ReserveClaim) (int, e
 		for _, e := range f.holdsOf(c.Worker) {
 			n, t = n+e.requests, t+e.tokens
 		}
-		if n+c.WantRequests <= c.Requests && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
+		if n+c.WantRequests <= c.Requests+sumOf(f.loansOf(c.Worker)) && t+c.Want <= c.Tokens && c.Tokens-t > bestLeft {
 			best, bestLeft = i, c.Tokens-t
 		}
 	}
@@ -198,11 +242,14 @@ func (m memShares) TakeReserve(_ context.Context, claims []ReserveClaim) (int, e
 func (f *memFleet) reserveHeld(worker string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var n int64
-	for _, e := range f.holdsOf(worker) {
-		n += e.requests
-	}
-	return n
+	return sumOf(f.holdsOf(worker))
+}
+
+// reserveLent is the requests the live replicas lend the worker's reserve.
+func (f *memFleet) reserveLent(worker string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return sumOf(f.loansOf(worker))
 }
 
 // replica is the ShareStore of one replica of the fleet.
@@ -219,6 +266,7 @@ func (f *memFleet) forget() {
 	f.mu.Lock()
 	clear(f.reports)
 	clear(f.reserve)
+	clear(f.lent)
 	f.mu.Unlock()
 }
 
@@ -265,8 +313,14 @@ func (m memShares) ExchangeShares(_ context.Context, reports []ShareReport) ([]S
 		} else {
 			delete(h, m.name)
 		}
+		if l := f.loansOf(r.Worker); r.Lent > 0 {
+			l[m.name] = memHold{requests: r.Lent, at: now}
+		} else {
+			delete(l, m.name)
+		}
 		d.Self = true
-		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, d)}
+		out[i] = ShareAnswer{Grant: grant, Fleet: append(fleet, d),
+			ReserveHeld: sumOf(f.holdsOf(r.Worker)), ReserveLent: sumOf(f.loansOf(r.Worker))}
 	}
 	return out, nil
 }

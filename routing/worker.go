@@ -59,6 +59,10 @@ type Worker struct {
 	// fleetReserve is the requests of the worker's limit the fleet keeps as its interactive
 	// reserve (Options.InteractiveReserve), as SyncShares last sized it (sizeFleetReserves).
 	fleetReserve atomic.Int64
+	// lent is the requests of its share this replica lends the fleet's interactive reserve of
+	// the worker, as the store recorded them (Pool.LendReserve): its own requests do not use
+	// them. lentAt is when it last lent one (unix ns). Only calls under shares.mu write them.
+	lent, lentAt atomic.Int64
 	// reserveGroup names the workers whose reserves are sized together (sizeFleetReserves):
 	// those of the same role and model set. Set at creation, as spec.
 	reserveGroup string
