@@ -73,18 +73,24 @@ func (p *Pool) CallsForRoom() bool {
 
 // CallForRoom calls the other replicas for room for an interactive request of model that
 // found none here, none in the fleet's reserve (TakeReserve) and nothing of this replica's own
-// to end for it, on the workers of short (Shortfalls): a replica that can end a lower-class
-// request of its own on one of them lends the reserve that room and tells of it (LoanMade). One
-// PUBLISH. It calls nothing when a worker of short has room already. It reports whether the
-// call went out.
+// to end for it, on the workers of short (Shortfalls) that the fleet keeps a reserve of (a
+// loan is room in a reserve; a reserve of a tenth keeps one request of three two-slot workers,
+// on one of them): a replica that can end a lower-class request of its own on one of them lends
+// the reserve that room and tells of it (LoanMade). One PUBLISH. It calls nothing when a worker
+// of short has room already, or none has a reserve. It reports whether the call went out.
 func (p *Pool) CallForRoom(ctx context.Context, model string, short []Shortfall) bool {
-	if !p.CallsForRoom() || len(short) == 0 ||
+	if !p.CallsForRoom() ||
 		slices.ContainsFunc(short, func(s Shortfall) bool { return s.Requests <= 0 && s.Tokens <= 0 }) {
 		return false
 	}
-	ids := make([]string, len(short))
-	for i, s := range short {
-		ids[i] = s.Worker.spec.ID
+	var ids []string
+	for _, s := range short {
+		if n, _ := s.Worker.reserveSize(); n > 0 {
+			ids = append(ids, s.Worker.spec.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return false
 	}
 	result := "made"
 	if p.shares.calls.CallRoom(ctx, RoomCall{Model: model, Workers: ids}) != nil {
@@ -100,8 +106,8 @@ func (p *Pool) CallForRoom(ctx context.Context, model string, short []Shortfall)
 func (p *Pool) LoanMade() <-chan struct{} { return p.loans.Wait() }
 
 // WatchRoomCalls hears the other replicas' calls until ctx ends: for each call for room, lend
-// is called with the call's model and those of its workers this replica knows serving it, in
-// the call's order (lend may then LendReserve and end a request of its own); each loan call
+// is called with the call's model and those of its workers this replica knows serving it and
+// keeping a reserve of the fleet's, in the call's order (lend may then LendReserve and end a request of its own); each loan call
 // closes LoanMade. lend runs on the watching goroutine, one call at a time. It returns at once
 // when this replica does not call for room (CallsForRoom).
 func (p *Pool) WatchRoomCalls(ctx context.Context, lend func(model string, workers []*Worker)) {
@@ -119,7 +125,11 @@ func (p *Pool) WatchRoomCalls(ctx context.Context, lend func(model string, worke
 		}
 		var ws []*Worker
 		for _, id := range c.Workers {
-			if i := slices.IndexFunc(ms.workers, func(w *Worker) bool { return w.spec.ID == id }); i >= 0 {
+			i := slices.IndexFunc(ms.workers, func(w *Worker) bool { return w.spec.ID == id })
+			if i < 0 {
+				continue
+			}
+			if n, _ := ms.workers[i].reserveSize(); n > 0 {
 				ws = append(ws, ms.workers[i])
 			}
 		}
