@@ -168,20 +168,9 @@ func (s *RedisStore) CallRoom(ctx context.Context, c RoomCall) error {
 // go-redis re-establishes after a lost connection (calls made meanwhile are missed). The
 // replica's own calls, and malformed or oversized ones, are not passed on.
 func (s *RedisStore) WatchRoomCalls(ctx context.Context, called func(RoomCall)) {
-	ps := s.client.Subscribe(ctx, RoomCallsChannel)
-	defer ps.Close()
-	ch := ps.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m, ok := <-ch:
-			if !ok {
-				return
-			}
-			if c, ok := decodeRoomCall(s.replica, m.Payload); ok {
-				called(c)
-			}
+	s.watch(ctx, RoomCallsChannel, func(payload string) {
+		if c, ok := decodeRoomCall(s.replica, payload); ok {
+			called(c)
 		}
-	}
+	})
 }
