@@ -90,6 +90,11 @@ WARM_PER_WORKER=${WARM_PER_WORKER:-40} # streamed requests a worker before each 
 REPLICAS=${REPLICAS:-1}            # gateway replicas sharing a redis-server (see above)
 USHER_VARIANTS=${USHER_VARIANTS:-} # NAME=BINARY ...: an interleaved A/B of usher builds (see above)
 V_ROUNDS=${V_ROUNDS:-1}            # rounds of each variant with USHER_VARIANTS
+# An engine lives at most ENGINE_LIFETIME seconds (so an interrupted bench leaves none running):
+# by default what the planned runs take, 15 minutes a run beyond DURATION. (A fixed hour ended
+# the last run of a long A/B with every engine gone, twenty-third session.)
+planned=$((3 + $(wc -w <<<"$RUNS") * V_ROUNDS * ($(wc -w <<<"$USHER_VARIANTS") > 0 ? $(wc -w <<<"$USHER_VARIANTS") : 1)))
+ENGINE_LIFETIME=${ENGINE_LIFETIME:-$((planned * (DURATION + 900)))}
 
 for tool in jq curl awk; do
   command -v "$tool" >/dev/null 2>&1 || { echo "enginebench needs $tool" >&2; exit 1; }
@@ -135,7 +140,7 @@ start_engines() {
   for i in $(seq "$WORKERS"); do
     port=$(free_port)
     if [ ${#engine_cpus[@]} -gt 0 ]; then engine_on=(taskset -c "${engine_cpus[$(((i - 1) % ${#engine_cpus[@]}))]}"); fi
-    timeout 3600 ${engine_on[@]+"${engine_on[@]}"} "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
+    timeout "$ENGINE_LIFETIME" ${engine_on[@]+"${engine_on[@]}"} "$dir/bin/llama-server" -m "$dir/models/$MODEL.gguf" -a "$MODEL" --host 127.0.0.1 --port "$port" \
       --metrics --log-timestamps -np "$SLOTS" -c $((SLOTS * 4096)) -t "$THREADS" --cache-ram "$CACHE_RAM" "$@" >"$RUN_DIR/llama-$i.log" 2>&1 &
     pids+=($!)
     engines+=("127.0.0.1:$port")
@@ -143,6 +148,13 @@ start_engines() {
   for e in "${engines[@]}"; do
     for _ in $(seq 300); do curl -fs "http://$e/health" >/dev/null 2>&1 && break; sleep 0.1; done
     curl -fs "http://$e/health" >/dev/null || { echo "llama-server $e is not healthy (see $RUN_DIR)" >&2; exit 1; }
+  done
+}
+# engines_alive NAME: fails, saying so, when an engine exited before run NAME ended (the run is void).
+engines_alive() {
+  local p
+  for p in "${pids[@]}"; do
+    kill -0 "$p" 2>/dev/null || { echo "enginebench: a llama-server exited during $1 (see $RUN_DIR/llama-*.log): the run is void" >&2; exit 1; }
   done
 }
 stop_engines() {
@@ -247,10 +259,13 @@ run() {
   echo "--- $name (load average $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   # Every gateway starts with its workers' cost models unlearnt, and judges no request against a
   # default objective until a worker's model has its 32 streamed answers: a standard tenant's
-  # WARM_PER_WORKER short streamed requests a worker teach them first (not in the table).
+  # WARM_PER_WORKER short streamed requests a worker teach them first (not in the table). Each
+  # replica learns its own, so REPLICAS times as many: at three replicas 360, about 90 s of the
+  # engines' work, so the warm-up may drain for 120 s (with the runs' 10 s, half of them were
+  # cancelled and each replica's models learnt from about 18 answers a worker).
   if [ "$WARM_PER_WORKER" -gt 0 ]; then
     bench "$name.warm" "$I_IN" "$I_OUT" --tenant "warm=$(key warm)::standard" --rate 20 \
-      --max-inflight 250 --requests $((WORKERS * WARM_PER_WORKER * REPLICAS))
+      --max-inflight 250 --requests $((WORKERS * WARM_PER_WORKER * REPLICAS)) --drain 120s
   fi
   local bpid=
   if [ $# -gt 3 ]; then
@@ -265,7 +280,18 @@ run() {
     --local-addr 127.0.0.2
   if [ -n "$bpid" ]; then wait "$bpid"; fi
   judged "$name" >"$RUN_DIR/$name.attainment"
+  keep_metrics "$name"
+  engines_alive "$name"
   stop_gateway
+}
+
+# keep_metrics NAME: each replica's routing, preemption and objective counters, in NAME-rN.metrics.
+keep_metrics() {
+  local g r=0
+  for g in "${GWS[@]}"; do
+    r=$((r + 1))
+    curl -fs "http://$g/metrics" | grep -E '^usher_(routing_|preempted|objective_)' >"$RUN_DIR/$1-r$r.metrics" || true
+  done
 }
 
 # runs_of NAME FIFO MAXCONC [BATCH_IN BATCH_OUT BATCH_RATE]: run NAME, or with USHER_VARIANTS
