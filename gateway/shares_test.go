@@ -108,18 +108,7 @@ func TestFleetReserveServesInteractiveAtAnyReplica(t *testing.T) {
 	spec := w.spec("w")
 	spec.MaxConcurrency, spec.MaxTokensInFlight = 8, 400
 	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
-	var gws []*testGateway
-	for range 2 {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
-		t.Cleanup(func() { rdb.Close() })
-		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.5},
-			func(c *Config) { c.DisablePreemption = true }, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); g.srv.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		gws = append(gws, g)
-	}
+	gws := startFleetGateways(t, srv.Addr(), rcfg, 0.5, func(c *Config) { c.DisablePreemption = true })
 	// Released before the gateways stop (cleanups run last first): they wait for the requests
 	// the engine holds.
 	var release sync.Once
@@ -177,25 +166,15 @@ func TestFleetPreemptsForAnotherReplicasInteractive(t *testing.T) {
 	spec := w.spec("w")
 	spec.MaxConcurrency = 4
 	rcfg := routing.Config{Policy: "round_robin", Workers: []routing.WorkerSpec{spec}}
-	var gws []*testGateway
-	for range 2 {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
-		t.Cleanup(func() { rdb.Close() })
-		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: 0.25},
-			nil, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); g.srv.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		gws = append(gws, g)
-	}
+	gws := startFleetGateways(t, srv.Addr(), rcfg, 0.25, nil)
 	var release sync.Once
 	var answers []<-chan *http.Response
+	answered := 0 // of answers, those the test has read
 	// Run before the gateways stop (cleanups run last first), so that a test failing with
 	// requests queued ends: once released, the shares let every one be served.
 	t.Cleanup(func() {
 		release.Do(func() { close(hold) })
-		for _, ch := range answers {
+		for _, ch := range answers[answered:] {
 			select {
 			case <-ch:
 			case <-time.After(10 * time.Second):
@@ -227,11 +206,33 @@ func TestFleetPreemptsForAnotherReplicasInteractive(t *testing.T) {
 	}
 	release.Do(func() { close(hold) })
 	for _, ch := range answers {
-		if resp := <-ch; resp.StatusCode != http.StatusOK {
+		resp := <-ch
+		answered++
+		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("a request got status %d, want every one 200", resp.StatusCode)
 		}
 	}
 	if got := w.requests.Load(); got != 6 {
 		t.Errorf("the engine saw %d requests, want 6 (the preempted batch request twice)", got)
 	}
+}
+
+// startFleetGateways starts two gateways (replicas) whose pools share the Redis at addr, with
+// the fleet's interactive reserve of the worker's limit and config changed by mutate (nil: the
+// defaults), each running (Server.Run) until the test's cleanups; tenants have every class.
+func startFleetGateways(t *testing.T, addr string, rcfg routing.Config, reserve float64, mutate func(*Config)) []*testGateway {
+	t.Helper()
+	var gws []*testGateway
+	for range 2 {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		g := startGatewayPool(t, rcfg, routing.Options{Shares: routing.NewRedisStore(rdb, 0), InteractiveReserve: reserve},
+			mutate, func(d *Deps) { d.Auth = tierAuth{everyClassTier} })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); g.srv.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		gws = append(gws, g)
+	}
+	return gws
 }
