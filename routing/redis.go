@@ -374,10 +374,16 @@ func (s *RedisStore) MarkPrefill(ctx context.Context, m PrefillMark) error {
 	if err != nil {
 		return err
 	}
+	return s.tell(ctx, PrefillMarksChannel, b)
+}
+
+// tell publishes payload on channel, within shareTimeout, even after ctx ends (a
+// fleet message, a mark or a call, outlives the request that made it).
+func (s *RedisStore) tell(ctx context.Context, channel string, payload []byte) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
 	defer cancel()
-	if err := s.client.Publish(ctx, PrefillMarksChannel, b).Err(); err != nil {
-		return fmt.Errorf("redis publish prefill mark: %w", err)
+	if err := s.client.Publish(ctx, channel, payload).Err(); err != nil {
+		return fmt.Errorf("redis publish on %s: %w", channel, err)
 	}
 	return nil
 }

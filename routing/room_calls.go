@@ -156,12 +156,7 @@ func (s *RedisStore) CallRoom(ctx context.Context, c RoomCall) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shareTimeout)
-	defer cancel()
-	if err := s.client.Publish(ctx, RoomCallsChannel, b).Err(); err != nil {
-		return fmt.Errorf("call for room: %w", err)
-	}
-	return nil
+	return s.tell(ctx, RoomCallsChannel, b)
 }
 
 // WatchRoomCalls implements RoomCalls with a subscription on a connection of its own, which
