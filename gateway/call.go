@@ -72,11 +72,14 @@ type call struct {
 	rejectMiss, objectiveDeadline bool
 
 	// dispatch and proxy
-	route    routing.Request // a two-staged call's prefill stage (disagg.go)
-	lease    *routing.Lease  // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
-	worker   string
-	alias    *modelAlias // the worker calls the model by another name; nil: it does not
-	attempts int
+	route  routing.Request // a two-staged call's prefill stage (disagg.go)
+	lease  *routing.Lease  // the current attempt's, whose cache scope bounds what the client is told (cache_salt.go)
+	worker string
+	// behindLower: the current attempt was placed while its worker had a lower-class prompt in
+	// prefill (routing.Lease.BehindLowerPrefill), a step the call may wait for at the engine.
+	behindLower bool
+	alias       *modelAlias // the worker calls the model by another name; nil: it does not
+	attempts    int
 	// suspects are the workers that answered an attempt with a server error (at most
 	// server.max_attempts): counted against their circuit breakers only once another worker
 	// serves the call (see confirmFailures).

@@ -281,7 +281,7 @@ func (s *Server) dispatch(c echo.Context, cl *call) error {
 		if cl.attempts > 1 {
 			s.metrics.retries.WithLabelValues(cl.model).Inc()
 		}
-		cl.worker = cl.lease.Worker.ID()
+		cl.worker, cl.behindLower = cl.lease.Worker.ID(), cl.lease.BehindLowerPrefill()
 		var retry bool
 		var err error
 		if cl.twoStage {

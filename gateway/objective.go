@@ -246,6 +246,34 @@ func (s *Server) judge(cl *call, err error, end time.Time) verdicts {
 	return v
 }
 
+// teachPiece tells the pool an interactive call's TTFT verdict, which the size of the pieces
+// lower-class prompts go in follows (routing.Pool.JudgedInteractive): a met one, and a missed
+// one that a piece may have made: placed behind a lower-class prefill on its worker, it waited
+// in usher's queue for less than a quarter of its objective. A miss that waited longer in
+// usher's queue is the queue's, one placed with no lower-class prefill there the engine's own;
+// a smaller piece would shorten neither. A call whose client tightened its TTFT objective is
+// not told: the piece is every tenant's, and a tenant asking 1 ms would otherwise shrink it for
+// all the batch served.
+func (s *Server) teachPiece(cl *call, v verdicts) {
+	if cl.class != queue.Interactive || cl.worker == "" || cl.askedTTFT > 0 {
+		return
+	}
+	switch v.ttft {
+	case tenants.VerdictMet:
+	case tenants.VerdictMissed:
+		if !cl.behindLower || cl.queued >= v.objective.ttft/4 {
+			return
+		}
+	default:
+		return
+	}
+	percentile := cl.tier.Objective(queue.Interactive.String()).Percentile
+	if percentile == 0 {
+		percentile = tenants.DefaultPercentile
+	}
+	s.pool.JudgedInteractive(v.ttft == tenants.VerdictMet, percentile)
+}
+
 // perToken is d times n (n below 1: 0), saturating at a day.
 func perToken(d time.Duration, n int) time.Duration {
 	if n < 1 || d <= 0 {

@@ -540,3 +540,54 @@ func TestDueIsTheLastDispatchThatMeetsTheObjective(t *testing.T) {
 		t.Fatalf("batch: due %v, want none", due)
 	}
 }
+
+// The size of the pieces lower-class prompts go in follows the interactive TTFT verdicts a piece
+// may have made: a miss placed behind a lower-class prefill on its worker, with little wait in
+// usher's queue, shrinks it; a miss with no lower-class prefill there (an answer late at an idle
+// engine, end to end), one that waited in usher's queue for a quarter of its objective or more,
+// one whose client tightened its own objective, a lower-class miss and a call never placed leave
+// it as it was.
+func TestPieceLearnsFromMissesBehindLowerPrefill(t *testing.T) {
+	pro := &tenants.Tier{Name: "pro", HighestClass: tenants.ClassInteractive, DefaultClass: tenants.ClassInteractive,
+		Weight: 1, Models: []string{"*"},
+		Objectives: tenants.ClassObjectives{Interactive: tenants.Objective{TTFT: 500 * time.Millisecond, Percentile: 99}}}
+	clock := &testClock{now: time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)}
+	specs, engines := slowEngines(t, clock, 100*time.Millisecond)
+	g := startGatewayWith(t, specs, nil, func(d *Deps) { d.Auth, d.Now = tierAuth{pro}, clock.Now })
+	piece := func() float64 { return metricValue(t, g.reg, "usher_routing_prefill_piece_tokens") }
+	send := func() {
+		t.Helper()
+		resp := g.post(t, "/v1/chat/completions", testKey, streamBody, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	send() // in time: the pool has seen an interactive prompt, its piece is the slack
+	eventuallyTrue(t, func() bool { return piece() > 0 })
+	whole := piece()
+	engines[0].delay.Store(int64(600 * time.Millisecond))
+	send() // late at an engine with nothing else in prefill (judged before its last bytes)
+	if got := piece(); got != whole {
+		t.Fatalf("after a miss at an engine prefilling nothing else: piece %v, want %v", got, whole)
+	}
+
+	judged := func(class queue.Class, worker string, behind bool, queued time.Duration, v tenants.Verdict) {
+		g.srv.teachPiece(&call{class: class, tier: pro, worker: worker, behindLower: behind, queued: queued},
+			verdicts{judged: true, objective: objective{ttft: 500 * time.Millisecond}, ttft: v})
+	}
+	// A hostile tenant tightens its own objective to 1 ms so that every request of its misses.
+	for range 20 {
+		g.srv.teachPiece(&call{class: queue.Interactive, tier: pro, worker: "w0", behindLower: true, askedTTFT: time.Millisecond},
+			verdicts{judged: true, objective: objective{ttft: time.Millisecond}, ttft: tenants.VerdictMissed})
+	}
+	judged(queue.Interactive, "w0", true, 125*time.Millisecond, tenants.VerdictMissed)
+	judged(queue.Standard, "w0", true, 0, tenants.VerdictMissed)
+	judged(queue.Interactive, "", true, 0, tenants.VerdictMissed)
+	judged(queue.Interactive, "w0", true, 0, tenants.VerdictUnjudged)
+	if got := piece(); got != whole {
+		t.Fatalf("after misses no piece made: piece %v, want %v", got, whole)
+	}
+	judged(queue.Interactive, "w0", true, 0, tenants.VerdictMissed)
+	if got := piece(); got >= whole {
+		t.Errorf("after a miss behind a lower-class prefill: piece %v, want less than %v", got, whole)
+	}
+}

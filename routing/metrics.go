@@ -44,11 +44,17 @@ type poolMetrics struct {
 	reserveLoans *prometheus.CounterVec
 	// roomCalls counts this replica's calls to the fleet for room by result.
 	roomCalls *prometheus.CounterVec
+	// prefillPiece is the pool's prefill piece now, read at scrape time.
+	prefillPiece prometheus.GaugeFunc
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
 	return &poolMetrics{
 		pool: p,
+		prefillPiece: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "usher_routing_prefill_piece_tokens",
+			Help: "The size of the pieces a long standard or batch prompt goes to an engine in while interactive requests are present: configured, or learnt from the interactive prompts and shrunk while interactive requests miss their TTFT objective at the engine; 0: pieces off.",
+		}, func() float64 { return float64(p.pieceTokens()) }),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_decisions_total",
 			Help: "Routing decisions by model, policy and route; route \"none\" counts picks that found no eligible worker.",
@@ -123,7 +129,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, m.reserveLoans, m.roomCalls, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, m.reserveLoans, m.roomCalls, m.prefillPiece, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

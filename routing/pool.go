@@ -169,6 +169,9 @@ type Lease struct {
 	interactive bool
 	lowerTokens int64
 	piece       int
+	// behindLower: an interactive request placed while the worker had lower-class prompt tokens
+	// in prefill from this replica (see BehindLowerPrefill).
+	behindLower bool
 	// mark is the Seq of the interactive prefill's mark told to the fleet (see fleetPrefills);
 	// 0: none was.
 	mark uint64
@@ -194,6 +197,11 @@ type Lease struct {
 	decode  bool
 	handoff handoffCoefficients
 }
+
+// BehindLowerPrefill reports whether the lease is an interactive request's placed while its
+// worker was prefilling a lower-class prompt or piece this replica sent: the step it waits for
+// at the engine may be that prefill (see Pool.JudgedInteractive).
+func (l *Lease) BehindLowerPrefill() bool { return l.behindLower }
 
 // Stage is the stage of the request the lease was placed for (Request.Stage).
 func (l *Lease) Stage() Stage { return l.stage }
@@ -456,6 +464,9 @@ type Pool struct {
 	// interactivePrompt is a moving average of the prompt tokens of the interactive requests
 	// routed (estimates, as Request.PromptTokens), for the learnt prefill piece; 0: none yet.
 	interactivePrompt atomic.Int64
+	// pieceLogShare is the logarithm of the share of the objective's slack the learnt prefill
+	// piece is (math.Float64bits; 0: the whole slack): see JudgedInteractive.
+	pieceLogShare atomic.Uint64
 
 	mu       sync.Mutex            // guards everything below, and serialises writers of snap
 	workers  []*Worker             // all workers, in the order they were added
@@ -811,6 +822,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	if r.Interactive {
+		l.behindLower = w.prefill.tokens.Load() > 0
 		p.noteInteractive(now.UnixNano())
 		p.observeInteractivePrompt(r.PromptTokens)
 		w.interactivePrefills.Add(1)

@@ -51,6 +51,92 @@ func TestPrefillPieceSize(t *testing.T) {
 	}
 }
 
+// The learnt piece follows the interactive attainment: a miss at the engine shrinks it, met
+// requests grow it back to the objective's slack, never past it nor below a quarter of it; one
+// miss in a hundred verdicts (the 99th percentile's share) leaves it where it was; a configured
+// piece does not move.
+func TestLearntPieceFollowsAttainment(t *testing.T) {
+	piece := func(p *Pool) int {
+		k := picker{t: t, p: p, model: "m"}
+		l := k.pick("a long batch prompt", Request{PromptTokens: 700})
+		defer l.Release(Outcome{})
+		return l.PrefillPiece()
+	}
+	p, _ := newTestPool(t, Config{Workers: testWorkers(1, "m")})
+	k := picker{t: t, p: p, model: "m"}
+	k.pick("interactive", Request{Interactive: true, PromptTokens: 200}).Release(Outcome{})
+	if got := piece(p); got != 200 {
+		t.Fatalf("before any verdict: piece %d, want the slack, 200", got)
+	}
+	for range 5 {
+		p.JudgedInteractive(true, 99)
+	}
+	if got := piece(p); got != 200 {
+		t.Errorf("after met requests: piece %d, want no more than the slack, 200", got)
+	}
+	p.JudgedInteractive(false, 99)
+	shrunk := piece(p)
+	if want := int(200 * math.Exp(-0.25*0.99)); shrunk != want {
+		t.Errorf("after a miss: piece %d, want %d", shrunk, want)
+	}
+	for range 99 {
+		p.JudgedInteractive(true, 99)
+	}
+	p.JudgedInteractive(false, 99)
+	if got := piece(p); got != shrunk {
+		t.Errorf("after one miss in a hundred more verdicts: piece %d, want it unmoved at %d", got, shrunk)
+	}
+	for range 20 {
+		p.JudgedInteractive(false, 99)
+	}
+	if got := piece(p); got != 50 {
+		t.Errorf("after many misses: piece %d, want a quarter of the slack, 50", got)
+	}
+	for range 1000 {
+		p.JudgedInteractive(true, 99)
+	}
+	if got := piece(p); got != 200 {
+		t.Errorf("after many met requests: piece %d, want the slack again, 200", got)
+	}
+
+	cfg := Config{Workers: testWorkers(1, "m")}
+	cfg.Concurrency.PrefillPieceTokens = 300
+	fixed, _ := newTestPool(t, cfg)
+	picker{t: t, p: fixed, model: "m"}.pick("interactive", Request{Interactive: true, PromptTokens: 200}).Release(Outcome{})
+	for range 20 {
+		fixed.JudgedInteractive(false, 99)
+	}
+	if got := piece(fixed); got != 300 {
+		t.Errorf("configured: piece %d after misses, want 300", got)
+	}
+}
+
+// An interactive request placed while its worker prefills a lower-class prompt of this replica's
+// is behind it; one placed on a worker prefilling none, or after the first token is back, is not;
+// a lower-class request never is.
+func TestBehindLowerPrefill(t *testing.T) {
+	p, _ := newTestPool(t, Config{Workers: testWorkers(1, "m")})
+	k := picker{t: t, p: p, model: "m"}
+	alone := k.pick("interactive alone", Request{Interactive: true, PromptTokens: 10})
+	alone.Release(Outcome{})
+	lower := k.pick("lower", Request{PromptTokens: 10})
+	if lower.BehindLowerPrefill() || alone.BehindLowerPrefill() {
+		t.Errorf("behind a lower-class prefill: lower %v, interactive alone %v; want neither", lower.BehindLowerPrefill(), alone.BehindLowerPrefill())
+	}
+	behind := k.pick("interactive behind it", Request{Interactive: true, PromptTokens: 10})
+	if !behind.BehindLowerPrefill() {
+		t.Error("an interactive request placed during a lower-class prefill is not behind it")
+	}
+	behind.Release(Outcome{})
+	lower.Prefilled()
+	after := k.pick("interactive after the first token", Request{Interactive: true, PromptTokens: 10})
+	if after.BehindLowerPrefill() {
+		t.Error("an interactive request placed after the lower-class first token is behind it")
+	}
+	after.Release(Outcome{})
+	lower.Release(Outcome{})
+}
+
 // A prompt sent in pieces holds one piece of the worker's lower-class prefill budget, and while
 // pieces are on the budget is at most one piece: a worker prefilling a piece takes no other
 // lower-class prompt (two pieces in one engine step would delay an interactive prompt by twice
