@@ -14,8 +14,8 @@
 #   3. Prefill-heavy (PREFILL=1): batch of ~500-token prompts and 7 output tokens at FLOOD x its
 #      own capacity, default config.
 #   Each run's gateway is fresh; WARM_PER_WORKER streamed standard requests a worker teach its cost
-#   model first, so that the interactive requests are judged against the default TTFT objective
-#   (the table's "int met").
+#   model first, so that the interactive requests are judged against the default TTFT and TPOT
+#   objectives (the table's "int met" and "tpot met").
 #
 # The whole table is made once per engine setting in ENGINE_VARIANTS (issue 31, item 5), the
 # engines restarted between: by default "stock" (llama-server's own step, --batch-size 2048 and
@@ -279,7 +279,8 @@ run() {
   bench "$name.interactive" "$I_IN" "$I_OUT" --tenant "chat=$(key chat)::interactive:$I_RATE" --duration "${RUN_DURATION:-$DURATION}s" \
     --local-addr 127.0.0.2
   if [ -n "$bpid" ]; then wait "$bpid"; fi
-  judged "$name" >"$RUN_DIR/$name.attainment"
+  judged ttft >"$RUN_DIR/$name.attainment"
+  judged tpot >"$RUN_DIR/$name.tpot"
   keep_metrics "$name"
   engines_alive "$name"
   stop_gateway
@@ -312,12 +313,13 @@ runs_of() {
   done
 }
 
-# judged NAME: the interactive requests the current gateway judged against their TTFT objective
-# (the default: 2x the serving worker's idle prediction plus one step), as met/judged.
+# judged ttft|tpot: the interactive requests the current gateway judged against their TTFT
+# objective (the default: 2x the serving worker's idle prediction plus one step) or TPOT
+# objective (2x the idle step), as met/judged.
 judged() {
   local g
-  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk '
-    index($0, "usher_objective_ttft_total{") == 1 && index($0, "class=\"interactive\"") {
+  for g in "${GWS[@]}"; do curl -fs "http://$g/metrics"; done | awk -v family="usher_objective_$1_total{" '
+    index($0, family) == 1 && index($0, "class=\"interactive\"") {
       if ($0 ~ /verdict="met"/) met += $NF; else if ($0 ~ /verdict="missed"/) missed += $NF }
     END { printf "%d/%d\n", met, met + missed }'
 }
@@ -348,7 +350,7 @@ suite() {
   echo "== interactive TTFT beside a batch flood: $WORKERS llama-server x $SLOTS slots (model $MODEL, -t $THREADS${*:+, $*}: setting $variant), ${DURATION}s of arrivals each"
   echo "   capacity R = $R req/s at ${B_IN}w/$B_OUT (batch at $BR req/s)${RP:+; prefill-heavy R = $RP req/s at ${P_IN}w/$P_OUT (batch at $PR req/s)}"
   a99=$(jq -r '.overall.ttft_ms.p99' "$RUN_DIR/alone.interactive.json")
-  printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s %8s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s" "int met"
+  printf "%-36s %9s %9s %9s %7s %8s %9s %10s %8s %11s %8s %8s\n" run "TTFT p50" "p99" "p99/alone" "int ok" "int cut" "queue p99" "batch ok/s" "batch/R" "batch tok/s" "int met" "tpot met"
   for r in "${runs[@]}"; do
     i="$RUN_DIR/$r.interactive.json"
     label=$(case ${r%%-*} in
@@ -367,15 +369,15 @@ suite() {
       bfrac=$(awk -v x="$bok" -v c="$cap" 'BEGIN { printf "%.2f", x / c }')
       btok=$(jq -r '(.overall.prompt_tokens + .overall.output_tokens) / .elapsed_seconds | round' "$b")
     fi
-    printf "%-36s %9.0f %9.0f %9.2f %7s %8s %9.0f %10s %8s %11s %8s\n" "$label" \
+    printf "%-36s %9.0f %9.0f %9.2f %7s %8s %9.0f %10s %8s %11s %8s %8s\n" "$label" \
       "$(jq -r .overall.ttft_ms.p50 "$i")" "$(jq -r .overall.ttft_ms.p99 "$i")" \
       "$(jq -r --argjson a "$a99" '.overall.ttft_ms.p99 / $a' "$i")" \
       "$(jq -r .overall.ok "$i")" "$(jq -r '.overall.failed + .overall.dropped' "$i")" \
-      "$(jq -r .overall.queue_ms.p99 "$i")" "$bok" "$bfrac" "$btok" "$(cat "$RUN_DIR/$r.attainment")"
+      "$(jq -r .overall.queue_ms.p99 "$i")" "$bok" "$bfrac" "$btok" "$(cat "$RUN_DIR/$r.attainment")" "$(cat "$RUN_DIR/$r.tpot" 2>/dev/null || echo -)"
   done
   echo "   (TTFT and queue in ms, of the interactive requests served; int cut: failed or still waiting when the drain"
   echo "    ended; batch ok/s and tokens/s (prompt + output) over the bench's elapsed time, drain included;"
-  echo "    int met: interactive requests that met the default TTFT objective, of those judged (after a warm-up of"
+  echo "    int met, tpot met: interactive requests that met the default TTFT and TPOT objectives, of those judged (after a warm-up of"
   echo "    $WARM_PER_WORKER streamed requests a worker; a worker's first 32 streamed answers are never judged);"
   echo "    goal (issue 14): (b) p99/alone <= 1.5 and batch/R >= 0.9 of what interactive leaves)"
   echo "reports: $RUN_DIR"
