@@ -47,6 +47,9 @@ const (
 //
 // TPOT uses the same factors as TTFT: a decode step shared with other sequences grows with the
 // batch as a prefill queued behind others grows, and the operator reads one number per class.
+// Until the workers' cost models have learnt their steps there is no default TPOT objective (the
+// answer's TPOT is unjudged), as there is no TTFT one until they predict: judged by the floor
+// below, 28 of 31 interactive answers missed in the first seconds of a simulator run.
 //
 // The floors keep a tiny prediction (a short prompt on a fast engine, the simulator) from
 // turning noise into misses: on loopback a Go scheduler delay, a GC pause or an SSE flush on a
@@ -158,7 +161,8 @@ func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
 		if out.ttft == 0 {
 			out.ttft = routing.TTFTObjective(p, f, tenants.MaxObjectiveTTFT)
 		}
-		if out.tpot == 0 {
+		if out.tpot == 0 && p.TPOT > 0 {
+			// p.TPOT 0: the workers have not learnt their steps; no default to judge by yet.
 			out.tpot = max(scaled(p.TPOT, f, tenants.MaxObjectiveTPOT), minTPOTObjective)
 		}
 	}

@@ -320,6 +320,9 @@ func TestDefaultObjectives(t *testing.T) {
 		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}},
 		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{routing.MinTTFTObjective, minTPOTObjective}},
 		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}},
+		// Before the workers learn their steps, none: the floor would judge every answer missed.
+		{"interactive, steps not learnt", queue.Interactive, routing.Prediction{TTFT: p.TTFT}, true, 0, objective{800 * time.Millisecond, 0}},
+		{"standard, steps not learnt: the tier's ttft", queue.Standard, routing.Prediction{TTFT: p.TTFT}, true, 0, objective{2 * time.Second, 0}},
 		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 80 * time.Millisecond}},
 		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 80 * time.Millisecond}},
 		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}},

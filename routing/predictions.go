@@ -73,18 +73,28 @@ func (p *Pool) PredictIdleTypical(model string, stage Stage, w *Worker, promptTo
 }
 
 // TypicalPrediction is the median of ps, TTFT and TPOT each their own (of an even count, the
-// mean of the middle two); the zero Prediction for none. It reorders ps.
+// mean of the middle two); the zero Prediction for none. TPOT's is over the predictions that
+// carry one (a worker whose model has not learnt its steps says 0, which is no time): 0 when
+// none does. It reorders ps.
 func TypicalPrediction(ps []Prediction) Prediction {
 	if len(ps) == 0 {
 		return Prediction{}
 	}
-	median := func(of func(Prediction) time.Duration) time.Duration {
-		slices.SortFunc(ps, func(a, b Prediction) int { return cmp.Compare(of(a), of(b)) })
-		n := len(ps)
-		return (of(ps[(n-1)/2]) + of(ps[n/2])) / 2
+	ttft := func(p Prediction) time.Duration { return p.TTFT }
+	tpot := func(p Prediction) time.Duration { return p.TPOT }
+	typical := Prediction{TTFT: median(ps, ttft)}
+	// Sorted by TPOT, those that carry none lead.
+	slices.SortFunc(ps, func(a, b Prediction) int { return cmp.Compare(a.TPOT, b.TPOT) })
+	if i := slices.IndexFunc(ps, func(p Prediction) bool { return p.TPOT > 0 }); i >= 0 {
+		typical.TPOT = median(ps[i:], tpot)
 	}
-	return Prediction{
-		TTFT: median(func(p Prediction) time.Duration { return p.TTFT }),
-		TPOT: median(func(p Prediction) time.Duration { return p.TPOT }),
-	}
+	return typical
+}
+
+// median is the median of of(p) over ps, not empty (of an even count, the mean of the middle
+// two). It reorders ps.
+func median(ps []Prediction, of func(Prediction) time.Duration) time.Duration {
+	slices.SortFunc(ps, func(a, b Prediction) int { return cmp.Compare(of(a), of(b)) })
+	n := len(ps)
+	return (of(ps[(n-1)/2]) + of(ps[n/2])) / 2
 }
