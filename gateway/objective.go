@@ -278,6 +278,23 @@ func (s *Server) teachPiece(cl *call, v verdicts) {
 	s.pool.JudgedInteractive(v.ttft == tenants.VerdictMet, percentile)
 }
 
+// teachPace tells the pool an interactive call's TPOT verdict when its answer decoded beside a
+// lower-class piece on its worker (routing.Lease.DecodedBesidePieces): the pace of pieces beside
+// interactive decodes follows those (routing.Pool.JudgedDecode). A call whose client tightened
+// its TPOT objective is not told: the pace is every tenant's batch's, and a tenant asking 1 ms
+// would otherwise slow it for all.
+func (s *Server) teachPace(cl *call, v verdicts) {
+	if cl.class != queue.Interactive || cl.lease == nil || cl.askedTPOT > 0 ||
+		v.tpot != tenants.VerdictMet && v.tpot != tenants.VerdictMissed || !cl.lease.DecodedBesidePieces() {
+		return
+	}
+	percentile := cl.tier.Objective(queue.Interactive.String()).Percentile
+	if percentile == 0 {
+		percentile = tenants.DefaultPercentile
+	}
+	s.pool.JudgedDecode(v.tpot == tenants.VerdictMet, percentile)
+}
+
 // perToken is d times n (n below 1: 0), saturating at a day.
 func perToken(d time.Duration, n int) time.Duration {
 	if n < 1 || d <= 0 {

@@ -21,7 +21,9 @@ import (
 // again); then the request itself goes, and the engine prefills only its last piece. Before each
 // piece, and before the request itself, the call waits while an interactive prompt is being
 // prefilled on the worker, so interactive prompts go between the pieces of a batch prompt
-// instead of behind all of it, and share their step with none of it.
+// instead of behind all of it, and share their step with none of it; and after each piece,
+// while an interactive answer decodes on the worker, for the decode steps that keep that
+// answer's mean step within its objective (routing.Lease.AwaitDecodes).
 //
 // A piece is the request's body with the prompt cut at a word boundary near the piece's end:
 // for a chat, the messages up to the cut, the one the cut falls in shortened when its content is
@@ -44,7 +46,8 @@ var pieceDropKeys = map[string]bool{
 const maxPieceAnswer = 64 << 10
 
 // prefillInPieces sends the leading pieces of the call's prompt to the lease's worker, each
-// after no interactive prompt is being prefilled there, and records them in the call (pieces,
+// after no interactive prompt is being prefilled there and, after the first, paced beside the
+// interactive answers decoding there (routing.Lease.AwaitDecodes), and records them in the call (pieces,
 // cachedBeforePieces, and the prompt tokens the engine computed for them in piecesComputed). It returns when the last piece is answered, a piece fails, or ctx ends
 // (its cause is then the caller's to read).
 func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.Lease, body []byte, in http.Header) {
@@ -90,6 +93,9 @@ func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.L
 		}
 		cl.pieces++
 		s.metrics.prefillPieces.WithLabelValues(cl.model).Inc()
+		if lease.AwaitDecodes(ctx, took) != nil {
+			return
+		}
 	}
 }
 

@@ -91,6 +91,7 @@ func (s *Server) closeBooks(cl *call, err error, end time.Time) verdicts {
 	s.chargePieces(cl)
 	cl.books = s.judge(cl, err, end)
 	s.teachPiece(cl, cl.books)
+	s.teachPace(cl, cl.books)
 	s.recordUsage(cl, err, cl.books)
 	return cl.books
 }

@@ -46,6 +46,11 @@ type poolMetrics struct {
 	roomCalls *prometheus.CounterVec
 	// prefillPiece is the pool's prefill piece now, read at scrape time.
 	prefillPiece prometheus.GaugeFunc
+	// paceShare is the share of the pace of pieces beside interactive decodes now.
+	paceShare prometheus.GaugeFunc
+	// decodePaces counts the waits of lower-class pieces beside interactive decodes
+	// (AwaitDecodes).
+	decodePaces prometheus.Counter
 }
 
 func newPoolMetrics(p *Pool) *poolMetrics {
@@ -120,6 +125,14 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 			Name: "usher_routing_reserve_loans_total",
 			Help: "Requests of this replica's share lent to the fleet's interactive reserve of a worker for an interactive request another replica waited with (it ended one of its own lower-class requests there for it), by result: lent, refused (the reserve had room, another replica lent first, or nothing of this replica's own was in flight there), failed (the store failed, or the split is cut or rejoining), returned (taken back once the holds no longer needed it).",
 		}, []string{"result"}),
+		paceShare: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "usher_routing_decode_pace_share",
+			Help: "The share of the pace a standard or batch prompt's pieces keep beside an interactive request decoding on their worker, 0 to 1: raised while interactive answers that decoded beside pieces miss their TPOT objective, lowered while they meet it.",
+		}, func() float64 { return p.paceShare() }),
+		decodePaces: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "usher_routing_decode_paces_total",
+			Help: "Waits of a standard or batch prompt's pieces beside an interactive request decoding on their worker, so that the interactive answer's steps keep within its TPOT objective.",
+		}),
 		roomCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "usher_routing_room_calls_total",
 			Help: "Calls of this replica to the fleet's others for room for an interactive request that found none, none in the fleet's reserve and nothing of its own to preempt, by result: made, failed (the publish failed).",
@@ -129,7 +142,7 @@ func newPoolMetrics(p *Pool) *poolMetrics {
 
 // register puts the metrics on reg; it fails if another pool's are there already.
 func (m *poolMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, m.reserveLoans, m.roomCalls, m.prefillPiece, workerCollector{m.pool}} {
+	for _, c := range []prometheus.Collector{m.decisions, m.outcomes, m.checks, m.breakerOpens, m.scrapeErrors, m.promptTokens, m.cachedTokens, m.pinErrors, m.discoveryErrors, m.cachePredictionError, m.cacheShared, m.kvBlocks, m.kvEvents, m.shareExchanges, m.reserveTakes, m.prefillMarks, m.reserveLoans, m.roomCalls, m.prefillPiece, m.paceShare, m.decodePaces, workerCollector{m.pool}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

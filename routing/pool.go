@@ -169,6 +169,13 @@ type Lease struct {
 	interactive bool
 	lowerTokens int64
 	piece       int
+	// decoding: an interactive request past its first token, counted in its worker's
+	// interactiveDecodes until Release (see AwaitDecodes).
+	decoding atomic.Bool
+	// piecesAtDecode is the worker's piecesSent when the decode began; besidePieces whether
+	// it had moved when the decode ended (see DecodedBesidePieces).
+	piecesAtDecode atomic.Int64
+	besidePieces   atomic.Bool
 	// behindLower: an interactive request placed while the worker had lower-class prompt tokens
 	// in prefill from this replica (see BehindLowerPrefill).
 	behindLower bool
@@ -225,6 +232,7 @@ func (l *Lease) Release(o Outcome) {
 	o.Failed = o.Failed || o.Suspect
 	w.release(l.tokens)
 	l.endPrefill()
+	l.endDecode()
 	if l.piece == 0 {
 		// A prompt sent in pieces waited between them for interactive prompts: its times are
 		// usher's, not the engine's.
@@ -296,6 +304,7 @@ type PieceLoad struct{ placed placement }
 // prediction costs.
 func (l *Lease) PieceSent() PieceLoad {
 	w := l.Worker
+	w.piecesSent.Add(1)
 	pl := w.placementNow(w.inFlight.Load() - 1)
 	if l.prefilling.Load() {
 		pl.prefilling = max(pl.prefilling-float64(l.prefillPrompt), 0)
@@ -380,6 +389,7 @@ func (l *Lease) AwaitInteractive(ctx context.Context) error {
 // Request.Interactive). Safe to call more than once, and after Release.
 func (l *Lease) Prefilled() {
 	if l.endPrefill() {
+		l.startDecode()
 		l.pool.roomOn(l.Worker)
 	}
 }
@@ -452,8 +462,9 @@ type Pool struct {
 	registryMu sync.Mutex
 
 	snap atomic.Pointer[snapshot]
-	// changes wakes the waiters of Changes; interactivePrefilled those of AwaitInteractive.
-	changes, interactivePrefilled broadcast
+	// changes wakes the waiters of Changes; interactivePrefilled those of AwaitInteractive;
+	// interactiveDecoded those of AwaitDecodes.
+	changes, interactivePrefilled, interactiveDecoded broadcast
 	// loans is told when a replica lent the fleet's reserve room (LoanMade).
 	loans broadcast
 	// room is told of the moments room may appear for a model's requests (see OnRoom).
@@ -467,6 +478,9 @@ type Pool struct {
 	// pieceLogShare is the logarithm of the share of the objective's slack the learnt prefill
 	// piece is (math.Float64bits; 0: the whole slack): see JudgedInteractive.
 	pieceLogShare atomic.Uint64
+	// paceShareBits is the share of the pace of pieces beside interactive decodes, as
+	// math.Float64bits, in [0, 1] (see JudgedDecode); 0 at the start.
+	paceShareBits atomic.Uint64
 
 	mu       sync.Mutex            // guards everything below, and serialises writers of snap
 	workers  []*Worker             // all workers, in the order they were added

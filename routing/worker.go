@@ -78,6 +78,12 @@ type Worker struct {
 	// not come back (see Request.Interactive); prefill counts the prompt tokens the other classes
 	// have in prefill there (see prefill_budget.go).
 	interactivePrefills atomic.Int64
+	// interactiveDecodes counts this replica's interactive requests on the worker past their
+	// first token and not yet released (see AwaitDecodes).
+	interactiveDecodes atomic.Int64
+	// piecesSent counts the lower-class pieces this replica sent the worker (see
+	// DecodedBesidePieces).
+	piecesSent atomic.Int64
 	// fleetPrefills counts the other replicas' interactive requests in prefill on the worker, as
 	// their marks told (see fleetPrefills); 0 without PrefillMarks.
 	fleetPrefills atomic.Int64
