@@ -271,11 +271,16 @@ func (s *Server) teachPiece(cl *call, v verdicts) {
 	default:
 		return
 	}
-	percentile := cl.tier.Objective(queue.Interactive.String()).Percentile
-	if percentile == 0 {
-		percentile = tenants.DefaultPercentile
+	s.pool.JudgedInteractive(v.ttft == tenants.VerdictMet, interactivePercentile(cl))
+}
+
+// interactivePercentile is the percentile of the interactive objective of the call's tier (the
+// default one when it names none): the share of verdicts the learnt piece and pace aim to meet.
+func interactivePercentile(cl *call) float64 {
+	if p := cl.tier.Objective(queue.Interactive.String()).Percentile; p != 0 {
+		return p
 	}
-	s.pool.JudgedInteractive(v.ttft == tenants.VerdictMet, percentile)
+	return tenants.DefaultPercentile
 }
 
 // teachPace tells the pool an interactive call's TPOT verdict when its answer decoded beside a
@@ -288,11 +293,7 @@ func (s *Server) teachPace(cl *call, v verdicts) {
 		v.tpot != tenants.VerdictMet && v.tpot != tenants.VerdictMissed || !cl.lease.DecodedBesidePieces() {
 		return
 	}
-	percentile := cl.tier.Objective(queue.Interactive.String()).Percentile
-	if percentile == 0 {
-		percentile = tenants.DefaultPercentile
-	}
-	s.pool.JudgedDecode(v.tpot == tenants.VerdictMet, percentile)
+	s.pool.JudgedDecode(v.tpot == tenants.VerdictMet, interactivePercentile(cl))
 }
 
 // perToken is d times n (n below 1: 0), saturating at a day.

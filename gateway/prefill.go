@@ -47,9 +47,10 @@ const maxPieceAnswer = 64 << 10
 
 // prefillInPieces sends the leading pieces of the call's prompt to the lease's worker, each
 // after no interactive prompt is being prefilled there and, after the first, paced beside the
-// interactive answers decoding there (routing.Lease.AwaitDecodes), and records them in the call (pieces,
-// cachedBeforePieces, and the prompt tokens the engine computed for them in piecesComputed). It returns when the last piece is answered, a piece fails, or ctx ends
-// (its cause is then the caller's to read).
+// interactive answers decoding there (routing.Lease.AwaitDecodes), and records them in the call
+// (pieces, cachedBeforePieces, and the prompt tokens the engine computed for them in
+// piecesComputed). It returns when the last piece is answered, a piece fails, or ctx ends (its
+// cause is then the caller's to read).
 func (s *Server) prefillInPieces(ctx context.Context, cl *call, lease *routing.Lease, body []byte, in http.Header) {
 	cl.pieces, cl.cachedBeforePieces = 0, 0
 	piece := lease.PrefillPiece()
