@@ -16,7 +16,7 @@ import (
 // sampling) plus a part per sequence and per token in it. So, for a request placed on a worker:
 //
 //	TTFT = t0 + tp·U + tb·B + tq·Q + tc·C
-//	TPOT = (d0 + db·B' + dc·C) / (1 - f),  f = tp·R
+//	TPOT = d0 + db·B' + dc·C + dr·R
 //
 // where U is the request's uncached prompt tokens (in thousands), B the sequences already running
 // beside it when it was placed, Q its place in the engine's own queue (0 when it is admitted at
@@ -30,16 +30,9 @@ import (
 // adds to the steps that prefill the prompt (and to the half step in progress it waits for); tq
 // the wait per request ahead in the queue (about a request's service time over the engine's
 // slots); tc what other prompts in prefill share of the same steps. d0 is a decode step alone,
-// db what each sequence adds to it, dc what the prompts in prefill when it was placed add to its
-// steps. f is the share of the engine's time that goes to prefilling prompts, not to the steps
-// that decode it: R is the prompt tokens the engine computed per second lately (uncached, as its
-// answers report them, each piece of a prompt sent in pieces its own), tp the TTFT law's time
-// for each. A decode gets a token per step in the rest of every second, so its steps stretch by
-// 1/(1 - f). Learnt as the linear law it is of TPOT·(1 - f), this keeps d0 the step alone: a
-// worker under a steady flood (the same B', C and R in every answer) cannot tell the step from
-// a linear term in R, and with one (TPOT = d0 + ... + dr·R) its fit put much of the flood in d0:
-// llama-server beside a prefill-heavy flood, whose TPOT alone was 13 ms, predicted an idle step
-// of 18-40 ms. f is read up to maxPrefillShare.
+// db what each sequence adds to it, dc and dr the prefill chunks of newcomers that share the
+// steps: R is the prompt tokens (thousands, estimates) placed on the worker per second lately,
+// of which a share of every second goes to prefill instead of decode.
 //
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
@@ -64,16 +57,10 @@ import (
 
 const (
 	ttftInputs = 5 // 1, U, B, Q, C
-	tpotInputs = 3 // 1, B', C
-	// rateWindow is the time constant of R, the prompt tokens computed per second.
-	rateWindow = 10 * time.Second
-	// maxPrefillShare bounds f, the share of the engine's time the TPOT law reads as prefill:
-	// near 1 the law divides by little, and an error of a few points in f (in tp, learnt from
-	// TTFTs) would swing its step by a factor. At 0.75 an error of 0.05 moves the step by at most
-	// a fifth, and a worker prefilling more of its time is read as prefilling this share: its
-	// step learnt too long (the objective looser), never too short.
-	maxPrefillShare = 0.75
-	maxInputs       = ttftInputs
+	tpotInputs = 4 // 1, B', C, R
+	// arrivalWindow is the time constant of R, the prompt tokens placed per second.
+	arrivalWindow = 10 * time.Second
+	maxInputs     = ttftInputs
 
 	// costForget is the weight each answer leaves on the ones before it: about 1/(1-0.998) =
 	// 500 answers make the fit, so a worker whose engine changes is relearnt within minutes.
@@ -155,7 +142,7 @@ type placement struct {
 	queued     float64 // Q: its place in the engine's queue, 0 when admitted at once
 	prefilling float64 // C: prompt tokens of the others in prefill (estimates)
 	prefilled  float64 // of those, the tokens the engine has prefilled since its last step end
-	computed   float64 // R: prompt tokens the engine computed per second lately
+	arrivals   float64 // R: prompt tokens placed on the worker per second lately (estimates)
 }
 
 // placementNow is w's load for a request placed beside others of this gateway's requests.
@@ -176,7 +163,7 @@ func (w *Worker) placementNow(others int64) placement {
 		}
 	}
 	pl := placement{prefilling: float64(min(max(w.promptsInPrefill.Load(), 0), maxCostTokens)),
-		computed: w.cost.computed.perSecond(t)}
+		arrivals: w.cost.arrivals.perSecond(t)}
 	if pl.prefilling > 0 {
 		pl.prefilled = w.prefilledSinceStep(now)
 	}
@@ -197,7 +184,7 @@ func (w *Worker) placementNow(others int64) placement {
 func (pl placement) bounded() placement {
 	return placement{running: bounded(pl.running, maxCostLoad), queued: bounded(pl.queued, maxCostLoad),
 		prefilling: bounded(pl.prefilling, maxCostTokens), prefilled: bounded(pl.prefilled, maxCostTokens),
-		computed: bounded(pl.computed, maxCostTokens)}
+		arrivals: bounded(pl.arrivals, maxCostTokens)}
 }
 
 // bounded is v within [0, most], 0 when it is not a number.
@@ -241,17 +228,7 @@ func (pl placement) ttftInputs(u float64) [maxInputs]float64 {
 }
 
 func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
-	return [maxInputs]float64{1, running, pl.prefilling / 1000}
-}
-
-// prefillShare is f, the share of the engine's time that goes to prefill at pl for a TTFT law
-// whose prefill time is tp ms per thousand tokens: in [0, maxPrefillShare].
-func (pl placement) prefillShare(tp float64) float64 {
-	f := tp * pl.computed / 1e6
-	if !(f > 0) {
-		return 0
-	}
-	return min(f, maxPrefillShare)
+	return [maxInputs]float64{1, running, pl.prefilling / 1000, pl.arrivals / 1000}
 }
 
 // The prior variance of each coefficient (ms², per unit of its input), ttft's then tpot's: wide
@@ -262,7 +239,7 @@ func (pl placement) prefillShare(tp float64) float64 {
 // than an extrapolation.
 var (
 	ttftPrior = [maxInputs]float64{1e6, 1e8, 1e4, 1e8, 1e6}
-	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4}
+	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4, 1e4}
 )
 
 // costCoefficients is a snapshot of a cost model's fit.
@@ -279,8 +256,7 @@ func (c *costCoefficients) predict(u float64, pl placement) (Prediction, bool) {
 	// canned answers) predicts the least time there is, not 0, which would read as "not learnt".
 	p := Prediction{TTFT: max(msDuration(dot(&c.ttft, pl.ttftInputs(u), ttftInputs)), minPrediction)}
 	if c.tpotOK {
-		steps := dot(&c.tpot, pl.tpotInputs(pl.running), tpotInputs) / (1 - pl.prefillShare(c.ttft[1]))
-		p.TPOT = max(msDuration(steps), minPrediction)
+		p.TPOT = max(msDuration(dot(&c.tpot, pl.tpotInputs(pl.running), tpotInputs)), minPrediction)
 	}
 	return p, true
 }
@@ -322,9 +298,8 @@ type costModel struct {
 	// answers lately (ms, each streamed answer discounts it by costForget; 0: none seen); guarded
 	// by mu.
 	longestGap float64
-	// computed measures R, the prompt tokens the worker's engine computed per second, from its
-	// answers (observeStage).
-	computed tokenRate
+	// arrivals measures R, the prompt tokens placed on the worker per second (see Pool.lease).
+	arrivals arrivalRate
 	// meanOutput is a moving mean of the output tokens of the worker's answers (math.Float64bits;
 	// 0: none seen), as placements read it without the lock.
 	meanOutput atomic.Uint64
@@ -414,10 +389,6 @@ func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, 
 	ttft := validDuration(o.TTFT)
 	answered := validDuration(o.Answered)
 	outputs := min(max(o.CompletionTokens, 0), maxCostTokens)
-	if handoff == nil {
-		// A decode stage's prompt was computed by the worker that prefilled it.
-		c.computed.add(c.now(), u)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.largestPrompt = max(u, c.largestPrompt*costForget)
@@ -454,12 +425,8 @@ func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, 
 			first = dot(&c.ttft.theta, pl.ttftInputs(u), ttftInputs)
 		}
 		if decode := ms(answered) - first; decode > 0 {
-			var tp float64 // f is 0 while the TTFT law does not predict
-			if c.ttft.answers >= costMinAnswers {
-				tp = c.ttft.theta[1]
-			}
 			x := pl.tpotInputs((pl.running + runningAtEnd) / 2)
-			c.tpot.update(&x, decode/float64(outputs-1)*(1-pl.prefillShare(tp)))
+			c.tpot.update(&x, decode/float64(outputs-1))
 		}
 	}
 	c.publish()
@@ -645,32 +612,32 @@ func (f *costFit) finite() bool {
 	return !math.IsNaN(f.absResidual) && !math.IsInf(f.absResidual, 0) && !math.IsNaN(f.absValue) && !math.IsInf(f.absValue, 0)
 }
 
-// tokenRate is a rate of tokens per second, each count weighted by exp(-age/rateWindow): the
-// recent rate, in fixed memory. Safe for concurrent use: mu serialises add; perSecond reads
-// without it (a reading between add's two stores is off by one count's decay, no more).
-type tokenRate struct {
+// arrivalRate is a rate of tokens per second, each arrival weighted by exp(-age/arrivalWindow):
+// the recent rate, in fixed memory. Safe for concurrent use: mu serialises add; perSecond reads
+// without it (a reading between add's two stores is off by one arrival's decay, no more).
+type arrivalRate struct {
 	mu   sync.Mutex
 	rate atomic.Uint64 // tokens per second as of at, math.Float64bits
-	at   atomic.Int64  // unix ns; 0: none counted yet
+	at   atomic.Int64  // unix ns; 0: no arrival yet
 }
 
 // add counts tokens arriving at now.
-func (a *tokenRate) add(now time.Time, tokens float64) {
+func (a *arrivalRate) add(now time.Time, tokens float64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.rate.Store(math.Float64bits(a.perSecond(now) + bounded(tokens, maxCostTokens)/rateWindow.Seconds()))
+	a.rate.Store(math.Float64bits(a.perSecond(now) + bounded(tokens, maxCostTokens)/arrivalWindow.Seconds()))
 	if t := now.UnixNano(); t > a.at.Load() {
 		a.at.Store(t)
 	}
 }
 
 // perSecond is the rate at now.
-func (a *tokenRate) perSecond(now time.Time) float64 {
+func (a *arrivalRate) perSecond(now time.Time) float64 {
 	rate, at := math.Float64frombits(a.rate.Load()), a.at.Load()
 	if at == 0 || now.UnixNano() <= at {
 		return rate
 	}
-	return rate * math.Exp(-float64(now.UnixNano()-at)/float64(rateWindow))
+	return rate * math.Exp(-float64(now.UnixNano()-at)/float64(arrivalWindow))
 }
 
 // An engine runs in steps and does not stop one: an interactive prompt that arrives while a

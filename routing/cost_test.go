@@ -20,7 +20,7 @@ import (
 // load it was placed at, in the shape the model fits (see cost.go).
 type costLaw struct {
 	base, perKToken, perRunning, perQueued, perKPrefilling time.Duration // TTFT
-	step, perSeq, perKPrefillingDecode                     time.Duration // TPOT
+	step, perSeq, perKPrefillingDecode, perKArrivals       time.Duration // TPOT
 }
 
 // steps is a law like the simulator's defaults: a 12 ms step, 100 µs per prompt token, a running
@@ -29,6 +29,7 @@ var steps = costLaw{
 	base: 15 * time.Millisecond, perKToken: 100 * time.Millisecond, perRunning: 500 * time.Microsecond,
 	perQueued: 400 * time.Millisecond, perKPrefilling: 60 * time.Millisecond,
 	step: 12 * time.Millisecond, perSeq: 300 * time.Microsecond, perKPrefillingDecode: 4 * time.Millisecond,
+	perKArrivals: 1200 * time.Microsecond,
 }
 
 func (l costLaw) ttft(u float64, pl placement) time.Duration {
@@ -36,11 +37,9 @@ func (l costLaw) ttft(u float64, pl placement) time.Duration {
 		time.Duration(pl.queued*float64(l.perQueued)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefilling))
 }
 
-// tpot is the decode step at pl stretched by the share of the engine's time its prefills take:
-// pl.computed prompt tokens a second at perKToken each.
 func (l costLaw) tpot(pl placement) time.Duration {
-	step := l.step + time.Duration(pl.running*float64(l.perSeq)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefillingDecode))
-	return time.Duration(float64(step) / (1 - pl.computed/1000*l.perKToken.Seconds()))
+	return l.step + time.Duration(pl.running*float64(l.perSeq)) + time.Duration(pl.prefilling/1000*float64(l.perKPrefillingDecode)) +
+		time.Duration(pl.arrivals/1000*float64(l.perKArrivals))
 }
 
 // answer is the outcome of a streamed request of prompt tokens (cached of them) and outputs
@@ -55,7 +54,7 @@ func (l costLaw) answer(rng *rand.Rand, prompt, cached, outputs int, pl placemen
 }
 
 func randomPlacement(rng *rand.Rand) placement {
-	pl := placement{running: float64(rng.IntN(8)), prefilling: float64(rng.IntN(3) * rng.IntN(2000)), computed: float64(rng.IntN(6000))}
+	pl := placement{running: float64(rng.IntN(8)), prefilling: float64(rng.IntN(3) * rng.IntN(2000)), arrivals: float64(rng.IntN(8000))}
 	if pl.running == 7 {
 		pl.queued = float64(rng.IntN(4))
 	}
@@ -97,7 +96,7 @@ func TestCostModelRecoversTheLaw(t *testing.T) {
 		{"short prompt, idle", 50, 0, placement{}},
 		{"long prompt, idle", 3000, 0, placement{}},
 		{"long prompt mostly cached", 3000, 2900, placement{}},
-		{"beside a batch", 800, 0, placement{running: 6, prefilling: 1500, computed: 5000}},
+		{"beside a batch", 800, 0, placement{running: 6, prefilling: 1500, arrivals: 5000}},
 		{"queued behind two", 800, 0, placement{running: 7, queued: 2}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -429,55 +428,8 @@ func TestCostModelLoadItCannotTellApart(t *testing.T) {
 	}
 }
 
-// TestCostModelIdleStepUnderAFlood: a slot engine never idle, a prefill-heavy flood in both its
-// slots (the same load in every answer, its prefills taking about two fifths of its time), still
-// predicts its idle step: the default TPOT objective and the pace of pieces read that step, and
-// a law linear in the flood put much of it there (on llama-server, an idle step of 18-40 ms
-// against 13 measured alone).
-func TestCostModelIdleStepUnderAFlood(t *testing.T) {
-	law := costLaw{base: 18 * time.Millisecond, perKToken: 100 * time.Millisecond, perRunning: 500 * time.Microsecond,
-		perKPrefilling: 60 * time.Millisecond, step: 13 * time.Millisecond, perSeq: 600 * time.Microsecond,
-		perKPrefillingDecode: 4 * time.Millisecond}
-	for seed := range uint64(3) {
-		rng := rand.New(rand.NewPCG(seed, 21))
-		w := newCostWorker(time.Now)
-		for range 3000 {
-			pl := placement{running: 1, prefilling: float64(rng.IntN(2) * 500), computed: 4000 * (0.95 + 0.1*rng.Float64())}
-			w.cost.observe(pl, 1, law.answer(rng, 100+rng.IntN(900), 0, 7+rng.IntN(2)*50, pl, 0.1))
-		}
-		idle, ok := w.PredictIdle(1, 0)
-		if want := law.tpot(placement{}); !ok || !within(idle.TPOT, want, 0.15) {
-			t.Errorf("seed %d: idle TPOT: got %v, %v; want %v within 15%% (TPOT under the flood about %v)",
-				seed, idle.TPOT, ok, want, law.tpot(placement{running: 1, prefilling: 250, computed: 4000}))
-		}
-	}
-}
-
-// TestCostModelCountsComputedTokens: R is the prompt tokens the engine computed per second, from
-// its answers: the uncached ones, a decode stage's not at all (another worker prefilled them),
-// nothing from a failed answer or an estimated usage.
-func TestCostModelCountsComputedTokens(t *testing.T) {
-	now := time.Unix(1000, 0)
-	w := newCostWorker(func() time.Time { return now })
-	decode := &handoffCoefficients{}
-	// Ten answers a second for a minute, six time constants: 1,000 prompt tokens each, 600 of
-	// them cached.
-	for range 600 {
-		now = now.Add(100 * time.Millisecond)
-		o := Outcome{PromptTokens: 1000, CachedTokens: 600, CompletionTokens: 7, CacheReported: true,
-			TTFT: 50 * time.Millisecond, Answered: 100 * time.Millisecond}
-		w.cost.observe(placement{}, 0, o)
-		w.cost.observeStage(placement{}, 0, o, decode)
-		w.cost.observe(placement{}, 0, Outcome{PromptTokens: 1000, Failed: true})
-		w.cost.observe(placement{}, 0, Outcome{PromptTokens: 1000, UsageEstimated: true, TTFT: time.Millisecond})
-	}
-	if got := w.placementNow(0).computed; math.Abs(got-4000) > 0.05*4000 {
-		t.Errorf("R: got %.0f tokens/s, want 4000 within 5%%", got)
-	}
-}
-
-func TestTokenRate(t *testing.T) {
-	var a tokenRate
+func TestArrivalRate(t *testing.T) {
+	var a arrivalRate
 	now := time.Unix(1000, 0)
 	if got := a.perSecond(now); got != 0 {
 		t.Fatalf("no arrivals: got %v tokens/s, want 0", got)
@@ -513,10 +465,10 @@ func TestCostModelSlotEngineDecode(t *testing.T) {
 	for seed := range uint64(5) {
 		rng := rand.New(rand.NewPCG(seed, 15))
 		law := costLaw{base: 18 * time.Millisecond, perKToken: 100 * time.Millisecond,
-			step: 13 * time.Millisecond, perSeq: 600 * time.Microsecond}
+			step: 13 * time.Millisecond, perSeq: 600 * time.Microsecond, perKArrivals: 300 * time.Microsecond}
 		w := newCostWorker(time.Now)
 		for i := range 300 {
-			pl := placement{running: float64(1 + rng.IntN(3)), computed: float64(i) * 8 * (0.9 + 0.2*rng.Float64())}
+			pl := placement{running: float64(1 + rng.IntN(3)), arrivals: float64(i) * 8 * (0.9 + 0.2*rng.Float64())}
 			w.cost.observe(pl, float64(1+rng.IntN(3)), law.answer(rng, 100+rng.IntN(800), 0, 10+rng.IntN(100), pl, 0.2))
 			k := w.cost.coefficients()
 			got, ok := k.predict(500, pl)

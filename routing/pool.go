@@ -832,6 +832,7 @@ func (p *Pool) lease(ms *modelSet, w *Worker, route Route, c *choice, probe bool
 		// An idle engine begins a step with the request as it comes.
 		w.stepEnded(now.UnixNano())
 	}
+	w.cost.arrivals.add(now, float64(l.prefillPrompt))
 	w.promptsInPrefill.Add(l.prefillPrompt)
 	l.prefilling.Store(true)
 	if r.Interactive {
