@@ -287,21 +287,6 @@ type attempt struct {
 	gaps   streamGaps   // read and written by the goroutine that reads the answer only
 }
 
-// streamGaps measures an answer's longest gap (routing.Outcome.LongestGap): the longest time
-// between two hearings of the worker after its first event. The zero value is ready.
-type streamGaps struct {
-	last, longest time.Duration // the last hearing's time, the longest gap so far
-	decoding      bool          // the first event came
-}
-
-// heard records a hearing at at (time since a fixed start, non-decreasing).
-func (g *streamGaps) heard(at time.Duration) {
-	if g.decoding {
-		g.longest = max(g.longest, at-g.last)
-	}
-	g.last = at
-}
-
 // gotConn is the attempt's httptrace.ClientTrace.GotConn.
 func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 

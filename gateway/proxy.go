@@ -181,7 +181,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	}
 	if err == nil {
 		out.Answered = s.now().Sub(sent)
-		out.LongestGap = at.gaps.longest
+		out.LongestGap, out.MedianGap = at.gaps.longest, at.gaps.median()
 	}
 	if cl.decoding {
 		// Its first event beyond its prefill teaches the decode worker's hand-off model.

@@ -34,6 +34,19 @@ import (
 // steps: R is the prompt tokens (thousands, estimates) placed on the worker per second lately,
 // of which a share of every second goes to prefill instead of decode.
 //
+// The idle step, which the default TPOT objectives are relative to (PredictIdle), is learnt apart
+// from the TPOT law, from what a stream shows of the steps themselves:
+//
+//	step = s0 + s1·B'
+//
+// fitted to each streamed answer's median gap between events (Outcome.MedianGap): a decode step
+// of its batch, the steps that prefilled other prompts beside it being the fewer. A worker that
+// never idles (a batch flood) gives the TPOT law the same B', C and R in every answer, and the law
+// cannot tell d0 from the flood's share of each second: it put much of the flood there
+// (llama-server beside a prefill-heavy flood, whose TPOT alone measured 10-13 ms, learnt an idle
+// step of 25-27 ms; the simulators 26 against 13). The steps themselves do not grow with the
+// flood's prefill.
+//
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
 // room and says how many wait on its /metrics, which counts when the reading is fresh and its
@@ -58,6 +71,7 @@ import (
 const (
 	ttftInputs = 5 // 1, U, B, Q, C
 	tpotInputs = 4 // 1, B', C, R
+	stepInputs = 2 // 1, B'
 	// arrivalWindow is the time constant of R, the prompt tokens placed per second.
 	arrivalWindow = 10 * time.Second
 	maxInputs     = ttftInputs
@@ -99,12 +113,17 @@ type Prediction struct {
 
 // PredictIdle is what w's cost model, learnt from its answers, predicts for a request of
 // promptTokens prompt tokens, cachedTokens of which the engine holds in its cache, on w with
-// nothing else running. ok is false while the model has not learnt enough to say (fewer than 32
-// streamed answers). Token counts are clamped to [0, 2^20] and cachedTokens to promptTokens. It
+// nothing else running: its TPOT is the idle step learnt from the streams' gaps once 32
+// streamed answers taught it, until then the TPOT law's. ok is false while the model has not
+// learnt enough to say (fewer than 32 streamed answers). Token counts are clamped to [0, 2^20] and cachedTokens to promptTokens. It
 // does no I/O, takes no lock, allocates nothing, and is safe for concurrent use.
 func (w *Worker) PredictIdle(promptTokens, cachedTokens int) (p Prediction, ok bool) {
 	c := w.cost.coefficients()
-	return c.predict(uncached(promptTokens, cachedTokens), placement{})
+	p, ok = c.predict(uncached(promptTokens, cachedTokens), placement{})
+	if ok && c.stepOK {
+		p.TPOT = max(msDuration(c.step[0]), minPrediction)
+	}
+	return p, ok
 }
 
 // Predict is what w's cost model predicts for a request of promptTokens prompt tokens,
@@ -240,12 +259,13 @@ func (pl placement) tpotInputs(running float64) [maxInputs]float64 {
 var (
 	ttftPrior = [maxInputs]float64{1e6, 1e8, 1e4, 1e8, 1e6}
 	tpotPrior = [maxInputs]float64{1e4, 1e3, 1e4, 1e4}
+	stepPrior = [maxInputs]float64{1e4, 1e3}
 )
 
 // costCoefficients is a snapshot of a cost model's fit.
 type costCoefficients struct {
-	ttft, tpot     [maxInputs]float64 // ms per unit of each input
-	ttftOK, tpotOK bool
+	ttft, tpot, step       [maxInputs]float64 // ms per unit of each input
+	ttftOK, tpotOK, stepOK bool
 }
 
 func (c *costCoefficients) predict(u float64, pl placement) (Prediction, bool) {
@@ -289,8 +309,8 @@ type costModel struct {
 	// reports waiting are not a queue (see placementNow).
 	kvHold float64
 
-	mu         sync.Mutex // guards ttft and tpot
-	ttft, tpot costFit
+	mu               sync.Mutex // guards ttft, tpot and step
+	ttft, tpot, step costFit
 	// largestPrompt is the largest uncached prompt among the worker's answers lately (each answer
 	// discounts it by costForget), meanPrompt a moving mean of them (tokens); both guarded by mu.
 	largestPrompt, meanPrompt float64
@@ -306,8 +326,8 @@ type costModel struct {
 	// warnedAt is when Pool.checkObjective last warned of the worker (unix ns; 0: never).
 	warnedAt atomic.Int64
 
-	// ttftPub and tpotPub are the fits as of the last answer, as predictions read them.
-	ttftPub, tpotPub publishedFit
+	// ttftPub, tpotPub and stepPub are the fits as of the last answer, as predictions read them.
+	ttftPub, tpotPub, stepPub publishedFit
 }
 
 // publishedFit is a fit as predictions read it, without the lock its model learns under: its
@@ -339,6 +359,7 @@ func newCostModel(now func() time.Time, maxAge time.Duration, kvHold float64) *c
 	c := &costModel{now: now, maxAge: maxAge, kvHold: kvHold}
 	c.ttft.reset(ttftInputs, &ttftPrior)
 	c.tpot.reset(tpotInputs, &tpotPrior)
+	c.step.reset(stepInputs, &stepPrior)
 	return c
 }
 
@@ -362,6 +383,7 @@ func (c *costModel) coefficients() costCoefficients {
 	var k costCoefficients
 	k.ttft, k.ttftOK = c.ttftPub.load(ttftInputs)
 	k.tpot, k.tpotOK = c.tpotPub.load(tpotInputs)
+	k.step, k.stepOK = c.stepPub.load(stepInputs)
 	return k
 }
 
@@ -400,6 +422,10 @@ func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, 
 	if gap := validDuration(o.LongestGap); gap > 0 {
 		c.longestGap = max(ms(gap), c.longestGap*costForget)
 	}
+	if gap := validDuration(o.MedianGap); gap > 0 {
+		x := [maxInputs]float64{1, (pl.running + runningAtEnd) / 2}
+		c.step.update(&x, ms(gap))
+	}
 	if ttft > 0 {
 		x := pl.ttftInputs(u)
 		c.ttft.update(&x, ms(ttft))
@@ -436,6 +462,7 @@ func (c *costModel) observeStage(pl placement, runningAtEnd float64, o Outcome, 
 func (c *costModel) publish() {
 	c.ttftPub.publish(&c.ttft, ttftInputs)
 	c.tpotPub.publish(&c.tpot, tpotInputs)
+	c.stepPub.publish(&c.step, stepInputs)
 }
 
 func validDuration(d time.Duration) time.Duration {

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // costLaw is a known engine: the times a request gets from its uncached prompt tokens and the
@@ -426,6 +428,56 @@ func TestCostModelLoadItCannotTellApart(t *testing.T) {
 			t.Errorf("TTFT variance %d: got %g, want at most its prior %g", i, v, ttftPrior[i])
 		}
 	}
+}
+
+// TestCostModelIdleStepUnderAFlood: a slot engine never idle, a prefill-heavy flood in both its
+// slots (the same load in every answer, its prefills taking three fifths of its time), still
+// predicts its idle step from the gaps of its streams, and its worker's gauge says so: the
+// default TPOT objective and the pace of pieces read that step. The TPOT law alone, which cannot
+// tell the step from the flood, put much of the flood there (on llama-server 25-27 ms against
+// 10-13 measured alone).
+func TestCostModelIdleStepUnderAFlood(t *testing.T) {
+	const step, perSeq = 13 * time.Millisecond, 600 * time.Microsecond
+	for seed := range uint64(3) {
+		rng := rand.New(rand.NewPCG(seed, 21))
+		p, reg := newTestPool(t, Config{Policy: "round_robin", Workers: testWorkers(1, "m")})
+		w := modelWorkers(t, p, "m")[0]
+		for range 3000 {
+			running := float64(1 + rng.IntN(2))
+			pl := placement{running: running, prefilling: float64(rng.IntN(2) * 500), arrivals: 300 * (0.95 + 0.1*rng.Float64())}
+			decodeStep := step + time.Duration(running*float64(perSeq))
+			outputs := 7 + rng.IntN(2)*9
+			o := steps.answer(rng, 100+rng.IntN(900), 0, outputs, pl, 0.1)
+			// Three fifths of every second prefill: each token waits 2.5 decode steps.
+			o.Answered = o.TTFT + time.Duration(outputs-1)*time.Duration(float64(decodeStep)*2.5*(0.9+0.2*rng.Float64()))
+			o.MedianGap = time.Duration(float64(decodeStep) * (0.95 + 0.1*rng.Float64()))
+			w.cost.observe(pl, running, o)
+		}
+		idle, ok := w.PredictIdle(1, 0)
+		if !ok || !within(idle.TPOT, step, 0.15) {
+			t.Errorf("seed %d: idle TPOT: got %v, %v; want %v within 15%% (TPOT under the flood about %v)",
+				seed, idle.TPOT, ok, step, step*5/2)
+		}
+		if got := gauge(t, reg, "usher_routing_worker_idle_step_seconds"); got != idle.TPOT.Seconds() {
+			t.Errorf("seed %d: usher_routing_worker_idle_step_seconds: got %v, want %v", seed, got, idle.TPOT.Seconds())
+		}
+	}
+}
+
+// gauge is the value of the one series of the gauge name that reg gathers.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("Gather: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("%s: want one series, got none or more", name)
+	return 0
 }
 
 func TestArrivalRate(t *testing.T) {

@@ -240,6 +240,9 @@ var (
 	shareDesc = prometheus.NewDesc("usher_routing_worker_share",
 		"Requests this replica may keep in flight on the worker now: its share of the worker's concurrency limit, split among the replicas by demand through Redis (only with a fleet's split).",
 		[]string{"worker"}, nil)
+	idleStepDesc = prometheus.NewDesc("usher_routing_worker_idle_step_seconds",
+		"The decode step of one sequence alone on the worker, as its cost model learnt it from the median gaps between the events of its streams (before 32 of them, from its TPOTs): its idle TPOT, which the default TPOT objectives and the pace of pieces are relative to. Absent while the model has not learnt the worker's steps.",
+		[]string{"worker"}, nil)
 	tokenLimitDesc = prometheus.NewDesc("usher_routing_worker_token_limit",
 		"Tokens (prompt + expected output) the gateway keeps in flight on the worker at most, now; source: config, or engine (its KV cache).",
 		[]string{"worker", "source"}, nil)
@@ -262,6 +265,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tokenLimitDesc
 	ch <- shareDesc
 	ch <- cacheLimitDesc
+	ch <- idleStepDesc
 }
 
 func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -300,6 +304,9 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		if load := w.Load(); !load.At.IsZero() {
 			ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(load.Waiting), id)
 			ch <- prometheus.MustNewConstMetric(kvUsageDesc, prometheus.GaugeValue, load.KVUsage, id)
+		}
+		if idle, ok := w.PredictIdle(1, 0); ok && idle.TPOT > 0 {
+			ch <- prometheus.MustNewConstMetric(idleStepDesc, prometheus.GaugeValue, idle.TPOT.Seconds(), id)
 		}
 	}
 }

@@ -145,6 +145,11 @@ type Outcome struct {
 	// another prompt beside its decode, as a chunking engine runs them). 0 when not streamed.
 	// It bounds what the cost model says one step takes (see Pool.checkObjective).
 	LongestGap time.Duration
+	// MedianGap, for a streamed answer of several tokens, is the median time between two of its
+	// events after the first: one decode step of the batch it ran in (steps that prefilled
+	// another prompt beside it are the fewer). 0 when not measured. It teaches the cost model
+	// the worker's idle step (see PredictIdle).
+	MedianGap time.Duration
 	// UsageEstimated: the engine reported no usage and the tokens above are the gateway's
 	// estimate; they feed the cache counters but not the learned token limit.
 	UsageEstimated bool
