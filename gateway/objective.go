@@ -34,8 +34,8 @@ const (
 // The default objectives, for a class whose tier states none.
 //
 // Interactive: TTFT within 2x the predicted time on an idle worker plus one engine step there
-// (routing.TTFTObjective); TPOT within 2x. A person is waiting; 2x leaves room for one prompt of
-// the same size prefilled beside it, or a batch share of the engine's steps, which is what a
+// (routing.TTFTObjective); TPOT within 3x the idle step. A person is waiting; 2x leaves room for
+// one prompt of the same size prefilled beside it, or a batch share of the engine's steps, which is what a
 // loaded but healthy worker costs, and no more: a request queued behind a second one, or placed
 // away from its cached prefix, misses. The step is the engine's: it does not stop a step in
 // progress, so on a busy worker every prompt may wait for one, wherever the gateway places it.
@@ -43,10 +43,11 @@ const (
 // 12-53% of interactive requests missed beside a batch flood on simulated vLLM-like engines with
 // nothing waiting in usher: their misses were that step and their share of the engine's steps.
 // Standard: 3x plus the step, room for the queue of a busy pool (a couple of requests ahead)
-// without calling that a failure. Batch: none; its promise is its deadline.
+// without calling that a failure; TPOT 4x. Batch: none; its promise is its deadline.
 //
-// TPOT uses the same factors as TTFT: a decode step shared with other sequences grows with the
-// batch as a prefill queued behind others grows, and the operator reads one number per class.
+// TPOT allows one more idle step than TTFT's factor (routing.InteractiveTPOTFactor): a prompt
+// pays a busy engine's step once, a decode the lower classes' share of every step.
+//
 // Until the workers' cost models have learnt their steps there is no default TPOT objective (the
 // answer's TPOT is unjudged), as there is no TTFT one until they predict: judged by the floor
 // below, 28 of 31 interactive answers missed in the first seconds of a simulator run.
@@ -109,6 +110,18 @@ func defaultFactor(c queue.Class) float64 {
 	return 0
 }
 
+// defaultTPOTFactor is the multiple of the idle step a class's default TPOT objective allows; 0:
+// the class has no default objective.
+func defaultTPOTFactor(c queue.Class) float64 {
+	switch c {
+	case queue.Interactive:
+		return routing.InteractiveTPOTFactor
+	case queue.Standard:
+		return routing.StandardTPOTFactor
+	}
+	return 0
+}
+
 // stated reports whether the call has an objective at all, predictable or not: the tier's, a
 // default relative one, or the client's.
 func (cl *call) stated() (ttft, tpot bool) {
@@ -163,7 +176,7 @@ func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
 		}
 		if out.tpot == 0 && p.TPOT > 0 {
 			// p.TPOT 0: the workers have not learnt their steps; no default to judge by yet.
-			out.tpot = max(scaled(p.TPOT, f, tenants.MaxObjectiveTPOT), minTPOTObjective)
+			out.tpot = max(scaled(p.TPOT, defaultTPOTFactor(cl.class), tenants.MaxObjectiveTPOT), minTPOTObjective)
 		}
 	}
 	out.ttft, out.tpot = tighter(out.ttft, cl.askedTTFT), tighter(out.tpot, cl.askedTPOT)

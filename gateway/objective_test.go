@@ -302,8 +302,8 @@ func TestDefaultObjectiveWithoutPredictionIsUnjudged(t *testing.T) {
 	}
 }
 
-// The defaults: for interactive TTFT 2x the idle prediction plus one idle step (its TPOT), TPOT 2x;
-// for standard 3x; none for batch; never below the floors; a tier's own objective wins; a client's
+// The defaults: for interactive TTFT 2x the idle prediction plus one idle step (its TPOT), TPOT 3x
+// the step; for standard 3x and 4x; none for batch; never below the floors; a tier's own objective wins; a client's
 // header tightens either.
 func TestDefaultObjectives(t *testing.T) {
 	tier := &tenants.Tier{Name: "t", Objectives: tenants.ClassObjectives{Standard: tenants.Objective{TTFT: 2 * time.Second}}}
@@ -317,15 +317,15 @@ func TestDefaultObjectives(t *testing.T) {
 		askTTFT time.Duration
 		want    objective
 	}{
-		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 80 * time.Millisecond}},
+		{"interactive", queue.Interactive, p, true, 0, objective{840 * time.Millisecond, 120 * time.Millisecond}},
 		{"interactive, tiny prediction", queue.Interactive, tiny, true, 0, objective{routing.MinTTFTObjective, minTPOTObjective}},
 		{"interactive, no prediction", queue.Interactive, p, false, 0, objective{}},
 		// Before the workers learn their steps, none: the floor would judge every answer missed.
 		{"interactive, steps not learnt", queue.Interactive, routing.Prediction{TTFT: p.TTFT}, true, 0, objective{800 * time.Millisecond, 0}},
 		{"standard, steps not learnt: the tier's ttft", queue.Standard, routing.Prediction{TTFT: p.TTFT}, true, 0, objective{2 * time.Second, 0}},
-		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 80 * time.Millisecond}},
-		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 80 * time.Millisecond}},
-		{"standard: the tier's ttft, 3x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 120 * time.Millisecond}},
+		{"interactive, tightened", queue.Interactive, p, true, 100 * time.Millisecond, objective{100 * time.Millisecond, 120 * time.Millisecond}},
+		{"interactive, not loosened", queue.Interactive, p, true, time.Hour, objective{840 * time.Millisecond, 120 * time.Millisecond}},
+		{"standard: the tier's ttft, 4x tpot", queue.Standard, p, true, 0, objective{2 * time.Second, 160 * time.Millisecond}},
 		{"standard, no prediction: the tier's", queue.Standard, p, false, 0, objective{2 * time.Second, 0}},
 		{"batch: none", queue.Batch, p, true, 0, objective{}},
 		{"batch: the client's", queue.Batch, p, true, time.Second, objective{time.Second, 0}},

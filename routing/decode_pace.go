@@ -15,7 +15,7 @@ import (
 // lower-class request waits after each piece for the decode steps that bring the interactive
 // answer's mean step back within its objective, keeping half the objective's room (the default
 // factor's) for the machine's noise: after a piece whose answer took p, n steps of s (the
-// idle step) such that (p + n s) / (1 + n) <= T, T = s (1 + (InteractiveObjectiveFactor - 1) / 2),
+// idle step) such that (p + n s) / (1 + n) <= T, T = s (1 + (InteractiveTPOTFactor - 1) / 2),
 // so it waits n s = s (p - T) / (T - s). p, measured from sending the piece to its answer,
 // counts the step in progress it waited for too: the pace errs on the interactive side. Where a
 // piece's step keeps within T (the simulators' fast prefill) nothing waits.
@@ -48,7 +48,7 @@ func decodePace(p, s time.Duration) time.Duration {
 	if s <= 0 || p <= 0 {
 		return 0
 	}
-	t := float64(s) * (1 + (InteractiveObjectiveFactor-1)/2)
+	t := float64(s) * (1 + (InteractiveTPOTFactor-1)/2)
 	if float64(p) <= t {
 		return 0
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// A piece whose step kept within the interactive answer's target (1.5 idle steps with the
+// A piece whose step kept within the interactive answer's target (2 idle steps with the
 // default factor) waits for nothing; a longer one waits for the idle steps that bring the mean
 // step back to it, at most maxDecodePace.
 func TestDecodePace(t *testing.T) {
@@ -20,8 +20,8 @@ func TestDecodePace(t *testing.T) {
 		{"no step learnt", 50 * time.Millisecond, 0, 0},
 		{"no piece time", 0, s, 0},
 		{"a piece within the target", 15 * time.Millisecond, s, 0},
-		// (50 + n 10) / (1 + n) = 15 at n = 7: seven idle steps.
-		{"a piece of five steps", 50 * time.Millisecond, s, 70 * time.Millisecond},
+		// (50 + n 10) / (1 + n) = 20 at n = 3: three idle steps.
+		{"a piece of five steps", 50 * time.Millisecond, s, 30 * time.Millisecond},
 		{"a piece that waited long in the engine", time.Minute, s, maxDecodePace},
 	} {
 		if got := decodePace(tt.p, tt.s); got != tt.want {

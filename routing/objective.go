@@ -20,6 +20,20 @@ const (
 	MinTTFTObjective           = 50 * time.Millisecond
 )
 
+// The default TPOT objectives' factors of the idle step (the TPOT on an idle worker, learnt from
+// the gaps of the worker's streams): one more than the TTFT's. A prompt pays a busy engine's
+// step once; a decode pays the lower classes' share of every step, as each prefill a batch sends
+// takes the engine's time from the decode steps (a chunking engine puts a chunk in most of
+// them). Measured on the vLLM-like simulators beside a prefill-heavy flood (docs/benchmarks.md,
+// "The idle step from the streams' gaps, 2026-12-07"): with batch at 0.79 of what interactive
+// left, the interactive TPOT was 1.9x the idle step with nothing paced, and holding 2x at the
+// 99th percentile paced the batch's pieces down to 0.65 of it, a trade nobody chose. 3x the
+// step of a 13 ms engine is 40 ms, 25 tokens a second: faster than anyone reads.
+const (
+	InteractiveTPOTFactor = InteractiveObjectiveFactor + 1
+	StandardTPOTFactor    = StandardObjectiveFactor + 1
+)
+
 // TTFTObjective is the default TTFT objective of factor for a prompt whose idle prediction is
 // idle: factor times its TTFT plus one step (its TPOT), at least MinTTFTObjective, at most bound.
 func TTFTObjective(idle Prediction, factor float64, bound time.Duration) time.Duration {
