@@ -158,7 +158,7 @@ func (s *Server) sendConcurrentPrefill(ctx context.Context, sendAs *call, lease 
 	w := lease.Worker
 	ctx, cancel := context.WithTimeoutCause(ctx, wholeAnswerSilence(s.cfg, 1), errWorkerSilent)
 	defer cancel()
-	at := &attempt{lease: lease}
+	at := &attempt{lease: lease, now: s.now}
 	sent := s.now()
 	defer func() { p.took = s.now().Sub(sent) }()
 	failed := func(err error, workerFailed bool) {

@@ -124,7 +124,7 @@ func (s *Server) prefillStage(c echo.Context, cl *call, lease *routing.Lease) (p
 	}
 	ctx, cancel := context.WithTimeoutCause(clientCtx, wholeAnswerSilence(s.cfg, 1), errWorkerSilent)
 	defer cancel()
-	at := &attempt{lease: lease}
+	at := &attempt{lease: lease, now: s.now}
 	sent := s.now()
 	fail := func(out routing.Outcome, err error) ([]byte, bool, error) {
 		if clientCtx.Err() != nil {

@@ -15,17 +15,20 @@ import (
 	"github.com/usherllm/usher/routing"
 )
 
+// epoch is the clock reading the gap tests count their hearings from.
+var epoch = time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+
 // An attempt's longest gap (routing.Outcome.LongestGap, what the cost model takes for an engine
 // step) is the longest time between two hearings of the worker after its first event: the wait
 // for the first event is the prompt's own time to first token, not a step, and is not counted.
 func TestAttemptLongestGapCountsOnlyAfterTheFirstEvent(t *testing.T) {
 	var g streamGaps
-	g.heard(0)
-	g.heard(time.Second) // its first event, after the prompt's prefill
-	g.decoding = true    // as attempt.firstToken sets it
-	g.heard(time.Second)
-	g.heard(time.Second + 20*time.Millisecond) // a step
-	g.heard(time.Second + 20*time.Millisecond)
+	g.heard(epoch.Add(0))
+	g.heard(epoch.Add(time.Second)) // its first event, after the prompt's prefill
+	g.decoding = true               // as attempt.firstToken sets it
+	g.heard(epoch.Add(time.Second))
+	g.heard(epoch.Add(time.Second + 20*time.Millisecond)) // a step
+	g.heard(epoch.Add(time.Second + 20*time.Millisecond))
 	if g.longest < 20*time.Millisecond || g.longest >= time.Second {
 		t.Errorf("longest gap %v: want the 20 ms pause after the first event, not the 1 s before it", g.longest)
 	}
@@ -38,11 +41,11 @@ func TestStreamMedianGapIsTheDecodeStep(t *testing.T) {
 	var g streamGaps
 	g.decoding = true
 	at := time.Second
-	g.heard(at)
+	g.heard(epoch.Add(at))
 	hear := func(gaps ...time.Duration) {
 		for _, d := range gaps {
 			at += d
-			g.heard(at)
+			g.heard(epoch.Add(at))
 		}
 	}
 	for range 4 {
@@ -57,9 +60,9 @@ func TestStreamMedianGapIsTheDecodeStep(t *testing.T) {
 
 	var short streamGaps
 	short.decoding = true
-	short.heard(0)
-	short.heard(10 * time.Millisecond)
-	short.heard(20 * time.Millisecond)
+	short.heard(epoch.Add(0))
+	short.heard(epoch.Add(10 * time.Millisecond))
+	short.heard(epoch.Add(20 * time.Millisecond))
 	if got := short.median(); got != 0 {
 		t.Errorf("two gaps: got median %v, want 0 (too few to tell)", got)
 	}
@@ -80,7 +83,7 @@ func TestStreamMedianGapBounded(t *testing.T) {
 			d = 0
 		}
 		at += d
-		g.heard(at)
+		g.heard(epoch.Add(at))
 	}
 	if got := g.median(); got < 13*time.Millisecond || got > 17*time.Millisecond {
 		t.Errorf("median gap: got %v, want 15 ms within an eighth", got)

@@ -14,19 +14,21 @@ import (
 // the long steps, is not. A gap shorter than minGap is one step's bytes read in two, not a
 // step, and is not counted. Fixed memory; the zero value is ready.
 type streamGaps struct {
-	last, longest time.Duration // the last hearing's time, the longest gap so far
-	decoding      bool          // the first event came
-	gaps          gapHistogram
+	last     time.Time     // the last hearing's time
+	longest  time.Duration // the longest gap so far
+	decoding bool          // the first event came
+	gaps     gapHistogram
 }
 
 // minGap is the shortest gap counted: far below any engine step (a step computes the model
 // once), far above the time between two reads of one step's bytes.
 const minGap = 100 * time.Microsecond
 
-// heard records a hearing at at (time since a fixed start, non-decreasing).
-func (g *streamGaps) heard(at time.Duration) {
-	if g.decoding {
-		gap := at - g.last
+// heard records a hearing at at (on the gateway's clock, which the answer's TTFT and TPOT are
+// measured on: a gap read backwards, the clock set back, is not counted).
+func (g *streamGaps) heard(at time.Time) {
+	if g.decoding && !g.last.IsZero() {
+		gap := at.Sub(g.last)
 		g.longest = max(g.longest, gap)
 		if gap >= minGap {
 			g.gaps.add(gap)

@@ -285,6 +285,9 @@ type attempt struct {
 	reused bool
 	body   bytes.Reader // what the worker is sent
 	gaps   streamGaps   // read and written by the goroutine that reads the answer only
+	// now is the gateway's clock, which the gaps are read on as the answer's other times are
+	// (time.Now when nil).
+	now func() time.Time
 }
 
 // gotConn is the attempt's httptrace.ClientTrace.GotConn.
@@ -292,7 +295,12 @@ func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 
 // heard reports bytes from the worker.
 func (a *attempt) heard() {
-	a.gaps.heard(a.quiet.heard())
+	a.quiet.heard()
+	now := time.Now
+	if a.now != nil {
+		now = a.now
+	}
+	a.gaps.heard(now())
 	if a.lease != nil {
 		a.lease.Heard()
 	}

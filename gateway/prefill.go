@@ -157,7 +157,7 @@ func (cl *call) withOwnCache(payload []byte) []byte {
 func (s *Server) sendPiece(ctx context.Context, w *routing.Worker, cl *call, body []byte, in http.Header) (answer []byte, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.UpstreamIdleTimeout)
 	defer cancel()
-	resp, err := s.send(ctx, w, cl, body, in, &attempt{})
+	resp, err := s.send(ctx, w, cl, body, in, &attempt{now: s.now})
 	if err != nil {
 		return nil, false
 	}

@@ -105,7 +105,7 @@ func (s *Server) proxy(c echo.Context, cl *call, lease *routing.Lease) (retry bo
 	if !cl.stream && !assembled {
 		silence = wholeAnswerSilence(s.cfg, cl.expected)
 	}
-	at := &attempt{lease: lease, watched: watched}
+	at := &attempt{lease: lease, watched: watched, now: s.now}
 	at.quiet.arm(silence, cancel)
 	defer at.quiet.stop()
 	sent := s.now()

@@ -44,8 +44,10 @@ import (
 // never idles (a batch flood) gives the TPOT law the same B', C and R in every answer, and the law
 // cannot tell d0 from the flood's share of each second: it put much of the flood there
 // (llama-server beside a prefill-heavy flood, whose TPOT alone measured 10-13 ms, learnt an idle
-// step of 25-27 ms; the simulators 26 against 13). The steps themselves do not grow with the
-// flood's prefill.
+// step of 25-27 ms; the simulators 26 against 13). A decode step grows with the sequences it
+// runs, not with the prompts prefilled in other steps: learnt so, the simulators' idle step
+// beside the flood is the one alone. (A slot engine always full still runs its B' near one
+// value, and s0 takes some of s1 B' there: llama-server's two slots, 19-22 ms against 11-12.)
 //
 // Where the engine's queue begins: an engine that reports slots (llama-server's /props
 // total_slots) queues what is in flight beyond them; another (vLLM) admits while its KV cache has
@@ -115,8 +117,9 @@ type Prediction struct {
 // promptTokens prompt tokens, cachedTokens of which the engine holds in its cache, on w with
 // nothing else running: its TPOT is the idle step learnt from the streams' gaps once 32
 // streamed answers taught it, until then the TPOT law's. ok is false while the model has not
-// learnt enough to say (fewer than 32 streamed answers). Token counts are clamped to [0, 2^20] and cachedTokens to promptTokens. It
-// does no I/O, takes no lock, allocates nothing, and is safe for concurrent use.
+// learnt enough to say (fewer than 32 streamed answers). Token counts are clamped to [0, 2^20]
+// and cachedTokens to promptTokens. It does no I/O, takes no lock, allocates nothing, and is
+// safe for concurrent use.
 func (w *Worker) PredictIdle(promptTokens, cachedTokens int) (p Prediction, ok bool) {
 	c := w.cost.coefficients()
 	p, ok = c.predict(uncached(promptTokens, cachedTokens), placement{})
