@@ -40,7 +40,7 @@ func (g *streamGaps) heard(at time.Time) {
 // median is the stream's median gap, within an eighth; 0 when fewer than minMedianGaps were
 // counted (too few to tell a decode step from a prefill step).
 func (g *streamGaps) median() time.Duration {
-	if g.gaps.n < minMedianGaps {
+	if g.gaps.count() < minMedianGaps {
 		return 0
 	}
 	return g.gaps.quantile(0.5)
@@ -55,7 +55,6 @@ const minMedianGaps = 3
 // 200 bytes; adding is a few integer operations, and nothing allocates.
 type gapHistogram struct {
 	counts [gapBuckets]uint16 // saturating
-	n      uint32             // durations added (saturating)
 }
 
 // gapOctaves bounds the histogram at 2^gapOctaves µs (about 8.4 s).
@@ -65,17 +64,11 @@ const (
 )
 
 // gapBucket is the bucket of d: 4 per octave of its microseconds, by the two bits below the
-// highest.
+// highest (durations under 4 µs, far below minGap, all in the first bucket of the third octave).
 func gapBucket(d time.Duration) int {
-	us := uint64(max(d.Microseconds(), 1))
+	us := uint64(max(d.Microseconds(), 4))
 	octave := bits.Len64(us) - 1
-	var quarter int
-	if octave >= 2 {
-		quarter = int(us>>(octave-2)) & 3
-	} else {
-		quarter = int(us<<(2-octave)) & 3
-	}
-	return min(4*octave+quarter, gapBuckets-1)
+	return min(4*octave+(int(us>>(octave-2))&3), gapBuckets-1)
 }
 
 // add counts d.
@@ -84,19 +77,21 @@ func (h *gapHistogram) add(d time.Duration) {
 	if h.counts[b] < ^uint16(0) {
 		h.counts[b]++
 	}
-	if h.n < ^uint32(0) {
-		h.n++
+}
+
+// count is how many durations were counted (as saturated).
+func (h *gapHistogram) count() uint64 {
+	var n uint64
+	for _, c := range h.counts {
+		n += uint64(c)
 	}
+	return n
 }
 
 // quantile is the q-quantile (q in (0, 1]) of the durations added, as the middle of its bucket;
 // 0 when none was.
 func (h *gapHistogram) quantile(q float64) time.Duration {
-	var total uint64
-	for _, c := range h.counts {
-		total += uint64(c)
-	}
-	want := uint64(max(q*float64(total), 1))
+	want := uint64(max(q*float64(h.count()), 1))
 	var seen uint64
 	for b, c := range h.counts {
 		if seen += uint64(c); seen >= want {

@@ -98,35 +98,24 @@ func (cl *call) askedObjectives(h http.Header) error {
 	return nil
 }
 
-// defaultFactor is the multiple of the idle prediction a class's default objective allows; 0:
-// the class has no default objective.
-func defaultFactor(c queue.Class) float64 {
+// defaultFactors are the multiples a class's default objectives allow: of the idle prediction
+// for TTFT, of the idle step for TPOT; 0: the class has no default objective.
+func defaultFactors(c queue.Class) (ttft, tpot float64) {
 	switch c {
 	case queue.Interactive:
-		return interactiveObjectiveFactor
+		return interactiveObjectiveFactor, routing.InteractiveTPOTFactor
 	case queue.Standard:
-		return standardObjectiveFactor
+		return standardObjectiveFactor, routing.StandardTPOTFactor
 	}
-	return 0
-}
-
-// defaultTPOTFactor is the multiple of the idle step a class's default TPOT objective allows; 0:
-// the class has no default objective.
-func defaultTPOTFactor(c queue.Class) float64 {
-	switch c {
-	case queue.Interactive:
-		return routing.InteractiveTPOTFactor
-	case queue.Standard:
-		return routing.StandardTPOTFactor
-	}
-	return 0
+	return 0, 0
 }
 
 // stated reports whether the call has an objective at all, predictable or not: the tier's, a
 // default relative one, or the client's.
 func (cl *call) stated() (ttft, tpot bool) {
 	o := cl.tier.Objective(cl.class.String())
-	relative := defaultFactor(cl.class) > 0
+	f, _ := defaultFactors(cl.class)
+	relative := f > 0
 	return o.TTFT > 0 || relative || cl.askedTTFT > 0, o.TPOT > 0 || relative || cl.askedTPOT > 0
 }
 
@@ -170,13 +159,13 @@ func (s *Server) predictIdle(cl *call) (routing.Prediction, bool) {
 func (cl *call) objectiveGiven(p routing.Prediction, ok bool) objective {
 	o := cl.tier.Objective(cl.class.String())
 	out := objective{ttft: o.TTFT, tpot: o.TPOT}
-	if f := defaultFactor(cl.class); f > 0 && ok {
+	if f, tpotFactor := defaultFactors(cl.class); f > 0 && ok {
 		if out.ttft == 0 {
 			out.ttft = routing.TTFTObjective(p, f, tenants.MaxObjectiveTTFT)
 		}
 		if out.tpot == 0 && p.TPOT > 0 {
 			// p.TPOT 0: the workers have not learnt their steps; no default to judge by yet.
-			out.tpot = max(scaled(p.TPOT, defaultTPOTFactor(cl.class), tenants.MaxObjectiveTPOT), minTPOTObjective)
+			out.tpot = max(scaled(p.TPOT, tpotFactor, tenants.MaxObjectiveTPOT), minTPOTObjective)
 		}
 	}
 	out.ttft, out.tpot = tighter(out.ttft, cl.askedTTFT), tighter(out.tpot, cl.askedTPOT)
