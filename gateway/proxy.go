@@ -530,10 +530,12 @@ func (s *Server) relayStream(c echo.Context, cl *call, resp *http.Response, sent
 			}
 			// An event ends with a blank line. It is flushed at once unless the next bytes
 			// from the worker are already here: then they go out in the same write, without
-			// waiting for anything, as a buffering-off proxy does.
+			// waiting for anything, as a buffering-off proxy does. The first byte's time is
+			// read before the flush that sends it: once the client holds it, anything (its
+			// next request) may happen before this goroutine reads the clock again.
 			if blank && lines.r.Buffered() == 0 {
-				w.Flush()
 				s.firstByte(cl)
+				w.Flush()
 			}
 		}
 		if err == nil {
