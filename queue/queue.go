@@ -768,6 +768,9 @@ func (q *Queue) requeue(t *Ticket) {
 		}
 	}
 	q.m.requeued[c].Inc()
+	// It keeps its place (its seq), but its wait begins again: the time it was served is not
+	// queue time, nor is its first wait, which its first grant told.
+	t.enqueuedAt = now.UnixNano()
 	t.state = stateQueued
 	t.grant.Placement = nil
 	t.ch = make(chan struct{})

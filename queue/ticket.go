@@ -28,7 +28,7 @@ type Ticket struct {
 	deadline   int64         // unix nanoseconds; math.MaxInt64 when none
 	due        int64         // unix nanoseconds; math.MaxInt64 when none (Request.Due)
 	seq        uint64
-	enqueuedAt int64  // unix nanoseconds
+	enqueuedAt int64  // unix nanoseconds: when it last went into the queue (Enqueue, Requeue)
 	placer     Placer // nil: placed by Capacity alone
 	grant      Grant
 
@@ -98,7 +98,8 @@ type Grant struct {
 	// Class is the class the request was served in, for the X-Usher-Class header and for
 	// handing a priority down to workers that schedule by it.
 	Class Class
-	// Waited is the time spent queued, for the X-Usher-Queue-Ms header.
+	// Waited is the time spent queued before this grant: since the request was enqueued, or
+	// requeued (Requeue) for a second grant, for the X-Usher-Queue-Ms header.
 	Waited time.Duration
 	// Placement is where the request's Placer placed it; nil without a Placer. The caller owns
 	// it: the queue neither undoes nor reads it once Wait returned the grant.
