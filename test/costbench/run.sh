@@ -93,6 +93,7 @@ start_kind() {
   local gw sha
   gw=127.0.0.1:$(free_port)
   sha=$(printf %s "$KEY" | sha256sum | cut -d' ' -f1)
+  rm -f "$OUT_DIR/$kind.db"*
   cat >"$OUT_DIR/$kind-gateway.yaml" <<YAML
 server: {listen: "$gw"}
 routing:
@@ -104,6 +105,7 @@ tenants:
   - id: std
     keys: [{name: std, sha256: $sha}]
 log: {level: info, format: json}
+database: {url: "sqlite:$OUT_DIR/$kind.db"} # its own ledger, not usher.db in the checkout
 YAML
   "$USHER" serve --config "$OUT_DIR/$kind-gateway.yaml" >"$OUT_DIR/$kind-gateway.log" 2>&1 &
   gw_pid=$!

@@ -63,6 +63,7 @@ tenants:
     keys: [{name: bench, sha256: $(printf %s "$key" | sha256sum | cut -d' ' -f1)}]
 log:
   level: warn
+database: {url: "sqlite:$tmp/usher.db"} # its own ledger, not usher.db in the checkout
 YAML
 bin/usher serve --config "$tmp/usher.yaml" >"$tmp/usher.log" 2>&1 &
 usher_pid=$!

@@ -47,6 +47,7 @@ tenants:
   - id: std
     keys: [{name: std, sha256: $sha}]
 log: {level: info, format: json}
+database: {url: "sqlite:$tmp/$name.db"} # its own ledger, not usher.db in the checkout
 YAML
   "$gateway_bin" serve --config "$tmp/$name.yaml" >"$tmp/$name.log" 2>&1 &
   pid=$!

@@ -242,6 +242,7 @@ launch_fleet() {
   start_redis
   local all=() r
   for r in $(seq "$REPLICAS"); do
+    rm -f "$tmp/$1-r$r.db"*
     {
       cat "$OUT_DIR/$1.yaml"
       echo "redis: {url: \"$redis_url\"}"
@@ -359,6 +360,12 @@ start_default_gateway() {
 # (host:port) and GWS (GW alone) once it answers a completion.
 launch_gateway() {
   rm -f "$OUT_DIR/$1.gateway.log" # as in start_sims: a log of an earlier run of that name
+  # A ledger of its own in the scratch directory (a fleet's replicas have theirs already), not
+  # usher.db in the checkout, which every run would share.
+  if ! grep -q '^database:' "$OUT_DIR/$1.yaml"; then
+    rm -f "$tmp/$1.db"*
+    echo "database: {url: \"sqlite:$tmp/$1.db\"}" >>"$OUT_DIR/$1.yaml"
+  fi
   "${2:-$gateway_bin}" serve --config "$OUT_DIR/$1.yaml" >"$OUT_DIR/$1.gateway.log" 2>&1 &
   gw_pids+=($!)
   GW=$(addr_from "$OUT_DIR/$1.gateway.log" 'usher is serving')
