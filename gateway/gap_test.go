@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -162,16 +161,7 @@ func TestDefaultTPOTObjectiveIsThreeSteps(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	eventuallyTrue(t, func() bool { return strings.Count(logs.String(), "msg=request") == warm+1 })
-	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	last := lines[len(lines)-1]
-	at := strings.Index(last, "tpot_objective_ms=")
-	if at < 0 {
-		t.Fatalf("no TPOT objective in %q", last)
-	}
-	ms, err := strconv.Atoi(strings.TrimPrefix(strings.Fields(last[at:])[0], "tpot_objective_ms="))
-	if err != nil {
-		t.Fatalf("objective in %q: %v", last, err)
-	}
+	ms := lastLogInt(t, logs.String(), "tpot_objective_ms")
 	// Three steps of at least 10 ms each, read within an eighth; at most 1.5 of the answers' own
 	// TPOT.
 	if ms < 26 || ms > 96 {

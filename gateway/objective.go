@@ -35,8 +35,8 @@ const (
 //
 // Interactive: TTFT within 2x the predicted time on an idle worker plus one engine step there
 // (routing.TTFTObjective); TPOT within 3x the idle step. A person is waiting; 2x leaves room for
-// one prompt of the same size prefilled beside it, or a batch share of the engine's steps, which is what a
-// loaded but healthy worker costs, and no more: a request queued behind a second one, or placed
+// one prompt of the same size prefilled beside it, or a batch share of the engine's steps, which
+// is what a loaded but healthy worker costs, and no more: a request queued behind a second one, or placed
 // away from its cached prefix, misses. The step is the engine's: it does not stop a step in
 // progress, so on a busy worker every prompt may wait for one, wherever the gateway places it.
 // Measured (docs/benchmarks.md, "The default objective, 2026-12-05"), 1.5x without the step left

@@ -231,17 +231,7 @@ func TestDefaultObjectiveIsTheModels(t *testing.T) {
 			t.Errorf("%s: 180 ms to the first token %v, want met", w, v)
 		}
 		eventuallyTrue(t, func() bool { return strings.Count(logs.String(), "msg=request") == warm+i+1 })
-		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-		last := lines[len(lines)-1]
-		at := strings.Index(last, "ttft_objective_ms=")
-		if at < 0 {
-			t.Fatalf("no objective in %q", last)
-		}
-		ms, err := strconv.Atoi(strings.TrimPrefix(strings.Fields(last[at:])[0], "ttft_objective_ms="))
-		if err != nil {
-			t.Fatalf("objective in %q: %v", last, err)
-		}
-		objectives[w] = ms
+		objectives[w] = lastLogInt(t, logs.String(), "ttft_objective_ms")
 	}
 	// The first answer taught the models a little before the second: the same within 5%.
 	if a, b := objectives["w0"], objectives["w1"]; 20*(max(a, b)-min(a, b)) > max(a, b) {
@@ -593,4 +583,20 @@ func TestPieceLearnsFromMissesBehindLowerPrefill(t *testing.T) {
 	if got := piece(); got >= whole {
 		t.Errorf("after a miss behind a lower-class prefill: piece %v, want less than %v", got, whole)
 	}
+}
+
+// lastLogInt is the integer value of key in the last line of a text log (key=value).
+func lastLogInt(t *testing.T, log, key string) int {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	last := lines[len(lines)-1]
+	at := strings.Index(last, key+"=")
+	if at < 0 {
+		t.Fatalf("no %s in %q", key, last)
+	}
+	v, err := strconv.Atoi(strings.TrimPrefix(strings.Fields(last[at:])[0], key+"="))
+	if err != nil {
+		t.Fatalf("%s in %q: %v", key, last, err)
+	}
+	return v
 }

@@ -285,8 +285,8 @@ type attempt struct {
 	reused bool
 	body   bytes.Reader // what the worker is sent
 	gaps   streamGaps   // read and written by the goroutine that reads the answer only
-	// now is the gateway's clock, which the gaps are read on as the answer's other times are
-	// (time.Now when nil).
+	// now is the gateway's clock (Server.now), which the gaps are read on as the answer's
+	// other times are. Required.
 	now func() time.Time
 }
 
@@ -296,11 +296,7 @@ func (a *attempt) gotConn(info httptrace.GotConnInfo) { a.reused = info.Reused }
 // heard reports bytes from the worker.
 func (a *attempt) heard() {
 	a.quiet.heard()
-	now := time.Now
-	if a.now != nil {
-		now = a.now
-	}
-	a.gaps.heard(now())
+	a.gaps.heard(a.now())
 	if a.lease != nil {
 		a.lease.Heard()
 	}
